@@ -1,0 +1,40 @@
+# kvgate — `make demo` runs the main job, `make test` runs every test. Both set themselves up.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+
+.PHONY: test demo lint typecheck unit e2e crds venv clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test,reference]'
+	@rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy -p kvgate -p kvgate_engine -p kvgate_e2e
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests
+
+e2e: $(STAMP)
+	$(BIN)/pytest -q e2e/tests
+
+test: lint typecheck unit
+
+crds: $(STAMP)
+	$(BIN)/kvgate crd > crds/modeldeployment.yaml
+
+demo: $(STAMP)
+	$(BIN)/kvgate demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,387 @@
+"""The ModelDeployment API (kvgate.io/v1alpha1): the one source of truth.
+
+The CRD in ``crds/``, the chart's CRD, ``kubectl explain`` text and the webhook's schema checks
+are all generated from these pydantic models. Field descriptions are user documentation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "kvgate.io"
+VERSION = "v1alpha1"
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+SINGULAR = "modeldeployment"
+SHORT_NAMES = ["md"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_MIN_ENGINE_VERSION = "0.5.22"
+DEFAULT_ENGINE_PORT = 30000
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
+
+# Marks a free-form object in the generated CRD (x-kubernetes-preserve-unknown-fields).
+PRESERVE_UNKNOWN: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+INT_OR_STRING: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+
+
+class _Model(BaseModel):
+    """Base: camelCase on the wire, unknown fields are errors (typos never vanish silently)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=False,
+    )
+
+
+class KvCacheDtype(StrEnum):
+    AUTO = "auto"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class TransferBackend(StrEnum):
+    MOONCAKE = "mooncake"
+    NIXL = "nixl"
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class ModelSpec(_Model):
+    name: str = Field(
+        min_length=1,
+        description="Served model name (--served-model-name); clients send it as `model`.",
+    )
+    path: str = Field(
+        min_length=1,
+        description="Where the engine reads the weights (--model-path): a local path or hub id.",
+    )
+    context_length: int = Field(
+        gt=0,
+        description=(
+            "The advertised context window in tokens (--context-length). Every prefill and "
+            "decode engine must prove a KV pool of at least contextLength x safety.headroom."
+        ),
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The model's Hugging Face config.json as a map. Enables admission-time KV pool "
+            "estimates and the context-length check against the model's own limit."
+        ),
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+    weights_gi_b: float | None = Field(
+        default=None,
+        alias="weightsGiB",
+        gt=0,
+        description="Total weight size of one engine replica in GiB (split across its TP ranks).",
+    )
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1, description="Environment variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+
+
+class EngineSpec(_Model):
+    image: str = Field(
+        min_length=1,
+        description=(
+            "SGLang engine image, e.g. lmsysorg/sglang:v0.5.23. A tag naming a version below "
+            "safety.minEngineVersion is denied at admission."
+        ),
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default=KvCacheDtype.AUTO,
+        description="KV cache dtype (--kv-cache-dtype); auto uses the model dtype.",
+    )
+    page_size: int = Field(
+        default=1, ge=1, description="KV cache page size in tokens (--page-size)."
+    )
+    transfer_backend: TransferBackend = Field(
+        default=TransferBackend.MOONCAKE,
+        description="KV transfer backend for the prefill->decode handoff.",
+    )
+    port: int = Field(
+        default=DEFAULT_ENGINE_PORT, ge=1, le=65535, description="Engine HTTP port (--port)."
+    )
+    bootstrap_port: int = Field(
+        default=DEFAULT_BOOTSTRAP_PORT,
+        ge=1,
+        le=65535,
+        description="Prefill KV bootstrap port (--disaggregation-bootstrap-port).",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="Extra sglang.launch_server flags, appended after kvgate's own.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Extra environment variables for engine containers."
+    )
+
+
+class SafetySpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.headroom >= 1.0",
+                    "message": "safety.headroom must be >= 1.0 (the pool must hold the context)",
+                }
+            ]
+        }
+    )
+
+    headroom: float = Field(
+        default=1.0,
+        ge=1.0,
+        description=(
+            "Required KV pool as a multiple of contextLength (>= 1.0). 1.2 demands a pool 20% "
+            "larger than the advertised window."
+        ),
+    )
+    min_engine_version: str = Field(
+        default=DEFAULT_MIN_ENGINE_VERSION,
+        min_length=1,
+        description=(
+            "Lowest SGLang version allowed to serve (PEP 440). Disaggregated SGLang before "
+            "0.5.22 can hand stale KV pages to decode on an over-length prompt."
+        ),
+    )
+    kv_canary: bool = Field(
+        default=False,
+        description="Run SGLang's own KV canary (--kv-canary log, SGLang >= 0.5.23).",
+    )
+    kv_checksum: bool = Field(
+        default=True,
+        description=(
+            "Enable KV-transfer checksums (--disaggregation-enable-kv-checksum) on engines "
+            "whose version has them (>= 0.5.22)."
+        ),
+    )
+
+
+class Toleration(_Model):
+    key: str | None = Field(default=None, description="Taint key to tolerate.")
+    operator: str | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value (operator Equal).")
+    effect: str | None = Field(default=None, description="NoSchedule, PreferNoSchedule, NoExecute.")
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(_Model):
+    limits: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+        default_factory=dict, description="Resource limits (nvidia.com/gpu is set by kvgate)."
+    )
+    requests: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+        default_factory=dict, description="Resource requests."
+    )
+
+
+class RoleSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.memFractionStatic > 0.0 && self.memFractionStatic < 1.0",
+                    "message": "memFractionStatic must be between 0 and 1 (exclusive)",
+                },
+                {"rule": "self.replicas >= 0", "message": "replicas must be >= 0"},
+            ]
+        }
+    )
+
+    replicas: int = Field(default=1, ge=0, description="Engine pods of this role.")
+    tensor_parallel: int = Field(
+        default=1, ge=1, description="GPUs per engine (--tp-size); requested as nvidia.com/gpu."
+    )
+    mem_fraction_static: float = Field(
+        default=0.85,
+        gt=0,
+        lt=1,
+        description=(
+            "Fraction of GPU memory for weights and KV pool (--mem-fraction-static), 0 < x < 1. "
+            "Always passed explicitly: SGLang's own default depends on the GPU."
+        ),
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Optional cap on the KV pool (--max-total-tokens); it can only lower it.",
+    )
+    gpu_memory_gi_b: float | None = Field(
+        default=None,
+        alias="gpuMemoryGiB",
+        gt=0,
+        description="Memory of one GPU in GiB; enables the admission-time pool estimate.",
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="CPU/memory requests and limits."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the engine pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations for the engine pods."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes Affinity for the engine pods.",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+
+
+class RouterSpec(_Model):
+    replicas: int = Field(default=1, ge=0, description="Gateway (smg) pods.")
+    image: str = Field(
+        default=DEFAULT_ROUTER_IMAGE, min_length=1, description="SGLang gateway (smg) image."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Gateway HTTP port.")
+    args: list[str] = Field(default_factory=list, description="Extra smg flags, appended last.")
+
+
+class RolloutSpec(_Model):
+    verify_timeout_seconds: int = Field(
+        default=900,
+        ge=1,
+        description=(
+            "A new revision whose prefill and decode pods are not verified within this time is "
+            "refused; the serving revision keeps serving."
+        ),
+    )
+    min_verified_percent: int = Field(
+        default=100,
+        ge=1,
+        le=100,
+        description=(
+            "Share of each role's replicas that must be verified before a new revision takes "
+            "traffic (rounded up, at least one pod per role)."
+        ),
+    )
+    scale_down_refused: bool = Field(
+        default=True,
+        description="Scale a refused revision's engines to zero to free their GPUs.",
+    )
+    reverify_interval_seconds: int = Field(
+        default=30,
+        ge=1,
+        description="How often every engine pod is re-verified against its live engine.",
+    )
+
+
+class ModelDeploymentSpec(_Model):
+    model: ModelSpec = Field(description="The model and the context window it advertises.")
+    engine: EngineSpec = Field(description="The SGLang engine shared by both roles.")
+    safety: SafetySpec = Field(
+        default_factory=SafetySpec, description="What a live engine must prove."
+    )
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="Decode engines.")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The SGLang gateway in front of the engines."
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="How a new revision is verified and promoted."
+    )
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str = Field(min_length=1, description="Condition type, CamelCase.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    reason: str = Field(min_length=1, description="CamelCase machine-readable reason.")
+    message: str = Field(default="", description="Human-readable detail, with numbers.")
+
+
+class RoleStatus(_Model):
+    replicas: int = Field(
+        default=0, ge=0, description="Engine pods of this role (target revision)."
+    )
+    ready_replicas: int = Field(default=0, ge=0, description="Pods that are Ready.")
+    verified_replicas: int = Field(
+        default=0, ge=0, description="Pods whose live engine passed verification."
+    )
+    min_verified_kv_pool_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Smallest KV pool (tokens) among this role's verified pods.",
+    )
+
+
+class ModelDeploymentStatus(_Model):
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this status reflects."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, EnginesVerified, Progressing, Degraded.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    serving_revision: str | None = Field(
+        default=None, description="Revision whose router and engines take traffic."
+    )
+    target_revision: str | None = Field(
+        default=None, description="Revision computed from the current spec."
+    )
+    refused_revision: str | None = Field(
+        default=None, description="Last revision refused by verification, if any."
+    )
+    context_length: int | None = Field(
+        default=None, ge=0, description="contextLength of the serving revision."
+    )
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill engines.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode engines.")
+    message: str = Field(default="", description="One-line summary for humans.")
+
+
+class ObjectMeta(BaseModel):
+    """The slice of metav1.ObjectMeta kvgate reads; everything else is kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+
+
+class ModelDeployment(_Model):
+    api_version: str = Field(default=API_VERSION, description="kvgate.io/v1alpha1")
+    kind: str = Field(default=KIND, description="ModelDeployment")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None

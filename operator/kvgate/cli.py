@@ -1,0 +1,90 @@
+"""The `kvgate` command line. Stable subcommand names; tests and users call them.
+
+Each subcommand's work lives in the module that owns it; this file only parses arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# subcommand -> "module:function"; the function takes the parsed namespace, returns an exit code.
+COMMANDS: dict[str, str] = {
+    "crd": "kvgate.crd_command:main",
+    "validate": "kvgate.admission.command:main",
+    "estimate": "kvgate_engine.commands:estimate_main",
+    "verify": "kvgate_engine.commands:verify_main",
+    "operator": "kvgate.main:run",
+    "demo": "kvgate_e2e.demo:main",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description=(
+            "Deploy SGLang prefill/decode engines and let no engine take traffic until its live "
+            "KV pool is proven to hold the advertised context window."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("crd", help="print the ModelDeployment CRD generated from the API models")
+
+    p = sub.add_parser("validate", help="run the admission webhook's checks offline")
+    p.add_argument("file", help="ModelDeployment YAML or JSON file ('-' for stdin)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("estimate", help="predict the KV pool of one engine before any GPU is spent")
+    p.add_argument("--config", required=True, help="the model's config.json")
+    p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, GiB")
+    p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
+    p.add_argument("--mem-fraction-static", type=float, default=0.85)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--weights-gib", type=float, default=None, help="weights of one replica, GiB")
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("verify", help="verify a live engine (or its saved /server_info)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--url", help="engine base URL, e.g. http://10.0.0.5:30000")
+    src.add_argument("--server-info", help="a saved /server_info JSON file")
+    p.add_argument("--models", help="a saved /v1/models JSON file (with --server-info)")
+    p.add_argument("--context-length", type=int, required=True)
+    p.add_argument("--headroom", type=float, default=1.0)
+    p.add_argument("--role", choices=["prefill", "decode"], default=None)
+    p.add_argument("--min-version", default="0.5.22")
+    p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("operator", help="run the operator")
+    p.add_argument("--namespace", action="append", default=[], help="watch only these")
+    p.add_argument("--standalone", action="store_true", help="no kopf peering (one replica)")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--health-port", type=int, default=8081)
+    p.add_argument("--webhook-port", type=int, default=9443)
+    p.add_argument("--tls-dir", default=None, help="directory with tls.crt and tls.key")
+    p.add_argument("--no-webhook", action="store_true", help="do not serve the webhook")
+
+    p = sub.add_parser("demo", help="bring up the embedded control plane and sample deployments")
+    p.add_argument("--once", action="store_true", help="exit after printing the summary")
+    return parser
+
+
+def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
+    return func
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return _resolve(COMMANDS[args.command])(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
