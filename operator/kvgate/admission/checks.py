@@ -1,0 +1,410 @@
+"""The admission checks: a raw ModelDeployment document in, a decision out. Pure; never raises.
+
+Used by the validating webhook and by `kvgate validate`. Each check names the field, the numbers
+and the way out. What admission cannot know (no config, no GPU size, an unversioned image tag)
+becomes a warning: the live verification of every engine still applies.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kvgate_engine.estimator import (
+    NoRoomForKvCache,
+    derive_context_length,
+    estimate_pool,
+    estimate_weights_gib,
+)
+from kvgate_engine.launcher import image_version
+from packaging.version import InvalidVersion, Version
+
+from kvgate.admission.result import AdmissionResult, Problem
+from kvgate.admission.schema import parse_model, show_value
+from kvgate.api import API_VERSION, KIND, KvCacheDtype, ModelDeploymentSpec, Role, RoleSpec
+
+ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+MARGIN_WARNING = 0.10  # warn when the estimated pool is less than 10 % above the requirement
+
+Check = Callable[[ModelDeploymentSpec], tuple[list[Problem], list[Problem]]]
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _gib(value: float) -> str:
+    return f"{value:g}"
+
+
+def required_pool_tokens(spec: ModelDeploymentSpec) -> int | None:
+    """ceil(contextLength × headroom), or None when the product is not a finite number."""
+    try:
+        product = spec.model.context_length * spec.safety.headroom
+    except OverflowError:
+        return None
+    return math.ceil(product) if math.isfinite(product) else None
+
+
+def _requirement_text(spec: ModelDeploymentSpec) -> str:
+    return f"contextLength {_n(spec.model.context_length)} × headroom {spec.safety.headroom!r}"
+
+
+def check_identity(document: Mapping[str, Any]) -> list[Problem]:
+    """apiVersion and kind: this webhook and `kvgate validate` check ModelDeployments only."""
+    problems = []
+    for key, expected in (("apiVersion", API_VERSION), ("kind", KIND)):
+        value = document.get(key)
+        if value is None:
+            problems.append(Problem(key, f"required; add `{key}: {expected}`"))
+        elif value != expected:
+            problems.append(
+                Problem(
+                    key,
+                    f"must be {expected} (got {show_value(value)}); kvgate checks "
+                    f"{API_VERSION} {KIND} objects only",
+                )
+            )
+    return problems
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_VALUE_MAX = 63
+
+
+def check_metadata(document: Mapping[str, Any]) -> list[Problem]:
+    """metadata.name: what the API server accepts, and short enough for kvgate's labels."""
+    metadata = document.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return []  # absent, or the schema check reports it
+    name = metadata.get("name")
+    if name is None:
+        return []
+    if not isinstance(name, str) or not _DNS_SUBDOMAIN.fullmatch(name):
+        return [
+            Problem(
+                "metadata.name",
+                f"must be a DNS-1123 name: lowercase letters, digits, '-' and '.' (got "
+                f"{show_value(name)}); e.g. llama-8b",
+            )
+        ]
+    if len(name) > LABEL_VALUE_MAX:
+        return [
+            Problem(
+                "metadata.name",
+                f"{len(name):,} characters > {LABEL_VALUE_MAX}; kvgate puts the name in the "
+                "kvgate.io/deployment label, whose values hold at most 63; use a shorter name",
+            )
+        ]
+    return []
+
+
+def check_finite(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+    """Numbers the schema lets through as infinity (YAML `.inf`) but no GPU can honour."""
+    fields: list[tuple[str, float | None]] = [
+        ("spec.safety.headroom", spec.safety.headroom),
+        ("spec.model.weightsGiB", spec.model.weights_gi_b),
+        ("spec.prefill.gpuMemoryGiB", spec.prefill.gpu_memory_gi_b),
+        ("spec.decode.gpuMemoryGiB", spec.decode.gpu_memory_gi_b),
+    ]
+    denials = [
+        Problem(path, f"must be a finite number (got {value!r}); write a number")
+        for path, value in fields
+        if value is not None and not math.isfinite(value)
+    ]
+    if not denials and required_pool_tokens(spec) is None:
+        denials.append(
+            Problem(
+                "spec.safety.headroom",
+                f"{_requirement_text(spec)} is too large to compute; lower contextLength or "
+                "headroom",
+            )
+        )
+    return denials, []
+
+
+def check_engine_version(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+    """The image tag's version must be at or above safety.minEngineVersion."""
+    try:
+        floor = Version(spec.safety.min_engine_version)
+    except InvalidVersion:
+        return [
+            Problem(
+                "spec.safety.minEngineVersion",
+                f"not a version (got {show_value(spec.safety.min_engine_version)}); "
+                "set a version such as 0.5.22",
+            )
+        ], []
+    image = spec.engine.image
+    tagged = image_version(image)
+    unchecked = (
+        f"admission cannot check it against safety.minEngineVersion {floor} (the live engine "
+        "still is); pin a tag such as v0.5.23"
+    )
+    if tagged is None:
+        return [], [Problem("spec.engine.image", f"{image} names no version, so {unchecked}")]
+    try:
+        version = Version(tagged)
+    except InvalidVersion:
+        return [], [
+            Problem(
+                "spec.engine.image", f"{image}: tag version {tagged!r} is unreadable; {unchecked}"
+            )
+        ]
+    if version < floor:
+        return [
+            Problem(
+                "spec.engine.image",
+                f"{image} is SGLang {version} < safety.minEngineVersion {floor} (earlier "
+                "disaggregated SGLang can hand stale KV pages to decode); use an image at "
+                f"{floor} or later, e.g. lmsysorg/sglang:v0.5.23",
+            )
+        ], []
+    return [], []
+
+
+def check_max_total_tokens(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+    """A role's --max-total-tokens cap must leave room for the whole context."""
+    required = required_pool_tokens(spec)
+    denials = []
+    for role, role_spec in _roles(spec):
+        cap = role_spec.max_total_tokens
+        if required is not None and cap is not None and cap < required:
+            denials.append(
+                Problem(
+                    f"spec.{role}.maxTotalTokens",
+                    f"{_n(cap)} < {_requirement_text(spec)} = {_n(required)}; raise "
+                    f"{role}.maxTotalTokens to at least {_n(required)} or remove it",
+                )
+            )
+    return denials, []
+
+
+def _allows_longer_context(spec: ModelDeploymentSpec) -> bool:
+    return any(
+        env.name == ALLOW_LONGER_CONTEXT_ENV and (env.value or "").lower() in ("1", "true")
+        for env in spec.engine.env
+    )
+
+
+def check_context_length(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+    """contextLength above the model config's own limit: SGLang refuses to start."""
+    config = spec.model.config
+    if config is None:
+        return [], []
+    try:
+        derived = derive_context_length(config)
+    except Exception as error:  # a user's config.json can hold anything
+        return [], [
+            Problem(
+                "spec.model.config",
+                f"cannot derive the model's context length: {error}; contextLength "
+                f"{_n(spec.model.context_length)} is not checked against it",
+            )
+        ]
+    requested = spec.model.context_length
+    if requested <= derived:
+        return [], []
+    if _allows_longer_context(spec):
+        return [], [
+            Problem(
+                "spec.model.contextLength",
+                f"{_n(requested)} > {_n(derived)}, the context the model's config supports; "
+                f"allowed because engine env sets {ALLOW_LONGER_CONTEXT_ENV}=1, but output "
+                f"beyond {_n(derived)} tokens may degrade",
+            )
+        ]
+    return [
+        Problem(
+            "spec.model.contextLength",
+            f"{_n(requested)} > {_n(derived)}, the context the model's config supports "
+            "(SGLang refuses to start); lower contextLength to at most "
+            f"{_n(derived)}, or set engine env {ALLOW_LONGER_CONTEXT_ENV}=1",
+        )
+    ], []
+
+
+def _roles(spec: ModelDeploymentSpec) -> list[tuple[str, RoleSpec]]:
+    return [(Role.PREFILL.value, spec.prefill), (Role.DECODE.value, spec.decode)]
+
+
+def check_estimated_pool(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+    """The estimator's KV pool per role against contextLength × headroom."""
+    required = required_pool_tokens(spec)
+    if required is None:
+        return [], []
+    config = spec.model.config
+    weights_gib = spec.model.weights_gi_b
+    denials: list[Problem] = []
+    warnings: list[Problem] = []
+
+    missing: list[str] = []
+    if config is None:
+        missing.append("spec.model.config")
+    elif weights_gib is None:
+        try:
+            weights_gib = estimate_weights_gib(config)
+        except Exception:  # a user's config.json can hold anything
+            weights_gib = None
+        if weights_gib is None:
+            missing.append("spec.model.weightsGiB (the config does not give it)")
+    missing += [
+        f"spec.{role}.gpuMemoryGiB" for role, r in _roles(spec) if r.gpu_memory_gi_b is None
+    ]
+    if missing:
+        warnings.append(
+            Problem(
+                "spec",
+                f"cannot estimate the KV pool, not set: {', '.join(missing)}; set them for an "
+                "admission-time estimate (the live engines are verified either way)",
+            )
+        )
+    if config is None or weights_gib is None:
+        return denials, warnings
+
+    capped = {p.field for p in check_max_total_tokens(spec)[0]}
+    for role, role_spec in _roles(spec):
+        if role_spec.gpu_memory_gi_b is None or f"spec.{role}.maxTotalTokens" in capped:
+            continue
+        try:
+            estimate = estimate_pool(
+                config,
+                gpu_memory_gib=role_spec.gpu_memory_gi_b,
+                tp=role_spec.tensor_parallel,
+                mem_fraction_static=role_spec.mem_fraction_static,
+                kv_cache_dtype=spec.engine.kv_cache_dtype.value,
+                page_size=spec.engine.page_size,
+                weights_gib=weights_gib,
+                max_total_tokens=role_spec.max_total_tokens,
+            )
+        except NoRoomForKvCache:
+            budget = role_spec.gpu_memory_gi_b * role_spec.mem_fraction_static
+            denials.append(
+                Problem(
+                    f"spec.{role}",
+                    f"the weights leave no room for a KV pool: gpuMemoryGiB "
+                    f"{_gib(role_spec.gpu_memory_gi_b)} × memFractionStatic "
+                    f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
+                    f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
+                    f"{weights_gib / role_spec.tensor_parallel:,.2f} GiB per GPU; raise "
+                    f"{role}.tensorParallel, {role}.memFractionStatic or {role}.gpuMemoryGiB",
+                )
+            )
+            continue
+        except Exception as error:  # EstimateError, or a config the estimator chokes on
+            warnings.append(Problem(f"spec.{role}", f"cannot estimate the KV pool: {error}"))
+            continue
+        pool = estimate.kv_pool_tokens
+        if pool < required:
+            ways = [f"raise {role}.gpuMemoryGiB or {role}.memFractionStatic"]
+            if spec.engine.kv_cache_dtype in (
+                KvCacheDtype.AUTO,
+                KvCacheDtype.BFLOAT16,
+                KvCacheDtype.FLOAT16,
+            ):
+                ways.append("use kvCacheDtype fp8_e4m3")
+            ways.append("or lower contextLength")
+            needed = _requirement_text(spec)
+            if spec.safety.headroom != 1.0:
+                needed += f" = {_n(required)}"
+            denials.append(
+                Problem(
+                    f"spec.{role}",
+                    f"estimated KV pool {_n(pool)} tokens < {needed}; " + ", ".join(ways),
+                )
+            )
+        elif pool < required * (1 + MARGIN_WARNING):
+            margin = (pool - required) / required * 100
+            warnings.append(
+                Problem(
+                    f"spec.{role}",
+                    f"estimated KV pool {_n(pool)} tokens is only {margin:.1f}% above "
+                    f"{_requirement_text(spec)}; the live pool may come out smaller — leave a "
+                    f"10% margin (raise {role}.gpuMemoryGiB or {role}.memFractionStatic)",
+                )
+            )
+    return denials, warnings
+
+
+CHECKS: tuple[Check, ...] = (
+    check_finite,
+    check_engine_version,
+    check_max_total_tokens,
+    check_context_length,
+    check_estimated_pool,
+)
+
+
+def _check(document: object) -> AdmissionResult:
+    if not isinstance(document, Mapping):
+        return AdmissionResult(
+            denials=(Problem("", f"must be a {KIND} object (got {show_value(document)})"),)
+        )
+    identity = check_identity(document) + check_metadata(document)
+    model, schema_problems = parse_model(document)
+    if identity or model is None:
+        return AdmissionResult(denials=tuple(identity + schema_problems))
+    denials: list[Problem] = []
+    warnings: list[Problem] = []
+    for check in CHECKS:
+        found_denials, found_warnings = check(model.spec)
+        denials += found_denials
+        warnings += found_warnings
+        if check is check_finite and found_denials:
+            break  # the later checks compute with these numbers
+    return AdmissionResult(denials=tuple(denials), warnings=tuple(warnings))
+
+
+def _internal_error(error: Exception) -> AdmissionResult:
+    return AdmissionResult(
+        denials=(
+            Problem(
+                "",
+                f"kvgate could not check this document ({type(error).__name__}: {error}); "
+                "this is a kvgate bug, please report it with the document",
+            ),
+        )
+    )
+
+
+def check_document(document: object) -> AdmissionResult:
+    """Every admission check on one raw ModelDeployment document. Never raises; a failure inside
+    a check denies (an unchecked document is never allowed by accident)."""
+    try:
+        return _check(document)
+    except RecursionError:
+        return AdmissionResult(
+            denials=(Problem("", "the document is nested too deeply to check; flatten it"),)
+        )
+    except Exception as error:
+        return _internal_error(error)
+
+
+def _spec_unchanged(new: Mapping[str, Any], old: object) -> bool:
+    return isinstance(old, Mapping) and old.get("spec") == new.get("spec")
+
+
+def _being_deleted(new: Mapping[str, Any]) -> bool:
+    metadata = new.get("metadata")
+    return isinstance(metadata, Mapping) and metadata.get("deletionTimestamp") is not None
+
+
+def check_update(new: object, old: object) -> AdmissionResult:
+    """An UPDATE is checked like a CREATE, except that a change that leaves the spec as it was
+    (finalizers, labels, annotations) or touches an object being deleted is never blocked: a spec
+    admitted under older rules must stay deletable and manageable. Its problems become warnings."""
+    result = check_document(new)
+    if result.allowed or not isinstance(new, Mapping):
+        return result
+    try:
+        if not (_spec_unchanged(new, old) or _being_deleted(new)):
+            return result
+    except Exception as error:
+        return _internal_error(error)
+    kept = tuple(
+        Problem(p.field, f"{p.message} (not enforced: the spec is unchanged)")
+        for p in result.denials
+    )
+    return AdmissionResult(denials=(), warnings=kept + result.warnings)

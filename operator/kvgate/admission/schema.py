@@ -1,0 +1,254 @@
+"""Schema checks: the API models' rules (the CRD's rules), as messages a user can act on.
+
+Pydantic says "Input should be less than 1"; a user needs the field, the value they wrote and what
+to write instead: ``spec.decode.memFractionStatic: must be < 1 (got 1.0); set a value between 0
+and 1, e.g. 0.85``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from datetime import date, datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from kvgate.admission.result import Problem
+from kvgate.api import ModelDeployment
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+# The way out for fields whose constraint alone does not say what a good value looks like.
+FIELD_HINTS: dict[str, str] = {
+    "memFractionStatic": "set a value between 0 and 1, e.g. 0.85",
+    "headroom": "set 1.0 or more (the pool must hold the whole context), e.g. 1.0",
+    "replicas": "set 0 or more, e.g. 1",
+    "tensorParallel": "set the number of GPUs per engine, 1 or more, e.g. 1",
+    "contextLength": "set the advertised context window in tokens, e.g. 131072",
+    "gpuMemoryGiB": "set the memory of one GPU in GiB, e.g. 80, or remove the field",
+    "weightsGiB": "set the weight size of one replica in GiB, e.g. 15.0, or remove the field",
+    "maxTotalTokens": "set a positive token count, or remove the field",
+    "pageSize": "set the KV page size in tokens, 1 or more, e.g. 1",
+    "port": "set a port between 1 and 65535",
+    "bootstrapPort": "set a port between 1 and 65535, e.g. 8998",
+    "minEngineVersion": "set a version such as 0.5.22",
+    "image": "set an image such as lmsysorg/sglang:v0.5.23",
+    "name": "set a non-empty name",
+    "path": "set the model path, e.g. /models/llama-3.1-8b",
+    "verifyTimeoutSeconds": "set seconds, 1 or more, e.g. 900",
+    "reverifyIntervalSeconds": "set seconds, 1 or more, e.g. 30",
+    "minVerifiedPercent": "set a percentage between 1 and 100, e.g. 100",
+}
+
+_TYPE_NAMES: dict[str, str] = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "list_type": "a list",
+}
+
+_COMPARISONS: dict[str, tuple[str, str]] = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
+
+
+def show_value(value: object) -> str:
+    """A user's value as it appears in a message: 131,072 / 1.0 / 'fp9' / an object."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        if abs(value) >= 10**30:
+            return f"a {len(str(abs(value))):,}-digit number"
+        return f"{value:,}"
+    if isinstance(value, float):
+        return repr(value)
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return repr(shown)
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return type(value).__name__
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """('spec', 'engine', 'env', 0, 'name') -> 'spec.engine.env[0].name'."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else part
+    return path
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The model class inside Optional[...], list[...] or dict[str, ...], if any."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if arg is not type(None):
+                return _unwrap(arg)
+    if origin in (list, dict):
+        return _unwrap(typing.get_args(annotation)[-1])
+    return annotation
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The API model that holds the last element of `loc`."""
+    current: Any = ModelDeployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        match = next(
+            (f for name, f in current.model_fields.items() if part in (f.alias, name)), None
+        )
+        if match is None:
+            return None
+        current = _unwrap(match.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def known_fields(loc: tuple[int | str, ...]) -> list[str]:
+    """The wire names allowed next to the last element of `loc`."""
+    model = _model_at(loc[:-1])
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _way_out(name: str, fallback: str) -> str:
+    return FIELD_HINTS.get(name, fallback)
+
+
+def translate(error: ErrorDetails) -> Problem:
+    """One pydantic error as a Problem naming the field, the value and the way out."""
+    loc = tuple(error["loc"])
+    path = field_path(loc)
+    name = next((str(p) for p in reversed(loc) if isinstance(p, str)), "")
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    got = show_value(error.get("input"))
+
+    if kind == "missing":
+        return Problem(path, f"required; {_way_out(name, 'add it')}")
+    if kind == "extra_forbidden":
+        known = known_fields(loc)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        if close:
+            way = f"did you mean {close[0]}? rename or remove it"
+        else:
+            listed = ", ".join(known) if known else "see `kubectl explain modeldeployment`"
+            way = f"remove it (known fields here: {listed})"
+        return Problem(path, f"unknown field; {way}")
+    if kind in _COMPARISONS:
+        key, symbol = _COMPARISONS[kind]
+        bound = ctx.get(key)
+        limit = f"{bound:g}" if isinstance(bound, float) else show_value(bound)
+        way = _way_out(name, f"set a value {symbol} {limit}")
+        return Problem(path, f"must be {symbol} {limit} (got {got}); {way}")
+    if kind == "enum":
+        expected = str(ctx.get("expected", "")).replace("'", "")
+        return Problem(path, f"must be one of {expected} (got {got}); pick one of them")
+    if kind in ("string_too_short", "too_short"):
+        return Problem(path, f"must not be empty; {_way_out(name, 'set a value')}")
+    if kind == "finite_number":
+        return Problem(
+            path, f"must be a finite number (got {got}); {_way_out(name, 'set a number')}"
+        )
+    if kind in _TYPE_NAMES:
+        expected = _TYPE_NAMES[kind]
+        return Problem(
+            path, f"must be {expected} (got {got}); {_way_out(name, f'write {expected}')}"
+        )
+    return Problem(path, f"{error['msg']} (got {got}); {_way_out(name, 'fix the value')}")
+
+
+def _bad_numbers(
+    node: object, loc: tuple[int | str, ...] = ()
+) -> Iterator[tuple[tuple[int | str, ...], int | float]]:
+    """Integers beyond 64 bits and non-finite floats, with their locations."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, dict | list | int | float):
+                yield from _bad_numbers(value, (*loc, str(key)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            if isinstance(value, dict | list | int | float):
+                yield from _bad_numbers(value, (*loc, index))
+    elif isinstance(node, bool):
+        return
+    elif isinstance(node, int):
+        if not INT64_MIN <= node <= INT64_MAX:
+            yield loc, node
+    elif isinstance(node, float) and not math.isfinite(node):
+        yield loc, node
+    elif isinstance(node, Mapping):
+        yield from _bad_numbers(dict(node), loc)
+
+
+def _json_default(value: object) -> object:
+    # YAML gives dates and sets; Kubernetes would see them as strings and lists.
+    if isinstance(value, date | datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, set | frozenset):
+        return list(value)
+    raise TypeError(f"cannot be represented in JSON: {type(value).__name__}")
+
+
+def number_problems(document: Mapping[str, Any]) -> list[Problem]:
+    """Numbers JSON and Kubernetes cannot carry: beyond 64 bits, infinities, NaN."""
+    problems = []
+    for loc, value in _bad_numbers(document):
+        if isinstance(value, int):
+            message = (
+                f"out of range (got {show_value(value)}); Kubernetes integers are 64-bit, "
+                f"between {INT64_MIN:,} and {INT64_MAX:,}"
+            )
+        else:
+            message = f"must be a finite number (got {value!r}); write a number"
+        problems.append(Problem(field_path(loc), message))
+    return problems
+
+
+def parse_model(document: Mapping[str, Any]) -> tuple[ModelDeployment | None, list[Problem]]:
+    """Validate like the API server: strict types (no "2" for 2), no unknown fields."""
+    problems = number_problems(document)
+    if problems:
+        return None, problems
+    try:
+        text = json.dumps(document, default=_json_default, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        return None, [Problem("", f"the document is not JSON-representable: {error}")]
+    try:
+        return ModelDeployment.model_validate_json(text, strict=True), []
+    except ValidationError as error:
+        return None, [translate(e) for e in error.errors(include_url=False)]

@@ -1,0 +1,97 @@
+"""Shared pieces for the admission tests: a safe sample, mutations of it, a live HTTPS webhook."""
+
+from __future__ import annotations
+
+import copy
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kvgate.admission.server import build_webhook_server
+from kvgate.admission.standalone import free_loopback_port, serve_webhook
+from kvgate.admission.webhook import WEBHOOK_PATH
+from kvgate.tls import make_ca, make_serving_cert, write_tls_dir
+
+SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
+DELETE = object()
+
+
+def sample() -> dict[str, Any]:
+    """The shipped safe sample: Llama-3.1-8B, 131,072 tokens, 80 GiB GPUs."""
+    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    return doc
+
+
+def mutated(changes: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sample with dotted-path changes applied: {"spec.decode.replicas": -1}."""
+    doc = copy.deepcopy(base if base is not None else sample())
+    for dotted, value in changes.items():
+        node = doc
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return doc
+
+
+def review(
+    obj: Any,
+    *,
+    operation: str = "CREATE",
+    old: Any = None,
+    uid: str = "0c3e9b6c-4a7e-4a38-9f44-1f7a2b1d9e01",
+    resource: str = "modeldeployments",
+) -> dict[str, Any]:
+    """An AdmissionReview v1 request as the API server sends it."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "kvgate.io", "version": "v1alpha1", "kind": "ModelDeployment"},
+            "resource": {"group": "kvgate.io", "version": "v1alpha1", "resource": resource},
+            "requestKind": {"group": "kvgate.io", "version": "v1alpha1", "kind": "ModelDeployment"},
+            "name": "llama-8b",
+            "namespace": "default",
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": old,
+            "dryRun": False,
+            "options": None,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class LiveWebhook:
+    """A running webhook: the URL of the ModelDeployment handler and a client TLS context."""
+
+    base_url: str
+    url: str
+    client_ssl: ssl.SSLContext
+
+
+@pytest.fixture(scope="session")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("webhook-tls")
+    ca = make_ca()
+    write_tls_dir(directory, make_serving_cert(ca, ["localhost"], ["127.0.0.1"]))
+    return directory
+
+
+@pytest.fixture
+async def live_webhook(tls_dir: Path) -> AsyncIterator[LiveWebhook]:
+    """kopf's admission machinery and our guarded server on 127.0.0.1, over HTTPS."""
+    server = build_webhook_server(tls_dir=tls_dir, port=free_loopback_port(), addr="127.0.0.1")
+    async with serve_webhook(server) as client_config:
+        base_url = client_config["url"].rstrip("/")
+        client_ssl = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+        yield LiveWebhook(base_url=base_url, url=base_url + WEBHOOK_PATH, client_ssl=client_ssl)

@@ -1,0 +1,260 @@
+"""Property tests: thousands of generated and mutated ModelDeployments and AdmissionReviews each
+get a decision — never a crash, never a 500, never an allow the checks would not give.
+
+Example budget (≥ 1,000 in all): 1,200 mutated documents + 400 generated numeric specs on the
+pure checks, 400 mutated AdmissionReviews over real HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import http.client
+import json
+import math
+import ssl
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kvgate.admission import check_document
+from kvgate.admission.server import build_webhook_server
+from kvgate.admission.standalone import free_loopback_port, serve_webhook
+from kvgate.admission.webhook import WEBHOOK_PATH
+from kvgate.api import ModelDeployment
+from kvgate_engine.estimator import estimate_pool
+
+from .conftest import review, sample
+
+SAMPLE = sample()
+
+
+def _paths(node: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix] if prefix else []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            paths += _paths(value, (*prefix, key))
+    return paths
+
+
+LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.integers(min_value=-5, max_value=300_000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+    st.sampled_from(
+        ["", "auto", "fp8_e4m3", "lmsysorg/sglang:v0.5.20", "lmsysorg/sglang:latest", "0.5.22"]
+    ),
+)
+JSON_VALUES = st.recursive(
+    LEAVES,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@st.composite
+def mutated_documents(draw: st.DrawFn, base: dict[str, Any] = SAMPLE) -> dict[str, Any]:
+    """The safe sample with 1–4 random edits: a value replaced, a key deleted or a key added."""
+    doc = copy.deepcopy(base)
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        paths = _paths(doc)
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent: Any = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        if not isinstance(parent, dict):
+            continue
+        operation = draw(st.sampled_from(["set", "set", "delete", "add"]))
+        if operation == "set":
+            parent[path[-1]] = draw(JSON_VALUES)
+        elif operation == "delete":
+            parent.pop(path[-1], None)
+        else:
+            parent[draw(st.text(min_size=1, max_size=12))] = draw(JSON_VALUES)
+    return doc
+
+
+@st.composite
+def numeric_specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Well-formed specs with realistic numbers, so the estimator runs on both sides of the line."""
+    doc = copy.deepcopy(SAMPLE)
+    spec = doc["spec"]
+    spec["model"]["contextLength"] = draw(st.integers(min_value=1, max_value=2**20))
+    spec["safety"]["headroom"] = draw(st.floats(min_value=1.0, max_value=2.0))
+    spec["engine"]["kvCacheDtype"] = draw(st.sampled_from(["auto", "fp8_e4m3", "bfloat16"]))
+    spec["engine"]["pageSize"] = draw(st.sampled_from([1, 16, 64]))
+    for role in ("prefill", "decode"):
+        spec[role]["gpuMemoryGiB"] = draw(st.floats(min_value=8, max_value=192))
+        spec[role]["memFractionStatic"] = draw(st.floats(min_value=0.3, max_value=0.95))
+        spec[role]["tensorParallel"] = draw(st.sampled_from([1, 2, 4, 8]))
+        if draw(st.booleans()):
+            spec[role]["maxTotalTokens"] = draw(st.integers(min_value=1, max_value=2**21))
+    return doc
+
+
+def _assert_decided(document: Any) -> None:
+    result = check_document(document)
+    assert result.allowed == (not result.denials)
+    assert all(str(problem) for problem in result.denials + result.warnings)
+    if result.allowed:
+        # Never an accidental allow: what is allowed parses and satisfies the safety ranges.
+        md = ModelDeployment.model_validate(document)
+        assert md.spec.safety.headroom >= 1.0
+        for role in (md.spec.prefill, md.spec.decode):
+            assert 0 < role.mem_fraction_static < 1
+            assert role.replicas >= 0
+            assert role.tensor_parallel >= 1
+    else:
+        assert result.message
+
+
+@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_documents())
+def test_every_mutated_document_gets_a_decision(document: dict[str, Any]) -> None:
+    _assert_decided(document)
+
+
+@settings(max_examples=400, deadline=None)
+@given(numeric_specs())
+def test_an_allowed_spec_never_has_an_estimated_pool_below_the_context(
+    document: dict[str, Any],
+) -> None:
+    _assert_decided(document)
+    result = check_document(document)
+    if not result.allowed:
+        return
+    spec = document["spec"]
+    required = math.ceil(spec["model"]["contextLength"] * spec["safety"]["headroom"])
+    for role in ("prefill", "decode"):
+        estimate = estimate_pool(
+            spec["model"]["config"],
+            gpu_memory_gib=spec[role]["gpuMemoryGiB"],
+            tp=spec[role]["tensorParallel"],
+            mem_fraction_static=spec[role]["memFractionStatic"],
+            kv_cache_dtype=spec["engine"]["kvCacheDtype"],
+            page_size=spec["engine"]["pageSize"],
+            weights_gib=spec["model"]["weightsGiB"],
+            max_total_tokens=spec[role].get("maxTotalTokens"),
+        )
+        assert estimate.kv_pool_tokens >= required
+
+
+class ThreadedWebhook:
+    """The webhook on its own event loop in a thread, so synchronous hypothesis tests can call
+    it; a keep-alive HTTPS connection keeps each example cheap."""
+
+    def __init__(self, tls_dir: Path) -> None:
+        self.port = free_loopback_port()
+        self._server = build_webhook_server(tls_dir=tls_dir, port=self.port, addr="127.0.0.1")
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.ssl = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+        self._connection: http.client.HTTPSConnection | None = None
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._stop = asyncio.Event()
+            try:
+                async with serve_webhook(self._server):
+                    self._started.set()
+                    await self._stop.wait()
+            except BaseException as error:
+                self._error = error
+                self._started.set()
+
+        self._loop.run_until_complete(main())
+        self._loop.close()
+
+    def start(self) -> None:
+        self._thread.start()
+        if not self._started.wait(timeout=15) or self._error is not None:
+            raise RuntimeError(f"webhook did not start: {self._error!r}")
+
+    def stop(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=15)
+        assert not self._thread.is_alive()
+
+    def post(self, body: bytes, path: str = WEBHOOK_PATH) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            if self._connection is None:
+                self._connection = http.client.HTTPSConnection(
+                    "127.0.0.1", self.port, context=self.ssl, timeout=10
+                )
+            try:
+                self._connection.request(
+                    "POST", path, body=body, headers={"Content-Type": "application/json"}
+                )
+                response = self._connection.getresponse()
+                return response.status, response.read()
+            except (http.client.HTTPException, ConnectionError):
+                self._connection.close()
+                self._connection = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def threaded_webhook(tls_dir: Path) -> Iterator[ThreadedWebhook]:
+    webhook = ThreadedWebhook(tls_dir)
+    webhook.start()
+    yield webhook
+    webhook.stop()
+
+
+@st.composite
+def admission_reviews(draw: st.DrawFn) -> bytes:
+    """Reviews whose object is a mutated document or a generated numeric spec, with the
+    envelope itself sometimes mutated, sometimes replaced by random bytes."""
+    kind = draw(st.sampled_from(["mutated", "numeric", "envelope", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    obj = draw(numeric_specs() if kind == "numeric" else mutated_documents())
+    body: dict[str, Any] = review(obj, uid=draw(st.uuids()).hex)
+    if kind == "envelope":
+        body = draw(mutated_documents(base=body))
+    return json.dumps(body, allow_nan=True).encode()
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(body=admission_reviews())
+def test_every_admission_review_gets_a_decision_over_https(
+    threaded_webhook: ThreadedWebhook, body: bytes
+) -> None:
+    status, payload = threaded_webhook.post(body)
+    assert status in (200, 400, 404, 409, 413), (status, payload[:300])
+    if status != 200:
+        assert json.loads(payload)["error"]
+        return
+    answer = json.loads(payload)["response"]
+    assert isinstance(answer["allowed"], bool)
+    sent = json.loads(body)
+    request = sent["request"]
+    assert answer["uid"] == request["uid"]
+    if not answer["allowed"]:
+        assert answer["status"]["message"]
+    if request["operation"] == "CREATE":
+        # The webhook decides exactly as the pure checks do: no allow by accident.
+        assert answer["allowed"] == check_document(request["object"]).allowed
