@@ -1,0 +1,379 @@
+"""Pure builders: ModelDeployment + revision -> the Kubernetes objects kvgate owns (plain dicts).
+
+Per revision: ``<md>-<rev>-prefill`` and ``<md>-<rev>-decode`` engine Deployments and a
+``<md>-<rev>-router`` smg Deployment whose service discovery selects only that revision's pods
+(so a prefill pod is never paired with a decode pod of another revision). Per ModelDeployment:
+the router's ServiceAccount/Role/RoleBinding and the stable Service ``<md>`` whose selector names
+the serving revision's routers (switching traffic is a selector change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kvgate_engine.launcher import engine_argv
+
+from kvgate import labels
+from kvgate.api import ModelDeployment, Role, RoleSpec
+
+# Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
+# /dev/nvidia* device nodes world read-writable, so CUDA works without root; the image's own
+# HOME (often /root) is not writable by this UID, so HOME points at /tmp (HF, Triton and
+# FlashInfer caches land there).
+RUN_AS_USER = 1000
+ENGINE_SHM_SIZE = "16Gi"  # NCCL and SGLang's TP workers need a large /dev/shm.
+TERMINATION_GRACE_SECONDS = 60
+
+Body = dict[str, Any]
+
+
+def component_name(md_name: str, revision: str, component: str) -> str:
+    """``<md>-<rev>-prefill|decode|router``."""
+    return f"{md_name}-{revision}-{component}"
+
+
+def router_account_name(md_name: str) -> str:
+    return f"{md_name}-router"
+
+
+def selector_labels(md_name: str, revision: str, component: str) -> dict[str, str]:
+    """Labels that identify one revision's prefill, decode or router pods."""
+    is_router = component == labels.ROLE_ROUTER
+    return {
+        labels.DEPLOYMENT: md_name,
+        labels.REVISION: revision,
+        labels.ROLE: component,
+        labels.COMPONENT: labels.COMPONENT_ROUTER if is_router else labels.COMPONENT_ENGINE,
+    }
+
+
+def object_labels(md_name: str, revision: str, component: str) -> dict[str, str]:
+    return {
+        **selector_labels(md_name, revision, component),
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+    }
+
+
+def owner_reference(md: ModelDeployment) -> Body:
+    return {
+        "apiVersion": md.api_version,
+        "kind": md.kind,
+        "name": md.metadata.name,
+        "uid": md.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(md: ModelDeployment, name: str, obj_labels: dict[str, str]) -> Body:
+    return {
+        "name": name,
+        "namespace": md.metadata.namespace,
+        "labels": obj_labels,
+        "ownerReferences": [owner_reference(md)],
+    }
+
+
+def requirement_annotation(md: ModelDeployment, role: Role) -> str:
+    """What this revision's engines must prove, as the JSON the verifier reads from the pod."""
+    return json.dumps(
+        {
+            "contextLength": md.spec.model.context_length,
+            "headroom": md.spec.safety.headroom,
+            "minEngineVersion": md.spec.safety.min_engine_version,
+            "role": role.value,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``python3 -m sglang.launch_server --flag ...`` -> (command, args) at the first flag."""
+    for i, item in enumerate(argv):
+        if item.startswith("--"):
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def _quantities(values: dict[str, int | str], gpus: int) -> dict[str, int | str]:
+    return {**values, "nvidia.com/gpu": gpus}
+
+
+def _restricted_container_security() -> Body:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def _pod_security() -> Body:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def engine_pod_template(md: ModelDeployment, role: Role, revision: str) -> Body:
+    spec = md.spec
+    role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
+    name = md.metadata.name or ""
+    command, args = split_command(engine_argv(spec, role))
+    env: list[Body] = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
+    if not any(e["name"] == "HOME" for e in env):
+        env.append({"name": "HOME", "value": "/tmp"})
+    ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
+    annotations = {labels.REQUIREMENT: requirement_annotation(md, role)}
+    if role is Role.PREFILL:
+        ports.append(
+            {"name": "bootstrap", "containerPort": spec.engine.bootstrap_port, "protocol": "TCP"}
+        )
+        annotations[labels.BOOTSTRAP_PORT] = str(spec.engine.bootstrap_port)
+    container: Body = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "command": command,
+        "args": args,
+        "env": env,
+        "ports": ports,
+        "resources": {
+            "limits": _quantities(role_spec.resources.limits, role_spec.tensor_parallel),
+            "requests": _quantities(role_spec.resources.requests, role_spec.tensor_parallel),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": spec.engine.port},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "securityContext": _restricted_container_security(),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: Body = {
+        "containers": [container],
+        "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": ENGINE_SHM_SIZE}}
+        ],
+        # The engine needs no API access; only the router (smg discovery) does.
+        "automountServiceAccountToken": False,
+    }
+    if role_spec.node_selector:
+        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations
+        ]
+    if role_spec.affinity:
+        pod_spec["affinity"] = role_spec.affinity
+    return {
+        "metadata": {
+            "labels": object_labels(name, revision, role.value),
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def router_argv(md: ModelDeployment, revision: str) -> list[str]:
+    """smg flags: PD mode, Kubernetes discovery of this revision's engine pods only."""
+    spec = md.spec
+    name = md.metadata.name or ""
+
+    def selector(role: Role) -> list[str]:
+        return [f"{k}={v}" for k, v in selector_labels(name, revision, role.value).items()]
+
+    return [
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--service-discovery-namespace",
+        md.metadata.namespace or "default",
+        "--service-discovery-port",
+        str(spec.engine.port),
+        "--prefill-selector",
+        *selector(Role.PREFILL),
+        "--decode-selector",
+        *selector(Role.DECODE),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(spec.router.port),
+        *spec.router.args,
+    ]
+
+
+def router_pod_template(md: ModelDeployment, revision: str) -> Body:
+    spec = md.spec
+    name = md.metadata.name or ""
+    port = spec.router.port
+    container: Body = {
+        "name": "router",
+        "image": spec.router.image,
+        "command": ["smg", "launch"],
+        "args": router_argv(md, revision),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        # /readiness is 503 unless the router holds a ready prefill AND a ready decode worker,
+        # and engine pods are Ready only once verified: a router is Ready only when both roles
+        # of its revision have verified pods.
+        "readinessProbe": {
+            "httpGet": {"path": "/readiness", "port": port},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/liveness", "port": port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
+    }
+    return {
+        "metadata": {"labels": object_labels(name, revision, labels.ROLE_ROUTER)},
+        "spec": {
+            "serviceAccountName": router_account_name(name),
+            "containers": [container],
+            "securityContext": _pod_security(),
+            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        },
+    }
+
+
+def template_hash(body: Body) -> str:
+    """Hash of a built object; stored on it so a changed builder output can be detected."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def deployment(
+    md: ModelDeployment,
+    revision: str,
+    component: str,
+    *,
+    replicas: int,
+    annotations: dict[str, str] | None = None,
+) -> Body:
+    """The Deployment of one revision's prefill, decode or router pods."""
+    name = md.metadata.name or ""
+    if component == labels.ROLE_ROUTER:
+        template = router_pod_template(md, revision)
+        strategy: Body = {"type": "RollingUpdate"}
+    else:
+        template = engine_pod_template(md, Role(component), revision)
+        # A revision's template only changes when kvgate itself is upgraded; never ask for a
+        # spare GPU to surge into.
+        strategy = {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        }
+    spec: Body = {
+        "replicas": replicas,
+        "selector": {"matchLabels": selector_labels(name, revision, component)},
+        "strategy": strategy,
+        "template": template,
+    }
+    meta = _metadata(
+        md, component_name(name, revision, component), object_labels(name, revision, component)
+    )
+    meta["annotations"] = {
+        labels.TEMPLATE_HASH: template_hash(spec["template"]),
+        **(annotations or {}),
+    }
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+
+
+def desired_replicas(md: ModelDeployment, component: str) -> int:
+    spec = md.spec
+    if component == Role.PREFILL:
+        return spec.prefill.replicas
+    if component == Role.DECODE:
+        return spec.decode.replicas
+    return spec.router.replicas
+
+
+def service(md: ModelDeployment, serving_revision: str) -> Body:
+    """The stable Service ``<md>`` in front of the serving revision's routers."""
+    name = md.metadata.name or ""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            **_metadata(
+                md,
+                name,
+                {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            ),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": service_selector(name, serving_revision),
+            "ports": [
+                {
+                    "name": "http",
+                    "port": md.spec.router.port,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def service_selector(md_name: str, revision: str) -> dict[str, str]:
+    return {
+        labels.DEPLOYMENT: md_name,
+        labels.COMPONENT: labels.COMPONENT_ROUTER,
+        labels.REVISION: revision,
+    }
+
+
+def router_service_account(md: ModelDeployment) -> Body:
+    name = md.metadata.name or ""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(md, router_account_name(name), _md_labels(name)),
+    }
+
+
+def router_role(md: ModelDeployment) -> Body:
+    """smg's Kubernetes discovery lists and watches pods in its namespace; nothing else."""
+    name = md.metadata.name or ""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(md, router_account_name(name), _md_labels(name)),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+
+
+def router_role_binding(md: ModelDeployment) -> Body:
+    name = md.metadata.name or ""
+    account = router_account_name(name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(md, account, _md_labels(name)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": account, "namespace": md.metadata.namespace}
+        ],
+    }
+
+
+def _md_labels(md_name: str) -> dict[str, str]:
+    return {
+        labels.DEPLOYMENT: md_name,
+        labels.COMPONENT: labels.COMPONENT_ROUTER,
+        labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+    }
+
+
+COMPONENTS: tuple[str, ...] = (Role.PREFILL.value, Role.DECODE.value, labels.ROLE_ROUTER)

@@ -1,0 +1,215 @@
+"""Engine pods: verify each live engine and keep its readiness gate condition true to it.
+
+One verifier loop per engine pod: an asyncio task started on the pod's first watch event and
+cancelled on its deletion. (Not a kopf daemon: kopf puts a finalizer on every object with a
+daemon, and engine pods must never wait for the operator to be deleted.) It probes when the
+pod has an IP and a ready engine container, at once after a container restart or readiness
+change, and every reverify interval. A verified pod whose engine stops being ready or fails
+re-verification gets its gate condition set False at once: it leaves the Service endpoints and
+smg drops the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvgate_engine.verdict import Outcome, Requirement, Verdict
+
+from kvgate import gate, labels, metrics
+from kvgate.api import API_VERSION, KIND
+from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
+
+log = logging.getLogger("kvgate.engine_pods")
+
+DEFAULT_REVERIFY_SECONDS = 30.0
+Pod = dict[str, Any]
+Fingerprint = tuple[str | None, bool, int, bool]
+
+
+def fingerprint(pod: Pod) -> Fingerprint:
+    """What, when it changes, calls for an immediate re-check: IP, readiness, restarts."""
+    status = gate.engine_container_status(pod) or {}
+    return (
+        pod.get("status", {}).get("podIP"),
+        bool(status.get("ready")),
+        int(status.get("restartCount", 0)),
+        bool(pod.get("metadata", {}).get("deletionTimestamp")),
+    )
+
+
+def _md_of(pod: Pod) -> tuple[str, str]:
+    meta = pod.get("metadata", {})
+    return meta.get("namespace", ""), meta.get("labels", {}).get(labels.DEPLOYMENT, "")
+
+
+def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
+    """Watch event on an engine pod: keep its latest body, wake its verifier and its MD."""
+    uid = pod.get("metadata", {}).get("uid")
+    if not uid:
+        return
+    namespace, md_name = _md_of(pod)
+    if event_type == "DELETED":
+        role = pod.get("metadata", {}).get("labels", {}).get(labels.ROLE, "")
+        metrics.forget_pod(namespace, md_name, gate.pod_name(pod), role)
+        rt.forget_pod(uid)
+        rt.wake_md(namespace, md_name)
+        return
+    previous = rt.pods.get(uid)
+    rt.pods[uid] = pod
+    task = rt.verifiers.get(uid)
+    if task is None or task.done():
+        rt.verifiers[uid] = asyncio.create_task(
+            run_verifier(rt, pod, lambda: False), name=f"verify-{gate.pod_name(pod)}"
+        )
+    if previous is None or fingerprint(previous) != fingerprint(pod):
+        rt.pod_wake(uid).set()
+    if (
+        previous is None
+        or gate.current_condition(previous) != gate.current_condition(pod)
+        or (fingerprint(previous) != fingerprint(pod))
+    ):
+        rt.wake_md(namespace, md_name)
+
+
+def reverify_seconds(rt: Runtime, pod: Pod) -> float:
+    if rt.settings.reverify_seconds is not None:
+        return rt.settings.reverify_seconds
+    md = rt.mds.get(_md_of(pod))
+    if md is not None:
+        value = md.get("spec", {}).get("rollout", {}).get("reverifyIntervalSeconds")
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return DEFAULT_REVERIFY_SECONDS
+
+
+def _md_ref(pod: Pod) -> dict[str, Any]:
+    namespace, name = _md_of(pod)
+    owner = {"name": name, "namespace": namespace}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": owner}
+
+
+def _pod_ref(pod: Pod) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata", {})}
+
+
+def _record(rt: Runtime, pod: Pod, verdict: Verdict, requirement: Requirement) -> None:
+    uid = pod["metadata"]["uid"]
+    pool = verdict.report.kv_pool_tokens if verdict.report else None
+    rt.engines[uid] = VerifiedEngine(verdict.outcome.value, verdict.reason, pool)
+    metrics.VERIFICATIONS.labels(verdict.outcome.value, verdict.reason).inc()
+    namespace, md_name = _md_of(pod)
+    series = (namespace, md_name, gate.pod_name(pod), gate.pod_role(pod))
+    if pool is not None:
+        metrics.KV_POOL_TOKENS.labels(*series).set(pool)
+        metrics.HEADROOM_RATIO.labels(*series).set(pool / requirement.context_length)
+
+
+async def _write(rt: Runtime, pod: Pod, condition: dict[str, str]) -> bool:
+    """Patch the condition; returns False when the pod is gone or was replaced."""
+    meta = pod["metadata"]
+    previous = gate.current_condition(pod)
+    result = await rt.api.patch_pod_condition(
+        meta["namespace"], meta["name"], meta["uid"], condition
+    )
+    if result is None:
+        return False
+    # Keep our copy current so the next decision compares against what we wrote.
+    conditions = [
+        c
+        for c in pod.get("status", {}).get("conditions", None) or []
+        if c.get("type") != labels.ENGINE_VERIFIED
+    ]
+    pod.setdefault("status", {})["conditions"] = [*conditions, condition]
+    await _announce(rt, pod, previous, condition)
+    return True
+
+
+async def _announce(
+    rt: Runtime, pod: Pod, previous: dict[str, str] | None, condition: dict[str, str]
+) -> None:
+    """Events and logs on transitions: lost verification, first unsafe verdict."""
+    now = rt.clock()
+    was_true = previous is not None and previous.get("status") == "True"
+    message = condition["message"]
+    namespace, md_name = _md_of(pod)
+    fields = {"namespace": namespace, "deployment": md_name, "pod": gate.pod_name(pod)}
+    if condition["status"] == "True":
+        if not was_true:
+            log.info(
+                "engine verified: %s", message, extra={**fields, "reason": condition["reason"]}
+            )
+        return
+    if was_true:
+        log.warning(
+            "engine verification lost: %s", message, extra={**fields, "reason": condition["reason"]}
+        )
+        for ref in (_pod_ref(pod), _md_ref(pod)):
+            await _post(rt, ref, "Warning", "EngineVerificationLost", message, now)
+    elif gate.is_unsafe_reason(condition["reason"]) and (
+        previous is None or previous.get("reason") != condition["reason"]
+    ):
+        log.warning("engine unsafe: %s", message, extra={**fields, "reason": condition["reason"]})
+        await _post(rt, _pod_ref(pod), "Warning", condition["reason"], message, now)
+
+
+async def _post(
+    rt: Runtime, ref: dict[str, Any], type_: str, reason: str, message: str, now: Any
+) -> None:
+    try:
+        await rt.api.post_event(ref, type_=type_, reason=reason, message=message, now=now)
+    except Exception as exc:  # an Event is best effort; the condition is what gates traffic
+        log.warning("could not post event %s: %s", reason, exc)
+
+
+async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
+    """One verification pass over one pod; returns the condition written, if any."""
+    now = rt.clock()
+    requirement = gate.requirement_of(pod)
+    if requirement is None:
+        condition = gate.condition_for_missing_requirement(pod, now)
+    else:
+        url = gate.engine_url(pod)
+        if url is None:
+            condition = gate.condition_for_engine_down(pod, now)
+        else:
+            started = time.perf_counter()
+            verdict = await rt.verify(url, requirement)
+            metrics.VERIFICATION_DURATION.observe(time.perf_counter() - started)
+            _record(rt, pod, verdict, requirement)
+            if verdict.outcome is not Outcome.SAFE:
+                log.debug(
+                    "verdict %s for %s: %s", verdict.outcome, gate.pod_name(pod), verdict.message
+                )
+            condition = gate.condition_for_verdict(pod, verdict, requirement, rt.clock())
+    if condition is None:
+        return None
+    if not await _write(rt, pod, condition):
+        return None
+    return condition
+
+
+async def run_verifier(rt: Runtime, pod: Pod, stopped: Callable[[], bool]) -> None:
+    """The per-pod loop: check on change, else every reverify interval, until stopped."""
+    uid = pod["metadata"]["uid"]
+    rt.pods.setdefault(uid, pod)
+    wake = rt.pod_wake(uid)
+    last: Fingerprint | None = None
+    last_check = float("-inf")
+    while not stopped():
+        current = rt.pods.get(uid)
+        if current is None:  # deleted
+            return
+        interval = reverify_seconds(rt, current)
+        due = fingerprint(current) != last or time.monotonic() - last_check >= interval
+        if due:
+            last = fingerprint(current)
+            last_check = time.monotonic()
+            try:
+                await check_pod(rt, current)
+            except Exception as exc:
+                log.warning("verification of pod %s failed: %s", gate.pod_name(current), exc)
+        await sleep_until_woken(wake, interval - (time.monotonic() - last_check))

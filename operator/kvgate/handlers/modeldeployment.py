@@ -1,0 +1,329 @@
+"""ModelDeployments: gather cluster state -> plan the rollout step -> apply it -> write status.
+
+Runs as one loop per ModelDeployment (a kopf daemon), woken by changes to the CR, its engine
+pods and its Deployments, and on a timer. Nothing is kept in memory between passes except the
+engines' last pool sizes (for status only): a restarted operator resumes from cluster state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvgate import builders, gate, labels, metrics
+from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
+from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
+from kvgate.k8s import MERGE_PATCH
+from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
+from kvgate.revision import revision_of
+from kvgate.status import compute_status, events_for
+
+log = logging.getLogger("kvgate.modeldeployment")
+MIN_PASS_SECONDS = 0.2
+Body = dict[str, Any]
+
+
+def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
+    meta = body.get("metadata", {})
+    key = (meta.get("namespace", ""), meta.get("name", ""))
+    if event_type == "DELETED":
+        rt.forget_md(key)
+        return
+    rt.mds[key] = body
+    rt.wake_md(*key)
+
+
+def parse_time(raw: str | None) -> datetime | None:
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def workload_state(body: Body) -> WorkloadState | None:
+    meta = body.get("metadata", {})
+    lab = meta.get("labels", {})
+    ann = meta.get("annotations", {}) or {}
+    revision, component = lab.get(labels.REVISION), lab.get(labels.ROLE)
+    if not revision or not component:
+        return None
+    return WorkloadState(
+        revision=revision,
+        component=component,
+        replicas=int(body.get("spec", {}).get("replicas", 0) or 0),
+        ready_replicas=int(body.get("status", {}).get("readyReplicas", 0) or 0),
+        verify_started_at=parse_time(ann.get(labels.VERIFY_STARTED_AT)),
+        refused_reason=ann.get(labels.REFUSED_REASON),
+        refused_message=ann.get(labels.REFUSED_MESSAGE),
+    )
+
+
+def pod_state(rt: Runtime, body: Body) -> PodState | None:
+    meta = body.get("metadata", {})
+    lab = meta.get("labels", {})
+    revision, role = lab.get(labels.REVISION), lab.get(labels.ROLE)
+    if not revision or not role:
+        return None
+    cond = gate.current_condition(body) or {}
+    verified = cond.get("status") == "True"
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in body.get("status", {}).get("conditions", None) or []
+    )
+    engine = rt.engines.get(meta.get("uid", ""))
+    return PodState(
+        name=meta.get("name", ""),
+        revision=revision,
+        role=role,
+        verified=verified,
+        gate_reason=cond.get("reason"),
+        gate_message=cond.get("message"),
+        ready=ready,
+        terminating=bool(meta.get("deletionTimestamp")),
+        kv_pool_tokens=engine.kv_pool_tokens if engine and verified else None,
+    )
+
+
+def _strip_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_none(v) for v in value]
+    return value
+
+
+class Reconciler:
+    """One pass over one ModelDeployment."""
+
+    def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
+        self.rt, self.namespace, self.name = rt, namespace, name
+        self.ensured_router_access = False
+
+    async def reconcile(self) -> RolloutStep | None:
+        started = time.perf_counter()
+        try:
+            return await self._reconcile()
+        finally:
+            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+
+    async def _reconcile(self) -> RolloutStep | None:
+        api, ns, name = self.rt.api, self.namespace, self.name
+        body = await api.get("ModelDeployment", ns, name)
+        if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+            return None
+        self.rt.mds[(ns, name)] = body
+        try:
+            spec = ModelDeploymentSpec.model_validate(body.get("spec", {}))
+        except ValidationError as exc:
+            await self._invalid(body, exc)
+            return None
+        meta = body["metadata"]
+        md = ModelDeployment(
+            metadata=ObjectMeta(
+                name=name, namespace=ns, uid=meta.get("uid"), generation=meta.get("generation")
+            ),
+            spec=spec,
+        )
+        target = revision_of(spec)
+        metrics.CONTEXT_LENGTH_TOKENS.labels(ns, name).set(spec.model.context_length)
+
+        # gather
+        selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
+        deployments = await api.list("Deployment", ns, selector)
+        pods = await api.list(
+            "Pod", ns, {labels.DEPLOYMENT: name, labels.COMPONENT: labels.COMPONENT_ENGINE}
+        )
+        service = await api.get("Service", ns, name)
+        workloads = [w for w in map(workload_state, deployments) if w is not None]
+        observed = ObservedState(
+            spec=spec,
+            target_revision=target,
+            workloads=tuple(workloads),
+            pods=tuple(p for p in (pod_state(self.rt, b) for b in pods) if p is not None),
+            service_revision=(service or {})
+            .get("spec", {})
+            .get("selector", {})
+            .get(labels.REVISION),
+            now=self.rt.clock(),
+        )
+
+        # evaluate
+        step = plan(observed)
+
+        # write
+        await self._apply(md, step, {_key(d): d for d in deployments}, service)
+        previous = body.get("status") or None
+        status = compute_status(
+            step,
+            generation=int(meta.get("generation") or 0),
+            context_length=spec.model.context_length,
+            previous=previous,
+            now=self.rt.clock(),
+        )
+        if _strip_none(previous or {}) != _strip_none(status):
+            await api.patch_md_status(ns, name, status)
+        for event in events_for(step, previous):
+            await self._event(body, event.type, event.reason, event.message)
+        if step.new_refusal and step.refusal is not None:
+            metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
+            log.warning(
+                "rollout refused: %s",
+                step.refusal.message,
+                extra={"namespace": ns, "deployment": name, "revision": target},
+            )
+        return step
+
+    async def _apply(
+        self,
+        md: ModelDeployment,
+        step: RolloutStep,
+        existing: dict[str, Body],
+        service: Body | None,
+    ) -> None:
+        api, ns, name = self.rt.api, self.namespace, self.name
+        if not self.ensured_router_access:
+            for obj in (
+                builders.router_service_account(md),
+                builders.router_role(md),
+                builders.router_role_binding(md),
+            ):
+                await api.create(obj)
+            self.ensured_router_access = True
+
+        refusal_notes: dict[str, str] = {}
+        if step.refusal is not None:
+            refusal_notes = {
+                labels.REFUSED_REASON: step.refusal.reason,
+                labels.REFUSED_MESSAGE: step.refusal.message,
+            }
+        for intent in step.workloads:
+            dname = builders.component_name(name, intent.revision, intent.component)
+            current = existing.get(dname)
+            if current is None:
+                annotations = {
+                    labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at),
+                    **refusal_notes,
+                }
+                desired = builders.deployment(
+                    md,
+                    intent.revision,
+                    intent.component,
+                    replicas=intent.replicas,
+                    annotations=annotations,
+                )
+                await api.create(desired)
+                continue
+            patch: Body = {}
+            if int(current.get("spec", {}).get("replicas", 0) or 0) != intent.replicas:
+                patch.setdefault("spec", {})["replicas"] = intent.replicas
+            ann = current.get("metadata", {}).get("annotations", {}) or {}
+            missing_notes = {k: v for k, v in refusal_notes.items() if ann.get(k) != v}
+            if missing_notes and step.new_refusal:
+                patch.setdefault("metadata", {})["annotations"] = missing_notes
+            desired = builders.deployment(
+                md, intent.revision, intent.component, replicas=intent.replicas
+            )
+            desired_hash = desired["metadata"]["annotations"][labels.TEMPLATE_HASH]
+            if ann.get(labels.TEMPLATE_HASH) != desired_hash:
+                patch.setdefault("spec", {})["template"] = desired["spec"]["template"]
+                patch.setdefault("metadata", {}).setdefault("annotations", {})[
+                    labels.TEMPLATE_HASH
+                ] = desired_hash
+            if patch:
+                await api.patch("Deployment", ns, dname, patch, content_type=MERGE_PATCH)
+
+        for revision in step.delete_revisions:
+            for component in builders.COMPONENTS:
+                dname = builders.component_name(name, revision, component)
+                if dname in existing:
+                    await api.delete("Deployment", ns, dname)
+
+        if step.service_revision is not None:
+            desired_svc = builders.service(md, step.service_revision)
+            if service is None:
+                await api.create(desired_svc)
+            elif service.get("spec", {}).get("selector") != desired_svc["spec"]["selector"]:
+                await api.patch(
+                    "Service",
+                    ns,
+                    name,
+                    {"spec": {"selector": desired_svc["spec"]["selector"]}},
+                    content_type=MERGE_PATCH,
+                )
+
+    async def _invalid(self, body: Body, exc: ValidationError) -> None:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        log.error(
+            "invalid spec: %s",
+            problems,
+            extra={"namespace": self.namespace, "deployment": self.name},
+        )
+        now = gate.rfc3339(self.rt.clock())
+        generation = int(body.get("metadata", {}).get("generation") or 0)
+        status = {
+            "observedGeneration": generation,
+            "message": f"invalid spec: {problems}",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "observedGeneration": generation,
+                    "lastTransitionTime": now,
+                    "reason": "InvalidSpec",
+                    "message": problems,
+                }
+            ],
+        }
+        await self.rt.api.patch_md_status(self.namespace, self.name, status)
+
+    async def _event(self, body: Body, type_: str, reason: str, message: str) -> None:
+        try:
+            await self.rt.api.post_event(
+                body, type_=type_, reason=reason, message=message, now=self.rt.clock()
+            )
+        except Exception as exc:
+            log.warning("could not post event %s: %s", reason, exc)
+
+
+def _key(body: Body) -> str:
+    return str(body.get("metadata", {}).get("name", ""))
+
+
+def next_interval(rt: Runtime, step: RolloutStep | None) -> float:
+    settled = (
+        step is not None
+        and step.serving_revision == step.target_revision
+        and not step.serving_problems
+        and not step.delete_revisions
+    )
+    if settled or (step is not None and step.refusal is not None and not step.new_refusal):
+        return rt.settings.steady_reconcile_seconds
+    return rt.settings.reconcile_seconds
+
+
+async def run_reconciler(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -> None:
+    """The per-ModelDeployment loop, until stopped."""
+    reconciler = Reconciler(rt, *key)
+    wake = rt.md_wake(key)
+    while not stopped():
+        wake.clear()
+        try:
+            step = await reconciler.reconcile()
+        except Exception as exc:
+            log.warning(
+                "reconcile failed: %s", exc, extra={"namespace": key[0], "deployment": key[1]}
+            )
+            step = None
+        # Debounce: our own writes come back as watch events; let them land together.
+        await asyncio.sleep(MIN_PASS_SECONDS)
+        await sleep_until_woken(wake, next_interval(rt, step) - MIN_PASS_SECONDS)

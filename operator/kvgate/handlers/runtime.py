@@ -1,0 +1,85 @@
+"""What the handlers share while the operator runs: the API client, latest bodies, wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kvgate_engine.verdict import Requirement, Verdict
+
+from kvgate.k8s import KubeApi
+from kvgate.settings import OperatorSettings
+
+VerifyFn = Callable[[str, Requirement], Awaitable[Verdict]]
+MdKey = tuple[str, str]  # (namespace, name)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class VerifiedEngine:
+    """The last verdict on one pod's live engine (in memory; re-read after a restart)."""
+
+    outcome: str
+    reason: str
+    kv_pool_tokens: int | None
+
+
+@dataclass
+class Runtime:
+    api: KubeApi
+    settings: OperatorSettings
+    verify: VerifyFn
+    clock: Callable[[], datetime] = utc_now
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> latest pod body
+    mds: dict[MdKey, dict[str, Any]] = field(default_factory=dict)  # latest MD bodies
+    engines: dict[str, VerifiedEngine] = field(default_factory=dict)  # uid -> last verdict
+    verifiers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> loop
+    _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
+    _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
+
+    def pod_wake(self, uid: str) -> asyncio.Event:
+        return self._pod_wakes.setdefault(uid, asyncio.Event())
+
+    def md_wake(self, key: MdKey) -> asyncio.Event:
+        return self._md_wakes.setdefault(key, asyncio.Event())
+
+    def wake_md(self, namespace: str | None, name: str | None) -> None:
+        if namespace and name:
+            self.md_wake((namespace, name)).set()
+
+    def forget_pod(self, uid: str) -> None:
+        task = self.verifiers.pop(uid, None)
+        if task is not None:
+            task.cancel()
+        self.pods.pop(uid, None)
+        self.engines.pop(uid, None)
+        self._pod_wakes.pop(uid, None)
+
+    def forget_md(self, key: MdKey) -> None:
+        self.mds.pop(key, None)
+        self._md_wakes.pop(key, None)
+
+    async def shutdown(self) -> None:
+        """Stop every verifier loop (operator exit)."""
+        tasks = list(self.verifiers.values())
+        self.verifiers.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def sleep_until_woken(wake: asyncio.Event, seconds: float) -> bool:
+    """Wait for a wake-up or the timeout; True when woken. Clears the wake-up."""
+    try:
+        await asyncio.wait_for(wake.wait(), timeout=max(0.0, seconds))
+        woken = True
+    except TimeoutError:
+        woken = False
+    wake.clear()
+    return woken

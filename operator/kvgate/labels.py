@@ -1,0 +1,32 @@
+"""Label, annotation and condition names kvgate puts on the objects it manages."""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "kvgate.io"
+
+# Labels (selectors: the router discovers pods by these, the Service selects routers by them).
+DEPLOYMENT: Final = f"{PREFIX}/deployment"
+ROLE: Final = f"{PREFIX}/role"
+REVISION: Final = f"{PREFIX}/revision"
+COMPONENT: Final = f"{PREFIX}/component"
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "kvgate"
+
+COMPONENT_ENGINE: Final = "engine"
+COMPONENT_ROUTER: Final = "router"
+ROLE_ROUTER: Final = "router"
+
+# Annotations.
+REQUIREMENT: Final = f"{PREFIX}/requirement"  # engine pod: what its live engine must prove (JSON)
+VERIFY_STARTED_AT: Final = f"{PREFIX}/verify-started-at"  # target Deployment: RFC 3339
+REFUSED_REASON: Final = f"{PREFIX}/refused-reason"  # refused revision's Deployments
+REFUSED_MESSAGE: Final = f"{PREFIX}/refused-message"
+TEMPLATE_HASH: Final = f"{PREFIX}/template-hash"  # hash of the built object, to detect drift
+BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"  # smg reads the prefill bootstrap port here
+
+# The pod readiness gate the operator sets after verifying the live engine.
+ENGINE_VERIFIED: Final = f"{PREFIX}/engine-verified"
+
+FINALIZER: Final = f"{PREFIX}/finalizer"

@@ -1,0 +1,224 @@
+"""`kvgate operator`: kopf start-up settings and the wiring of triggers to handlers.
+
+Triggers (kopf watches): ModelDeployments (one reconcile loop each, as a kopf daemon, which also
+gives the CR the kvgate.io/finalizer), engine pods (watch events start/stop each pod's
+verifier task; no finalizer on pods) and kvgate-managed Deployments (wake their MD).
+
+Peering: with --standalone kopf does not look for KopfPeering objects; run ONE replica
+(Deployment strategy Recreate). Without it, kopf uses peering objects named "kvgate" (the chart
+must install kopf's peering CRDs) so a second replica pauses while the first runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import threading
+from typing import Any
+
+import kopf
+from kvgate_engine import probe
+from kvgate_engine.verdict import Requirement, Verdict
+from prometheus_client import start_http_server
+
+from kvgate import labels, metrics
+from kvgate.api import GROUP, PLURAL, VERSION
+from kvgate.handlers import deployments, engine_pods, modeldeployment
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi, load_credentials
+from kvgate.settings import OperatorSettings
+
+log = logging.getLogger("kvgate.main")
+_runtime: Runtime | None = None  # the running operator's runtime (handlers are registered once)
+_registered = False
+
+
+def _rt() -> Runtime:
+    if _runtime is None:  # pragma: no cover - handlers only run inside serve()
+        raise RuntimeError("kvgate operator runtime is not started")
+    return _runtime
+
+
+def register_handlers() -> kopf.OperatorRegistry:
+    """Register kvgate's handlers on kopf's default registry (where the webhook's live)."""
+    global _registered
+    registry = kopf.get_default_registry()
+    if _registered:
+        return registry
+    _registered = True
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        rt = _rt()
+        settings.persistence.finalizer = labels.FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=labels.PREFIX
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=labels.PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.reporting_component = labels.MANAGED_BY_VALUE
+        settings.posting.level = logging.WARNING  # kvgate posts its own transition Events
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 310
+        settings.watching.connect_timeout = 30
+        settings.watching.reconnect_backoff = 1.0
+        settings.peering.name = "kvgate"
+        settings.peering.standalone = rt.settings.standalone
+        settings.peering.clusterwide = not rt.settings.namespaces
+        if rt.settings.webhook:
+            _configure_webhook(settings, rt.settings)
+
+    @kopf.on.login(registry=registry)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf and kvgate's own client use the same credentials (k8s.load_credentials).
+        creds = _rt().api.credentials
+        return kopf.ConnectionInfo(
+            server=creds.server,
+            ca_path=creds.ca_file,
+            ca_data=creds.ca_data.encode() if creds.ca_data else None,
+            insecure=not creds.verify,
+            scheme="Bearer" if creds.bearer() else None,
+            token=creds.bearer(),
+            certificate_path=creds.cert_file,
+            private_key_path=creds.key_file,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        rt = _rt()
+        await rt.shutdown()
+        await rt.api.close()
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=5.0)
+    async def reconcile_modeldeployment(
+        name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
+        rt = _rt()
+        key = (namespace or "", name)
+        wake = rt.md_wake(key)
+
+        async def relay_stop() -> None:
+            await stopped.wait()
+            wake.set()
+
+        relay = asyncio.create_task(relay_stop())
+        try:
+            await modeldeployment.run_reconciler(rt, key, lambda: bool(stopped))
+        finally:
+            relay.cancel()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def modeldeployment_event(event: kopf.RawEvent, **_: Any) -> None:
+        modeldeployment.on_md_event(_rt(), event.get("type"), dict(event["object"]))
+
+    @kopf.on.event(
+        "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ENGINE}, registry=registry
+    )
+    async def engine_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        engine_pods.on_pod_event(_rt(), event.get("type"), dict(event["object"]))
+
+    @kopf.on.event(
+        "apps",
+        "v1",
+        "deployments",
+        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+        registry=registry,
+    )
+    async def managed_deployment_event(event: kopf.RawEvent, **_: Any) -> None:
+        deployments.on_deployment_event(_rt(), dict(event["object"]))
+
+    return registry
+
+
+def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
+    try:
+        import kvgate.admission.webhook  # noqa: F401  (registers the validating handler)
+        from kvgate.admission.server import configure_webhook_server
+    except ImportError as exc:
+        log.error("admission webhook NOT served: kvgate.admission is not importable (%s)", exc)
+        return
+    assert settings.tls_dir is not None  # checked in run()
+    configure_webhook_server(
+        kopf_settings,
+        port=settings.webhook_port,
+        tls_dir=settings.tls_dir,
+        addr=settings.bind_address,
+    )
+
+
+def make_verify(settings: OperatorSettings) -> Any:
+    async def verify(url: str, requirement: Requirement) -> Verdict:
+        return await probe.verify(url, requirement, timeout=settings.probe_timeout_seconds)
+
+    return verify
+
+
+async def serve(
+    settings: OperatorSettings,
+    *,
+    credentials: Credentials | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """Run the operator until stop_flag is set or a signal arrives."""
+    global _runtime
+    if settings.webhook:
+        import kvgate.admission.webhook  # noqa: F401  (before kopf reads the registry)
+    api = KubeApi(credentials or load_credentials())
+    _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
+    registry = register_handlers()
+    liveness = f"http://{settings.bind_address}:{settings.health_port}/healthz"
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=settings.standalone,
+            namespaces=settings.namespaces,
+            clusterwide=not settings.namespaces,
+            liveness_endpoint=liveness,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        await _runtime.shutdown()
+        await api.close()
+
+
+def configure_logging(settings: OperatorSettings) -> None:
+    kopf.configure(
+        verbose=settings.log_level == "DEBUG",
+        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.FULL,
+        log_refkey="k8s",
+    )
+    logging.getLogger("kvgate").setLevel(settings.log_level)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`kvgate operator`."""
+    settings = OperatorSettings.from_args(args)
+    if settings.webhook and not settings.tls_dir:
+        print(
+            "kvgate operator: the admission webhook needs --tls-dir DIR (with tls.crt and "
+            "tls.key); pass --no-webhook to run without it",
+            file=sys.stderr,
+        )
+        return 2
+    configure_logging(settings)
+    start_http_server(settings.metrics_port, addr=settings.bind_address, registry=metrics.REGISTRY)
+    log.info(
+        "kvgate operator starting",
+        extra={
+            "namespaces": list(settings.namespaces) or "all",
+            "standalone": settings.standalone,
+            "metrics_port": settings.metrics_port,
+            "health_port": settings.health_port,
+            "webhook": settings.webhook,
+        },
+    )
+    asyncio.run(serve(settings))
+    return 0
+
+
+__all__ = ["register_handlers", "run", "serve"]

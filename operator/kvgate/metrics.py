@@ -1,0 +1,61 @@
+"""Prometheus metrics (units in the names), served on the operator's --metrics-port."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_POD_LABELS = ("namespace", "deployment", "pod", "role")
+
+KV_POOL_TOKENS = Gauge(
+    "kvgate_engine_kv_pool_tokens",
+    "KV pool of the engine's live engine, tokens (minimum over DP ranks).",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+HEADROOM_RATIO = Gauge(
+    "kvgate_engine_headroom_ratio",
+    "KV pool tokens / context length of the engine pod (must be >= safety.headroom).",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+CONTEXT_LENGTH_TOKENS = Gauge(
+    "kvgate_context_length_tokens",
+    "Advertised context window of the ModelDeployment's current spec, tokens.",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
+VERIFICATIONS = Counter(
+    "kvgate_verifications_total",
+    "Live engine verifications by outcome (Safe, Unsafe, CannotTell) and reason.",
+    ("result", "reason"),
+    registry=REGISTRY,
+)
+ROLLOUTS_REFUSED = Counter(
+    "kvgate_rollouts_refused_total",
+    "Revisions refused because an engine failed verification or did not verify in time.",
+    ("namespace", "deployment", "reason"),
+    registry=REGISTRY,
+)
+RECONCILE_DURATION = Histogram(
+    "kvgate_reconcile_duration_seconds",
+    "Time to gather, plan and apply one ModelDeployment reconcile, seconds.",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+VERIFICATION_DURATION = Histogram(
+    "kvgate_verification_duration_seconds",
+    "Time to read one live engine and judge it, seconds.",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20),
+)
+
+
+def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
+    """Drop a deleted pod's series (no stale pool numbers on dashboards)."""
+    for gauge in (KV_POOL_TOKENS, HEADROOM_RATIO):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, deployment, pod, role)

@@ -1,0 +1,57 @@
+"""Operator run-time settings: CLI flags plus a few environment overrides (one place to read)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise SystemExit(
+            f"{name}={raw!r} is not a number of seconds; unset it or use e.g. 2"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = ()  # empty: cluster-wide
+    standalone: bool = False
+    metrics_port: int = 8080
+    health_port: int = 8081
+    webhook_port: int = 9443
+    tls_dir: str | None = None
+    webhook: bool = True
+    bind_address: str = "0.0.0.0"  # KVGATE_BIND_ADDRESS; tests use 127.0.0.1
+    reconcile_seconds: float = 5.0  # KVGATE_RECONCILE_SECONDS: while a rollout is in flight
+    steady_reconcile_seconds: float = 30.0  # KVGATE_STEADY_RECONCILE_SECONDS
+    reverify_seconds: float | None = None  # KVGATE_REVERIFY_SECONDS overrides the CR's interval
+    probe_timeout_seconds: float = 5.0  # KVGATE_PROBE_TIMEOUT_SECONDS
+    log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
+    log_level: str = "INFO"  # KVGATE_LOG_LEVEL
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> OperatorSettings:
+        return cls(
+            namespaces=tuple(args.namespace or ()),
+            standalone=bool(args.standalone),
+            metrics_port=int(args.metrics_port),
+            health_port=int(args.health_port),
+            webhook_port=int(args.webhook_port),
+            tls_dir=args.tls_dir,
+            webhook=not args.no_webhook,
+            bind_address=os.environ.get("KVGATE_BIND_ADDRESS", "0.0.0.0"),
+            reconcile_seconds=_env_float("KVGATE_RECONCILE_SECONDS") or 5.0,
+            steady_reconcile_seconds=_env_float("KVGATE_STEADY_RECONCILE_SECONDS") or 30.0,
+            reverify_seconds=_env_float("KVGATE_REVERIFY_SECONDS"),
+            probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
+            log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
+            log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
+        )

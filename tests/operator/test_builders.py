@@ -1,0 +1,166 @@
+"""Built objects match their golden files; the router only discovers its own revision."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kvgate import builders, labels
+from kvgate.api import Role
+from kvgate.revision import revision_of
+from operator_factories import make_md
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
+UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"
+REV = "7c9d0e1f2a"
+
+
+def _check_golden(name: str, body: dict[str, Any]) -> None:
+    path = GOLDEN / f"{name}.yaml"
+    text = yaml.safe_dump(body, sort_keys=True, allow_unicode=True)
+    if UPDATE or not path.exists():
+        assert UPDATE, f"{path} is missing; run with KVGATE_UPDATE_GOLDEN=1 to create it"
+        path.write_text(text)
+    assert yaml.safe_load(path.read_text()) == yaml.safe_load(text), (
+        f"{path.name} differs from the builder output; if intended, rerun with "
+        "KVGATE_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+def _full_md() -> Any:
+    return make_md(
+        prefill__tensorParallel=4,
+        prefill__nodeSelector={"gpu": "h100"},
+        prefill__tolerations=[
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        prefill__affinity={
+            "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}
+        },
+        prefill__resources={"limits": {"memory": "200Gi"}, "requests": {"cpu": "16"}},
+        engine__env=[{"name": "NCCL_DEBUG", "value": "INFO"}],
+        router__args=["--policy", "round_robin"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "build"),
+    [
+        ("prefill-deployment", lambda md: builders.deployment(md, REV, "prefill", replicas=1)),
+        ("decode-deployment", lambda md: builders.deployment(md, REV, "decode", replicas=1)),
+        ("router-deployment", lambda md: builders.deployment(md, REV, "router", replicas=1)),
+        ("service", lambda md: builders.service(md, REV)),
+        ("router-serviceaccount", builders.router_service_account),
+        ("router-role", builders.router_role),
+        ("router-rolebinding", builders.router_role_binding),
+    ],
+)
+def test_built_object_matches_golden_file(name: str, build: Any) -> None:
+    _check_golden(name, build(make_md()))
+
+
+def test_prefill_with_placement_and_resources_matches_golden_file() -> None:
+    _check_golden(
+        "prefill-deployment-full", builders.deployment(_full_md(), REV, "prefill", replicas=2)
+    )
+
+
+def test_engine_pods_request_one_gpu_per_tensor_parallel_rank() -> None:
+    body = builders.deployment(_full_md(), REV, "prefill", replicas=2)
+    resources = body["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"memory": "200Gi", "nvidia.com/gpu": 4}
+    assert resources["requests"] == {"cpu": "16", "nvidia.com/gpu": 4}
+
+
+def test_engine_pods_are_gated_on_verification_and_carry_their_requirement() -> None:
+    md = make_md(safety__headroom=1.2)
+    for role in (Role.PREFILL, Role.DECODE):
+        template = builders.deployment(md, REV, role.value, replicas=1)["spec"]["template"]
+        assert template["spec"]["readinessGates"] == [
+            {"conditionType": "kvgate.io/engine-verified"}
+        ]
+        requirement = json.loads(template["metadata"]["annotations"][labels.REQUIREMENT])
+        assert requirement == {
+            "contextLength": 131072,
+            "headroom": 1.2,
+            "minEngineVersion": "0.5.22",
+            "role": role.value,
+        }
+        probe = template["spec"]["containers"][0]["readinessProbe"]
+        assert probe["httpGet"] == {"path": "/health", "port": 30000}
+
+
+def test_only_prefill_pods_announce_the_bootstrap_port() -> None:
+    md = make_md()
+    prefill = builders.deployment(md, REV, "prefill", replicas=1)["spec"]["template"]
+    decode = builders.deployment(md, REV, "decode", replicas=1)["spec"]["template"]
+    assert prefill["metadata"]["annotations"][labels.BOOTSTRAP_PORT] == "8998"
+    assert labels.BOOTSTRAP_PORT not in decode["metadata"]["annotations"]
+
+
+def test_router_discovers_only_its_own_revisions_engines() -> None:
+    md = make_md()
+    args = builders.deployment(md, REV, "router", replicas=1)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    prefill_sel = args[args.index("--prefill-selector") + 1 : args.index("--decode-selector")]
+    decode_sel = args[args.index("--decode-selector") + 1 : args.index("--host")]
+    for sel, role in ((prefill_sel, "prefill"), (decode_sel, "decode")):
+        assert f"kvgate.io/revision={REV}" in sel
+        assert "kvgate.io/deployment=llama" in sel
+        assert f"kvgate.io/role={role}" in sel
+    assert args[args.index("--service-discovery-namespace") + 1] == "models"
+    assert args[args.index("--service-discovery-port") + 1] == "30000"
+
+
+def test_every_object_is_owned_by_its_model_deployment() -> None:
+    md = make_md()
+    objects = [builders.deployment(md, REV, c, replicas=1) for c in builders.COMPONENTS] + [
+        builders.service(md, REV),
+        builders.router_service_account(md),
+        builders.router_role(md),
+        builders.router_role_binding(md),
+    ]
+    for body in objects:
+        (owner,) = body["metadata"]["ownerReferences"]
+        assert owner["uid"] == md.metadata.uid
+        assert owner["controller"] is True
+        assert body["metadata"]["labels"][labels.MANAGED_BY] == "kvgate"
+
+
+def test_service_selects_the_serving_revisions_routers() -> None:
+    selector = builders.service(make_md(), "abc")["spec"]["selector"]
+    assert selector == {
+        "kvgate.io/deployment": "llama",
+        "kvgate.io/component": "router",
+        "kvgate.io/revision": "abc",
+    }
+
+
+def test_revision_ignores_replicas_and_rollout_settings() -> None:
+    base = revision_of(make_md().spec)
+    assert revision_of(make_md(decode__replicas=5, router__replicas=3).spec) == base
+    assert revision_of(make_md(rollout__verifyTimeoutSeconds=5).spec) == base
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"model__contextLength": 65536},
+        {"engine__image": "lmsysorg/sglang:v0.5.24"},
+        {"safety__headroom": 1.5},
+        {"decode__memFractionStatic": 0.8},
+        {"router__args": ["--policy", "random"]},
+    ],
+)
+def test_revision_changes_with_anything_that_changes_the_engines(override: dict[str, Any]) -> None:
+    assert revision_of(make_md(**override).spec) != revision_of(make_md().spec)
+
+
+def test_revision_is_a_valid_label_value() -> None:
+    rev = revision_of(make_md().spec)
+    assert len(rev) == 10 and rev.isalnum() and rev == rev.lower()

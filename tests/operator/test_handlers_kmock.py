@@ -1,0 +1,276 @@
+"""Handlers against the kmock API emulator: the exact PATCH content types and bodies kvgate sends.
+
+A real (tiny) SGLang-shaped engine runs on 127.0.0.1 and the real probe reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import kmock
+import pytest
+from fake_engine import FakeEngine, running
+from kvgate import builders, labels
+from kvgate.handlers import engine_pods
+from kvgate.handlers.modeldeployment import Reconciler
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.main import make_verify
+from kvgate.revision import revision_of
+from kvgate.settings import OperatorSettings
+from operator_factories import NOW, make_md, md_doc
+
+NS = "models"
+VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+RESOURCES = {
+    "v1/pods": {"kind": "Pod", "subresources": ["status"]},
+    "v1/services": {"kind": "Service"},
+    "v1/serviceaccounts": {"kind": "ServiceAccount"},
+    "v1/events": {"kind": "Event"},
+    "apps/v1/deployments": {"kind": "Deployment", "subresources": ["status"]},
+    "rbac.authorization.k8s.io/v1/roles": {"kind": "Role"},
+    "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding"},
+    "kvgate.io/v1alpha1/modeldeployments": {"kind": "ModelDeployment", "subresources": ["status"]},
+}
+
+
+def declare_resources(km: kmock.KubernetesEmulator) -> None:
+    for resource, info in RESOURCES.items():
+        km.resources[resource] = {"namespaced": True, "verbs": VERBS, **info}
+
+
+@pytest.fixture
+async def rt(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Runtime]:
+    declare_resources(kmock)
+    api = KubeApi(Credentials(server=str(kmock.url).rstrip("/")))
+    settings = OperatorSettings(probe_timeout_seconds=2.0)
+    runtime = Runtime(api=api, settings=settings, verify=make_verify(settings), clock=lambda: NOW)
+    yield runtime
+    await runtime.shutdown()
+    await api.close()
+
+
+def requests(km: kmock.KubernetesEmulator, method: str, path_suffix: str = "") -> list[Any]:
+    return [r for r in km if r.method.value == method and str(r.url.path).endswith(path_suffix)]
+
+
+def engine_pod(port: int, *, role: str = "decode", ready: bool = True) -> dict[str, Any]:
+    md = make_md(model__contextLength=131_072)
+    rev = revision_of(md.spec)
+    template = builders.deployment(md, rev, role, replicas=1)["spec"]["template"]
+    template["spec"]["containers"][0]["ports"][0]["containerPort"] = port
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            **template["metadata"],
+            "name": f"llama-{rev}-{role}-x2",
+            "namespace": NS,
+            "uid": "pod-uid-1",
+        },
+        "spec": template["spec"],
+        "status": {
+            "podIP": "127.0.0.1",
+            "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0}],
+            "conditions": [{"type": "ContainersReady", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+async def test_verified_pod_gets_a_strategic_merge_status_patch_with_uid_precondition(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+    (patch,) = requests(kmock, "PATCH", "/status")
+    assert str(patch.url.path) == f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}/status"
+    assert patch.headers["Content-Type"] == "application/strategic-merge-patch+json"
+    assert patch.data == {
+        "metadata": {"uid": "pod-uid-1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "kvgate.io/engine-verified",
+                    "status": "True",
+                    "reason": "EngineVerified",
+                    "message": f"decode pod {pod['metadata']['name']} reports KV pool 200,000 "
+                    "tokens ≥ context length 131,072 × headroom 1.0",
+                    "lastTransitionTime": "2026-11-05T12:00:00Z",
+                }
+            ]
+        },
+    }
+
+
+async def test_unchanged_verdict_sends_no_patch(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+        await engine_pods.check_pod(rt, pod)
+    assert len(requests(kmock, "PATCH")) == 1
+
+
+async def test_shrunken_pool_turns_the_gate_false_with_events_on_pod_and_deployment(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+        engine.kv_pool_tokens = 68_128
+        rt.clock = lambda: NOW + timedelta(seconds=30)
+        await engine_pods.check_pod(rt, pod)
+    patches = requests(kmock, "PATCH", "/status")
+    assert len(patches) == 2
+    (cond,) = patches[1].data["status"]["conditions"]
+    assert cond["status"] == "False" and cond["reason"] == "KvPoolTooSmall"
+    assert cond["lastTransitionTime"] == "2026-11-05T12:00:30Z"
+    assert "KV pool 68,128 tokens < context length 131,072 × headroom 1.0" in cond["message"]
+    events = [r.data for r in requests(kmock, "POST", "/events")]
+    assert {(e["involvedObject"]["kind"], e["reason"], e["type"]) for e in events} == {
+        ("Pod", "EngineVerificationLost", "Warning"),
+        ("ModelDeployment", "EngineVerificationLost", "Warning"),
+    }
+
+
+async def test_unreachable_engine_is_never_verified(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        port = engine.port
+    pod = engine_pod(port)  # the engine is gone: connection refused
+    kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+    cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["status"] == "False" and cond["reason"] == "EngineUnreachable"
+
+
+def put_md(km: kmock.KubernetesEmulator, **spec: Any) -> dict[str, Any]:
+    doc = md_doc(**spec)
+    doc["metadata"]["namespace"] = NS
+    km.objects[km.resource("kvgate.io", "v1alpha1", "modeldeployments"), NS, "llama"] = doc
+    return doc
+
+
+async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge_patch(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    doc = put_md(kmock)
+    rev = revision_of(make_md().spec)
+    await Reconciler(rt, NS, "llama").reconcile()
+    created = {(r.data["kind"], r.data["metadata"].get("name")) for r in requests(kmock, "POST")}
+    assert {
+        ("ServiceAccount", "llama-router"),
+        ("Role", "llama-router"),
+        ("RoleBinding", "llama-router"),
+        ("Deployment", f"llama-{rev}-prefill"),
+        ("Deployment", f"llama-{rev}-decode"),
+        ("Deployment", f"llama-{rev}-router"),
+    } <= created
+    assert ("Service", "llama") not in created  # nothing is verified: nothing serves
+    (patch,) = requests(kmock, "PATCH", "/status")
+    assert (
+        str(patch.url.path)
+        == f"/apis/kvgate.io/v1alpha1/namespaces/{NS}/modeldeployments/llama/status"
+    )
+    assert patch.headers["Content-Type"] == "application/merge-patch+json"
+    status = patch.data["status"]
+    assert set(patch.data) == {"status"}
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready == {
+        "type": "Ready",
+        "status": "False",
+        "observedGeneration": doc["metadata"]["generation"],
+        "lastTransitionTime": "2026-11-05T12:00:00Z",
+        "reason": "AwaitingVerification",
+        "message": f"revision {rev} verifying: prefill 0/1 verified, decode 0/1 verified; "
+        "nothing serves",
+    }
+    assert status["targetRevision"] == rev and status["servingRevision"] is None
+    deployment = next(
+        r.data for r in requests(kmock, "POST") if r.data["metadata"]["name"].endswith("-decode")
+    )
+    assert deployment["metadata"]["annotations"][labels.VERIFY_STARTED_AT] == "2026-11-05T12:00:00Z"
+
+
+async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    # The cluster moves on: both engines verified, the router Ready.
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+    pods = kmock.resource("", "v1", "pods")
+    for role in ("prefill", "decode"):
+        pod = engine_pod(30000, role=role)
+        pod["metadata"]["uid"] = f"uid-{role}"
+        pod["status"]["conditions"] = [
+            {"type": "Ready", "status": "True"},
+            {
+                "type": labels.ENGINE_VERIFIED,
+                "status": "True",
+                "reason": "EngineVerified",
+                "message": "ok",
+            },
+        ]
+        kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
+    # The status written by the first pass, as the API server would now hold it.
+    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
+
+    step = await reconciler.reconcile()
+    assert step is not None and step.serving_revision == rev
+    svc = next(r.data for r in requests(kmock, "POST") if r.data["kind"] == "Service")
+    assert svc["spec"]["selector"][labels.REVISION] == rev
+    second_status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    ready = next(c for c in second_status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and ready["reason"] == "RevisionServing"
+    events = [r.data["reason"] for r in requests(kmock, "POST", "/events")]
+    assert events.count("RevisionServing") == 1
+
+    kmock.objects[mds, NS, "llama"].patch({"status": second_status})
+    kmock.objects[kmock.resource("", "v1", "services"), NS, "llama"] = svc
+    before = len(requests(kmock, "PATCH"))
+    await reconciler.reconcile()
+    assert len(requests(kmock, "PATCH")) == before  # nothing changed: nothing written
+
+
+async def test_restarted_operator_refuses_a_stalled_rollout_from_cluster_state_alone(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock, rollout__verifyTimeoutSeconds=60)
+    await Reconciler(rt, NS, "llama").reconcile()
+    rev = revision_of(make_md().spec)
+    # A new operator process: fresh memory, 61 s later.
+    fresh = Runtime(
+        api=rt.api,
+        settings=rt.settings,
+        verify=rt.verify,
+        clock=lambda: NOW + timedelta(seconds=61),
+    )
+    step = await Reconciler(fresh, NS, "llama").reconcile()
+    assert step is not None and step.refusal is not None
+    assert step.refusal.reason == "VerificationTimeout"
+    scaled = [r for r in requests(kmock, "PATCH") if f"llama-{rev}-" in str(r.url.path)]
+    assert scaled and all(
+        r.headers["Content-Type"] == "application/merge-patch+json" for r in scaled
+    )
+    decode = next(r.data for r in scaled if str(r.url.path).endswith("-decode"))
+    assert decode["spec"]["replicas"] == 0
+    assert decode["metadata"]["annotations"][labels.REFUSED_REASON] == "VerificationTimeout"
+    warning = next(
+        r.data for r in requests(kmock, "POST", "/events") if r.data["reason"] == "RolloutRefused"
+    )
+    assert "rollout.verifyTimeoutSeconds=60 s" in warning["message"]
+    assert json.dumps(warning)  # a plain JSON Event
