@@ -32,6 +32,7 @@ test: lint typecheck unit
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
+	$(BIN)/python -m kvgate.chartgen
 
 demo: $(STAMP)
 	$(BIN)/kvgate demo

@@ -86,16 +86,13 @@ def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
 def _property(name: str, sub: Schema, parent: Schema, defs: dict[str, Schema]) -> Schema:
     prop = structural(sub, defs)
     required = name in parent.get("required", [])
-    # A nested settings object the user may omit: default {} so the API server fills in the
-    # inner defaults and `kubectl get -o yaml` shows the effective values.
-    if (
-        not required
-        and "$ref" in sub
-        and "default" not in prop
-        and prop.get("type") == "object"
-        and not prop.get("required")
-    ):
-        prop["default"] = {}
+    # A nested settings object the user may omit defaults to the model's own defaults, so the
+    # API server fills it in, its CEL rules see every field, and `kubectl get -o yaml` shows the
+    # effective values. (`default: {}` is not enough: CEL rules are checked against the default.)
+    if not required and "$ref" in sub and "default" not in prop and not prop.get("required"):
+        model = getattr(api, sub["$ref"].rsplit("/", 1)[-1], None)
+        if isinstance(model, type) and issubclass(model, api._Model):
+            prop["default"] = model().model_dump(by_alias=True, mode="json", exclude_none=True)
     return prop
 
 

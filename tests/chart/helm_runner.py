@@ -1,0 +1,96 @@
+"""Find and run the `helm` binary the e2e build produces (or the one KVGATE_HELM names)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kvgate"
+BUILD_DIR = ROOT / "e2e" / ".build"
+# The e2e control plane's version. A helm built with plain `go install` defaults to v1.20.
+KUBE_VERSION = "v1.37.2"
+
+
+def find_helm() -> Path | None:
+    """KVGATE_HELM, else e2e/.build/current/helm, else the newest e2e/.build/*/helm, else PATH."""
+    named = os.environ.get("KVGATE_HELM")
+    if named:
+        path = Path(named)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise FileNotFoundError(f"KVGATE_HELM={named} is not an executable file")
+        return path
+    current = BUILD_DIR / "current" / "helm"
+    if current.is_file() and os.access(current, os.X_OK):
+        return current
+    built = [p for p in BUILD_DIR.glob("*/helm") if p.is_file() and os.access(p, os.X_OK)]
+    if built:
+        return max(built, key=lambda p: p.stat().st_mtime)
+    on_path = shutil.which("helm")
+    return Path(on_path) if on_path else None
+
+
+MISSING_HELM = (
+    "no helm binary: build it with e2e/controlplane/build.sh (writes e2e/.build/current/helm) "
+    "or point KVGATE_HELM at a helm v3 binary"
+)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """The documents of one `helm template`, looked up by kind and name."""
+
+    documents: list[dict[str, Any]]
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.documents if d.get("kind") == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+        return found[0]
+
+
+@dataclass(frozen=True)
+class Helm:
+    binary: Path
+    home: Path  # helm's cache/config/data folders (a pytest temporary directory)
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            # Keep helm away from any real kubeconfig, cache or repository config.
+            "HOME": str(self.home),
+            "KUBECONFIG": "/dev/null",
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        return subprocess.run(
+            [str(self.binary), *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    def template_result(
+        self, *sets: str, api_versions: tuple[str, ...] = (), chart: Path = CHART
+    ) -> subprocess.CompletedProcess[str]:
+        args = ["template", "kvgate", str(chart), "--namespace", "kvgate-system"]
+        args += ["--kube-version", KUBE_VERSION]
+        for value in sets:
+            args += ["--set", value]
+        for api in api_versions:
+            args += ["--api-versions", api]
+        return self.run(*args)
+
+    def template(
+        self, *sets: str, api_versions: tuple[str, ...] = (), chart: Path = CHART
+    ) -> Rendered:
+        result = self.template_result(*sets, api_versions=api_versions, chart=chart)
+        assert result.returncode == 0, result.stderr
+        docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+        return Rendered(docs)
