@@ -1,0 +1,122 @@
+"""The ``sglang.launch_server`` command line, as far as the reference engine understands it.
+
+Every flag kvgate's launcher emits is here with SGLang's name, type and default, plus the common
+flags operators add by hand. A flag SGLang has but this engine does not know is an error (exit 2,
+like argparse in SGLang itself), never silently ignored: a test that passes a flag expects it to
+mean something.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16", "bf16", "float16", "fp16", "mxfp8")
+LOAD_FORMATS = (
+    "auto",
+    "pt",
+    "safetensors",
+    "npcache",
+    "dummy",
+    "sharded_state",
+    "gguf",
+    "bitsandbytes",
+    "layered",
+    "remote",
+)
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage()
+        self.exit(
+            2,
+            f"{self.prog}: error: {message}\n"
+            f"The kvgate reference engine accepts the sglang.launch_server flags listed by "
+            f"`python -m kvgate_engine.reference --help`; remove the flag or add it to "
+            f"kvgate_engine/reference/args.py.\n",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: SGLang's flag names, types and defaults."""
+    parser = _Parser(
+        prog="python -m kvgate_engine.reference",
+        description=(
+            "kvgate CPU reference engine: a small torch engine with a paged KV pool that "
+            "speaks the SGLang HTTP API and sglang.launch_server flags. Simulated GPU memory "
+            "per GPU comes from KVGATE_GPU_MEMORY_GIB (default 80)."
+        ),
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--model-path", "--model", dest="model_path", required=True)
+    add("--tokenizer-path", default=None)
+    add("--served-model-name", default=None)
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--context-length", type=int, default=None)
+    add("--mem-fraction-static", type=float, default=None)
+    add("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    add("--page-size", type=int, default=1)
+    add("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    add("--dtype", default="auto")
+    add("--max-total-tokens", type=int, default=None)
+    add("--max-running-requests", type=int, default=None)
+    add("--chunked-prefill-size", type=int, default=None)
+    add("--max-prefill-tokens", type=int, default=16384)
+    add("--disaggregation-mode", choices=DISAGGREGATION_MODES, default="null")
+    add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
+    add("--disaggregation-bootstrap-port", type=int, default=8998)
+    add("--disaggregation-ib-device", default=None)
+    add("--disaggregation-enable-kv-checksum", action="store_true")
+    add("--kv-canary", default=None)
+    add("--enable-metrics", action="store_true")
+    add("--load-format", choices=LOAD_FORMATS, default="auto")
+    add("--skip-tokenizer-init", action="store_true")
+    add("--trust-remote-code", action="store_true")
+    add("--skip-server-warmup", action="store_true")
+    add("--allow-auto-truncate", action="store_true")
+    add("--log-level", choices=LOG_LEVELS, default="info")
+    add("--random-seed", type=int, default=None)
+    add("--device", default="cpu")
+    add("--disable-cuda-graph", action="store_true")
+    add("--disable-radix-cache", action="store_true")
+    add("--watchdog-timeout", type=float, default=300.0)
+    return parser
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """Parsed flags (SGLang field names) and the command line they came from."""
+
+    values: dict[str, Any]
+    argv: tuple[str, ...]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
+    """Parse sglang.launch_server flags; an unknown flag or bad value exits 2 with a message."""
+    parser = build_parser()
+    namespace, unknown = parser.parse_known_args(list(argv))
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    values = vars(namespace)
+    for flag, minimum in (("tp_size", 1), ("dp_size", 1), ("pp_size", 1), ("page_size", 1)):
+        if values[flag] < minimum:
+            parser.error(f"--{flag.replace('_', '-')} {values[flag]} must be >= {minimum}")
+    if not 0 < values["port"] < 65536:
+        parser.error(f"--port {values['port']} must be between 1 and 65,535")
+    mfs = values["mem_fraction_static"]
+    if mfs is not None and not 0 < mfs < 1:
+        parser.error(f"--mem-fraction-static {mfs} must be between 0 and 1 (exclusive)")
+    return LaunchArgs(values=values, argv=tuple(argv))

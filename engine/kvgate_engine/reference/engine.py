@@ -1,0 +1,371 @@
+"""Request handling for one engine process: admission, KV pool, handoff, generation.
+
+Three roles, as ``--disaggregation-mode`` says:
+- ``null``: prefill and decode in this process;
+- ``prefill``: compute the prompt's KV into the pool and hand it to the decode engine that asks
+  for the request's ``bootstrap_room`` on the bootstrap port; answer with one token;
+- ``decode``: reserve pages for the whole prompt (plus the completion) first, then fetch the KV
+  from the prefill, then generate. Its answer is what the client sees.
+
+``incident`` switches the pre-0.5.21 rejection path on (see admission.py); the fixed path is the
+default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvgate_engine.reference.admission import (
+    PLACEHOLDER_INPUT,
+    Rejection,
+    decode_capacity_check,
+    scheduler_check,
+    tokenizer_check,
+    transfer_incomplete,
+)
+from kvgate_engine.reference.kv_pool import PagedKVPool
+from kvgate_engine.reference.model import K_DIM, V_DIM, CopyAttentionModel
+from kvgate_engine.reference.sizing import EngineLimits
+from kvgate_engine.reference.transfer import (
+    FAKE_BOOTSTRAP_HOST,
+    KVPayload,
+    Rendezvous,
+    TransferError,
+    adler32,
+    receive_kv,
+)
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
+DEFAULT_BOOTSTRAP_PORT = 8998
+log = logging.getLogger("kvgate_engine.reference")
+
+
+class GenerateError(Exception):
+    """A request that ends in an HTTP error; ``message`` is what the client reads."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+    @staticmethod
+    def of(rejection: Rejection) -> GenerateError:
+        return GenerateError(rejection.message, rejection.status)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    rid: str
+    output_ids: list[int]
+    prompt_tokens: int
+    e2e_latency: float
+
+    def meta_info(self) -> dict[str, Any]:
+        return {
+            "id": self.rid,
+            "finish_reason": {"type": "length", "length": len(self.output_ids)},
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": self.e2e_latency,
+        }
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    role: str  # "null" | "prefill" | "decode"
+    version: str
+    incident: bool
+    kv_checksum: bool
+    vocab_size: int
+    bootstrap_timeout: float = 300.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+    waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+
+
+@dataclass
+class EngineCounters:
+    num_requests: int = 0
+    num_aborted_requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_transfer_failed_reqs: int = 0
+    num_bootstrap_failed_reqs: int = 0
+    num_running_reqs: int = 0
+    num_queue_reqs: int = 0
+    num_prefill_bootstrap_queue_reqs: int = 0
+    num_decode_prealloc_queue_reqs: int = 0
+    num_decode_transfer_queue_reqs: int = 0
+    last_gen_throughput: float = 0.0
+    stale_reads: int = field(default=0)
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+class ReferenceEngine:
+    def __init__(self, settings: EngineSettings, limits: EngineLimits) -> None:
+        self.settings = settings
+        self.limits = limits
+        self.model = CopyAttentionModel(settings.vocab_size)
+        self.pool = PagedKVPool(
+            num_pages=max(1, limits.num_pages), page_size=limits.page_size, k_dim=K_DIM, v_dim=V_DIM
+        )
+        self.rendezvous = Rendezvous(abort_ttl=settings.bootstrap_timeout)
+        self.counters = EngineCounters()
+        self._page_waiters: list[asyncio.Future[None]] = []
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def health_forward(self) -> bool:
+        """A one-token forward pass on scratch tensors (it never touches the pool's pages)."""
+        keys, values = self.model.kv([0])
+        return self.model.decode_step(0, keys, values) == 0
+
+    # -- pages ----------------------------------------------------------------------------------
+
+    async def _reserve(self, num_tokens: int) -> list[int]:
+        deadline = time.monotonic() + self.settings.waiting_timeout
+        self.counters.num_queue_reqs += 1
+        try:
+            while self.pool.pages_for(num_tokens) > self.pool.free_pages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise GenerateError(
+                        f"KV pool exhausted: {num_tokens:,} tokens needed, "
+                        f"{self.pool.free_pages * self.pool.page_size:,} free after waiting "
+                        f"{self.settings.waiting_timeout:g} s",
+                        status=503,
+                    )
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._page_waiters.append(waiter)
+                try:
+                    await asyncio.wait_for(waiter, remaining)
+                except TimeoutError:
+                    continue
+            return self.pool.alloc(num_tokens)
+        finally:
+            self.counters.num_queue_reqs -= 1
+
+    def _release(self, pages: list[int]) -> None:
+        self.pool.free(pages)
+        waiters, self._page_waiters = self._page_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        started = time.monotonic()
+        self.counters.num_requests += 1
+        self.counters.prompt_tokens += len(request.input_ids)
+        try:
+            output = await self._generate(request)
+        except GenerateError:
+            self.counters.num_aborted_requests += 1
+            raise
+        elapsed = time.monotonic() - started
+        self.counters.generation_tokens += len(output)
+        if elapsed > 0:
+            self.counters.last_gen_throughput = len(output) / elapsed
+        return GenerateResult(request.rid, output, len(request.input_ids), elapsed)
+
+    async def _generate(self, request: GenerateRequest) -> list[int]:
+        limits = self.limits
+        role = self.settings.role
+        input_len = len(request.input_ids)
+        rejected = tokenizer_check(input_len, request.max_new_tokens, limits.context_length)
+        if rejected is not None:
+            self._retire_room(request, rejected)
+            raise GenerateError.of(rejected)
+        tokens = list(request.input_ids)
+        aborted = scheduler_check(input_len, limits.max_req_input_len)
+        if aborted is not None:
+            if not self.settings.incident or role == "null":
+                # Fixed path (0.5.21+): retired before any queue, so no handoff starts.
+                self._retire_room(request, aborted)
+                raise GenerateError.of(aborted)
+            # SGLang <= 0.5.20: set_finish_with_abort swaps in a placeholder and the request
+            # still enters the PD queues; it is reported as aborted only at the end.
+            log.error(
+                "%s (rid=%s); continuing with a placeholder input", aborted.message, request.rid
+            )
+            tokens = list(PLACEHOLDER_INPUT)
+        if role == "prefill":
+            output = await self._prefill(request, tokens)
+        elif role == "decode":
+            output = await self._decode(request, tokens)
+        else:
+            output = await self._unified(request, tokens)
+        if aborted is not None:
+            raise GenerateError.of(aborted)
+        return output
+
+    def _retire_room(self, request: GenerateRequest, rejection: Rejection) -> None:
+        """A prefill that rejects a request tells the paired decode at once (no stale wait)."""
+        if self.settings.role == "prefill" and request.bootstrap_room is not None:
+            self.rendezvous.abort(request.bootstrap_room, rejection.message, rejection.status)
+
+    async def _unified(self, request: GenerateRequest, tokens: list[int]) -> list[int]:
+        pages = await self._reserve(len(tokens) + request.max_new_tokens)
+        try:
+            slots = self.pool.slots(pages, len(tokens))
+            keys, values = self.model.kv(tokens)
+            self.pool.write(slots, keys, values)
+            return await self._decode_loop(pages, len(tokens), request.max_new_tokens)
+        finally:
+            self._release(pages)
+
+    async def _prefill(self, request: GenerateRequest, tokens: list[int]) -> list[int]:
+        fake = request.bootstrap_host == FAKE_BOOTSTRAP_HOST
+        room = request.bootstrap_room
+        if room is None and not fake:
+            raise GenerateError(
+                "prefill mode needs bootstrap_room (and bootstrap_host) in the request; "
+                "send it through the PD router, or use bootstrap_host 2.2.2.2 for a local test"
+            )
+        self.counters.num_prefill_bootstrap_queue_reqs += 1
+        try:
+            pages = await self._reserve(len(tokens))
+        finally:
+            self.counters.num_prefill_bootstrap_queue_reqs -= 1
+        self.counters.num_running_reqs += 1
+        try:
+            slots = self.pool.slots(pages, len(tokens))
+            keys, values = self.model.kv(tokens)
+            self.pool.write(slots, keys, values)
+            keys, values = self.pool.read(slots)
+            first = self.model.decode_step(0, keys, values)
+            if fake or room is None:
+                return [first]
+            payload = KVPayload.build(keys, values, with_checksum=self.settings.kv_checksum)
+            delivered = self.rendezvous.offer(room, payload)
+            try:
+                await asyncio.wait_for(asyncio.shield(delivered), self.settings.bootstrap_timeout)
+            except TimeoutError as error:
+                self.counters.num_bootstrap_failed_reqs += 1
+                raise GenerateError(
+                    f"no decode engine collected the KV of bootstrap_room {room} within "
+                    f"{self.settings.bootstrap_timeout:g} s",
+                    status=500,
+                ) from error
+            except TransferError as error:
+                self.counters.num_transfer_failed_reqs += 1
+                raise GenerateError(error.message, 500) from error
+            return [first]
+        except asyncio.CancelledError:
+            if room is not None:
+                self.rendezvous.abort(room, f"prefill request {request.rid} was aborted", 500)
+            raise
+        finally:
+            if room is not None:
+                self.rendezvous.forget(room)
+            self.counters.num_running_reqs -= 1
+            self._release(pages)
+
+    async def _decode(self, request: GenerateRequest, tokens: list[int]) -> list[int]:
+        fake = request.bootstrap_host == FAKE_BOOTSTRAP_HOST
+        host, room = request.bootstrap_host, request.bootstrap_room
+        if not fake and (host is None or room is None):
+            raise GenerateError(
+                "decode mode needs bootstrap_host and bootstrap_room in the request (the PD "
+                "router sends them); use bootstrap_host 2.2.2.2 for a local test"
+            )
+        needed = len(tokens) + request.max_new_tokens
+        rejected = decode_capacity_check(request.rid, needed, self.pool.capacity_tokens)
+        if rejected is not None:
+            raise GenerateError.of(rejected)
+        # Pre-allocate KV for the whole prompt (and the completion) before the transfer.
+        self.counters.num_decode_prealloc_queue_reqs += 1
+        try:
+            pages = await self._reserve(needed)
+        finally:
+            self.counters.num_decode_prealloc_queue_reqs -= 1
+        try:
+            prompt_slots = self.pool.slots(pages, len(tokens))
+            if fake or host is None or room is None:
+                keys, values = self.model.kv(tokens)
+                self.pool.write(prompt_slots, keys, values)
+            else:
+                await self._receive_into(host, request, room, prompt_slots)
+            self.counters.num_running_reqs += 1
+            try:
+                return await self._decode_loop(pages, len(tokens), request.max_new_tokens)
+            finally:
+                self.counters.num_running_reqs -= 1
+        finally:
+            self._release(pages)
+
+    async def _receive_into(
+        self, host: str, request: GenerateRequest, room: int, prompt_slots: torch.Tensor
+    ) -> None:
+        reserved = int(prompt_slots.shape[0])
+        port = request.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
+        self.counters.num_decode_transfer_queue_reqs += 1
+        try:
+            payload = await receive_kv(
+                host, port, room, reserved, timeout=self.settings.waiting_timeout
+            )
+        except TransferError as error:
+            if error.status >= 500:
+                self.counters.num_transfer_failed_reqs += 1
+            raise GenerateError(error.message, error.status) from error
+        finally:
+            self.counters.num_decode_transfer_queue_reqs -= 1
+        if self.settings.kv_checksum:
+            if payload.checksum is None:
+                log.warning("bootstrap_room %s arrived without a KV checksum; unverified", room)
+            elif adler32(payload.k, payload.v) != payload.checksum:
+                self.counters.num_transfer_failed_reqs += 1
+                raise GenerateError("KV checksum mismatch", 500)
+        if not self.settings.incident:
+            incomplete = transfer_incomplete(room, payload.num_tokens, reserved)
+            if incomplete is not None:
+                self.counters.num_transfer_failed_reqs += 1
+                raise GenerateError.of(incomplete)
+        elif payload.num_tokens < reserved:
+            # SGLang <= 0.5.20 did not compare; the unwritten slots keep what they held.
+            self.counters.stale_reads += 1
+            log.error(
+                "bootstrap_room %s: %d of %d reserved tokens arrived; decoding anyway "
+                "(emulating SGLang <= 0.5.20)",
+                room,
+                payload.num_tokens,
+                reserved,
+            )
+        received = min(payload.num_tokens, reserved)
+        self.pool.write(prompt_slots[:received], payload.k[:received], payload.v[:received])
+
+    async def _decode_loop(
+        self, pages: list[int], prompt_len: int, max_new_tokens: int
+    ) -> list[int]:
+        output: list[int] = []
+        slots = self.pool.slots(pages, prompt_len + max_new_tokens)  # the request's page table
+        for step in range(max_new_tokens):
+            position = prompt_len + step
+            keys, values = self.pool.read(slots[:position])
+            token = self.model.decode_step(step, keys, values)
+            new_keys, new_values = self.model.kv([token], start_position=position)
+            self.pool.write(slots[position : position + 1], new_keys, new_values)
+            output.append(token)
+            if step % 16 == 15:
+                await asyncio.sleep(0)  # let other requests and health checks run
+        return output

@@ -1,0 +1,187 @@
+"""Start-up: flags → model config → limits → engine → HTTP (+ bootstrap) servers → SIGTERM.
+
+Environment:
+- ``KVGATE_GPU_MEMORY_GIB`` simulated memory of each GPU (default 80, one H100-80GB);
+- ``KVGATE_WEIGHTS_GIB`` weight size of one replica, for configs the estimator cannot size;
+- ``KVGATE_ENGINE_VERSION`` the SGLang version to report (default 0.5.23);
+- ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.21) turns on SGLang <= 0.5.20's
+  rejection path that leaked stale KV across requests;
+- ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``, ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``,
+  ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` as in SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from kvgate_engine.reference.args import LaunchArgs, parse_launch_args
+from kvgate_engine.reference.sizing import (
+    ALLOW_LONGER_CONTEXT_ENV,
+    DEFAULT_GPU_MEMORY_GIB,
+    EngineLimits,
+    ModelConfig,
+    StartupError,
+    compute_limits,
+    resolve_model_config,
+)
+
+if TYPE_CHECKING:
+    from kvgate_engine.reference.engine import EngineSettings
+
+DEFAULT_VERSION = "0.5.23"
+SHUTDOWN_GRACE_SECONDS = 10.0
+log = logging.getLogger("kvgate_engine.reference")
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float | None) -> float | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StartupError(f"{name}={raw!r} is not a number; set it to e.g. 80") from None
+    if value <= 0:
+        raise StartupError(f"{name}={raw} must be > 0")
+    return value
+
+
+def startup_limits(launch: LaunchArgs, env: Mapping[str, str]) -> tuple[ModelConfig, EngineLimits]:
+    """The model config and the limits this engine starts with (raises StartupError)."""
+    model = resolve_model_config(launch["model_path"])
+    gpu_memory = _env_float(env, "KVGATE_GPU_MEMORY_GIB", DEFAULT_GPU_MEMORY_GIB)
+    assert gpu_memory is not None
+    limits = compute_limits(
+        model,
+        gpu_memory_gib=gpu_memory,
+        tp=launch["tp_size"],
+        pp=launch["pp_size"],
+        mem_fraction_static=launch["mem_fraction_static"],
+        kv_cache_dtype=launch["kv_cache_dtype"],
+        page_size=launch["page_size"],
+        context_length=launch["context_length"],
+        max_total_tokens=launch["max_total_tokens"],
+        max_running_requests=launch["max_running_requests"],
+        weights_gib=_env_float(env, "KVGATE_WEIGHTS_GIB", None),
+        allow_longer_context=env.get(ALLOW_LONGER_CONTEXT_ENV) == "1",
+    )
+    return model, limits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.monotonic()
+    launch = parse_launch_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=launch["log_level"].upper(),
+        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    env = os.environ
+    try:
+        model, limits = startup_limits(launch, env)
+        timeouts = (
+            _env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
+            _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
+        )
+    except StartupError as error:
+        log.error("%s", error)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for warning in limits.warnings:
+        log.warning("%s", warning)
+    # torch is heavy to import: only after the flags and limits are known to be good.
+    import torch
+
+    torch.set_num_threads(1)
+    from kvgate_engine.reference.admission import emulates_incident
+    from kvgate_engine.reference.engine import EngineSettings
+
+    version = env.get("KVGATE_ENGINE_VERSION") or DEFAULT_VERSION
+    settings = EngineSettings(
+        role=launch["disaggregation_mode"],
+        version=version,
+        incident=emulates_incident(version, env.get("KVGATE_EMULATE_INCIDENT") == "1"),
+        kv_checksum=launch["disaggregation_enable_kv_checksum"],
+        vocab_size=model.vocab_size,
+        bootstrap_timeout=timeouts[0] or 300.0,
+        waiting_timeout=timeouts[1] or 300.0,
+    )
+    if settings.incident:
+        log.warning(
+            "emulating SGLang <= 0.5.20 (version %s): over-length prompts are swapped for a "
+            "placeholder and still handed off; decode does not check what arrived",
+            version,
+        )
+    try:
+        return asyncio.run(serve(launch, model, limits, settings, started))
+    except OSError as error:
+        log.error("cannot serve on %s:%s: %s", launch["host"], launch["port"], error)
+        return 1
+
+
+async def serve(
+    launch: LaunchArgs,
+    model: ModelConfig,
+    limits: EngineLimits,
+    settings: EngineSettings,
+    started: float,
+) -> int:
+    from aiohttp import web
+
+    from kvgate_engine.reference.engine import ReferenceEngine
+    from kvgate_engine.reference.server import ServerState, build_app, now
+    from kvgate_engine.reference.transfer import BootstrapServer
+
+    engine = ReferenceEngine(settings, limits)
+    state = ServerState(engine=engine, launch=launch, model=model, started_at=now())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    bootstrap: BootstrapServer | None = None
+    if settings.role == "prefill":
+        bootstrap = BootstrapServer(engine.rendezvous, wait_timeout=settings.waiting_timeout)
+        await bootstrap.start(launch["host"], launch["disaggregation_bootstrap_port"])
+    runner = web.AppRunner(
+        build_app(state),
+        handler_cancellation=True,  # a dropped client connection aborts its request
+        shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
+        access_log=None,
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, launch["host"], launch["port"]).start()
+        if not launch["skip_server_warmup"] and not engine.health_forward():
+            log.error("warm-up forward pass gave a wrong answer")
+            return 1
+        state.startup_seconds = round(time.monotonic() - started, 3)
+        state.phase = "ready"
+        log.info(
+            "max_total_num_tokens=%d, max_req_input_len=%d, context_len=%d, page_size=%d, "
+            "disaggregation_mode=%s, version=%s",
+            limits.kv_pool_tokens,
+            limits.max_req_input_len,
+            limits.context_length,
+            limits.page_size,
+            settings.role,
+            settings.version,
+        )
+        log.info(
+            "The server is fired up and ready to roll! http://%s:%d", launch["host"], launch["port"]
+        )
+        await stop.wait()
+        log.info("SIGTERM: draining in-flight requests (up to %g s)", SHUTDOWN_GRACE_SECONDS)
+        state.phase = "exiting"
+        return 0
+    finally:
+        if bootstrap is not None:
+            await bootstrap.close()
+        await runner.cleanup()

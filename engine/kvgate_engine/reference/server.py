@@ -1,0 +1,407 @@
+"""The SGLang HTTP surface of the reference engine (aiohttp), with SGLang's JSON keys.
+
+Routes: /health, /health_generate, /ready, /server_info, /get_server_info, /v1/models,
+/v1/models/{model}, /model_info, /get_model_info, /generate, /v1/completions,
+/v1/chat/completions, and /metrics with --enable-metrics.
+
+Without --skip-tokenizer-init the engine tokenizes text one token per UTF-8 byte, so text in,
+text out works (the model echoes its prompt). Streams carry the whole answer in one SSE event.
+There is deliberately no /version: smg would take an engine that has one for vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from kvgate_engine.reference.args import LaunchArgs
+from kvgate_engine.reference.engine import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GenerateError,
+    GenerateRequest,
+    GenerateResult,
+    ReferenceEngine,
+    new_rid,
+)
+from kvgate_engine.reference.metrics import build_registry, render
+from kvgate_engine.reference.sizing import ModelConfig
+
+log = logging.getLogger("kvgate_engine.reference")
+MAX_ROOM = 2**63 - 1
+
+
+@dataclass
+class ServerState:
+    engine: ReferenceEngine
+    launch: LaunchArgs
+    model: ModelConfig
+    started_at: float
+    phase: str = "starting"  # starting | ready | exiting
+    startup_seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def served_model_name(self) -> str:
+        name = self.launch["served_model_name"]
+        return str(name) if name else str(self.launch["model_path"])
+
+
+STATE: web.AppKey[ServerState] = web.AppKey("state", ServerState)
+
+
+def resolved_args(state: ServerState) -> dict[str, Any]:
+    """Every flag with its resolved value, flat, as ServerArgs.resolved_dict() gives them."""
+    limits = state.engine.limits
+    values = dict(state.launch.values)
+    values.update(
+        served_model_name=state.served_model_name,
+        tokenizer_path=values["tokenizer_path"] or values["model_path"],
+        mem_fraction_static=limits.mem_fraction_static,
+        max_running_requests=values["max_running_requests"] or limits.max_running_requests,
+        chunked_prefill_size=values["chunked_prefill_size"] or 8192,
+        random_seed=values["random_seed"] if values["random_seed"] is not None else 0,
+    )
+    return values
+
+
+def server_info(state: ServerState) -> dict[str, Any]:
+    engine = state.engine
+    limits = engine.limits
+    args = resolved_args(state)
+    memory_usage: dict[str, Any] = {
+        "weight": round(limits.weights_gib, 2),
+        "kvcache": limits.kv_cache_gib,
+        "startup_available": round(
+            max(limits.gpu_memory_gib - limits.weights_gib - limits.kv_cache_gib, 0.0), 2
+        ),
+        "token_capacity": limits.kv_pool_tokens,
+        "token_capacity_swa": None,
+        "graph": {},
+    }
+    internal_state = {
+        **args,
+        "world_size": args["tp_size"] * args["pp_size"],
+        "startup_time": state.startup_seconds,
+        "effective_max_running_requests_per_dp": args["max_running_requests"],
+        "last_gen_throughput": engine.counters.last_gen_throughput,
+        "memory_usage": memory_usage,
+        "disaggregation_mode": args["disaggregation_mode"],
+    }
+    return {
+        **args,
+        "launch_command": shlex.join(["python3", "-m", "sglang.launch_server", *state.launch.argv]),
+        "status": "ready",
+        "max_total_num_tokens": limits.kv_pool_tokens,
+        "max_req_input_len": limits.max_req_input_len,
+        "startup_time": state.startup_seconds,
+        "hicache_object_layout": None,
+        "kv_events": None,
+        "internal_states": [internal_state],
+        "version": engine.settings.version,
+        "frontend": "python",
+    }
+
+
+def model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "sglang",
+        "root": state.launch["model_path"],
+        "parent": None,
+        "max_model_len": state.engine.limits.context_length,
+    }
+
+
+def model_info(state: ServerState) -> dict[str, Any]:
+    config = state.model.config
+    return {
+        "model_path": state.launch["model_path"],
+        "tokenizer_path": state.launch["tokenizer_path"] or state.launch["model_path"],
+        "served_model_name": state.served_model_name,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": config.get("model_type"),
+        "architectures": config.get("architectures"),
+        "load_format": state.launch["load_format"],
+        "disaggregation_mode": state.launch["disaggregation_mode"],
+    }
+
+
+def error_response(message: str, status: int) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _scalar(body: dict[str, Any], key: str, kind: type, default: Any = None) -> Any:
+    value = body.get(key, default)
+    if isinstance(value, list):
+        raise BadRequest(
+            f"{key} is a list: batch requests are not supported by the kvgate reference engine; "
+            f"send one request per prompt"
+        )
+    if value is None:
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise BadRequest(f"{key} must be an integer, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise BadRequest(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def parse_generate(body: object, state: ServerState) -> GenerateRequest:
+    """A /generate body → GenerateRequest; raises BadRequest with the field and the way out."""
+    if not isinstance(body, dict):
+        raise BadRequest("the /generate body must be a JSON object")
+    vocab = state.engine.settings.vocab_size
+    input_ids = body.get("input_ids")
+    text = body.get("text")
+    if input_ids is None and text is None:
+        raise BadRequest("send input_ids (a list of token ids) or text")
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids must be a non-empty list of token ids")
+        if any(isinstance(item, list) for item in input_ids):
+            raise BadRequest(
+                "input_ids is a list of lists: batch requests are not supported by the kvgate "
+                "reference engine; send one request per prompt"
+            )
+        for index, token in enumerate(input_ids):
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                raise BadRequest(
+                    f"input_ids[{index}] = {token!r} is not a token id of this model "
+                    f"(0..{vocab - 1:,})"
+                )
+        ids = tuple(input_ids)
+    else:
+        if isinstance(text, list):
+            raise BadRequest("text is a list: batch requests are not supported; send one prompt")
+        if not isinstance(text, str) or not text:
+            raise BadRequest("text must be a non-empty string")
+        if state.launch["skip_tokenizer_init"]:
+            raise BadRequest(
+                "text input needs a tokenizer and this engine runs with --skip-tokenizer-init; "
+                "send input_ids"
+            )
+        ids = tuple(text.encode())  # the reference tokenizer: one token per UTF-8 byte
+    sampling = body.get("sampling_params") or {}
+    if isinstance(sampling, list):
+        raise BadRequest("sampling_params is a list: batch requests are not supported")
+    if not isinstance(sampling, dict):
+        raise BadRequest("sampling_params must be an object")
+    max_new = _scalar(sampling, "max_new_tokens", int, DEFAULT_MAX_NEW_TOKENS)
+    if max_new < 0:
+        raise BadRequest(f"sampling_params.max_new_tokens {max_new} must be >= 0")
+    room = _scalar(body, "bootstrap_room", int)
+    if room is not None and not 0 <= room <= MAX_ROOM:
+        raise BadRequest(f"bootstrap_room {room} must be between 0 and 2^63-1")
+    port = _scalar(body, "bootstrap_port", int)
+    rid = _scalar(body, "rid", str) or new_rid()
+    return GenerateRequest(
+        rid=rid,
+        input_ids=ids,
+        max_new_tokens=max_new,
+        bootstrap_host=_scalar(body, "bootstrap_host", str),
+        bootstrap_port=port,
+        bootstrap_room=room,
+    )
+
+
+async def _run(
+    request: web.Request, parse: Callable[[object, ServerState], GenerateRequest]
+) -> tuple[GenerateResult, dict[str, Any]] | web.Response:
+    """Parse a body and generate; an error becomes SGLang's error response."""
+    state = request.app[STATE]
+    if state.phase != "ready":
+        return error_response(f"engine is {state.phase}", 503)
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error_response(f"the {request.path} body is not valid JSON", 400)
+    try:
+        generate = parse(body, state)
+    except BadRequest as error:
+        return error_response(str(error), 400)
+    try:
+        return await state.engine.generate(generate), body
+    except GenerateError as error:
+        return error_response(error.message, error.status)
+
+
+def detokenize(output_ids: list[int]) -> str:
+    """The reference tokenizer's inverse: token ids below 256 are UTF-8 bytes."""
+    return bytes(t for t in output_ids if t < 256).decode(errors="replace")
+
+
+async def _respond(
+    request: web.Request, payload: dict[str, Any], stream: bool
+) -> web.StreamResponse:
+    if not stream:
+        return web.json_response(payload)
+    # The whole answer in one event: enough for clients and routers that read SSE.
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    outcome = await _run(request, parse_generate)
+    if isinstance(outcome, web.Response):
+        return outcome
+    result, body = outcome
+    payload: dict[str, Any] = {"output_ids": result.output_ids, "meta_info": result.meta_info()}
+    if not request.app[STATE].launch["skip_tokenizer_init"]:
+        payload["text"] = detokenize(result.output_ids)
+    return await _respond(request, payload, bool(body.get("stream")))
+
+
+def _openai_prompt(body: dict[str, Any], chat: bool) -> str | list[int]:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list of {role, content}")
+        contents = [m.get("content") if isinstance(m, dict) else None for m in messages]
+        if not all(isinstance(c, str) for c in contents):
+            raise BadRequest("every message needs a string content")
+        return "\n".join(str(c) for c in contents)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        raise BadRequest("prompt is a list of prompts: batch requests are not supported")
+    if not isinstance(prompt, str | list) or not prompt:
+        raise BadRequest("prompt must be a non-empty string or list of token ids")
+    return prompt
+
+
+def parse_openai(body: object, state: ServerState, *, chat: bool) -> GenerateRequest:
+    """An OpenAI completions/chat body (with the PD bootstrap fields) → GenerateRequest."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    if state.launch["skip_tokenizer_init"]:
+        raise BadRequest(
+            "OpenAI endpoints need a tokenizer and this engine runs with "
+            "--skip-tokenizer-init; use /generate with input_ids"
+        )
+    prompt = _openai_prompt(body, chat)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    native = {
+        ("text" if isinstance(prompt, str) else "input_ids"): prompt,
+        "sampling_params": {"max_new_tokens": max_tokens if max_tokens is not None else 16},
+        **{
+            k: body[k]
+            for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room", "rid")
+            if k in body
+        },
+    }
+    return parse_generate(native, state)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=False)
+
+
+async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=True)
+
+
+async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    outcome = await _run(request, lambda body, state: parse_openai(body, state, chat=chat))
+    if isinstance(outcome, web.Response):
+        return outcome
+    result, body = outcome
+    state = request.app[STATE]
+    text = detokenize(result.output_ids)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    payload = {
+        "id": result.rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": state.served_model_name,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.output_ids),
+            "total_tokens": result.prompt_tokens + len(result.output_ids),
+        },
+    }
+    return await _respond(request, payload, bool(body.get("stream")))
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.phase != "ready" or not state.engine.health_forward():
+        return web.Response(status=503)
+    return web.Response(status=200)
+
+
+async def handle_ready(request: web.Request) -> web.Response:
+    return web.Response(status=200 if request.app[STATE].phase == "ready" else 503)
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    return web.json_response(server_info(request.app[STATE]))
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [model_card(request.app[STATE])]})
+
+
+async def handle_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.match_info["model"] != state.served_model_name:
+        return error_response(f"model {request.match_info['model']!r} not found", 404)
+    return web.json_response(model_card(state))
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    return web.json_response(model_info(request.app[STATE]))
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(client_max_size=512 * 2**20)
+    app[STATE] = state
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/health_generate", handle_health)
+    app.router.add_get("/ready", handle_ready)
+    app.router.add_get("/server_info", handle_server_info)
+    app.router.add_get("/get_server_info", handle_server_info)
+    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/v1/models/{model}", handle_model)
+    app.router.add_get("/model_info", handle_model_info)
+    app.router.add_get("/get_model_info", handle_model_info)
+    app.router.add_post("/generate", handle_generate)
+    app.router.add_put("/generate", handle_generate)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    if state.launch["enable_metrics"]:
+        registry = build_registry(state.engine, state.served_model_name)
+
+        async def handle_metrics(request: web.Request) -> web.Response:
+            return web.Response(body=render(registry), content_type="text/plain", charset="utf-8")
+
+        app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+def now() -> float:
+    return time.time()
