@@ -168,13 +168,13 @@ class SafetySpec(_Model):
     )
     kv_canary: bool = Field(
         default=False,
-        description="Run SGLang's own KV canary (--kv-canary log, SGLang >= 0.5.23).",
+        description="Run SGLang's own KV canary (--kv-canary log, SGLang >= 0.5.19).",
     )
     kv_checksum: bool = Field(
         default=True,
         description=(
             "Enable KV-transfer checksums (--disaggregation-enable-kv-checksum) on engines "
-            "whose version has them (>= 0.5.22)."
+            "whose version has them (>= 0.5.21)."
         ),
     )
 

@@ -1,0 +1,390 @@
+"""Read a live SGLang engine: ``/server_info`` (or ``/get_server_info``) and ``/v1/models``.
+
+``parse_report`` is pure and reads every payload shape SGLang has shipped (0.5.19-0.5.23 and the
+older flat shape); ``fetch_report``/``verify`` are the thin HTTP client around it. Neither ever
+raises on bad engine output: what cannot be read becomes a problem, and a verdict that cannot be
+made is CANNOT_TELL, never SAFE.
+
+Where the numbers come from (SGLang's own keys, stable across releases):
+
+- KV pool: ``internal_states[i].memory_usage.token_capacity``, one per DP rank, minimum taken.
+  When no rank reports it (older engines), the top-level ``max_total_num_tokens``, but only when
+  ``dp_size`` is 1: with DP that number is rank 0's alone.
+- ``max_req_input_len``: top level (scheduler handshake, DP rank 0).
+- Effective context length, first that is present:
+  1. ``/v1/models`` ``data[0].max_model_len`` (the engine's ``model_config.context_len``);
+  2. top-level ``context_length``: the ``--context-length`` the engine was started with, which
+     SGLang uses as given (it refuses to start when it exceeds the model's own limit);
+  3. ``max_req_input_len + 6``: SGLang sets ``max_req_input_len = min(ctx - 1, pool - 1) - 5``,
+     so this is ``min(ctx, pool)``, a lower bound of the context, never an overstatement.
+- Role: ``disaggregation_mode`` (top level, else from DP rank 0's internal state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from kvgate_engine.report import EngineReport
+from kvgate_engine.verdict import (
+    ENGINE_UNREACHABLE,
+    REPORT_UNREADABLE,
+    Requirement,
+    Verdict,
+    cannot_tell,
+    judge,
+)
+
+# Ten trillion tokens: no GPU fleet holds that; a bigger number is corruption, not a pool.
+MAX_PLAUSIBLE_TOKENS = 10**13
+MAX_BODY_BYTES = 16 * 2**20
+ROLES = ("prefill", "decode", "null")
+RETRY_BACKOFF_SECONDS = 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_tokens(value: object, where: str, problems: list[str]) -> int | None:
+    """A token count, or None with a problem for missing, non-numeric, negative or absurd."""
+    if value is None:
+        problems.append(f"{where} is missing")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        problems.append(f"{where} is not a number: {_show(value)}")
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            problems.append(f"{where} is not a whole number: {_show(value)}")
+            return None
+        value = int(value)
+    if value < 0:
+        problems.append(f"{where} is negative: {value:,}")
+        return None
+    if value > MAX_PLAUSIBLE_TOKENS:
+        problems.append(f"{where} is implausibly large: {value:,}")
+        return None
+    return value
+
+
+def _show(value: object) -> str:
+    text = json.dumps(value) if _jsonable(value) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _ranks(server_info: Mapping[str, Any], problems: list[str]) -> tuple[int, ...] | None:
+    """Per-DP-rank pools, or None when no rank reports one (caller falls back)."""
+    states = server_info.get("internal_states")
+    if states is None:
+        return None
+    if not isinstance(states, Sequence) or isinstance(states, str | bytes):
+        problems.append(f"internal_states is not a list: {_show(states)}")
+        return None
+    reported = [
+        isinstance(s, Mapping) and isinstance(s.get("memory_usage"), Mapping) for s in states
+    ]
+    if not any(reported):
+        return None
+    pools: list[int] = []
+    unreadable = False
+    for rank, state in enumerate(states):
+        where = f"internal_states[{rank}].memory_usage.token_capacity"
+        if not isinstance(state, Mapping) or not isinstance(state.get("memory_usage"), Mapping):
+            problems.append(f"internal_states[{rank}] has no memory_usage")
+            unreadable = True
+            continue
+        tokens = _read_tokens(state["memory_usage"].get("token_capacity"), where, problems)
+        if tokens is None:
+            unreadable = True
+        else:
+            pools.append(tokens)
+    if unreadable:
+        # The smallest pool is the one that matters; with one rank unread it is unknown.
+        return ()
+    return tuple(pools)
+
+
+def _dp_size(server_info: Mapping[str, Any]) -> int:
+    value = server_info.get("dp_size")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    return 1
+
+
+def _role(server_info: Mapping[str, Any], problems: list[str]) -> str | None:
+    mode = server_info.get("disaggregation_mode")
+    if mode is None:
+        states = server_info.get("internal_states")
+        if isinstance(states, Sequence) and states and isinstance(states[0], Mapping):
+            mode = states[0].get("disaggregation_mode")
+    if mode is None:
+        problems.append("disaggregation_mode is missing")
+        return None
+    if mode not in ROLES:
+        problems.append(f"disaggregation_mode is not one of prefill, decode, null: {_show(mode)}")
+        return None
+    return str(mode)
+
+
+def _model_card(models: object, problems: list[str]) -> Mapping[str, Any] | None:
+    if models is None:
+        return None
+    data = models.get("data") if isinstance(models, Mapping) else None
+    if not isinstance(data, Sequence) or isinstance(data, str | bytes) or not data:
+        problems.append(f"/v1/models has no data[0]: {_show(models)}")
+        return None
+    card = data[0]
+    if not isinstance(card, Mapping):
+        problems.append(f"/v1/models data[0] is not an object: {_show(card)}")
+        return None
+    return card
+
+
+def parse_report(server_info: object, models: object | None) -> EngineReport:
+    """Reduce an engine's ``/server_info`` and ``/v1/models`` payloads to an EngineReport. Pure."""
+    problems: list[str] = []
+    if not isinstance(server_info, Mapping):
+        return EngineReport(
+            version=None,
+            role=None,
+            kv_pool_tokens=None,
+            kv_pool_tokens_per_rank=(),
+            max_req_input_len=None,
+            effective_context_length=None,
+            served_model_name=None,
+            problems=(f"/server_info is not a JSON object: {_show(server_info)}",),
+        )
+
+    version = server_info.get("version")
+    if not isinstance(version, str) or not version.strip():
+        problems.append(f"version is missing or not a string: {_show(version)}")
+        version = None
+
+    role = _role(server_info, problems)
+
+    per_rank = _ranks(server_info, problems)
+    kv_pool: int | None
+    if per_rank is None:
+        fallback_problems: list[str] = []
+        total = _read_tokens(
+            server_info.get("max_total_num_tokens"), "max_total_num_tokens", fallback_problems
+        )
+        dp = _dp_size(server_info)
+        if total is not None and dp > 1:
+            problems.append(
+                f"dp_size is {dp} but no DP rank reports memory_usage.token_capacity; "
+                f"max_total_num_tokens {total:,} covers rank 0 only"
+            )
+            total = None
+        elif total is None:
+            problems.append(
+                "no KV pool size: internal_states[*].memory_usage.token_capacity absent and "
+                + fallback_problems[0]
+            )
+        kv_pool = total
+        per_rank = ()
+    elif not per_rank:
+        kv_pool = None
+    else:
+        dp = _dp_size(server_info)
+        if len(per_rank) < dp:
+            problems.append(
+                f"dp_size is {dp} but internal_states reports {len(per_rank)} rank(s); the "
+                f"smallest pool is unknown"
+            )
+            kv_pool = None
+        else:
+            kv_pool = min(per_rank)
+
+    max_input = _read_tokens(server_info.get("max_req_input_len"), "max_req_input_len", problems)
+
+    card = _model_card(models, problems)
+    effective: int | None = None
+    if card is not None:
+        effective = _read_tokens(card.get("max_model_len"), "/v1/models max_model_len", problems)
+    if effective is None and server_info.get("context_length") is not None:
+        effective = _read_tokens(server_info.get("context_length"), "context_length", problems)
+        if effective == 0:
+            effective = None
+    if effective is None and max_input is not None:
+        # min(context, pool): a lower bound of the context (see the module docstring).
+        effective = max_input + 6
+    if effective is None:
+        problems.append("effective context length: no /v1/models, context_length or fallback")
+
+    name = server_info.get("served_model_name")
+    if not isinstance(name, str) and card is not None:
+        name = card.get("id")
+    served_model_name = name if isinstance(name, str) else None
+
+    return EngineReport(
+        version=version,
+        role=role,
+        kv_pool_tokens=kv_pool,
+        kv_pool_tokens_per_rank=per_rank,
+        max_req_input_len=max_input,
+        effective_context_length=effective,
+        served_model_name=served_model_name,
+        problems=tuple(problems),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP client (thin)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Unreachable(Exception):
+    """The engine did not answer (connection refused, timeout, 5xx after retries)."""
+
+
+class _Unreadable(Exception):
+    """The engine answered with something that is not the JSON object asked for."""
+
+
+class _NotFound(Exception):
+    """HTTP 404: the route does not exist on this engine."""
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _Unreadable(f"response larger than {MAX_BODY_BYTES:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _get_json_once(session: aiohttp.ClientSession, url: str, timeout: float) -> object:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+            body = await _read_capped(response)
+            status = response.status
+    except TimeoutError as exc:
+        raise _Unreachable(f"GET {url}: no answer within {timeout:g} s") from exc
+    except aiohttp.ClientError as exc:
+        raise _Unreachable(f"GET {url}: {type(exc).__name__}: {exc}") from exc
+    if status == 404:
+        raise _NotFound(url)
+    if status >= 500:
+        raise _Unreachable(f"GET {url}: HTTP {status}: {_snippet(body)}")
+    if status != 200:
+        raise _Unreadable(f"GET {url}: HTTP {status}: {_snippet(body)}")
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _Unreadable(f"GET {url}: not JSON: {_snippet(body)}") from exc
+
+
+def _snippet(body: bytes) -> str:
+    text = body.decode("utf-8", errors="replace").strip().replace("\n", " ")
+    return repr(text[:80] + ("..." if len(text) > 80 else ""))
+
+
+async def _get_json(
+    session: aiohttp.ClientSession, url: str, timeout: float, retries: int
+) -> object:
+    """GET with bounded retries on transport failures and 5xx; 404 and garbage are final."""
+    attempt = 0
+    while True:
+        try:
+            return await _get_json_once(session, url, timeout)
+        except _Unreachable:
+            if attempt >= retries:
+                raise
+        await asyncio.sleep(RETRY_BACKOFF_SECONDS * 2**attempt)
+        attempt += 1
+
+
+async def _server_info(
+    session: aiohttp.ClientSession, base: str, timeout: float, retries: int
+) -> object:
+    try:
+        return await _get_json(session, f"{base}/server_info", timeout, retries)
+    except _NotFound:
+        # SGLang releases before /server_info existed only have the deprecated alias.
+        try:
+            return await _get_json(session, f"{base}/get_server_info", timeout, retries)
+        except _NotFound as exc:
+            raise _Unreadable(
+                f"{base} has neither /server_info nor /get_server_info (HTTP 404); is it an "
+                f"SGLang engine?"
+            ) from exc
+
+
+async def _models(
+    session: aiohttp.ClientSession, base: str, timeout: float, retries: int
+) -> tuple[object | None, str | None]:
+    try:
+        return await _get_json(session, f"{base}/v1/models", timeout, retries), None
+    except _NotFound:
+        return None, f"{base}/v1/models: HTTP 404"
+    except (_Unreachable, _Unreadable) as exc:
+        return None, str(exc)
+
+
+async def fetch_report(
+    base_url: str,
+    *,
+    timeout: float = 5.0,
+    retries: int = 2,
+    session: aiohttp.ClientSession | None = None,
+) -> EngineReport | Verdict:
+    """Read one engine. A CANNOT_TELL Verdict when it is unreachable or its answer unreadable."""
+    base = base_url.rstrip("/")
+    owned = session is None
+    client = session if session is not None else aiohttp.ClientSession()
+    try:
+        info_task = asyncio.ensure_future(_server_info(client, base, timeout, retries))
+        models_task = asyncio.ensure_future(_models(client, base, timeout, retries))
+        try:
+            info = await info_task
+        except (_Unreachable, _Unreadable) as exc:
+            models_task.cancel()
+            await asyncio.gather(models_task, return_exceptions=True)
+            if isinstance(exc, _Unreachable):
+                return cannot_tell(ENGINE_UNREACHABLE, f"engine unreachable: {exc}")
+            return cannot_tell(REPORT_UNREADABLE, f"engine report unreadable: {exc}")
+        models, models_problem = await models_task
+    except Exception as exc:  # a bad engine must never crash the caller
+        return cannot_tell(ENGINE_UNREACHABLE, f"engine at {base}: {type(exc).__name__}: {exc}")
+    finally:
+        if owned:
+            await client.close()
+    report = parse_report(info, models)
+    if models_problem is not None:
+        report = dataclasses.replace(report, problems=(*report.problems, models_problem))
+    return report
+
+
+async def verify(
+    base_url: str,
+    requirement: Requirement,
+    *,
+    timeout: float = 5.0,
+    retries: int = 2,
+    session: aiohttp.ClientSession | None = None,
+) -> Verdict:
+    """Read one engine and judge it against the requirement."""
+    report = await fetch_report(base_url, timeout=timeout, retries=retries, session=session)
+    if isinstance(report, Verdict):
+        return report
+    return judge(report, requirement)

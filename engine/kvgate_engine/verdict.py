@@ -1,0 +1,193 @@
+"""Is this engine safe to take traffic? A pure judgement over an :class:`EngineReport`.
+
+Every check that cannot be made for lack of data makes the verdict CANNOT_TELL; only an engine
+that passes every check is SAFE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from packaging.version import InvalidVersion, Version
+
+from kvgate_engine.report import EngineReport
+
+# SGLang's max_req_input_len = min(context_len - 1, pool - 1) - 5 (managers/tp_worker.py), so an
+# engine whose pool holds the context reports exactly context_len - 6.
+MAX_INPUT_MARGIN = 6
+
+KV_POOL_TOO_SMALL = "KvPoolTooSmall"
+CONTEXT_TOO_SHORT = "ContextTooShort"
+MAX_INPUT_TOO_SHORT = "MaxInputTooShort"
+ROLE_MISMATCH = "RoleMismatch"
+ENGINE_VERSION_TOO_OLD = "EngineVersionTooOld"
+ENGINE_UNREACHABLE = "EngineUnreachable"
+REPORT_UNREADABLE = "ReportUnreadable"
+ENGINE_VERIFIED = "EngineVerified"
+
+
+class Outcome(StrEnum):
+    SAFE = "Safe"
+    UNSAFE = "Unsafe"
+    CANNOT_TELL = "CannotTell"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What an engine must prove: a pool of context_length x headroom, and the rest."""
+
+    context_length: int
+    headroom: float = 1.0
+    role: str | None = None
+    min_version: str = "0.5.22"
+
+    @property
+    def required_pool_tokens(self) -> int:
+        """ceil(context_length x headroom), the smallest acceptable KV pool."""
+        return math.ceil(self.context_length * self.headroom)
+
+
+@dataclass(frozen=True)
+class Finding:
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    findings: tuple[Finding, ...]
+    report: EngineReport | None
+
+    @property
+    def reason(self) -> str:
+        """The first finding's reason, or EngineVerified when safe."""
+        return self.findings[0].reason if self.findings else ENGINE_VERIFIED
+
+    @property
+    def message(self) -> str:
+        if not self.findings:
+            return "engine verified"
+        return "; ".join(finding.message for finding in self.findings)
+
+
+def cannot_tell(reason: str, message: str) -> Verdict:
+    """A verdict for an engine that could not be read at all."""
+    return Verdict(Outcome.CANNOT_TELL, (Finding(reason, message),), None)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _headroom(value: float) -> str:
+    return f"{value:g}" if value != int(value) else f"{value:.1f}"
+
+
+def judge(report: EngineReport, requirement: Requirement) -> Verdict:
+    """Judge one engine report against what the deployment advertises. Pure."""
+    unsafe: list[Finding] = []
+    unknown: list[Finding] = []
+    ctx = requirement.context_length
+
+    required = requirement.required_pool_tokens
+    pool = report.kv_pool_tokens
+    if pool is None:
+        unknown.append(Finding(REPORT_UNREADABLE, "KV pool size not reported"))
+    elif pool < required:
+        unsafe.append(
+            Finding(
+                KV_POOL_TOO_SMALL,
+                f"KV pool {_n(pool)} tokens < context length {_n(ctx)} × headroom "
+                f"{_headroom(requirement.headroom)} (short by {_n(required - pool)} tokens)",
+            )
+        )
+
+    effective = report.effective_context_length
+    if effective is None:
+        unknown.append(Finding(REPORT_UNREADABLE, "effective context length not reported"))
+    elif effective < ctx:
+        unsafe.append(
+            Finding(
+                CONTEXT_TOO_SHORT,
+                f"effective context length {_n(effective)} tokens < context length {_n(ctx)} "
+                f"(short by {_n(ctx - effective)} tokens; check --context-length and the "
+                f"model's own limit)",
+            )
+        )
+
+    max_input = report.max_req_input_len
+    floor = ctx - MAX_INPUT_MARGIN
+    if max_input is None:
+        unknown.append(Finding(REPORT_UNREADABLE, "max_req_input_len not reported"))
+    elif max_input < floor:
+        unsafe.append(
+            Finding(
+                MAX_INPUT_TOO_SHORT,
+                f"max_req_input_len {_n(max_input)} tokens < context length {_n(ctx)} − "
+                f"{MAX_INPUT_MARGIN} = {_n(floor)} (short by {_n(floor - max_input)} tokens)",
+            )
+        )
+
+    if requirement.role is not None:
+        if report.role is None:
+            unknown.append(Finding(REPORT_UNREADABLE, "disaggregation_mode not reported"))
+        elif report.role != requirement.role:
+            unsafe.append(
+                Finding(
+                    ROLE_MISMATCH,
+                    f"engine runs disaggregation_mode {report.role!r}, pod role is "
+                    f"{requirement.role!r}",
+                )
+            )
+
+    version_finding = _check_version(report.version, requirement.min_version)
+    if version_finding is not None:
+        (unsafe if version_finding.reason == ENGINE_VERSION_TOO_OLD else unknown).append(
+            version_finding
+        )
+
+    if unsafe:
+        return Verdict(Outcome.UNSAFE, tuple(unsafe + unknown), report)
+    if unknown:
+        # The parser's problems say why a number is missing; they matter only when one is.
+        unknown.extend(Finding(REPORT_UNREADABLE, problem) for problem in report.problems)
+        return Verdict(Outcome.CANNOT_TELL, _dedupe(unknown), report)
+    # Problems that did not cost a check (e.g. /v1/models absent but a fallback worked) stay in
+    # report.problems; they do not block a SAFE verdict.
+    return Verdict(Outcome.SAFE, (), report)
+
+
+def _check_version(reported: str | None, floor: str) -> Finding | None:
+    try:
+        minimum = Version(floor)
+    except InvalidVersion:
+        return Finding(
+            REPORT_UNREADABLE,
+            f"minimum engine version {floor!r} is not a PEP 440 version; set e.g. 0.5.22",
+        )
+    if reported is None:
+        return Finding(REPORT_UNREADABLE, "engine version not reported")
+    try:
+        version = Version(reported)
+    except InvalidVersion:
+        return Finding(REPORT_UNREADABLE, f"engine version {reported!r} is not a PEP 440 version")
+    if version < minimum:
+        return Finding(
+            ENGINE_VERSION_TOO_OLD,
+            f"engine version {reported} < minimum {floor} (use an image at or above "
+            f"{floor}, or lower safety.minEngineVersion)",
+        )
+    return None
+
+
+def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:
+    seen: set[Finding] = set()
+    unique: list[Finding] = []
+    for finding in findings:
+        if finding not in seen:
+            seen.add(finding)
+            unique.append(finding)
+    return tuple(unique)

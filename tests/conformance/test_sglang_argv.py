@@ -1,0 +1,194 @@
+"""Conformance: the launcher's argv parses with each supported SGLang release's own parser.
+
+Each release lives in its own directory outside the project venv (tests/conformance/setup_env.sh);
+the parse runs in a subprocess with PYTHONPATH pointing there, so nothing else imports sglang.
+SGLang's ``prepare_server_args`` exits 2 on an unknown flag, and its resolution step reads the
+model's ``config.json`` (a directory holding only that file is enough) and refuses a
+``--context-length`` above the model's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvgate.api import ModelDeploymentSpec, Role
+from kvgate_engine.launcher import engine_argv
+
+pytestmark = pytest.mark.conformance
+
+HERE = Path(__file__).parent
+SETUP = HERE / "setup_env.sh"
+CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "conformance"
+SUPPORTED_VERSIONS = ("0.5.23", "0.5.22", "0.5.21", "0.5.20", "0.5.19")
+UNKNOWN_FLAG = "--kvgate-no-such-flag"
+
+LLAMA_31_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rms_norm_eps": 1e-05,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+}
+
+# Runs inside the SGLang environment: parse each argv, report the exit code and what SGLang read.
+PARSER = r"""
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+
+FIELDS = ["model_path", "served_model_name", "host", "port", "context_length",
+          "mem_fraction_static", "tp_size", "page_size", "kv_cache_dtype", "disaggregation_mode",
+          "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "max_total_tokens",
+          "enable_metrics", "disaggregation_enable_kv_checksum", "kv_canary"]
+results = []
+for argv in json.load(sys.stdin):
+    try:
+        args = prepare_server_args(argv)
+    except SystemExit as exc:
+        results.append({"exit": exc.code})
+        continue
+    except Exception as exc:
+        results.append({"exit": "exception", "error": f"{type(exc).__name__}: {exc}"})
+        continue
+    results.append({"exit": 0, "values": {f: getattr(args, f, None) for f in FIELDS}})
+print("KVGATE-RESULTS " + json.dumps(results))
+"""
+
+
+def specs(version: str, model_dir: Path) -> list[tuple[str, ModelDeploymentSpec, Role]]:
+    image = f"lmsysorg/sglang:v{version}"
+    model = {"name": "llama-3.1-8b", "path": str(model_dir), "contextLength": 131072}
+    everything: dict[str, Any] = {
+        "model": model,
+        "engine": {
+            "image": image,
+            "kvCacheDtype": "fp8_e4m3",
+            "pageSize": 16,
+            "transferBackend": "nixl",
+            "port": 31000,
+            "bootstrapPort": 9001,
+            "args": ["--log-level", "warning"],
+        },
+        "safety": {"kvCanary": True, "kvChecksum": True},
+        "prefill": {"memFractionStatic": 0.9, "maxTotalTokens": 500000},
+        "decode": {"memFractionStatic": 0.8, "maxTotalTokens": 400000},
+    }
+    defaults: dict[str, Any] = {"model": model, "engine": {"image": image}}
+    return [
+        (f"{label}-{role}", ModelDeploymentSpec.model_validate(spec), role)
+        for label, spec in (("everything", everything), ("defaults", defaults))
+        for role in (Role.PREFILL, Role.DECODE)
+    ]
+
+
+def expected_values(spec: ModelDeploymentSpec, role: Role, argv: list[str]) -> dict[str, Any]:
+    role_spec = spec.prefill if role is Role.PREFILL else spec.decode
+    values: dict[str, Any] = {
+        "model_path": spec.model.path,
+        "served_model_name": spec.model.name,
+        "host": "0.0.0.0",
+        "port": spec.engine.port,
+        "context_length": spec.model.context_length,
+        "mem_fraction_static": role_spec.mem_fraction_static,
+        "page_size": spec.engine.page_size,
+        "kv_cache_dtype": str(spec.engine.kv_cache_dtype),
+        "disaggregation_mode": str(role),
+        "disaggregation_transfer_backend": str(spec.engine.transfer_backend),
+        "max_total_tokens": role_spec.max_total_tokens,
+        "enable_metrics": True,
+        "tp_size": role_spec.tensor_parallel,
+    }
+    if role is Role.PREFILL:
+        values["disaggregation_bootstrap_port"] = spec.engine.bootstrap_port
+    if "--disaggregation-enable-kv-checksum" in argv:
+        values["disaggregation_enable_kv_checksum"] = True
+    if "--kv-canary" in argv:
+        values["kv_canary"] = "log"
+    return values
+
+
+@pytest.fixture(scope="module")
+def sglang_envs() -> dict[str, Path]:
+    """Install (once, idempotently) every supported release; fail loudly if one cannot be."""
+    result = subprocess.run(
+        ["bash", str(SETUP), *SUPPORTED_VERSIONS],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "KVGATE_PYTHON": sys.executable},
+    )
+    assert result.returncode == 0, f"setup_env.sh failed:\n{result.stdout}\n{result.stderr}"
+    return {version: CACHE / f"sglang-{version}" for version in SUPPORTED_VERSIONS}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("model")
+    (directory / "config.json").write_text(json.dumps(LLAMA_31_8B_CONFIG))
+    return directory
+
+
+def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(target),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", PARSER],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env=env,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
+    assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
+    parsed: list[dict[str, Any]] = json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+    return parsed
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_launcher_argv_parses_with_sglang(
+    version: str, sglang_envs: dict[str, Path], model_dir: Path, tmp_path: Path
+) -> None:
+    cases = specs(version, model_dir)
+    argvs = [engine_argv(spec, role) for _, spec, role in cases]
+    # Everything after "python3 -m sglang.launch_server" is what launch_server hands the parser.
+    inputs = [argv[3:] for argv in argvs]
+    # The control: the same argv plus a flag SGLang does not know must fail (exit 2).
+    inputs.append([*argvs[0][3:], UNKNOWN_FLAG])
+    results = parse_with_sglang(sglang_envs[version], inputs, tmp_path)
+
+    assert len(results) == len(inputs)
+    for (name, spec, role), argv, result in zip(cases, argvs, results, strict=False):
+        assert result["exit"] == 0, f"sglang {version} rejected {name}: {result} for {argv}"
+        want = expected_values(spec, role, argv)
+        got = {key: result["values"][key] for key in want}
+        assert got == want, f"sglang {version} read {name} differently"
+    assert results[-1]["exit"] == 2, f"sglang {version} accepted {UNKNOWN_FLAG}: {results[-1]}"

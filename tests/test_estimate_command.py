@@ -1,0 +1,208 @@
+"""`kvgate estimate`: predicted KV pool from config.json; 1 when weights leave no room."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvgate.cli import main
+
+LLAMA_31_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3_MLA: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "num_hidden_layers": 61,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "max_position_embeddings": 163840,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def llama(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_31_8B))
+    return str(path)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["estimate", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_has_pool_bytes_per_token_and_context(
+    capsys: pytest.CaptureFixture[str], llama: str
+) -> None:
+    """80 GiB × 0.85 − 15 GiB = 53 GiB; 53 × 2^30 / 131,072 bytes = 434,176 tokens."""
+    code, out, _ = run(
+        capsys,
+        "--config",
+        llama,
+        "--gpu-memory-gib",
+        "80",
+        "--tp",
+        "1",
+        "--weights-gib",
+        "15",
+        "--json",
+    )
+    result = json.loads(out)
+    assert code == 0
+    assert (result["kv_pool_tokens"], result["bytes_per_token"], result["context_length"]) == (
+        434_176,
+        131_072,
+        131_072,
+    )
+    assert result["pool_holds_context"] is True
+    assert result["attention"] == "MHA"
+
+
+def test_weights_are_computed_from_a_llama_config(
+    capsys: pytest.CaptureFixture[str], llama: str
+) -> None:
+    """8,030,261,248 params × 2 bytes = 14.96 GiB; (68 × 2^30 − 16,060,522,496) // 131,072."""
+    code, out, _ = run(capsys, "--config", llama, "--gpu-memory-gib", "80", "--tp", "1")
+    assert code == 0
+    assert out.splitlines()[0] == "KV pool: 434,523 tokens per engine (estimate; verify live)"
+    assert "weights 14.96 GiB / TP 1" in out
+
+
+def test_human_output_warns_when_the_pool_is_below_the_models_context(
+    capsys: pytest.CaptureFixture[str], llama: str
+) -> None:
+    """24 GiB × 0.85 − 15 GiB = 5.4 GiB → 44,236 tokens (5.4 × 8,192 = 44,236.8)."""
+    code, out, _ = run(
+        capsys, "--config", llama, "--gpu-memory-gib", "24", "--tp", "1", "--weights-gib", "15"
+    )
+    assert code == 0
+    assert "KV pool: 44,236 tokens" in out
+    assert "fewer than the model's 131,072-token context" in out
+
+
+def test_weights_that_leave_no_room_exit_1_with_numbers(
+    capsys: pytest.CaptureFixture[str], llama: str
+) -> None:
+    code, _, err = run(
+        capsys, "--config", llama, "--gpu-memory-gib", "16", "--tp", "1", "--weights-gib", "15"
+    )
+    assert code == 1
+    assert "weights leave no room for the KV cache: 16.0 GiB × mem-fraction-static 0.85" in err
+    assert "leaving -1.40 GiB" in err
+
+
+def test_no_room_json_exits_1(capsys: pytest.CaptureFixture[str], llama: str) -> None:
+    code, out, _ = run(
+        capsys,
+        "--config",
+        llama,
+        "--gpu-memory-gib",
+        "16",
+        "--tp",
+        "1",
+        "--weights-gib",
+        "15",
+        "--json",
+    )
+    assert code == 1
+    assert json.loads(out)["exit_code"] == 1
+
+
+def test_mla_without_weights_asks_for_the_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEEPSEEK_V3_MLA))
+    code, _, err = run(capsys, "--config", str(path), "--gpu-memory-gib", "141", "--tp", "8")
+    assert code == 2
+    assert "pass the weight size of one replica with --weights-gib" in err
+
+
+def test_mla_with_fp8_kv_and_weights(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """(512 + 64) × 61 × 1 byte = 35,136 bytes; usable 141 × 0.88 − 640 / 8 = 44.08 GiB
+    → 1,347,066 tokens."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEEPSEEK_V3_MLA))
+    code, out, _ = run(
+        capsys,
+        "--config",
+        str(path),
+        "--gpu-memory-gib",
+        "141",
+        "--tp",
+        "8",
+        "--mem-fraction-static",
+        "0.88",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--weights-gib",
+        "640",
+        "--json",
+    )
+    result = json.loads(out)
+    assert code == 0
+    assert (result["attention"], result["bytes_per_token"], result["kv_pool_tokens"]) == (
+        "MLA",
+        35_136,
+        1_347_066,
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "is not JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        (None, "cannot read --config file"),
+    ],
+)
+def test_unreadable_config_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "config.json"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run(capsys, "--config", str(path), "--gpu-memory-gib", "80", "--tp", "1")
+    assert code == 2
+    assert message in err
+
+
+def test_page_size_and_cap_are_applied(capsys: pytest.CaptureFixture[str], llama: str) -> None:
+    code, out, _ = run(
+        capsys,
+        "--config",
+        llama,
+        "--gpu-memory-gib",
+        "80",
+        "--tp",
+        "1",
+        "--weights-gib",
+        "15.001",
+        "--page-size",
+        "64",
+        "--max-total-tokens",
+        "500000",
+        "--json",
+    )
+    assert code == 0
+    assert json.loads(out)["kv_pool_tokens"] == 434_112  # 6,783 pages of 64

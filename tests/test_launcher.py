@@ -1,0 +1,140 @@
+"""The launcher: a ModelDeployment role -> the exact sglang.launch_server argv (golden files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvgate.api import ModelDeploymentSpec, Role
+from kvgate_engine.launcher import engine_argv, image_version
+
+GOLDEN = Path(__file__).parent / "golden" / "launcher"
+CASES = sorted(GOLDEN.glob("*.json"))
+
+
+def spec_of(**overrides: Any) -> ModelDeploymentSpec:
+    spec: dict[str, Any] = {
+        "model": {"name": "m", "path": "/models/m", "contextLength": 131072},
+        "engine": {"image": "lmsysorg/sglang:v0.5.23"},
+    }
+    spec.update(overrides)
+    return ModelDeploymentSpec.model_validate(spec)
+
+
+def test_golden_cases_exist() -> None:
+    assert len(CASES) >= 6
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_argv_matches_golden_file(case: Path) -> None:
+    golden = json.loads(case.read_text())
+    spec = ModelDeploymentSpec.model_validate(golden["spec"])
+    assert engine_argv(spec, Role(golden["role"])) == golden["argv"]
+
+
+def flag_value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_mem_fraction_static_is_always_explicit() -> None:
+    argv = engine_argv(spec_of(), Role.DECODE)
+    assert flag_value(argv, "--mem-fraction-static") == "0.85"
+
+
+def test_each_role_gets_its_own_sizing() -> None:
+    spec = spec_of(
+        prefill={"tensorParallel": 4, "memFractionStatic": 0.8},
+        decode={"tensorParallel": 2, "memFractionStatic": 0.9, "maxTotalTokens": 200000},
+    )
+    prefill, decode = engine_argv(spec, Role.PREFILL), engine_argv(spec, Role.DECODE)
+    assert (flag_value(prefill, "--tp-size"), flag_value(prefill, "--mem-fraction-static")) == (
+        "4",
+        "0.8",
+    )
+    assert (flag_value(decode, "--tp-size"), flag_value(decode, "--mem-fraction-static")) == (
+        "2",
+        "0.9",
+    )
+    assert "--max-total-tokens" not in prefill
+    assert flag_value(decode, "--max-total-tokens") == "200000"
+
+
+def test_only_prefill_gets_the_bootstrap_port() -> None:
+    spec = spec_of(engine={"image": "lmsysorg/sglang:v0.5.23", "bootstrapPort": 9100})
+    assert flag_value(engine_argv(spec, Role.PREFILL), "--disaggregation-bootstrap-port") == "9100"
+    assert "--disaggregation-bootstrap-port" not in engine_argv(spec, Role.DECODE)
+
+
+def test_user_args_come_last_so_they_can_override() -> None:
+    spec = spec_of(
+        engine={
+            "image": "lmsysorg/sglang:v0.5.23",
+            "args": ["--page-size", "64", "--trust-remote-code"],
+        }
+    )
+    argv = engine_argv(spec, Role.DECODE)
+    assert argv[-3:] == ["--page-size", "64", "--trust-remote-code"]
+
+
+def test_argv_starts_with_the_launch_module() -> None:
+    assert engine_argv(spec_of(), Role.PREFILL)[:5] == [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/m",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("image", "checksum", "canary"),
+    [
+        ("lmsysorg/sglang:v0.5.23", True, True),
+        ("lmsysorg/sglang:v0.5.22", True, True),
+        ("lmsysorg/sglang:v0.5.21", True, True),
+        ("lmsysorg/sglang:v0.5.20", False, True),
+        ("lmsysorg/sglang:v0.5.19-cu129", False, True),
+        ("lmsysorg/sglang:v0.5.18", False, False),
+        ("lmsysorg/sglang:latest", True, True),
+        ("lmsysorg/sglang@sha256:" + "a" * 64, True, True),
+    ],
+)
+def test_version_gated_safety_flags(image: str, checksum: bool, canary: bool) -> None:
+    argv = engine_argv(
+        spec_of(engine={"image": image}, safety={"kvCanary": True, "kvChecksum": True}),
+        Role.DECODE,
+    )
+    assert ("--disaggregation-enable-kv-checksum" in argv) is checksum
+    assert ("--kv-canary" in argv) is canary
+    if canary:
+        assert flag_value(argv, "--kv-canary") == "log"
+
+
+def test_safety_flags_off_when_not_asked() -> None:
+    argv = engine_argv(spec_of(safety={"kvCanary": False, "kvChecksum": False}), Role.PREFILL)
+    assert "--disaggregation-enable-kv-checksum" not in argv
+    assert "--kv-canary" not in argv
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("lmsysorg/sglang:v0.5.23", "0.5.23"),
+        ("lmsysorg/sglang:0.5.22", "0.5.22"),
+        ("lmsysorg/sglang:v0.5.19-cu129", "0.5.19"),
+        ("lmsysorg/sglang:v0.5.23.post1", "0.5.23.post1"),
+        ("lmsysorg/sglang:v0.6.0rc1-cu130", "0.6.0rc1"),
+        ("registry.local:5000/lmsysorg/sglang:v0.5.23", "0.5.23"),
+        ("lmsysorg/sglang:v0.5.23@sha256:" + "b" * 64, "0.5.23"),
+        ("lmsysorg/sglang:latest", None),
+        ("lmsysorg/sglang:latest-cu130", None),
+        ("lmsysorg/sglang@sha256:" + "c" * 64, None),
+        ("registry.local:5000/sglang", None),
+        ("lmsysorg/sglang", None),
+        ("lmsysorg/sglang:dev", None),
+    ],
+)
+def test_image_version(image: str, version: str | None) -> None:
+    assert image_version(image) == version

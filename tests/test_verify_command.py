@@ -1,0 +1,239 @@
+"""`kvgate verify`: exit 0 safe, 1 unsafe, 2 cannot tell; output names each failed check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kvgate.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engine"
+KVGATE = Path(sys.executable).parent / "kvgate"
+
+
+def fx(name: str) -> str:
+    return str(FIXTURES / name)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["verify", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_safe_engine_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "--server-info",
+        fx("server_info_0.5.23_decode.json"),
+        "--models",
+        fx("models_131072.json"),
+        "--context-length",
+        "131072",
+        "--role",
+        "decode",
+    )
+    assert code == 0
+    assert out.startswith("SAFE: ")
+    assert "KV pool 412,345 tokens (per DP rank: 412,345); required 131,072" in out
+
+
+def test_incident_engine_exits_1_and_names_each_failed_check(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "--server-info",
+        fx("server_info_0.5.23_incident_decode.json"),
+        "--models",
+        fx("models_1048576.json"),
+        "--context-length",
+        "1048576",
+        "--role",
+        "decode",
+    )
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].endswith("fails 2 check(s)")
+    assert lines[1] == (
+        "  - KvPoolTooSmall: KV pool 681,280 tokens < context length 1,048,576 × headroom 1.0 "
+        "(short by 367,296 tokens)"
+    )
+    assert lines[2].startswith("  - MaxInputTooShort: max_req_input_len 681,274 tokens")
+
+
+def test_role_and_version_failures_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "--server-info",
+        fx("server_info_0.5.19_prefill.json"),
+        "--context-length",
+        "131072",
+        "--role",
+        "decode",
+        "--min-version",
+        "0.5.22",
+    )
+    assert code == 1
+    assert "RoleMismatch: engine runs disaggregation_mode 'prefill', pod role is 'decode'" in out
+    assert "EngineVersionTooOld: engine version 0.5.19 < minimum 0.5.22" in out
+
+
+def test_headroom_changes_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--server-info", fx("server_info_0.5.23_decode.json"), "--context-length", "131072"]
+    assert run(capsys, *common, "--headroom", "3.0")[0] == 0
+    code, out, _ = run(capsys, *common, "--headroom", "3.2")
+    assert code == 1
+    assert "KV pool 412,345 tokens < context length 131,072 × headroom 3.2" in out
+
+
+def test_json_output_is_a_stable_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "--server-info",
+        fx("server_info_0.5.23_dp2_uneven_decode.json"),
+        "--models",
+        fx("models_1048576.json"),
+        "--context-length",
+        "1048576",
+        "--json",
+    )
+    result = json.loads(out)
+    assert code == 1
+    assert sorted(result) == [
+        "exit_code",
+        "findings",
+        "message",
+        "outcome",
+        "reason",
+        "report",
+        "requirement",
+        "source",
+    ]
+    assert (result["outcome"], result["exit_code"], result["reason"]) == (
+        "Unsafe",
+        1,
+        "KvPoolTooSmall",
+    )
+    assert result["report"]["kv_pool_tokens_per_rank"] == [1_100_000, 1_000_000]
+    assert result["report"]["kv_pool_tokens"] == 1_000_000
+    assert result["requirement"] == {
+        "context_length": 1_048_576,
+        "headroom": 1.0,
+        "required_pool_tokens": 1_048_576,
+        "role": None,
+        "min_version": "0.5.22",
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("<html>502 Bad Gateway</html>", "is not JSON"),
+        ('["a list"]', '/server_info is not a JSON object: ["a list"]'),
+        (None, "cannot read --server-info file"),
+    ],
+    ids=["html", "json list", "missing file"],
+)
+def test_unreadable_saved_report_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "server_info.json"
+    if content is not None:
+        path.write_text(content)
+    code, out, _ = run(capsys, "--server-info", str(path), "--context-length", "131072")
+    assert code == 2
+    assert out.startswith("CANNOT TELL: ")
+    assert message in out
+
+
+def test_missing_numbers_exit_2_never_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    info = json.loads(Path(fx("server_info_0.5.23_decode.json")).read_text())
+    info["internal_states"][0]["memory_usage"]["token_capacity"] = "lots"
+    path = tmp_path / "server_info.json"
+    path.write_text(json.dumps(info))
+    code, out, _ = run(capsys, "--server-info", str(path), "--context-length", "131072", "--json")
+    assert code == 2
+    assert json.loads(out)["outcome"] == "CannotTell"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--context-length", "0"], "--context-length must be a positive integer, got 0"),
+        (["--context-length", "10", "--headroom", "0.5"], "--headroom must be >= 1.0"),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_value(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run(capsys, "--server-info", fx("server_info_0.5.23_decode.json"), *argv)
+    assert code == 2
+    assert message in err
+
+
+@pytest.fixture
+async def live_engine() -> AsyncIterator[str]:
+    """A local engine-shaped server answering like the 0.5.23 incident decode engine."""
+    info: Any = json.loads(Path(fx("server_info_0.5.23_incident_decode.json")).read_text())
+    models: Any = json.loads(Path(fx("models_1048576.json")).read_text())
+    app = web.Application()
+    app.router.add_get("/server_info", _json_handler(info))
+    app.router.add_get("/v1/models", _json_handler(models))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+def _json_handler(payload: Any) -> Any:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(payload)
+
+    return handler
+
+
+async def _kvgate(*argv: str) -> tuple[int, str]:
+    assert shutil.which(str(KVGATE)), f"{KVGATE} is not installed"
+    process = await asyncio.create_subprocess_exec(
+        str(KVGATE), "verify", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_live_url_unsafe_exits_1(live_engine: str) -> None:
+    code, out = await _kvgate("--url", live_engine, "--context-length", "1048576", "--json")
+    assert code == 1
+    assert json.loads(out)["reason"] == "KvPoolTooSmall"
+
+
+async def test_live_url_safe_for_a_context_the_pool_holds(live_engine: str) -> None:
+    code, out = await _kvgate("--url", live_engine, "--context-length", "600000")
+    # the engine's context is 1,048,576 and its pool 681,280 >= 600,000: safe
+    assert code == 0, out
+
+
+async def test_unreachable_url_exits_2() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, out = await _kvgate(
+        "--url", f"http://127.0.0.1:{port}", "--context-length", "131072", "--timeout", "1"
+    )
+    assert code == 2
+    assert out.startswith("CANNOT TELL: ")
+    assert "EngineUnreachable: engine unreachable" in out
