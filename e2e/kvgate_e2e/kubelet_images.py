@@ -1,0 +1,200 @@
+"""Which local program a container image stands for, and with which argv (pure).
+
+No image can be pulled here, so the loopback kubelet maps images to programs in the venv:
+
+* ``lmsysorg/sglang:<tag>`` → ``<venv python> -m kvgate_engine.reference <flags>``: the
+  container's ``python3 -m sglang.launch_server`` prefix is dropped and the flags are kept;
+  env ``KVGATE_GPU_MEMORY_GIB`` comes from the node, ``KVGATE_ENGINE_VERSION`` from the tag.
+* ``*/smg:<tag>`` (``ghcr.io/lightseekorg/smg``) → ``<venv>/bin/smg <args>``.
+* a repository whose last path segment ends with ``kvgate`` (the operator) → ``<venv>/bin/kvgate``.
+* anything else → the container's ``command`` + ``args`` exactly as given (so a test can run
+  ``python3 -c ...`` in a ``busybox``-named image); a container with no command is refused.
+
+Every program must listen on the pod's own IP, so any ``--host`` flag of the engine and the
+gateway is rewritten to the pod IP (and added when missing): in this world all pods share one
+network namespace, and ``0.0.0.0`` or ``127.0.0.1`` would collide across pods.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENGINE_MODULE = "kvgate_engine.reference"
+SGLANG_ENTRY = ("-m", "sglang.launch_server")
+_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+)(?:[-+.].*)?$")
+
+
+class ImageError(ValueError):
+    """The container cannot be mapped to a local program."""
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    repository: str  # "lmsysorg/sglang", "ghcr.io/lightseekorg/smg"
+    tag: str | None
+    digest: str | None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A program to run for one container."""
+
+    kind: str  # "engine" | "smg" | "kvgate" | "command"
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def parse_image(image: str) -> ImageRef:
+    """Split ``registry/repo:tag@digest``; a ``:`` inside the registry host is a port."""
+    rest, _, digest = image.partition("@")
+    last = rest.rsplit("/", 1)[-1]
+    tag: str | None = None
+    if ":" in last:
+        repo, _, tag = rest.rpartition(":")
+    else:
+        repo = rest
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
+        if repo.startswith(prefix):
+            repo = repo[len(prefix) :]
+    return ImageRef(repository=repo, tag=tag or None, digest=digest or None)
+
+
+def engine_version_from_image(image: str) -> str | None:
+    """``lmsysorg/sglang:v0.5.23`` → ``0.5.23``; ``latest``, digests and odd tags → None."""
+    tag = parse_image(image).tag
+    if tag is None:
+        return None
+    match = _VERSION_TAG.match(tag)
+    return match.group(1) if match else None
+
+
+def image_kind(image: str) -> str:
+    repo = parse_image(image).repository
+    name = repo.rsplit("/", 1)[-1]
+    if repo == "lmsysorg/sglang" or name == "sglang":
+        return "engine"
+    if name == "smg":
+        return "smg"
+    if name.endswith("kvgate"):
+        return "kvgate"
+    return "command"
+
+
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion in command/args: defined names are replaced, ``$$`` escapes
+    a ``$``, undefined references stay as written (``third_party/forked/golang/expansion``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    if name in env:
+                        out.append(env[name])
+                    else:
+                        out.append(text[i : end + 1])
+                    i = end + 1
+                    continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def rewrite_host(args: Sequence[str], pod_ip: str, flag: str = "--host") -> list[str]:
+    """Every ``--host X`` / ``--host=X`` becomes the pod IP; added when absent."""
+    out: list[str] = []
+    seen = False
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == flag:
+            out += [flag, pod_ip]
+            seen = True
+            skip = i + 1 < len(args)
+        elif arg.startswith(flag + "="):
+            out.append(f"{flag}={pod_ip}")
+            seen = True
+        else:
+            out.append(arg)
+    if not seen:
+        out += [flag, pod_ip]
+    return out
+
+
+def _strip_sglang_entry(argv: Sequence[str]) -> list[str]:
+    """Drop ``python3 -m sglang.launch_server`` (or ``sglang serve``) in front of the flags."""
+    items = list(argv)
+    for i in range(len(items) - 1):
+        if tuple(items[i : i + 2]) == SGLANG_ENTRY:
+            return items[i + 2 :]
+    if len(items) >= 2 and Path(items[0]).name == "sglang" and items[1] in ("serve", "launch"):
+        return items[2:]
+    if items and Path(items[0]).name.startswith("python"):
+        raise ImageError(
+            f"engine container runs {' '.join(items[:3])!r}; expected "
+            "`python3 -m sglang.launch_server <flags>` (set command/args that way)"
+        )
+    return items
+
+
+def _strip_program(argv: Sequence[str], program: str) -> list[str]:
+    items = list(argv)
+    if items and Path(items[0]).name == program:
+        return items[1:]
+    return items
+
+
+def launch_for(
+    image: str,
+    command: Sequence[str],
+    args: Sequence[str],
+    *,
+    pod_ip: str,
+    python: str,
+    venv_bin: str,
+    gpu_memory_gib: float | None,
+    env: Mapping[str, str] | None = None,
+) -> Launch:
+    """The local program for a container (``command``/``args`` already ``$(VAR)``-expanded)."""
+    kind = image_kind(image)
+    full = [*command, *args]
+    if kind == "engine":
+        flags = rewrite_host(_strip_sglang_entry(full), pod_ip)
+        extra: dict[str, str] = {}
+        if gpu_memory_gib is not None:
+            extra["KVGATE_GPU_MEMORY_GIB"] = _format_gib(gpu_memory_gib)
+        version = engine_version_from_image(image)
+        if version is not None:
+            extra["KVGATE_ENGINE_VERSION"] = version
+        return Launch(kind, (python, "-m", ENGINE_MODULE, *flags), extra)
+    if kind == "smg":
+        rest = rewrite_host(_strip_program(full, "smg"), pod_ip)
+        if not any(a == "--prometheus-host" or a.startswith("--prometheus-host=") for a in rest):
+            # smg's metrics listener defaults to 0.0.0.0:29000, which collides across pods here.
+            rest += ["--prometheus-host", pod_ip]
+        return Launch(kind, (f"{venv_bin}/smg", *rest))
+    if kind == "kvgate":
+        return Launch(kind, (f"{venv_bin}/kvgate", *_strip_program(full, "kvgate")))
+    if not full:
+        raise ImageError(
+            f"image {image!r} is not one the loopback kubelet knows (lmsysorg/sglang, smg, "
+            "kvgate) and the container has no command: set `command` to a local program"
+        )
+    return Launch(kind, tuple(full))
+
+
+def _format_gib(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

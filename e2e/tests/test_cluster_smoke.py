@@ -1,0 +1,211 @@
+"""Smoke tests for the e2e control plane: it starts, serves, and leaves nothing behind.
+
+Run (as root, after ``e2e/controlplane/build.sh``)::
+
+    PYTHONPATH=e2e .venv/bin/pytest -m e2e e2e/tests/test_cluster_smoke.py -v
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.cluster import Cluster, ClusterError
+from kvgate_e2e.netns import list_namespaces, netns_supported
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+
+CRD_YAML = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.smoke.kvgate.io
+spec:
+  group: smoke.kvgate.io
+  scope: Namespaced
+  names:
+    plural: widgets
+    singular: widget
+    kind: Widget
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                size:
+                  type: integer
+                  minimum: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    reason = netns_supported()
+    if reason is not None:
+        pytest.fail(f"the e2e tier needs network namespaces: {reason}")
+    with Cluster() as c:
+        yield c
+
+
+def _wait(what: str, predicate: object, timeout: float) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_apiserver_reports_ready(cluster: Cluster) -> None:
+    out = cluster.kubectl("get", "--raw", "/readyz").stdout
+    assert out.strip() == "ok"
+
+
+def test_kubectl_and_server_report_the_pinned_release(cluster: Cluster) -> None:
+    version = json.loads(cluster.kubectl("version", "--output=json").stdout)
+    assert version["clientVersion"]["gitVersion"] == "v1.37.2"
+    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    assert version["serverVersion"]["minor"] == "37"
+
+
+def test_rbac_is_enforced_for_service_accounts(cluster: Cluster) -> None:
+    allowed = cluster.kubectl(
+        "auth",
+        "can-i",
+        "list",
+        "secrets",
+        "--as=system:serviceaccount:default:default",
+        check=False,
+    )
+    assert allowed.stdout.strip() == "no"
+    assert cluster.kubectl("auth", "can-i", "*", "*").stdout.strip() == "yes"
+
+
+def test_applied_crd_becomes_established(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", "-", input=CRD_YAML)
+    cluster.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/widgets.smoke.kvgate.io",
+    )
+    created = cluster.kubectl(
+        "create",
+        "-f",
+        "-",
+        "-o",
+        "name",
+        input="apiVersion: smoke.kvgate.io/v1\nkind: Widget\n"
+        "metadata: {name: w1, namespace: default}\nspec: {size: 2}\n",
+    )
+    assert created.stdout.strip() == "widget.smoke.kvgate.io/w1"
+    rejected = cluster.kubectl(
+        "create",
+        "-f",
+        "-",
+        check=False,
+        input="apiVersion: smoke.kvgate.io/v1\nkind: Widget\n"
+        "metadata: {name: w0, namespace: default}\nspec: {size: 0}\n",
+    )
+    assert rejected.returncode != 0
+    assert "spec.size" in rejected.stderr
+
+
+def test_controller_manager_creates_default_service_account_token_path(cluster: Cluster) -> None:
+    cluster.kubectl("create", "namespace", "smoke")
+    _wait(
+        "ServiceAccount smoke/default",
+        lambda: cluster.kubectl("get", "sa", "default", "-n", "smoke", check=False).returncode == 0,
+        60,
+    )
+    token = cluster.kubectl("create", "token", "default", "-n", "smoke").stdout.strip()
+    assert token.count(".") == 2
+
+
+def test_host_process_reaches_apiserver_through_relay(cluster: Cluster) -> None:
+    from kubernetes import client
+
+    api = client.VersionApi(cluster.new_api_client())
+    assert api.get_code().git_version == "v1.37.2"
+
+
+def test_kube_proxy_serves_kubernetes_service_cluster_ip(cluster: Cluster) -> None:
+    cluster.wait_for_kubernetes_service(timeout=120)
+    eps = cluster.api_get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")
+    addresses = [a for item in eps["items"] for ep in item["endpoints"] for a in ep["addresses"]]
+    assert str(cluster.control_plane_ip) in addresses
+    # In-cluster style access: https://10.96.0.1:443 from inside the namespace.
+    out = cluster.kubectl(
+        f"--server=https://{cluster.kubernetes_service_ip}:443", "get", "--raw", "/readyz"
+    ).stdout
+    assert out.strip() == "ok"
+
+
+def test_pod_ip_allocator_adds_addresses_inside_the_namespace_only(cluster: Cluster) -> None:
+    ip = cluster.add_pod_ip()
+    assert ip.is_private and str(ip).startswith(("198.18.", "198.19."))
+    inside = cluster.run_in_netns(["ip", "-4", "addr", "show", "dev", "lo"]).stdout
+    assert f"{ip}/32" in inside
+    # The namespace has no route out: only lo and the Service CIDR.
+    routes = cluster.run_in_netns(["ip", "-4", "route"]).stdout
+    assert "default" not in routes
+
+
+def test_helm_runs_against_the_cluster(cluster: Cluster) -> None:
+    out = cluster.helm("list", "--all-namespaces", "--output=json").stdout
+    assert json.loads(out) == []
+
+
+def test_shutdown_leaves_no_process_namespace_or_directory() -> None:
+    reason = netns_supported()
+    if reason is not None:
+        pytest.fail(reason)
+    c = Cluster()
+    with c:
+        pids = list(c.component_pids().values())
+        run_dir: Path = c.run_dir
+        name = c.netns_name
+        assert name in list_namespaces()
+        # Something a kubelet would start: a stray process inside the namespace.
+        stray = c.popen_in_netns(["sleep", "300"])
+    assert stray.wait(timeout=10) is not None
+    for pid in pids:
+        assert not _alive(pid), f"process {pid} survived cluster shutdown"
+    assert name not in list_namespaces()
+    assert not run_dir.exists()
+
+
+def test_failed_start_cleans_up() -> None:
+    from kvgate_e2e.cluster import ClusterConfig
+
+    c = Cluster(ClusterConfig(extra_apiserver_args=("--no-such-flag",), start_timeout=60))
+    with pytest.raises(ClusterError, match="kube-apiserver exited"):
+        c.start()
+    assert c.netns_name not in list_namespaces()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); check its state.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

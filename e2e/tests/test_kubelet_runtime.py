@@ -1,0 +1,265 @@
+"""The loopback kubelet's pod worker with real processes on 127.0.0.x and an in-memory API.
+
+No cluster: the "apiserver" here records the status patches and the final delete, so these tests
+prove what the worker *writes* (probe-driven readiness, gate handling, restarts, deletion) in a few
+seconds. The real apiserver's side is covered by test_kubelet_smoke.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import ipaddress
+import itertools
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kvgate_e2e.kubelet_api import ApiError
+from kvgate_e2e.kubelet_runtime import MountPoints, PodWorker, RuntimeSettings
+
+GATE = "kvgate.io/engine-verified"
+_hosts = itertools.count(2)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class FakeApi:
+    """Keeps one pod; applies status patches (conditions merged by type, like the server)."""
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        self.pod = copy.deepcopy(pod)
+        self.patches: list[dict[str, Any]] = []
+        self.deletes: list[tuple[str, Any]] = []
+        self.changed = asyncio.Event()
+
+    async def patch(self, path: str, body: Any, content_type: str = "") -> Any:
+        assert path.endswith("/status")
+        self.patches.append(copy.deepcopy(body))
+        status = self.pod.setdefault("status", {})
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+        for cond in body["status"].get("conditions") or []:
+            conditions[cond["type"]] = cond
+        status.update({k: v for k, v in body["status"].items() if k != "conditions"})
+        status["conditions"] = list(conditions.values())
+        self.changed.set()
+        return copy.deepcopy(self.pod)
+
+    async def delete(self, path: str, body: Any = None) -> Any:
+        self.deletes.append((path, body))
+        self.changed.set()
+        return None
+
+    async def get(self, path: str, params: Any = None) -> Any:
+        raise ApiError("GET", path, 404, "not found")
+
+    async def create(self, path: str, body: Any) -> Any:
+        raise ApiError("POST", path, 404, "not found")
+
+
+class LoopbackAddresses:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.released: list[ipaddress.IPv4Address] = []
+
+    def add_pod_ip(self) -> ipaddress.IPv4Address:
+        return ipaddress.IPv4Address(self.host)
+
+    def release_pod_ip(self, addr: ipaddress.IPv4Address) -> None:
+        self.released.append(addr)
+
+
+class FakeHost:
+    def __init__(self, pod: dict[str, Any], run_dir: Path, session: aiohttp.ClientSession) -> None:
+        self.fake_api = FakeApi(pod)
+        self.api: Any = self.fake_api
+        self.settings = RuntimeSettings(
+            run_dir=run_dir,
+            python=sys.executable,
+            venv_bin=str(Path(sys.executable).parent),
+            ca_pem=b"",
+            service_env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+            backoff_initial=0.2,
+            backoff_max=1.0,
+            mount_namespaces=False,
+        )
+        self.addresses = LoopbackAddresses(f"127.0.0.{next(_hosts)}")
+        self.probe_session = session
+        self.done: list[str] = []
+
+    async def gpu_memory_gib(self, node: str) -> float:
+        return 24.0
+
+    def node_ip(self, node: str) -> str:
+        return "198.18.0.10"
+
+    def worker_done(self, uid: str) -> None:
+        self.done.append(uid)
+
+
+def web_pod(port: int, *, gates: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeName": "small",
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": "web",
+                "image": "python:3.11",
+                "command": ["python3", "-m", "http.server", "--bind", "$(POD_IP)", str(port)],
+                "env": [
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "GREETING", "value": "hi-$(POD_IP)"},
+                ],
+                "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 1},
+            }
+        ],
+    }
+    if gates:
+        spec["readinessGates"] = [{"conditionType": GATE}]
+    return {
+        "metadata": {"name": "web", "namespace": "ns", "uid": "uid-1", "resourceVersion": "1"},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        yield s
+
+
+async def until(host: FakeHost, what: str, check: Callable[[dict[str, Any]], bool]) -> None:
+    async def loop() -> None:
+        while not check(host.fake_api.pod):
+            host.fake_api.changed.clear()
+            await host.fake_api.changed.wait()
+
+    try:
+        await asyncio.wait_for(loop(), 20)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}; pod: {host.fake_api.pod}") from None
+
+
+def cond(pod: dict[str, Any], kind: str) -> dict[str, Any]:
+    found = [c for c in pod.get("status", {}).get("conditions", []) if c["type"] == kind]
+    return found[0] if found else {}
+
+
+def with_gate(pod: dict[str, Any], status: str, rv: str) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["metadata"]["resourceVersion"] = rv
+    conds = [c for c in out["status"]["conditions"] if c["type"] != GATE]
+    out["status"]["conditions"] = [*conds, {"type": GATE, "status": status}]
+    return out
+
+
+async def test_probed_container_with_unset_gate_is_containers_ready_but_not_ready(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    host = FakeHost(web_pod(0), tmp_path, session)
+    port = free_port(host.addresses.host)
+    host.fake_api.pod = web_pod(port)
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(
+            host, "ContainersReady", lambda p: cond(p, "ContainersReady").get("status") == "True"
+        )
+        pod = host.fake_api.pod
+        assert pod["status"]["podIP"] == host.addresses.host
+        assert pod["status"]["phase"] == "Running"
+        assert cond(pod, "Ready") | {"lastTransitionTime": None} == {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ReadinessGatesNotReady",
+            "message": f'corresponding condition of pod readiness gate "{GATE}" does not exist.',
+            "lastProbeTime": None,
+            "lastTransitionTime": None,
+        }
+        written = {c["type"] for p in host.fake_api.patches for c in p["status"]["conditions"]}
+        assert written == {"PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"}
+
+        # Someone else (the operator) sets the gate: the next event re-evaluates Ready.
+        worker.update(with_gate(pod, "True", "100"))
+        await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+        ready_at = cond(host.fake_api.pod, "Ready")["lastTransitionTime"]
+        containers_at = cond(host.fake_api.pod, "ContainersReady")["lastTransitionTime"]
+        # An out-of-date event (lower resourceVersion) must not flip anything back.
+        worker.update(with_gate(pod, "False", "50"))
+        worker.update(with_gate(host.fake_api.pod, "False", "101"))
+        await until(host, "Ready=False", lambda p: cond(p, "Ready").get("status") == "False")
+        assert cond(host.fake_api.pod, "ContainersReady")["lastTransitionTime"] == containers_at
+        assert cond(host.fake_api.pod, "Ready")["lastTransitionTime"] >= ready_at
+        log = worker.log_path("web").read_text()
+        assert "http.server" in log
+    finally:
+        worker.deleted(grace=2)
+        await asyncio.wait_for(task, 20)
+    assert host.done == ["uid-1"]
+    assert host.addresses.released == [ipaddress.IPv4Address(host.addresses.host)]
+
+
+async def test_killed_container_restarts_with_last_state_and_deletion_is_finished(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    host = FakeHost(web_pod(0), tmp_path, session)
+    port = free_port(host.addresses.host)
+    host.fake_api.pod = web_pod(port, gates=False)
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+    first_pid = worker.kill_container("web")
+    assert first_pid is not None
+
+    def restarted(p: dict[str, Any]) -> bool:
+        (cs,) = p["status"]["containerStatuses"]
+        return cs["restartCount"] == 1 and cs["ready"]
+
+    await until(host, "a restart", restarted)
+    (cs,) = host.fake_api.pod["status"]["containerStatuses"]
+    assert cs["lastState"]["terminated"]["exitCode"] == 137
+    assert cs["lastState"]["terminated"]["containerID"] == f"loopback://{first_pid}"
+    assert cs["containerID"] != f"loopback://{first_pid}"
+    second_pid = int(cs["containerID"].removeprefix("loopback://"))
+
+    deleting = copy.deepcopy(host.fake_api.pod)
+    deleting["metadata"] |= {
+        "deletionTimestamp": "2026-01-01T00:00:00Z",
+        "deletionGracePeriodSeconds": 5,
+        "resourceVersion": "200",
+    }
+    worker.update(deleting)
+    await asyncio.wait_for(task, 20)
+    assert host.fake_api.deletes == [
+        (
+            "/api/v1/namespaces/ns/pods/web",
+            {"gracePeriodSeconds": 0, "preconditions": {"uid": "uid-1"}},
+        )
+    ]
+    with pytest.raises(ProcessLookupError):
+        os.kill(second_pid, 0)
+    (cs,) = host.fake_api.pod["status"]["containerStatuses"]
+    assert "terminated" in cs["state"] and not cs["ready"]
+
+
+def test_mount_points_are_removed_only_when_the_last_kubelet_leaves(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    target = tmp_path / "run" / "secrets" / "kubernetes.io" / "serviceaccount"
+    first, second = MountPoints(registry), MountPoints(registry)
+    first.ensure(target)
+    second.ensure(target)
+    first.cleanup()
+    assert target.is_dir(), "removed while another kubelet may still mount it"
+    second.cleanup()
+    assert not (tmp_path / "run").exists()
+    assert not registry.exists()

@@ -1,0 +1,762 @@
+"""The loopback kubelet on the real control plane: nodes, pods, probes, readiness gates,
+service accounts, Services through kube-proxy, and smg's Kubernetes discovery.
+
+Run (as root, after ``e2e/controlplane/build.sh``)::
+
+    .venv/bin/pytest -m e2e e2e/tests/test_kubelet_smoke.py -v -s
+
+Measured numbers are printed with the prefix ``MEASURED``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.cluster import Cluster
+from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
+from kvgate_e2e.netns import netns_supported
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+
+GATE = "kvgate.io/engine-verified"
+ENGINE_IMAGE = "lmsysorg/sglang:v0.5.23"
+SMG_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
+SMALL_NODE = "kvgate-small-0"
+T = TypeVar("T")
+SMG_ARGS = (
+    "--host 0.0.0.0 --port 8000 --pd-disaggregation --policy round_robin"
+    " --service-discovery --service-discovery-port 30000"
+    " --prefill-selector app=pd role=prefill --decode-selector app=pd role=decode"
+    " --worker-startup-check-interval 1 --health-check-interval-secs 1"
+    " --disable-circuit-breaker --shutdown-grace-period-secs 1"
+)
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception as exc:  # the probe may race with object creation
+            last_error = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    reason = netns_supported()
+    if reason is not None:
+        pytest.fail(f"the e2e tier needs network namespaces: {reason}")
+    with Cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def kubelet(cluster: Cluster) -> Iterator[KubeletThread]:
+    nodes = [
+        f"{cluster.proxy_node_name}:pool=big:gpus=8:gpu-memory-gib=80",
+        f"{SMALL_NODE}:pool=small:gpus=8:gpu-memory-gib=24",
+    ]
+    kubelet = KubeletThread.for_cluster(cluster, nodes, backoff_initial=1.0, backoff_max=5.0)
+    with kubelet as thread:
+        cluster.wait_for_kubernetes_service()
+        yield thread
+
+
+class Kube:
+    """kubectl as the admin, with JSON in and out."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def apply(self, *objects: dict[str, Any]) -> None:
+        doc = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> Any:
+        ns = [f"--namespace={namespace}"] if namespace else []
+        return json.loads(self.cluster.kubectl("get", kind, name, *ns, "-o", "json").stdout)
+
+    def list(self, kind: str, namespace: str, selector: str = "") -> list[Any]:
+        sel = [f"--selector={selector}"] if selector else []
+        out = self.cluster.kubectl("get", kind, f"--namespace={namespace}", *sel, "-o", "json")
+        return list(json.loads(out.stdout)["items"])
+
+    def patch_gate(self, namespace: str, pod: str, status: str) -> None:
+        patch = {"status": {"conditions": [{"type": GATE, "status": status, "reason": "Test"}]}}
+        self.cluster.kubectl(
+            "patch",
+            "pod",
+            pod,
+            f"--namespace={namespace}",
+            "--subresource=status",
+            "--type=strategic",
+            f"--patch={json.dumps(patch)}",
+        )
+
+
+@pytest.fixture
+def kube(cluster: Cluster, kubelet: KubeletThread) -> Kube:
+    return Kube(cluster)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    # Deleting the namespace deletes its pods: the kubelet must stop them and finish the deletion.
+    kube.cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s")
+
+
+def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    cond = condition(pod, "Ready")
+    return cond is not None and cond.get("status") == "True"
+
+
+def ready_endpoints(kube: Kube, namespace: str, service: str) -> set[str]:
+    slices = kube.list(
+        "endpointslices.discovery.k8s.io", namespace, f"kubernetes.io/service-name={service}"
+    )
+    return {
+        addr
+        for s in slices
+        for ep in s.get("endpoints") or []
+        if (ep.get("conditions") or {}).get("ready")
+        for addr in ep["addresses"]
+    }
+
+
+def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
+            return resp.status, json.loads(text) if text.strip() else None
+    except urllib.error.HTTPError as err:
+        text = err.read().decode()
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, text
+
+
+def engine_container(role: str = "null", port: int = 30000) -> dict[str, Any]:
+    args = [
+        "--model-path",
+        "tiny-llama",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--enable-metrics",
+    ]
+    if role != "null":
+        args += ["--disaggregation-mode", role, "--disaggregation-bootstrap-port", "8998"]
+    return {
+        "name": "engine",
+        "image": ENGINE_IMAGE,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+        },
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+
+
+def service(namespace: str, name: str, selector: dict[str, str], target: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": selector, "ports": [{"port": 80, "targetPort": target}]},
+    }
+
+
+# ------------------------------------------------------------------------------------ tests
+def test_simulated_gpu_nodes_are_ready_and_heartbeat(cluster: Cluster, kube: Kube) -> None:
+    out = cluster.kubectl("get", "nodes", "-L", "kvgate.io/pool").stdout
+    print(out)
+    for name, pool, gib in ((cluster.proxy_node_name, "big", "80"), (SMALL_NODE, "small", "24")):
+        node = kube.get("node", name)
+        assert is_ready(node), f"node {name} not Ready: {node['status'].get('conditions')}"
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        assert node["metadata"]["labels"]["kvgate.io/pool"] == pool
+        assert node["metadata"]["annotations"]["kvgate.io/gpu-memory-gib"] == gib
+        assert f"{name} " in out and " Ready " in out
+    first = kube.get("lease", SMALL_NODE, "kube-node-lease")["spec"]["renewTime"]
+    wait_until(
+        "the node lease to be renewed",
+        lambda: kube.get("lease", SMALL_NODE, "kube-node-lease")["spec"]["renewTime"] != first,
+        timeout=25,
+    )
+
+
+def test_deployment_pods_run_get_ready_and_serve_through_the_service_cluster_ip(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    labels = {"app": "engines"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "engines", "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [engine_container()], "terminationGracePeriodSeconds": 5},
+            },
+        },
+    }
+    started = time.monotonic()
+    kube.apply(deployment, service(namespace, "engines", labels, 30000))
+
+    def two_ready() -> list[Any] | None:
+        pods = kube.list("pods", namespace, "app=engines")
+        return pods if len(pods) == 2 and all(is_ready(p) for p in pods) else None
+
+    pods = wait_until("two Ready engine pods", two_ready, timeout=180)
+    print(f"MEASURED deployment of 2 reference engines Ready in {time.monotonic() - started:.1f}s")
+    ips = set()
+    for pod in pods:
+        status = pod["status"]
+        assert status["phase"] == "Running"
+        assert status["podIP"].startswith("198.1")
+        assert status["hostIP"] and status["startTime"]
+        (cs,) = status["containerStatuses"]
+        assert cs["ready"] and cs["started"] and "running" in cs["state"]
+        assert cs["restartCount"] == 0
+        ips.add(status["podIP"])
+    wait_until(
+        "both pod IPs as ready endpoints",
+        lambda: ready_endpoints(kube, namespace, "engines") == ips,
+        timeout=60,
+    )
+    deployment_obj = kube.get("deployment", "engines", namespace)
+    assert deployment_obj["status"].get("readyReplicas") == 2
+
+    cluster_ip = kube.get("service", "engines", namespace)["spec"]["clusterIP"]
+    port = cluster.forward(cluster_ip, 80)
+    code, models = wait_until(
+        "the Service ClusterIP to answer",
+        lambda: http_json(f"http://127.0.0.1:{port}/v1/models", timeout=5),
+        timeout=60,
+    )
+    assert code == 200 and models["data"][0]["owned_by"] == "sglang"
+    answered_by = set()
+    for _ in range(20):
+        _, info = http_json(f"http://127.0.0.1:{port}/server_info", timeout=5)
+        answered_by.add(info["host"])
+    assert answered_by <= ips and answered_by, answered_by
+
+    # Deleting a pod: SIGTERM, the process is gone, the pod object is removed, a new one comes.
+    victim = pods[0]
+    pid = container_pid(victim, "engine")
+    assert pid is not None
+    cluster.kubectl(
+        "delete", "pod", victim["metadata"]["name"], f"--namespace={namespace}", "--wait=true"
+    )
+    wait_until("the deleted pod's process to exit", lambda: not _alive(pid), timeout=30)
+    wait_until(
+        "the ReplicaSet's replacement to be Ready",
+        lambda: (
+            (p := two_ready()) is not None
+            and victim["metadata"]["uid"] not in {x["metadata"]["uid"] for x in p}
+        ),
+        timeout=120,
+    )
+
+
+def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    labels = {"app": "gated"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gated", "namespace": namespace, "labels": labels},
+        "spec": {
+            "readinessGates": [{"conditionType": GATE}],
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "web",
+                    "image": "python:3.11-slim",
+                    "command": ["python3", "-m", "http.server", "--bind", "$(POD_IP)", "8080"],
+                    "env": [
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+                    ],
+                    "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                }
+            ],
+        },
+    }
+    kube.apply(pod, service(namespace, "gated", labels, 8080))
+
+    def containers_ready() -> Any:
+        p = kube.get("pod", "gated", namespace)
+        cr = condition(p, "ContainersReady")
+        return p if cr and cr["status"] == "True" else None
+
+    current = wait_until("the gated pod's containers to be ready", containers_ready, timeout=60)
+    ready = condition(current, "Ready")
+    assert ready is not None
+    assert (ready["status"], ready["reason"], ready["message"]) == (
+        "False",
+        "ReadinessGatesNotReady",
+        f'corresponding condition of pod readiness gate "{GATE}" does not exist.',
+    )
+    assert condition(current, GATE) is None, "the kubelet must never set a gate condition"
+    pod_ip = current["status"]["podIP"]
+    # The EndpointSlice lists it, but not as ready, so no traffic goes to it.
+    wait_until(
+        "the pod to be published as a not-ready endpoint",
+        lambda: any(
+            pod_ip in ep["addresses"] and not ep["conditions"]["ready"]
+            for s in kube.list(
+                "endpointslices.discovery.k8s.io", namespace, "kubernetes.io/service-name=gated"
+            )
+            for ep in s.get("endpoints") or []
+        ),
+        timeout=60,
+    )
+    assert pod_ip not in ready_endpoints(kube, namespace, "gated")
+
+    flipped = time.monotonic()
+    kube.patch_gate(namespace, "gated", "True")
+    after = wait_until(
+        "Ready=True after the gate turned True",
+        lambda: (p := kube.get("pod", "gated", namespace)) and is_ready(p) and p,
+        timeout=30,
+    )
+    print(f"MEASURED gate True -> pod Ready: {time.monotonic() - flipped:.2f}s")
+    assert condition(after, GATE)["status"] == "True"  # type: ignore[index]
+    wait_until(
+        "the pod as a ready endpoint",
+        lambda: pod_ip in ready_endpoints(kube, namespace, "gated"),
+        timeout=30,
+    )
+    ready_since = condition(after, "Ready")["lastTransitionTime"]  # type: ignore[index]
+    ready_cond = condition(after, "ContainersReady")
+    assert ready_cond is not None
+
+    kube.patch_gate(namespace, "gated", "False")
+    back = wait_until(
+        "Ready=False after the gate turned False",
+        lambda: (p := kube.get("pod", "gated", namespace)) and not is_ready(p) and p,
+        timeout=30,
+    )
+    ready = condition(back, "Ready")
+    assert ready is not None
+    assert ready["message"] == f'the status of pod readiness gate "{GATE}" is not "True", but False'
+    assert ready["lastTransitionTime"] >= ready_since
+    # ContainersReady did not flip, so its transition time stayed put.
+    still = condition(back, "ContainersReady")
+    assert still is not None and still["status"] == "True"
+    assert still["lastTransitionTime"] == ready_cond["lastTransitionTime"]
+    wait_until(
+        "the pod out of the ready endpoints",
+        lambda: pod_ip not in ready_endpoints(kube, namespace, "gated"),
+        timeout=30,
+    )
+
+
+SA_SCRIPT = """
+import base64, json, os
+from kubernetes import client, config
+path = "/var/run/secrets/kubernetes.io/serviceaccount"
+out = {"mounted": os.path.exists(path + "/token")}
+if out["mounted"]:
+    config.load_incluster_config()
+    v1 = client.CoreV1Api()
+    ns = open(path + "/namespace").read()
+    token = open(path + "/token").read()
+    out["claims"] = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    out["pods"] = sorted(p.metadata.name for p in v1.list_namespaced_pod(ns).items)
+    try:
+        v1.list_namespaced_secret(ns)
+        out["secrets"] = "allowed"
+    except client.ApiException as exc:
+        out["secrets"] = exc.status
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_pod_reads_its_own_token_in_cluster_and_is_held_to_its_rbac(
+    cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
+) -> None:
+    rbac = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    ]
+    for obj in rbac:
+        obj["metadata"]["namespace"] = namespace
+
+    def script_pod(name: str, automount: bool) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "serviceAccountName": "reader",
+                "automountServiceAccountToken": automount,
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "python:3.11",
+                        "command": ["python3", "-c", SA_SCRIPT],
+                    }
+                ],
+            },
+        }
+
+    kube.apply(*rbac)
+    wait_until("the ServiceAccount", lambda: kube.get("serviceaccount", "reader", namespace))
+    kube.apply(script_pod("client", True), script_pod("no-token", False))
+
+    def result(name: str) -> dict[str, Any] | None:
+        pod = kube.get("pod", name, namespace)
+        if pod["status"].get("phase") not in ("Succeeded", "Failed"):
+            return None
+        assert pod["status"]["phase"] == "Succeeded", _log(kubelet, namespace, name)
+        for line in _log(kubelet, namespace, name).splitlines():
+            if line.startswith("RESULT "):
+                return dict(json.loads(line[len("RESULT ") :]))
+        raise AssertionError(f"no RESULT line in the log of {name}")
+
+    got = wait_until("the in-cluster client pod to finish", lambda: result("client"), timeout=90)
+    assert got["mounted"] is True
+    assert got["claims"]["sub"] == f"system:serviceaccount:{namespace}:reader"
+    assert got["claims"]["kubernetes.io"]["pod"]["name"] == "client"  # bound to this pod
+    assert "client" in got["pods"]
+    assert got["secrets"] == 403
+    none = wait_until("the no-token pod to finish", lambda: result("no-token"), timeout=90)
+    assert none == {"mounted": False}
+    pod = kube.get("pod", "client", namespace)
+    ready = condition(pod, "Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("False", "PodCompleted")
+
+
+def test_engine_restart_with_smaller_gpu_memory_shrinks_the_pool(
+    cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "engine", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kvgate.io/pool": "small"},
+            "terminationGracePeriodSeconds": 2,
+            "containers": [engine_container()],
+        },
+    }
+    kube.apply(pod)
+    first = wait_until(
+        "the engine to be Ready",
+        lambda: (p := kube.get("pod", "engine", namespace)) and is_ready(p) and p,
+    )
+    ip = first["status"]["podIP"]
+    port = cluster.forward(ip, 30000)
+    _, before = http_json(f"http://127.0.0.1:{port}/server_info")
+    try:
+        pid = kubelet.call(
+            kubelet.kubelet.restart_container(namespace, "engine", "engine", gpu_memory_gib=20)
+        )
+        assert pid is not None
+        restarted = wait_until(
+            "the engine to be restarted and Ready again",
+            lambda: (
+                (p := kube.get("pod", "engine", namespace))
+                and p["status"]["containerStatuses"][0]["restartCount"] == 1
+                and is_ready(p)
+                and p
+            ),
+            timeout=120,
+        )
+        (cs,) = restarted["status"]["containerStatuses"]
+        assert cs["lastState"]["terminated"]["exitCode"] == 137
+        assert container_pid(restarted, "engine") != pid
+        assert restarted["status"]["podIP"] == ip
+        _, after = http_json(f"http://127.0.0.1:{port}/server_info")
+        pool = "max_total_num_tokens"
+        print(
+            f"MEASURED engine pool at 24 GiB: {before[pool]:,} tokens, at 20 GiB: {after[pool]:,}"
+        )
+        assert after[pool] < before[pool]
+    finally:
+        kubelet.call(kubelet.kubelet.set_gpu_memory(SMALL_NODE, 24))
+
+
+def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_not_ready(
+    cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
+) -> None:
+    app = {"app": "pd"}
+
+    def engine_pod(role: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": role,
+            "namespace": namespace,
+            "labels": app | {"role": role},
+        }
+        if role == "prefill":
+            meta["annotations"] = {"sglang.ai/bootstrap-port": "8998"}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": meta,
+            "spec": {
+                "readinessGates": [{"conditionType": GATE}],
+                "terminationGracePeriodSeconds": 2,
+                "containers": [engine_container(role)],
+            },
+        }
+
+    rbac = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "router"}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "pod-watcher"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "router"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-watcher",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "router", "namespace": namespace}],
+        },
+    ]
+    for obj in rbac:
+        obj["metadata"]["namespace"] = namespace
+    router = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "router", "namespace": namespace, "labels": {"app": "router"}},
+        "spec": {
+            "serviceAccountName": "router",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "smg",
+                    "image": SMG_IMAGE,
+                    "command": ["smg", "launch"],
+                    "args": [
+                        *SMG_ARGS.split(),
+                        f"--service-discovery-namespace={namespace}",
+                    ],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/readiness", "port": 8000},
+                        "periodSeconds": 1,
+                    },
+                }
+            ],
+        },
+    }
+    kube.apply(*rbac)
+    wait_until("the ServiceAccount", lambda: kube.get("serviceaccount", "router", namespace))
+    kube.apply(engine_pod("prefill"), engine_pod("decode"), router)
+    for role in ("prefill", "decode"):
+        wait_until(
+            f"{role} containers ready",
+            lambda r=role: (
+                (c := condition(kube.get("pod", r, namespace), "ContainersReady"))
+                and c["status"] == "True"
+            ),
+            timeout=120,
+        )
+        kube.patch_gate(namespace, role, "True")  # acting as the operator
+    router_pod = wait_until(
+        "the router pod to be Ready (a ready prefill and decode discovered)",
+        lambda: (p := kube.get("pod", "router", namespace)) and is_ready(p) and p,
+        timeout=120,
+    )
+    port = cluster.forward(router_pod["status"]["podIP"], 8000)
+    decode_ip = kube.get("pod", "decode", namespace)["status"]["podIP"]
+    _, workers = http_json(f"http://127.0.0.1:{port}/workers")
+    urls = {w["worker_type"]: w["url"] for w in workers["workers"]}
+    assert decode_ip in urls["decode"], urls
+    engine_ports = {
+        role: cluster.forward(kube.get("pod", role, namespace)["status"]["podIP"], 30000)
+        for role in ("prefill", "decode")
+    }
+    before = {role: requests_served(p) for role, p in engine_ports.items()}
+    body = {"text": "Hello", "model": "tiny-llama", "sampling_params": {"max_new_tokens": 4}}
+    code, answer = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=60)
+    assert code == 200, answer
+    assert "text" in answer
+    # One PD request: both legs reached their engine (smg sends the same body to each).
+    assert {role: requests_served(p) - before[role] for role, p in engine_ports.items()} == {
+        "prefill": 1,
+        "decode": 1,
+    }
+
+    flipped = time.monotonic()
+    kube.patch_gate(namespace, "decode", "False")
+    wait_until(
+        "the decode pod to turn NotReady",
+        lambda: not is_ready(kube.get("pod", "decode", namespace)),
+        timeout=30,
+    )
+    not_ready_after = time.monotonic() - flipped
+
+    def decode_gone() -> bool:
+        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=5)
+        return not any(
+            w["worker_type"] == "decode" and w.get("status") not in ("draining",)
+            for w in current["workers"]
+        )
+
+    wait_until("smg to stop routing to the NotReady decode worker", decode_gone, timeout=60)
+    draining_after = time.monotonic() - flipped
+
+    def decode_removed() -> bool:
+        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=5)
+        return not any(w["worker_type"] == "decode" for w in current["workers"])
+
+    wait_until("smg to remove the decode worker", decode_removed, timeout=60)
+    removed_after = time.monotonic() - flipped
+    print(
+        f"MEASURED decode gate False -> pod NotReady {not_ready_after:.2f}s, "
+        f"-> smg worker draining {draining_after:.2f}s, -> removed {removed_after:.2f}s"
+    )
+    code, _ = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=60)
+    assert code >= 500
+
+
+def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_sigterm(
+    cluster: Cluster, kube: Kube, namespace: str
+) -> None:
+    argv = [
+        sys.executable, "-m", "kvgate_e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
+        "--node", "cli-0:pool=cli:gpus=2:gpu-memory-gib=40",
+        "--run-dir", str(cluster.run_dir / "cli-kubelet"),
+        # Its own address ranges: the in-process kubelet uses the Cluster's allocator.
+        "--pod-ip-range", "198.19.200.1-198.19.200.254",
+        "--node-ip-range", "198.19.201.1-198.19.201.254",
+    ]  # fmt: skip
+    log_path = cluster.run_dir / "cli-kubelet.log"
+    with log_path.open("wb") as log_file:
+        proc = cluster.popen_in_netns(argv, stdout=subprocess.PIPE, stderr=log_file, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.strip() == READY_LINE, log_path.read_text()
+        wait_until("node cli-0 Ready", lambda: is_ready(kube.get("node", "cli-0")), timeout=30)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "cli-engine", "namespace": namespace},
+            "spec": {
+                "nodeSelector": {"kvgate.io/pool": "cli"},
+                "terminationGracePeriodSeconds": 2,
+                "containers": [engine_container()],
+            },
+        }
+        kube.apply(pod)
+        running = wait_until(
+            "the engine on the CLI kubelet to be Ready",
+            lambda: (p := kube.get("pod", "cli-engine", namespace)) and is_ready(p) and p,
+        )
+        assert running["status"]["podIP"].startswith("198.19.200.")
+        port = cluster.forward(running["status"]["podIP"], 30000)
+        _, info = http_json(f"http://127.0.0.1:{port}/server_info")
+        assert info["host"] == running["status"]["podIP"]
+        pid = container_pid(running, "engine")
+        assert pid is not None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert code == 0
+    assert not _alive(pid), "the CLI kubelet left its pod process running"
+    # Nothing runs the pod any more (as after a node loss): remove it and the node by force.
+    cluster.kubectl(
+        "delete", "pod", "cli-engine", f"--namespace={namespace}", "--force", "--grace-period=0"
+    )
+    cluster.kubectl("delete", "node", "cli-0", "--wait=true")
+
+
+def requests_served(port: int) -> float:
+    """``sglang:num_requests_total`` from an engine's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("sglang:num_requests_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("engine /metrics has no sglang:num_requests_total")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once reaped or defunct.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _log(kubelet: KubeletThread, namespace: str, pod: str) -> str:
+    path = kubelet.kubelet.log_path(namespace, pod, "main")
+    return path.read_text() if path is not None and path.exists() else ""

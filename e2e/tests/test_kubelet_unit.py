@@ -1,0 +1,491 @@
+"""Pure behaviour of the loopback kubelet: readiness math, image mapping, node syntax, phases.
+
+No cluster needed; these run in well under a second.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from kvgate_e2e.kubelet import container_pid
+from kvgate_e2e.kubelet_images import (
+    ImageError,
+    engine_version_from_image,
+    expand_vars,
+    launch_for,
+    parse_image,
+    rewrite_host,
+)
+from kvgate_e2e.kubelet_node import (
+    GPU_MEMORY_KEY,
+    NodeSpecError,
+    gpu_memory_from_node,
+    node_manifest,
+    node_status,
+    parse_node_spec,
+)
+from kvgate_e2e.kubelet_podspec import PodSpecError, field_ref_value, probe_settings, resolve_port
+from kvgate_e2e.kubelet_readiness import (
+    Condition,
+    containers_ready_condition,
+    initialized_condition,
+    kubelet_conditions_differ,
+    merge_conditions,
+    pod_ready_condition,
+)
+from kvgate_e2e.kubelet_status import (
+    RUNNING,
+    TERMINATED,
+    ContainerRecord,
+    container_status,
+    exit_code_of,
+    pod_phase,
+    restart_delay,
+    should_restart,
+)
+
+GATE = "kvgate.io/engine-verified"
+
+
+def spec(
+    *names: str, gates: tuple[str, ...] = (), init: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"containers": [{"name": n} for n in names]}
+    if gates:
+        out["readinessGates"] = [{"conditionType": g} for g in gates]
+    if init:
+        out["initContainers"] = init
+    return out
+
+
+def statuses(**ready: bool) -> list[dict[str, Any]]:
+    return [{"name": n, "ready": r} for n, r in ready.items()]
+
+
+# ---------------------------------------------------------------- readiness (generate.go)
+def test_all_containers_ready_and_no_gates_makes_pod_ready() -> None:
+    cond = pod_ready_condition(spec("engine"), [], statuses(engine=True), "Running")
+    assert cond == Condition("Ready", "True")
+
+
+def test_unready_containers_are_listed_like_go_slices() -> None:
+    cond = containers_ready_condition(
+        spec("engine", "sidecar", "metrics"),
+        statuses(engine=False, sidecar=False, metrics=True),
+        "Running",
+    )
+    assert cond == Condition(
+        "ContainersReady",
+        "False",
+        "ContainersNotReady",
+        "containers with unready status: [engine sidecar]",
+    )
+
+
+def test_unknown_and_unready_containers_are_both_reported() -> None:
+    cond = containers_ready_condition(spec("a", "b"), statuses(b=False), "Pending")
+    assert cond.message == (
+        "containers with unknown status: [a], containers with unready status: [b]"
+    )
+
+
+def test_no_container_statuses_at_all_is_unknown_container_statuses() -> None:
+    cond = pod_ready_condition(spec("engine"), [], None, "Pending")
+    assert (cond.status, cond.reason, cond.message) == ("False", "UnknownContainerStatuses", "")
+
+
+def test_ready_copies_containers_ready_when_containers_are_not_ready() -> None:
+    cond = pod_ready_condition(
+        spec("engine", gates=(GATE,)),
+        [{"type": GATE, "status": "True"}],
+        statuses(engine=False),
+        "Running",
+    )
+    assert cond == Condition(
+        "Ready", "False", "ContainersNotReady", "containers with unready status: [engine]"
+    )
+
+
+def test_missing_gate_condition_keeps_pod_unready_even_with_ready_containers() -> None:
+    cond = pod_ready_condition(spec("engine", gates=(GATE,)), [], statuses(engine=True), "Running")
+    assert cond == Condition(
+        "Ready",
+        "False",
+        "ReadinessGatesNotReady",
+        f'corresponding condition of pod readiness gate "{GATE}" does not exist.',
+    )
+
+
+def test_false_gate_condition_keeps_pod_unready() -> None:
+    cond = pod_ready_condition(
+        spec("engine", gates=(GATE,)),
+        [{"type": GATE, "status": "False", "reason": "KvPoolTooSmall"}],
+        statuses(engine=True),
+        "Running",
+    )
+    assert cond.reason == "ReadinessGatesNotReady"
+    assert cond.message == f'the status of pod readiness gate "{GATE}" is not "True", but False'
+
+
+def test_every_unmet_gate_is_reported_joined_by_comma() -> None:
+    cond = pod_ready_condition(
+        spec("engine", gates=("a.io/x", "b.io/y", "c.io/z")),
+        [{"type": "b.io/y", "status": "Unknown"}, {"type": "c.io/z", "status": "True"}],
+        statuses(engine=True),
+        "Running",
+    )
+    assert cond.message == (
+        'corresponding condition of pod readiness gate "a.io/x" does not exist., '
+        'the status of pod readiness gate "b.io/y" is not "True", but Unknown'
+    )
+
+
+def test_true_gate_and_ready_containers_make_pod_ready() -> None:
+    cond = pod_ready_condition(
+        spec("engine", gates=(GATE,)),
+        [{"type": GATE, "status": "True"}],
+        statuses(engine=True),
+        "Running",
+    )
+    assert cond.status == "True"
+
+
+def test_terminal_phases_are_pod_completed_and_pod_failed() -> None:
+    done = containers_ready_condition(spec("job"), statuses(job=False), "Succeeded")
+    failed = containers_ready_condition(spec("job"), statuses(job=False), "Failed")
+    assert (done.reason, failed.reason) == ("PodCompleted", "PodFailed")
+
+
+def test_restartable_init_containers_count_for_containers_ready() -> None:
+    pod_spec = spec(
+        "engine", init=[{"name": "proxy", "restartPolicy": "Always"}, {"name": "setup"}]
+    )
+    cond = containers_ready_condition(pod_spec, statuses(engine=True, proxy=False), "Running")
+    assert cond.message == "containers with unready status: [proxy]"
+
+
+def test_init_containers_not_finished_keep_pod_uninitialized() -> None:
+    init = [{"name": "setup"}]
+    running = initialized_condition(
+        spec("e", init=init), [{"name": "setup", "state": {"running": {}}}], "Pending"
+    )
+    done = initialized_condition(
+        spec("e", init=init),
+        [{"name": "setup", "state": {"terminated": {"exitCode": 0}}}],
+        "Running",
+    )
+    assert running == Condition(
+        "Initialized",
+        "False",
+        "ContainersNotInitialized",
+        "containers with incomplete status: [setup]",
+    )
+    assert done.status == "True"
+
+
+def test_transition_time_moves_only_when_status_flips() -> None:
+    current = [
+        {
+            "type": "Ready",
+            "status": "False",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "reason": "X",
+        },
+        {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"},
+    ]
+    desired = [Condition("Ready", "True"), Condition("ContainersReady", "True")]
+    merged = merge_conditions(current, desired, "2026-01-02T00:00:00Z")
+    by_type = {c["type"]: c for c in merged}
+    assert by_type["Ready"]["lastTransitionTime"] == "2026-01-02T00:00:00Z"
+    assert by_type["ContainersReady"]["lastTransitionTime"] == "2026-01-01T00:00:01Z"
+    assert "reason" not in by_type["Ready"]
+
+
+def test_changed_message_without_flip_is_still_written_but_keeps_transition_time() -> None:
+    current = [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ContainersNotReady",
+            "message": "containers with unready status: [engine]",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ]
+    desired = [Condition("Ready", "False", "ReadinessGatesNotReady", "gate")]
+    merged = merge_conditions(current, desired, "2026-01-02T00:00:00Z")
+    assert merged[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    assert kubelet_conditions_differ(current, merged)
+    assert not kubelet_conditions_differ(merged, merged)
+
+
+def test_merged_conditions_never_include_a_gate_condition() -> None:
+    current = [{"type": GATE, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    merged = merge_conditions(current, [Condition("Ready", "True")], "2026-01-02T00:00:00Z")
+    assert [c["type"] for c in merged] == ["Ready"]
+
+
+# ---------------------------------------------------------------- images → programs
+def test_engine_image_runs_the_reference_engine_with_the_same_flags_on_the_pod_ip() -> None:
+    launch = launch_for(
+        "lmsysorg/sglang:v0.5.23",
+        ["python3", "-m", "sglang.launch_server"],
+        ["--model-path", "/models/glm", "--host", "0.0.0.0", "--port", "30000"],
+        pod_ip="198.18.1.7",
+        python="/venv/bin/python",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=24.0,
+    )
+    assert launch.argv == (
+        "/venv/bin/python",
+        "-m",
+        "kvgate_engine.reference",
+        "--model-path",
+        "/models/glm",
+        "--host",
+        "198.18.1.7",
+        "--port",
+        "30000",
+    )
+    assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "24", "KVGATE_ENGINE_VERSION": "0.5.23"}
+
+
+def test_engine_without_host_flag_gets_the_pod_ip_and_latest_tag_sets_no_version() -> None:
+    launch = launch_for(
+        "docker.io/lmsysorg/sglang:latest",
+        [],
+        ["--model-path", "m", "--host=127.0.0.1"],
+        pod_ip="198.18.1.8",
+        python="py",
+        venv_bin="/v",
+        gpu_memory_gib=40.5,
+    )
+    assert launch.argv[3:] == ("--model-path", "m", "--host=198.18.1.8")
+    assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "40.5"}
+
+
+def test_engine_run_by_another_python_module_is_refused_with_the_way_out() -> None:
+    with pytest.raises(ImageError, match=r"sglang\.launch_server"):
+        launch_for(
+            "lmsysorg/sglang:v0.5.23",
+            ["python3", "-m", "vllm.entrypoints"],
+            [],
+            pod_ip="1.2.3.4",
+            python="py",
+            venv_bin="/v",
+            gpu_memory_gib=80,
+        )
+
+
+def test_smg_image_runs_the_smg_console_script_on_the_pod_ip() -> None:
+    launch = launch_for(
+        "ghcr.io/lightseekorg/smg:1.13.0",
+        ["smg", "launch"],
+        ["--pd-disaggregation", "--host", "0.0.0.0", "--port", "8000"],
+        pod_ip="198.18.1.9",
+        python="py",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=None,
+    )
+    assert launch.argv == (
+        "/venv/bin/smg",
+        "launch",
+        "--pd-disaggregation",
+        "--host",
+        "198.18.1.9",
+        "--port",
+        "8000",
+        "--prometheus-host",
+        "198.18.1.9",
+    )
+
+
+def test_operator_image_runs_the_kvgate_cli() -> None:
+    launch = launch_for(
+        "registry.local:5000/acme/kvgate:0.1.0",
+        [],
+        ["operator", "--namespace", "x"],
+        pod_ip="1.2.3.4",
+        python="py",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=80,
+    )
+    assert launch.argv == ("/venv/bin/kvgate", "operator", "--namespace", "x")
+
+
+def test_unknown_image_runs_its_command_and_without_command_is_refused() -> None:
+    launch = launch_for(
+        "busybox:1.36",
+        ["python3", "-c", "print(1)"],
+        [],
+        pod_ip="1",
+        python="p",
+        venv_bin="/v",
+        gpu_memory_gib=1,
+    )
+    assert launch.argv == ("python3", "-c", "print(1)")
+    with pytest.raises(ImageError, match="set `command`"):
+        launch_for("busybox:1.36", [], [], pod_ip="1", python="p", venv_bin="/v", gpu_memory_gib=1)
+
+
+@pytest.mark.parametrize(
+    ("image", "version"),
+    [
+        ("lmsysorg/sglang:v0.5.23", "0.5.23"),
+        ("lmsysorg/sglang:v0.5.20-cu129", "0.5.20"),
+        ("lmsysorg/sglang:0.5.22", "0.5.22"),
+        ("lmsysorg/sglang:latest", None),
+        ("lmsysorg/sglang@sha256:abc", None),
+        ("lmsysorg/sglang", None),
+    ],
+)
+def test_engine_version_comes_from_the_image_tag(image: str, version: str | None) -> None:
+    assert engine_version_from_image(image) == version
+
+
+def test_registry_port_is_not_mistaken_for_a_tag() -> None:
+    ref = parse_image("localhost:5000/kvgate")
+    assert (ref.repository, ref.tag) == ("localhost:5000/kvgate", None)
+
+
+def test_kubernetes_variable_expansion() -> None:
+    env = {"POD_IP": "198.18.1.2", "PORT": "30000"}
+    assert expand_vars("--host=$(POD_IP):$(PORT)", env) == "--host=198.18.1.2:30000"
+    assert expand_vars("$(MISSING) $$(POD_IP)", env) == "$(MISSING) $(POD_IP)"
+
+
+def test_rewrite_host_replaces_every_form() -> None:
+    assert rewrite_host(["--host", "0.0.0.0", "--port", "1"], "9.9.9.9") == [
+        "--host",
+        "9.9.9.9",
+        "--port",
+        "1",
+    ]
+
+
+# ---------------------------------------------------------------- nodes
+def test_node_spec_syntax_with_defaults() -> None:
+    node = parse_node_spec("small:gpus=8:gpu-memory-gib=24")
+    assert (node.name, node.pool, node.gpus, node.gpu_memory_gib) == ("small", "small", 8, 24.0)
+    pooled = parse_node_spec("big-1:pool=big:gpus=4")
+    assert (pooled.pool, pooled.gpus, pooled.gpu_memory_gib) == ("big", 4, 80.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("Big", "lowercase"),
+        ("big:gpus", "not key=value"),
+        ("big:gpu=8", "unknown key(s) gpu"),
+        ("big:gpu-memory-gib=lots", "must be a number"),
+        ("big:gpus=eight", "must be an integer"),
+    ],
+)
+def test_bad_node_specs_name_the_problem(text: str, needle: str) -> None:
+    with pytest.raises(NodeSpecError, match=re.escape(needle)):
+        parse_node_spec(text)
+
+
+def test_node_advertises_gpus_pool_and_gpu_memory() -> None:
+    node = parse_node_spec("small:gpus=8:gpu-memory-gib=24")
+    manifest = node_manifest(node)
+    labels = manifest["metadata"]["labels"]
+    assert labels["kvgate.io/pool"] == "small"
+    assert labels["kubernetes.io/hostname"] == "small"
+    assert manifest["metadata"]["annotations"][GPU_MEMORY_KEY] == "24"
+    status = node_status(node, "198.18.0.10", "t0", "t1")
+    assert status["allocatable"]["nvidia.com/gpu"] == "8"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "KubeletReady")
+    assert {"type": "InternalIP", "address": "198.18.0.10"} in status["addresses"]
+
+
+def test_gpu_memory_follows_the_node_annotation() -> None:
+    node = {"metadata": {"annotations": {GPU_MEMORY_KEY: "16"}, "labels": {GPU_MEMORY_KEY: "24"}}}
+    assert gpu_memory_from_node(node, 80.0) == 16.0
+    assert gpu_memory_from_node({"metadata": {}}, 80.0) == 80.0
+
+
+# ---------------------------------------------------------------- pod spec reading
+def test_downward_api_field_refs() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "x"}},
+        "spec": {"nodeName": "big"},
+        "status": {"podIP": "198.18.1.3", "podIPs": [{"ip": "198.18.1.3"}]},
+    }
+    assert field_ref_value(pod, "metadata.name") == "p"
+    assert field_ref_value(pod, "metadata.namespace") == "ns"
+    assert field_ref_value(pod, "status.podIP") == "198.18.1.3"
+    assert field_ref_value(pod, "metadata.labels['app']") == "x"
+    with pytest.raises(PodSpecError, match=r"spec\.bogus"):
+        field_ref_value(pod, "spec.bogus")
+
+
+def test_probe_defaults_and_named_ports() -> None:
+    probe = probe_settings({"httpGet": {"path": "/health", "port": "http"}})
+    assert (probe.period, probe.timeout, probe.success_threshold, probe.failure_threshold) == (
+        10.0,
+        1.0,
+        1,
+        3,
+    )
+    container = {"name": "engine", "ports": [{"name": "http", "containerPort": 30000}]}
+    assert resolve_port("http", container) == 30000
+    assert resolve_port(8080, container) == 8080
+    with pytest.raises(PodSpecError, match="no port named 'grpc'"):
+        resolve_port("grpc", container)
+
+
+# ---------------------------------------------------------------- statuses, phase, back-off
+def test_first_restart_is_immediate_then_back_off_doubles_to_the_cap() -> None:
+    delays = [restart_delay(n) for n in range(1, 9)]
+    assert delays == [0.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0]
+    assert [restart_delay(n, initial=0.5, maximum=2.0) for n in (2, 3, 4)] == [0.5, 1.0, 2.0]
+
+
+def test_restart_policy() -> None:
+    assert should_restart("Always", 0)
+    assert should_restart("OnFailure", 1) and not should_restart("OnFailure", 0)
+    assert not should_restart("Never", 137)
+
+
+def test_killed_process_reports_128_plus_signal() -> None:
+    assert exit_code_of(-9) == (137, 9)
+    assert exit_code_of(3) == (3, None)
+
+
+def test_phase_rules() -> None:
+    running = ContainerRecord("a", "img", state=RUNNING)
+    done_ok = ContainerRecord("b", "img", state=TERMINATED, exit_code=0)
+    done_bad = ContainerRecord("c", "img", state=TERMINATED, exit_code=1)
+    waiting = ContainerRecord("d", "img")
+    assert pod_phase("Always", [running, waiting]) == "Pending"
+    assert pod_phase("Always", [running, done_ok]) == "Running"
+    assert pod_phase("Never", [done_ok]) == "Succeeded"
+    assert pod_phase("Never", [done_ok, done_bad]) == "Failed"
+    assert pod_phase("Always", [done_bad]) == "Running"
+    assert pod_phase("Always", [running], initialized=False) == "Pending"
+    backing_off = ContainerRecord("e", "img", last_terminated={"exitCode": 1})
+    assert pod_phase("Always", [backing_off]) == "Running"
+
+
+def test_container_status_after_a_restart_carries_last_state_and_pid() -> None:
+    rec = ContainerRecord(
+        "engine", "lmsysorg/sglang:v0.5.23", state=RUNNING, started_at="t2", pid=4242
+    )
+    rec.restart_count = 1
+    rec.ready = True
+    rec.started = True
+    rec.last_terminated = {
+        "exitCode": 137,
+        "reason": "Error",
+        "startedAt": "t0",
+        "finishedAt": "t1",
+    }
+    status = container_status(rec)
+    assert status["state"] == {"running": {"startedAt": "t2"}}
+    assert status["lastState"]["terminated"]["exitCode"] == 137
+    assert (status["restartCount"], status["ready"], status["started"]) == (1, True, True)
+    assert container_pid({"status": {"containerStatuses": [status]}}, "engine") == 4242
+    assert container_pid({"status": {"containerStatuses": [status]}}, "other") is None
