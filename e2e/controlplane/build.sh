@@ -98,6 +98,11 @@ base_used_kb="$(awk '/MemTotal/{t=$2}/MemAvailable/{a=$2}END{print t-a}' /proc/m
 SAMPLER=$!
 trap 'kill "$SAMPLER" 2>/dev/null || true' EXIT
 
+progress() {
+  # `go build -v` prints one package path per line: show every 100th, and anything else (errors).
+  awk '/ |:/ {print; fflush(); next} {n++; if (n % 100 == 0) {printf "[build.sh] %d packages built (%s)\n", n, $0; fflush()}}'
+}
+
 timed() {
   # timed NAME cmd...: run with /usr/bin/time -v if present; record wall time and max RSS.
   local name="$1"
@@ -106,16 +111,16 @@ timed() {
   local start end rc=0
   start="$(date +%s)"
   if [[ -x /usr/bin/time ]]; then
-    /usr/bin/time -v -o "$tf" "$@" 2>&1 | tee -a "$LOG" || rc=$?
+    /usr/bin/time -v -o "$tf" "$@" 2>&1 | tee -a "$LOG" | progress || rc=$?
   else
-    "$@" 2>&1 | tee -a "$LOG" || rc=$?
+    "$@" 2>&1 | tee -a "$LOG" | progress || rc=$?
   fi
   end="$(date +%s)"
   local rss="n/a"
   if [[ -f "$tf" ]]; then
     rss="$(awk -F': ' '/Maximum resident set size/{printf "%.0f MiB", $2/1024}' "$tf")"
   fi
-  log "$name: exit ${rc}, wall $((end - start)) s, max single-process RSS ${rss}"
+  log "$name: exit ${rc}, wall $((end - start)) s, max single-process RSS ${rss} (/usr/bin/time)"
   echo "$name $((end - start)) ${rss}" >>"$OUT/.timings"
   return "$rc"
 }
@@ -127,12 +132,12 @@ log "step 1/3: go mod download (k8s module graph)"
 (cd "$HERE" && timed mod-download go mod download)
 
 log "step 2/3: go build kvgate-k8s (the long pole: ~15-40 min cold on 2 cores)"
-(cd "$HERE" && timed kvgate-k8s go build ${BUILD_FLAGS} -ldflags "${K8S_LDFLAGS}" -o "$OUT/kvgate-k8s.tmp" .)
+(cd "$HERE" && timed kvgate-k8s go build -v ${BUILD_FLAGS} -ldflags "${K8S_LDFLAGS}" -o "$OUT/kvgate-k8s.tmp" .)
 mv "$OUT/kvgate-k8s.tmp" "$OUT/kvgate-k8s"
 
 log "step 3/3: go install helm.sh/helm/v3/cmd/helm@${HELM_VERSION} (its own module graph)"
 # `go install pkg@version` ignores the current module; run from / to make that obvious.
-(cd / && GOBIN="$OUT/.helm-bin" timed helm go install ${BUILD_FLAGS} -ldflags "${HELM_LDFLAGS}" \
+(cd / && GOBIN="$OUT/.helm-bin" timed helm go install -v ${BUILD_FLAGS} -ldflags "${HELM_LDFLAGS}" \
   "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}")
 mv "$OUT/.helm-bin/helm" "$OUT/helm"
 rmdir "$OUT/.helm-bin"
@@ -159,3 +164,10 @@ EOF
 rm -f "$MEMPEAK_FILE"
 ln -sfn "$key" "$CACHE_ROOT/current"
 log "ok: $OUT (e2e/.build/current -> $key)"
+
+# Keep the newest KVGATE_E2E_KEEP_BUILDS builds (default 2); each is ~210 MB.
+keep="${KVGATE_E2E_KEEP_BUILDS:-2}"
+find "$CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %p\n' | sort -rn | tail -n +"$((keep + 1))" \
+  | while read -r _ old; do
+    [[ -f "$old/manifest.json" && "$old" != "$OUT" ]] && rm -rf "$old" && log "pruned old build $old"
+  done

@@ -72,7 +72,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 from kvgate_e2e.build_artifacts import Binaries, require_binaries
-from kvgate_e2e.netns import NetNamespace, TcpRelay
+from kvgate_e2e.netns import NetNamespace, TcpRelay, reap_stale_namespaces
 from kvgate_e2e.pki import FRONT_PROXY_CLIENT, PkiPaths, generate_pki
 
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
@@ -317,9 +317,12 @@ class Cluster:
         deadline = _Deadline(self.config.start_timeout)
         try:
             binaries = self.binaries
+            for name in reap_stale_namespaces():
+                print(f"kvgate-e2e: reaped stale namespace {name} of a dead run", file=sys.stderr)
             self._run_dir = Path(tempfile.mkdtemp(prefix=f"{self.netns.name}-"))
             self.log_dir.mkdir()
             self._setup_netns()
+            self.netns.record_owner(self._run_dir)
             cfg = self.config
             self._pki = generate_pki(
                 self.run_dir / "pki",

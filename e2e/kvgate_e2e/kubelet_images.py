@@ -6,7 +6,9 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
   container's ``python3 -m sglang.launch_server`` prefix is dropped and the flags are kept;
   env ``KVGATE_GPU_MEMORY_GIB`` comes from the node, ``KVGATE_ENGINE_VERSION`` from the tag.
 * ``*/smg:<tag>`` (``ghcr.io/lightseekorg/smg``) → ``<venv>/bin/smg <args>``.
-* a repository whose last path segment ends with ``kvgate`` (the operator) → ``<venv>/bin/kvgate``.
+* a repository whose last path segment ends with ``kvgate`` or ``kvgate-operator`` (the operator)
+  → ``<venv>/bin/kvgate``; with no ``command`` the image's ENTRYPOINT ``kvgate operator`` is
+  emulated (``operator/Dockerfile``), so the chart's args-only container runs as in a real cluster.
 * anything else → the container's ``command`` + ``args`` exactly as given (so a test can run
   ``python3 -c ...`` in a ``busybox``-named image); a container with no command is refused.
 
@@ -78,7 +80,7 @@ def image_kind(image: str) -> str:
         return "engine"
     if name == "smg":
         return "smg"
-    if name.endswith("kvgate"):
+    if name.endswith("kvgate") or name.endswith("kvgate-operator"):
         return "kvgate"
     return "command"
 
@@ -187,6 +189,8 @@ def launch_for(
             rest += ["--prometheus-host", pod_ip]
         return Launch(kind, (f"{venv_bin}/smg", *rest))
     if kind == "kvgate":
+        if not command and (not args or args[0] != "operator"):
+            full = ["kvgate", "operator", *args]  # the operator image's ENTRYPOINT
         return Launch(kind, (f"{venv_bin}/kvgate", *_strip_program(full, "kvgate")))
     if not full:
         raise ImageError(

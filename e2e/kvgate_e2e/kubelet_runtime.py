@@ -71,6 +71,20 @@ _MOUNT_SCRIPT = (
 )
 
 
+def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Bind-mount order in which no mount hides a later mount's source: the pod's volume
+    material lives under the run dir (often in /tmp), so an emptyDir at ``/tmp`` must be
+    mounted after every volume whose source is below /tmp. Otherwise parents before children."""
+
+    def covers(dst: str, path: str) -> bool:
+        return path == dst or path.startswith(dst.rstrip("/") + "/")
+
+    def shadows(pair: tuple[str, str]) -> bool:
+        return any(covers(pair[1], other[0]) for other in pairs if other is not pair)
+
+    return sorted(pairs, key=lambda p: (shadows(p), p[1].count("/")))
+
+
 def now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -479,7 +493,7 @@ class PodWorker:
                 if not dst.exists():
                     dst.touch()
             pairs.append((str(src), str(dst)))
-        return pairs
+        return order_mounts(pairs)
 
     # ------------------------------------------------------------ environment
     async def _container_env(self, container: Mapping[str, Any]) -> dict[str, str]:

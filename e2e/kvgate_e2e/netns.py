@@ -25,11 +25,13 @@ import ctypes
 import ctypes.util
 import errno
 import ipaddress
+import json
 import os
 import queue
 import re
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +43,7 @@ from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
+OWNER_DIR = Path("/run/kvgate-e2e")
 NAME_PREFIX = "kvgate-e2e-"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
@@ -73,6 +76,48 @@ def list_namespaces() -> list[str]:
     """Names of all named network namespaces (``ip netns list``)."""
     out = _run(["ip", "netns", "list"]).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _start_time(pid: int) -> str | None:
+    """Process start time (clock ticks since boot) from /proc, to tell a PID apart from reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(owner: dict[str, object]) -> bool:
+    pid = owner.get("pid")
+    return isinstance(pid, int) and _start_time(pid) == owner.get("start")
+
+
+def reap_stale_namespaces() -> list[str]:
+    """Delete ``kvgate-e2e-*`` namespaces (and their processes and run dirs) whose creating
+    process has died without cleaning up, e.g. a test run killed by a CI timeout.
+
+    Only namespaces with an owner record in ``/run/kvgate-e2e`` whose owner is gone are touched,
+    so concurrent runs on the same machine are left alone. Returns the names reaped.
+    """
+    reaped: list[str] = []
+    if not OWNER_DIR.is_dir():
+        return reaped
+    for record in sorted(OWNER_DIR.glob(f"{NAME_PREFIX}*.json")):
+        try:
+            owner = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        if _owner_alive(owner):
+            continue
+        ns = NetNamespace(record.stem)
+        ns._created = ns.name in list_namespaces()
+        with contextlib.suppress(NetnsError):
+            ns.delete()
+        run_dir = owner.get("run_dir")
+        if isinstance(run_dir, str) and run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        record.unlink(missing_ok=True)
+        reaped.append(ns.name)
+    return reaped
 
 
 class _SocketFactory:
@@ -136,6 +181,18 @@ class NetNamespace:
     def path(self) -> Path:
         return NETNS_RUN_DIR / self.name
 
+    @property
+    def _owner_record(self) -> Path:
+        return OWNER_DIR / f"{self.name}.json"
+
+    def record_owner(self, run_dir: Path | None = None) -> None:
+        """Note this process (and the run dir) as owner so ``reap_stale_namespaces`` can clean
+        up if we die without deleting the namespace."""
+        OWNER_DIR.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        record = {"pid": pid, "start": _start_time(pid), "run_dir": str(run_dir or "")}
+        self._owner_record.write_text(json.dumps(record))
+
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` prefixed so that it runs inside the namespace."""
         return ["ip", "netns", "exec", self.name, *argv]
@@ -144,6 +201,7 @@ class NetNamespace:
         """Create the namespace, bring ``lo`` up."""
         if self.name in list_namespaces():
             raise NetnsError(f"network namespace {self.name} already exists")
+        self.record_owner()
         _run(["ip", "netns", "add", self.name])
         self._created = True
         _run(self.exec_argv(["ip", "link", "set", "lo", "up"]))
@@ -165,7 +223,9 @@ class NetNamespace:
         if not self._created:
             return []
         proc = _run(["ip", "netns", "pids", self.name], check=False)
-        return [int(p) for p in proc.stdout.split() if p.isdigit()]
+        # Never this process: a thread of ours may have setns-ed in (and if the main thread did,
+        # `ip netns pids` lists us); we must not signal ourselves.
+        return [int(p) for p in proc.stdout.split() if p.isdigit() and int(p) != os.getpid()]
 
     def connect(self, host: str, port: int, timeout: float = 5.0) -> socket.socket:
         """A TCP connection to ``host:port`` as seen from inside the namespace."""
@@ -213,6 +273,7 @@ class NetNamespace:
         if proc.returncode != 0 and self.name in list_namespaces():
             raise NetnsError(f"could not delete network namespace {self.name}: {proc.stderr}")
         self._created = False
+        self._owner_record.unlink(missing_ok=True)
 
 
 class TcpRelay:

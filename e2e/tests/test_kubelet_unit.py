@@ -35,6 +35,7 @@ from kvgate_e2e.kubelet_readiness import (
     merge_conditions,
     pod_ready_condition,
 )
+from kvgate_e2e.kubelet_runtime import order_mounts
 from kvgate_e2e.kubelet_status import (
     RUNNING,
     TERMINATED,
@@ -314,6 +315,19 @@ def test_operator_image_runs_the_kvgate_cli() -> None:
     assert launch.argv == ("/venv/bin/kvgate", "operator", "--namespace", "x")
 
 
+def test_chart_operator_image_with_args_only_runs_its_entrypoint_kvgate_operator() -> None:
+    launch = launch_for(
+        "ghcr.io/kvgate/kvgate-operator:0.1.0",
+        [],
+        ["--metrics-port=8080", "--standalone"],
+        pod_ip="1.2.3.4",
+        python="py",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=None,
+    )
+    assert launch.argv == ("/venv/bin/kvgate", "operator", "--metrics-port=8080", "--standalone")
+
+
 def test_unknown_image_runs_its_command_and_without_command_is_refused() -> None:
     launch = launch_for(
         "busybox:1.36",
@@ -489,3 +503,14 @@ def test_container_status_after_a_restart_carries_last_state_and_pid() -> None:
     assert (status["restartCount"], status["ready"], status["started"]) == (1, True, True)
     assert container_pid({"status": {"containerStatuses": [status]}}, "engine") == 4242
     assert container_pid({"status": {"containerStatuses": [status]}}, "other") is None
+
+
+def test_an_empty_dir_at_tmp_is_mounted_after_volumes_whose_source_lives_in_tmp() -> None:
+    pairs = [
+        ("/tmp/run/pods/p/volumes/tmp", "/tmp"),
+        ("/tmp/run/pods/p/volumes/webhook-tls", "/tls"),
+        ("/tmp/run/pods/p/volumes/sa", "/var/run/secrets/kubernetes.io/serviceaccount"),
+    ]
+    ordered = order_mounts(pairs)
+    assert ordered[-1] == ("/tmp/run/pods/p/volumes/tmp", "/tmp")
+    assert set(ordered) == set(pairs)

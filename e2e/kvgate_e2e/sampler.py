@@ -1,0 +1,515 @@
+"""The invariant sampler: during a scenario, every 200 ms, is any traffic path pointing at an
+engine whose live engine does not meet its requirement?
+
+Invariant 1 of the mission says a prefill or decode pod is Ready (and so in Service endpoints and
+in the router's worker set) only while its live engine proves it holds the advertised context.
+The sampler checks exactly that, from outside, the way a user could:
+
+1. list the engine pods (their IPs and uids) in the scenario's namespace;
+2. read every engine's ``/server_info`` and ``/v1/models`` (``kvgate_engine.probe``) and judge
+   the report (``kvgate_engine.verdict.judge``) against the pod's requirement (by default the
+   ``kvgate.io/requirement`` annotation the operator stamps; a scenario without the operator
+   passes its own);
+3. then list the pods again, every EndpointSlice of the namespace, and smg's ``GET /workers`` on
+   every running router pod.
+
+A *traffic path* is a pod whose Ready condition is True, an EndpointSlice endpoint that
+kube-proxy would route to (``ready``, or ``serving`` and ``terminating``), or a gateway worker
+that is not ``draining``. A violation is a traffic path to a pod whose engine, read in step 2,
+was UNSAFE. Reading the engines *before* the routing state means a violation is never an
+artefact of ordering: the engine was already unsafe when the path was still open.
+
+An engine that could not be read (CANNOT_TELL: down, restarting, garbage) is counted but is not a
+violation: a dead engine serves nothing. A pod without a requirement cannot be judged and is
+counted as such.
+
+``decide`` is pure (plain JSON in, violations out); ``InvariantSampler`` is the thin I/O around
+it. It runs its own event loop in a thread that joined the cluster's network namespace, so it
+reaches pod IPs and the apiserver directly (no relays, no kubectl).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol, Self
+from urllib.parse import urlsplit
+
+import aiohttp
+from kvgate.gate import requirement_of
+from kvgate_engine.probe import fetch_report
+from kvgate_engine.report import EngineReport
+from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
+
+from kvgate_e2e.kubelet_api import KubeApi, KubeConfig
+
+Obj = Mapping[str, Any]
+RequirementOf = Callable[[Obj], Requirement | None]
+
+ENGINE_SELECTOR = "kvgate.io/component=engine"
+ROUTER_SELECTOR = "kvgate.io/component=router"
+CLONE_NEWNET = 0x40000000
+
+POD_READY = "pod Ready"
+ENDPOINT = "EndpointSlice endpoint"
+WORKER = "gateway worker"
+
+
+# --------------------------------------------------------------------------------- pure part
+@dataclass(frozen=True)
+class Violation:
+    """One traffic path to an engine that did not meet its requirement, at one sample."""
+
+    at: float  # monotonic seconds
+    path: str  # POD_READY | ENDPOINT | WORKER
+    via: str  # the Service's EndpointSlice or the router pod; the pod itself for POD_READY
+    pod: str  # namespace/name
+    reason: str  # the verdict's reason, e.g. KvPoolTooSmall
+    message: str  # the verdict's message with numbers
+
+    def describe(self) -> str:
+        return f"{self.path} {self.via} -> {self.pod}: {self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one sample found."""
+
+    violations: tuple[Violation, ...]
+    paths: int  # traffic paths checked
+    unreadable: tuple[str, ...]  # pods with a path whose engine could not be read (CANNOT_TELL)
+    unjudged: tuple[str, ...]  # pods with a path but no requirement
+
+
+def _key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
+
+
+def _uid(pod: Obj) -> str:
+    return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def pod_is_ready(pod: Obj) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def routable_addresses(slices: Iterable[Obj]) -> list[tuple[str, str]]:
+    """(service, address) of every endpoint kube-proxy would send traffic to: ``ready``, or
+    ``serving`` and ``terminating`` (the fallback when a Service has no ready endpoint)."""
+    out: list[tuple[str, str]] = []
+    for s in slices:
+        labels = (s.get("metadata") or {}).get("labels") or {}
+        service = str(
+            labels.get("kubernetes.io/service-name", (s.get("metadata") or {}).get("name"))
+        )
+        for ep in s.get("endpoints") or []:
+            cond = ep.get("conditions") or {}
+            # A nil `ready` means ready (discovery.k8s.io/v1 API convention).
+            ready = cond.get("ready") is not False
+            fallback = bool(cond.get("serving")) and bool(cond.get("terminating"))
+            if ready or fallback:
+                out.extend((service, str(addr)) for addr in ep.get("addresses") or [])
+    return out
+
+
+def live_workers(workers: Mapping[str, Obj]) -> list[tuple[str, str]]:
+    """(router, worker host) for every worker of every router that is not draining."""
+    out: list[tuple[str, str]] = []
+    for router, body in workers.items():
+        for worker in body.get("workers") or []:
+            if str(worker.get("status", "")).lower() == "draining":
+                continue
+            host = urlsplit(str(worker.get("url", ""))).hostname
+            if host:
+                out.append((router, host))
+    return out
+
+
+def decide(
+    *,
+    at: float,
+    probed_pods: Sequence[Obj],
+    reports: Mapping[str, EngineReport | Verdict],
+    pods: Sequence[Obj],
+    slices: Sequence[Obj],
+    workers: Mapping[str, Obj],
+    requirement_of: RequirementOf = requirement_of,
+) -> Decision:
+    """Violations in one sample (pure).
+
+    ``probed_pods`` are the pods as listed before their engines were read; ``reports`` maps a pod
+    uid to what its engine reported (or the CANNOT_TELL verdict). ``pods``, ``slices`` and
+    ``workers`` (router name -> its ``GET /workers`` body) were read after. A path is judged only
+    when the pod holding its address now is the very pod (same uid) whose engine was read.
+    """
+    probed = {_uid(p): p for p in probed_pods}
+    by_ip: dict[str, Obj] = {}
+    # A terminating pod may still hold an IP a new pod got; the live one wins.
+    for pod in sorted(pods, key=lambda p: not (p.get("metadata") or {}).get("deletionTimestamp")):
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip:
+            by_ip[str(ip)] = pod
+
+    paths: list[tuple[str, str, Obj]] = [
+        (POD_READY, _key(p), p) for p in pods if pod_is_ready(p) and _uid(p) in reports
+    ]
+    for service, address in routable_addresses(slices):
+        if address in by_ip:
+            paths.append((ENDPOINT, service, by_ip[address]))
+    for router, host in live_workers(workers):
+        if host in by_ip:
+            paths.append((WORKER, router, by_ip[host]))
+
+    violations: list[Violation] = []
+    unreadable: set[str] = set()
+    unjudged: set[str] = set()
+    checked = 0
+    for path, via, pod in paths:
+        uid = _uid(pod)
+        report = reports.get(uid)
+        if report is None or uid not in probed:
+            continue  # not an engine we read in this sample (e.g. a router, a new pod)
+        checked += 1
+        if isinstance(report, Verdict):
+            unreadable.add(_key(pod))
+            continue
+        requirement = requirement_of(probed[uid]) or requirement_of(pod)
+        if requirement is None:
+            unjudged.add(_key(pod))
+            continue
+        verdict = judge(report, requirement)
+        if verdict.outcome is Outcome.UNSAFE:
+            violations.append(Violation(at, path, via, _key(pod), verdict.reason, verdict.message))
+        elif verdict.outcome is Outcome.CANNOT_TELL:
+            unreadable.add(_key(pod))
+    return Decision(tuple(violations), checked, tuple(sorted(unreadable)), tuple(sorted(unjudged)))
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive samples in which the same path to the same pod was a violation."""
+
+    path: str
+    via: str
+    pod: str
+    reason: str
+    message: str
+    first: float
+    last: float
+    samples: int
+
+    @property
+    def seconds(self) -> float:
+        return self.last - self.first
+
+
+def windows(violations: Sequence[Violation], sample_times: Sequence[float]) -> list[Window]:
+    """Group violations into windows: a window ends at the first sample that lacks it (pure)."""
+    index = {t: i for i, t in enumerate(sample_times)}
+    open_: dict[tuple[str, str, str], tuple[Violation, Violation, int, int]] = {}
+    out: list[Window] = []
+
+    def close(first: Violation, last: Violation, count: int) -> None:
+        out.append(
+            Window(
+                first.path, first.via, first.pod, first.reason, first.message,
+                first.at, last.at, count,
+            )
+        )  # fmt: skip
+
+    for v in sorted(violations, key=lambda v: v.at):
+        key = (v.path, v.via, v.pod)
+        i = index.get(v.at, -1)
+        if key in open_:
+            first, last, count, last_i = open_[key]
+            if i == last_i + 1:
+                open_[key] = (first, v, count + 1, i)
+                continue
+            close(first, last, count)
+        open_[key] = (v, v, 1, i)
+    for first, last, count, _ in open_.values():
+        close(first, last, count)
+    return sorted(out, key=lambda w: (w.first, w.path, w.via))
+
+
+# --------------------------------------------------------------------------------- I/O part
+class ClusterLike(Protocol):
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    @property
+    def netns_name(self) -> str: ...
+
+
+@dataclass
+class SamplerStats:
+    samples: int = 0
+    failed: int = 0  # ticks whose reads failed (apiserver error, timeout)
+    paths: int = 0
+    unreadable: int = 0
+    unjudged: int = 0
+    router_errors: int = 0
+    tick_seconds: list[float] = field(default_factory=list)
+    last_error: str = ""
+
+
+class InvariantSampler:
+    """``with InvariantSampler(cluster, namespace) as sampler: ...`` samples every ``interval``
+    seconds until the block ends, then raises ``AssertionError`` listing every violation window
+    (unless ``expect_violations``). It also fails when it could not sample: no sample taken, or
+    more than a tenth of its ticks failed to read the cluster.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterLike,
+        namespace: str,
+        *,
+        engine_selector: str = ENGINE_SELECTOR,
+        router_selector: str = ROUTER_SELECTOR,
+        router_port: int = 8000,
+        engine_port: int | None = None,
+        requirement_of: RequirementOf = requirement_of,
+        interval: float = 0.2,
+        expect_violations: bool = False,
+        name: str = "",
+    ) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.engine_selector = engine_selector
+        self.router_selector = router_selector
+        self.router_port = router_port
+        self.engine_port = engine_port
+        self.requirement_of = requirement_of
+        self.interval = interval
+        self.expect_violations = expect_violations
+        self.name = name or namespace
+        self.stats = SamplerStats()
+        self.violations: list[Violation] = []
+        self.sample_times: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._crash: BaseException | None = None
+        self._first_sample = threading.Event()
+        self.started_at = 0.0
+        self.stopped_at = 0.0
+
+    # ------------------------------------------------------------ public
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        print(self.summary())
+        if exc is None:
+            self.check()
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._main, name=f"sampler-{self.name}", daemon=True)
+        self._thread.start()
+        if not self._first_sample.wait(timeout):
+            self.stop()
+            raise AssertionError(f"invariant sampler took no sample within {timeout:.0f}s")
+        if self._crash is not None:
+            raise AssertionError(f"invariant sampler failed to start: {self._crash}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+        self.stopped_at = time.monotonic()
+
+    def violation_windows(self) -> list[Window]:
+        with self._lock:
+            return windows(list(self.violations), list(self.sample_times))
+
+    def wait_for_violation(self, timeout: float) -> Violation:
+        """Block until the sampler has seen a violation (for scenarios that expect one)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.violations:
+                    return self.violations[0]
+            time.sleep(0.05)
+        raise AssertionError(f"the sampler saw no violation in {timeout:.0f}s: {self.summary()}")
+
+    def summary(self) -> str:
+        s = self.stats
+        ticks = sorted(s.tick_seconds) or [0.0]
+        p50 = ticks[len(ticks) // 2]
+        p95 = ticks[min(len(ticks) - 1, int(len(ticks) * 0.95))]
+        wall = (self.stopped_at or time.monotonic()) - self.started_at
+        lines = [
+            f"MEASURED sampler[{self.name}]: {s.samples} samples in {wall:.1f}s "
+            f"(tick p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms), {s.paths} traffic paths "
+            f"checked, {len(self.violations)} violations, {s.failed} failed ticks, "
+            f"{s.unreadable} unreadable-engine paths, {s.unjudged} unjudged, "
+            f"{s.router_errors} router read errors"
+        ]
+        for w in self.violation_windows():
+            lines.append(
+                f"  VIOLATION {w.path} {w.via} -> {w.pod} for {w.seconds:.2f}s "
+                f"({w.samples} samples, from +{w.first - self.started_at:.2f}s): "
+                f"{w.reason}: {w.message}"
+            )
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """Raise AssertionError if the sampler saw a violation or could not watch."""
+        problems: list[str] = []
+        if self._crash is not None:
+            problems.append(f"the sampler crashed: {self._crash!r}")
+        if self.stats.samples == 0:
+            problems.append("the sampler took no sample")
+        ticks = self.stats.samples + self.stats.failed
+        if ticks and self.stats.failed > ticks / 10:
+            problems.append(
+                f"{self.stats.failed} of {ticks} sampler ticks failed to read the cluster "
+                f"(last: {self.stats.last_error})"
+            )
+        if self.violations and not self.expect_violations:
+            problems.append(
+                "traffic paths pointed at engines that do not meet their requirement:\n"
+                + "\n".join(
+                    f"  {w.path} {w.via} -> {w.pod} for {w.seconds:.2f}s ({w.samples} samples):"
+                    f" {w.reason}: {w.message}"
+                    for w in self.violation_windows()
+                )
+            )
+        if problems:
+            raise AssertionError("invariant sampler: " + "; ".join(problems))
+
+    # ------------------------------------------------------------ the sampling thread
+    def _main(self) -> None:
+        try:
+            _setns_thread(Path("/run/netns") / self.cluster.netns_name)
+            asyncio.run(self._run())
+        except BaseException as exc:
+            self._crash = exc
+        finally:
+            self._first_sample.set()
+
+    async def _run(self) -> None:
+        async with (
+            KubeApi(KubeConfig(self.cluster.kubeconfig)) as api,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+        ):
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    await self._tick(api, http)
+                except Exception as exc:
+                    self.stats.failed += 1
+                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    self._first_sample.set()
+                elapsed = time.monotonic() - started
+                self.stats.tick_seconds.append(elapsed)
+                await asyncio.sleep(max(0.0, self.interval - elapsed))
+
+    async def _pods(self, api: KubeApi, selector: str) -> list[Obj]:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        body = await api.request("GET", path, params={"labelSelector": selector}, timeout=5)
+        return list(body.get("items") or [])
+
+    async def _report(
+        self, http: aiohttp.ClientSession, pod: Obj
+    ) -> tuple[str, EngineReport | Verdict]:
+        ip = pod["status"]["podIP"]
+        port = self.engine_port or _engine_port(pod)
+        report = await fetch_report(f"http://{ip}:{port}", timeout=1.0, retries=0, session=http)
+        return _uid(pod), report
+
+    async def _workers(self, http: aiohttp.ClientSession, router: Obj) -> tuple[str, Obj | None]:
+        url = f"http://{router['status']['podIP']}:{self.router_port}/workers"
+        try:
+            async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                if resp.status == 200:
+                    return _key(router), dict(await resp.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            pass
+        return _key(router), None
+
+    async def _tick(self, api: KubeApi, http: aiohttp.ClientSession) -> None:
+        engines = [
+            p
+            for p in await self._pods(api, self.engine_selector)
+            if (p.get("status") or {}).get("podIP")
+        ]
+        reports = dict(await asyncio.gather(*(self._report(http, p) for p in engines)))
+        slices_path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+        pods_now, slices, routers = await asyncio.gather(
+            self._pods(api, self.engine_selector),
+            api.request("GET", slices_path, timeout=5),
+            self._pods(api, self.router_selector),
+        )
+        running = [
+            r
+            for r in routers
+            if (r.get("status") or {}).get("podIP") and r["status"].get("phase") == "Running"
+        ]
+        answers = await asyncio.gather(*(self._workers(http, r) for r in running))
+        workers = {name: body for name, body in answers if body is not None}
+        at = time.monotonic()
+        decision = decide(
+            at=at,
+            probed_pods=engines,
+            reports=reports,
+            pods=pods_now,
+            slices=list(slices.get("items") or []),
+            workers=workers,
+            requirement_of=self.requirement_of,
+        )
+        with self._lock:
+            self.sample_times.append(at)
+            self.violations.extend(decision.violations)
+        s = self.stats
+        s.samples += 1
+        s.paths += decision.paths
+        s.unreadable += len(decision.unreadable)
+        s.unjudged += len(decision.unjudged)
+        s.router_errors += len(answers) - len(workers)
+
+
+def _engine_port(pod: Obj) -> int:
+    containers = (pod.get("spec") or {}).get("containers") or []
+    for container in containers:
+        for port in container.get("ports") or []:
+            if port.get("name") == "http":
+                return int(port["containerPort"])
+    for container in containers:
+        for port in container.get("ports") or []:
+            return int(port["containerPort"])
+    return 30000
+
+
+def _setns_thread(path: Path) -> None:
+    """Move the calling thread (only) into the network namespace at ``path``."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)

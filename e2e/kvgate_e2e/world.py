@@ -1,0 +1,441 @@
+"""The whole kvgate system on the e2e control plane: ``with World() as world: ...``.
+
+Brings up, in order: the ``Cluster`` (etcd, apiserver, controller-manager, scheduler, kube-proxy in
+a private network namespace), the loopback kubelet with two GPU node pools (``big``: 8 x 80 GiB,
+``small``: 8 x 24 GiB; label ``kvgate.io/pool``), then ``helm install kvgate charts/kvgate`` into
+``kvgate-system``. The chart's operator pod runs through the kubelet as ``kvgate operator ...``
+with its own ServiceAccount and RBAC and serves the webhook through its Service. ``__enter__``
+returns once the operator pod is Ready and the API server gets answers from the webhook. On exit
+everything is torn down (release, kubelet and its processes, control plane, namespace), also
+after a failed start.
+
+Helpers read like a user's session: ``apply(yaml)``, ``get_md(name, ns)``, ``wait_for(...)``,
+``router_request(md, body, ns)``. Everything runs as the cluster admin through the built kubectl,
+inside the namespace; the router is reached through its Service ClusterIP (kube-proxy) via a
+relay from the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self, TypeVar
+
+import yaml
+
+from kvgate_e2e.cluster import Cluster, ClusterError
+from kvgate_e2e.kubelet import KubeletThread
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kvgate"
+SAMPLES = REPO / "crds" / "samples"
+OPERATOR_NAMESPACE = "kvgate-system"
+RELEASE = "kvgate"
+BIG_POOL, SMALL_POOL = "big", "small"
+SMALL_NODE = "kvgate-small-0"
+GATE = "kvgate.io/engine-verified"
+T = TypeVar("T")
+
+# Operator environment for the e2e world: re-verify every 2 s (the CR default is 30 s) so
+# "verification never ends" is observable within a test; reconcile faster while in flight.
+E2E_OPERATOR_ENV: dict[str, str] = {
+    "KVGATE_REVERIFY_SECONDS": "2",
+    "KVGATE_RECONCILE_SECONDS": "1",
+    "KVGATE_STEADY_RECONCILE_SECONDS": "5",
+}
+
+
+class WorldError(RuntimeError):
+    """The world did not come up, or a wait ran out; the message says what and shows logs."""
+
+
+@dataclass
+class WorldConfig:
+    """Knobs for one ``World``."""
+
+    operator_env: dict[str, str] = field(default_factory=lambda: dict(E2E_OPERATOR_ENV))
+    helm_values: dict[str, Any] = field(default_factory=dict)  # merged over the world's own
+    start_timeout: float = 240.0
+    progress: IO[str] | None = None  # where to print start-up steps (the demo uses stdout)
+
+
+def chart_values(config: WorldConfig) -> dict[str, Any]:
+    """The chart values the world installs with (pure)."""
+    env: list[dict[str, Any]] = [
+        # Every pod shares one network namespace here: bind the operator's listeners to its
+        # own pod IP, as a pod in a real cluster effectively does with 0.0.0.0.
+        {"name": "KVGATE_BIND_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *({"name": k, "value": v} for k, v in sorted(config.operator_env.items())),
+    ]
+    values: dict[str, Any] = {
+        "extraEnv": env,
+        # Probe quickly so the world starts fast; the chart's defaults suit a real cluster.
+        "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 1},
+        "logFormat": "text",
+    }
+    return _deep_merge(values, config.helm_values)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class World:
+    """Cluster + loopback kubelet (two GPU pools) + kvgate installed by Helm."""
+
+    def __init__(self, config: WorldConfig | None = None) -> None:
+        self.config = config or WorldConfig()
+        self._stack = ExitStack()
+        self._cluster: Cluster | None = None
+        self._kubelet: KubeletThread | None = None
+        self._installed = False
+        self._forwards: dict[tuple[str, int], int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _say(self, text: str) -> None:
+        if self.config.progress is not None:
+            self.config.progress.write(f"[world {time.strftime('%H:%M:%S')}] {text}\n")
+            self.config.progress.flush()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self._say("starting the control plane (etcd, apiserver, controller-manager, ...)")
+        self._cluster = self._stack.enter_context(Cluster())
+        self._say(f"control plane up in network namespace {self._cluster.netns_name}")
+        nodes = [
+            f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus=8:gpu-memory-gib=80",
+            f"{SMALL_NODE}:pool={SMALL_POOL}:gpus=8:gpu-memory-gib=24",
+        ]
+        self._kubelet = KubeletThread.for_cluster(
+            self._cluster, nodes, backoff_initial=1.0, backoff_max=5.0
+        )
+        self._stack.enter_context(self._kubelet)
+        self._cluster.wait_for_kubernetes_service()
+        self._say("nodes registered: pool big (8 x 80 GiB GPUs), pool small (8 x 24 GiB GPUs)")
+        self.install()
+        self._say(f"kvgate installed and serving its webhook ({time.monotonic() - started:.0f}s)")
+
+    def stop(self) -> None:
+        """Uninstall (best effort), then stop the kubelet and the control plane."""
+        if self._installed and self._cluster is not None:
+            try:
+                self.helm("uninstall", RELEASE, f"--namespace={OPERATOR_NAMESPACE}", "--wait")
+            except Exception as exc:  # the cluster is torn down below anyway
+                print(f"world: helm uninstall failed: {exc}", file=sys.stderr)
+            self._installed = False
+        self._stack.close()
+        self._cluster = None
+        self._kubelet = None
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            raise WorldError("world not started")
+        return self._cluster
+
+    @property
+    def kubelet(self) -> KubeletThread:
+        if self._kubelet is None:
+            raise WorldError("world not started")
+        return self._kubelet
+
+    # ------------------------------------------------------------------ helm
+    def helm(self, *args: str, check: bool = True) -> str:
+        return self.cluster.helm(*args, check=check).stdout
+
+    def install(self, extra_values: Mapping[str, Any] | None = None) -> None:
+        """``helm install kvgate charts/kvgate`` and wait for the operator and its webhook."""
+        self._helm_release("install", extra_values)
+        self._installed = True
+        self.wait_operator_ready()
+
+    def upgrade(self, extra_values: Mapping[str, Any] | None = None) -> None:
+        """``helm upgrade kvgate charts/kvgate`` (same values) and wait for the operator."""
+        self._helm_release("upgrade", extra_values)
+        self.wait_operator_ready()
+
+    def uninstall(self) -> None:
+        self.helm("uninstall", RELEASE, f"--namespace={OPERATOR_NAMESPACE}", "--wait")
+        self._installed = False
+
+    def _helm_release(self, verb: str, extra_values: Mapping[str, Any] | None) -> None:
+        values = _deep_merge(chart_values(self.config), extra_values or {})
+        values_file = self.cluster.run_dir / "kvgate-values.json"
+        values_file.write_text(json.dumps(values, indent=2))
+        self._say(f"helm {verb} {RELEASE} charts/kvgate --namespace {OPERATOR_NAMESPACE}")
+        self.helm(
+            verb,
+            RELEASE,
+            str(CHART),
+            f"--namespace={OPERATOR_NAMESPACE}",
+            *(["--create-namespace"] if verb == "install" else []),
+            f"--values={values_file}",
+        )
+
+    def operator_pod(self) -> dict[str, Any] | None:
+        pods = self.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=kvgate")
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        return live[0] if live else None
+
+    def wait_operator_ready(self, timeout: float | None = None) -> None:
+        """Operator pod Ready, and the API server gets answers from the webhook (a server-side
+        dry run of an unsafe ModelDeployment is denied by ``kvgate``)."""
+        limit = timeout or self.config.start_timeout
+
+        def pod_ready() -> bool:
+            pod = self.operator_pod()
+            return pod is not None and is_ready(pod)
+
+        self.wait_for("the kvgate operator pod to be Ready", pod_ready, limit)
+        probe = unsafe_probe_md()
+
+        def webhook_answers() -> bool:
+            proc = self.kubectl(
+                "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False
+            )
+            return proc.returncode != 0 and "denied the request" in proc.stderr
+
+        self.wait_for("the kvgate webhook to deny an unsafe ModelDeployment", webhook_answers, 60)
+
+    def operator_log(self, lines: int = 80) -> str:
+        pod = self.operator_pod()
+        if pod is None:
+            return "(no operator pod)"
+        path = self.kubelet.kubelet.log_path(
+            OPERATOR_NAMESPACE, pod["metadata"]["name"], "operator"
+        )
+        if path is None or not path.exists():
+            return "(no operator log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ kubectl
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Any:
+        """The built kubectl as the admin; returns the CompletedProcess."""
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def apply(self, manifest: str | Mapping[str, Any], namespace: str | None = None) -> str:
+        """``kubectl apply -f -`` of YAML text or one object; returns kubectl's output."""
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(dict(manifest))
+        ns = [f"--namespace={namespace}"] if namespace else []
+        return str(self.kubectl("apply", *ns, "-f", "-", input=text).stdout)
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        ns = [f"--namespace={namespace}"] if namespace else []
+        proc = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr or "not found" in proc.stderr:
+                return None
+            raise ClusterError(f"kubectl get {kind} {name}: {proc.stderr}")
+        return dict(json.loads(proc.stdout))
+
+    def list(self, kind: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        sel = [f"--selector={selector}"] if selector else []
+        out = self.kubectl("get", kind, f"--namespace={namespace}", *sel, "-o", "json").stdout
+        return list(json.loads(out)["items"])
+
+    def get_md(self, name: str, namespace: str) -> dict[str, Any] | None:
+        return self.get("modeldeployments.kvgate.io", name, namespace)
+
+    def create_namespace(self, name: str) -> None:
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def delete_namespace(self, name: str, timeout: float = 180.0) -> None:
+        """Delete a namespace and wait until it is gone (its pods stopped by the kubelet)."""
+        self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+        self.wait_for(
+            f"namespace {name} to be deleted",
+            lambda: self.get("namespace", name) is None,
+            timeout,
+        )
+
+    # ------------------------------------------------------------------ waiting
+    def wait_for(self, what: str, predicate: Callable[[], T | None], timeout: float = 120.0) -> T:
+        """Poll ``predicate`` every 0.2 s until it returns something truthy (returned); on
+        timeout raise ``WorldError`` naming ``what``, the last error and the operator log."""
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while True:
+            try:
+                value = predicate()
+                if value:
+                    return value
+            except Exception as exc:  # the predicate may race with object creation
+                last_error = exc
+            if time.monotonic() > deadline:
+                detail = f"\nlast error: {last_error}" if last_error else ""
+                raise WorldError(
+                    f"timed out after {timeout:.0f}s waiting for {what}{detail}\n"
+                    f"--- operator log (tail) ---\n{self._safe_operator_log()}"
+                )
+            time.sleep(0.2)
+
+    def _safe_operator_log(self) -> str:
+        try:
+            pod = self.operator_pod()
+            status = json.dumps((pod or {}).get("status"), indent=1)[:3000]
+            return f"operator pod status: {status}\n{self.operator_log(40)}"
+        except Exception as exc:
+            return f"(operator log unavailable: {exc})"
+
+    # ------------------------------------------------------------------ traffic
+    def forward(self, host: str, port: int) -> int:
+        """A 127.0.0.1 port on the host relaying to ``host:port`` inside the namespace."""
+        key = (host, port)
+        if key not in self._forwards:
+            self._forwards[key] = self.cluster.forward(host, port)
+        return self._forwards[key]
+
+    def service_url(self, name: str, namespace: str, port: int | None = None) -> str:
+        """``http://127.0.0.1:<relay>`` reaching the Service's ClusterIP (through kube-proxy)."""
+        svc = self.get("service", name, namespace)
+        if svc is None:
+            raise WorldError(f"Service {namespace}/{name} does not exist")
+        cluster_ip = svc["spec"]["clusterIP"]
+        svc_port = port or int(svc["spec"]["ports"][0]["port"])
+        return f"http://127.0.0.1:{self.forward(cluster_ip, svc_port)}"
+
+    def router_request(
+        self,
+        md_name: str,
+        body: Mapping[str, Any],
+        namespace: str,
+        path: str = "/generate",
+        timeout: float = 60.0,
+    ) -> tuple[int, Any]:
+        """POST ``body`` to the ``<md_name>`` Service (the router); returns (HTTP status, JSON)."""
+        return http_json(self.service_url(md_name, namespace) + path, body, timeout=timeout)
+
+    def engine_url(self, pod: Mapping[str, Any], port: int = 30000) -> str:
+        return f"http://127.0.0.1:{self.forward(pod['status']['podIP'], port)}"
+
+
+# ---------------------------------------------------------------------- plain helpers
+def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
+    """GET (no body) or POST JSON; returns (status, parsed JSON or text)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        text, status = err.read().decode(), err.code
+    try:
+        return status, json.loads(text) if text.strip() else None
+    except ValueError:
+        return status, text
+
+
+def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def is_ready(obj: Mapping[str, Any]) -> bool:
+    cond = condition(obj, "Ready")
+    return cond is not None and cond.get("status") == "True"
+
+
+def ready_endpoints(world: World, namespace: str, service: str) -> set[str]:
+    slices = world.list(
+        "endpointslices.discovery.k8s.io", namespace, f"kubernetes.io/service-name={service}"
+    )
+    return {
+        addr
+        for s in slices
+        for ep in s.get("endpoints") or []
+        if (ep.get("conditions") or {}).get("ready")
+        for addr in ep["addresses"]
+    }
+
+
+def load_sample(name: str) -> dict[str, Any]:
+    """A sample ModelDeployment from ``crds/samples/<name>.yaml``."""
+    return dict(yaml.safe_load((SAMPLES / f"{name}.yaml").read_text()))
+
+
+def known_answer_body(served_model: str, max_new_tokens: int = 4) -> dict[str, Any]:
+    """A ``/generate`` body whose answer is known: the reference model copies the prompt, so
+    ``output_ids`` == the first ``max_new_tokens`` input ids. ``model`` is needed under smg's
+    Kubernetes discovery (IGW mode)."""
+    return {
+        "model": served_model,
+        "input_ids": KNOWN_PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
+    }
+
+
+KNOWN_PROMPT_IDS = [128000, 791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679]
+
+
+def output_ids(answer: Any) -> list[int] | None:
+    """``output_ids`` of a /generate answer (dict or one-element list), else None."""
+    item = answer[0] if isinstance(answer, list) and answer else answer
+    if isinstance(item, dict):
+        ids = item.get("output_ids")
+        if isinstance(ids, list):
+            return [int(x) for x in ids]
+    return None
+
+
+def unsafe_probe_md() -> dict[str, Any]:
+    """A ModelDeployment the webhook must deny: the estimated pool on 24 GiB GPUs is far below
+    its 131,072-token context (used to check that the webhook answers)."""
+    md = load_sample("llama-8b")
+    md["metadata"] = {"name": "webhook-probe", "namespace": "default"}
+    for role in ("prefill", "decode"):
+        md["spec"][role]["gpuMemoryGiB"] = 24
+    return md
+
+
+def pods_of(world: World, namespace: str, md_name: str, role: str) -> list[dict[str, Any]]:
+    return world.list("pods", namespace, f"kvgate.io/deployment={md_name},kvgate.io/role={role}")
+
+
+def names(items: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [str(i["metadata"]["name"]) for i in items]
+
+
+__all__: Sequence[str] = [
+    "World",
+    "WorldConfig",
+    "WorldError",
+    "chart_values",
+    "condition",
+    "http_json",
+    "is_ready",
+    "known_answer_body",
+    "load_sample",
+    "output_ids",
+    "ready_endpoints",
+]
