@@ -13,7 +13,10 @@
 
 On exit (also after an exception, or if start-up itself fails) it stops every process (SIGTERM,
 wait, SIGKILL), kills anything else left in the namespace (e.g. pods a loopback kubelet started),
-deletes the namespace and removes the run directory.
+deletes the namespace and removes the run directory. If a run dies without that (SIGKILL, a CI
+timeout), the next ``Cluster.start`` reaps its namespace, processes and run directory through the
+owner record in ``/run/kvgate-e2e`` (``netns.reap_stale_namespaces``); live runs are left alone.
+Set ``KVGATE_E2E_KEEP_RUN_DIR=1`` to keep the run directory (logs) for debugging.
 
 Addresses and why (all inside the private namespace; nothing is routable out of it):
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
-from kvgate_e2e.netns import list_namespaces, netns_supported
+from kvgate_e2e.netns import list_namespaces, netns_supported, reap_stale_namespaces
 
 pytestmark = [
     pytest.mark.e2e,
@@ -196,6 +198,33 @@ def test_failed_start_cleans_up() -> None:
     with pytest.raises(ClusterError, match="kube-apiserver exited"):
         c.start()
     assert c.netns_name not in list_namespaces()
+
+
+def test_namespace_of_a_killed_run_is_reaped_by_the_next_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "dead-run"
+    run_dir.mkdir()
+    script = (
+        "import subprocess, sys, time\n"
+        "from pathlib import Path\n"
+        "from kvgate_e2e.netns import NetNamespace\n"
+        "ns = NetNamespace(); ns.create(); ns.record_owner(Path(sys.argv[1]))\n"
+        "p = subprocess.Popen(ns.exec_argv(['sleep', '300']), start_new_session=True)\n"
+        "print(ns.name, p.pid, flush=True); time.sleep(300)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert owner.stdout is not None
+    name, pid = owner.stdout.readline().split()
+    owner.kill()  # dies without cleaning up, like a run killed by a CI timeout
+    owner.wait(timeout=10)
+    assert name in list_namespaces()
+
+    assert name in reap_stale_namespaces()
+    assert name not in list_namespaces()
+    assert not run_dir.exists()
+    _wait("the orphan inside the namespace to exit", lambda: not _alive(int(pid)), 10)
 
 
 def _alive(pid: int) -> bool:
