@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo lint typecheck unit conformance e2e crds venv clean
+.PHONY: test demo lint typecheck unit conformance e2e e2e-deps crds venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,7 +30,18 @@ unit: $(STAMP)
 conformance: $(STAMP)
 	$(BIN)/pytest -q -m conformance tests/conformance
 
-e2e: $(STAMP)
+# The e2e world: iproute2 + iptables (Debian), Kubernetes v1.37.2 and helm built from Go modules
+# (cached by content hash; the first build takes ~13 min on 2 cores), run as root in a private
+# network namespace.
+e2e-deps: $(STAMP)
+	@test "$$(id -u)" = 0 || { echo "the e2e tier needs root (it creates a network namespace)"; exit 1; }
+	@command -v ip >/dev/null && command -v iptables >/dev/null || { \
+	  echo "installing iproute2 and iptables from Debian"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables; }
+	e2e/controlplane/gen-replaces.py --check
+	e2e/controlplane/build.sh
+
+e2e: e2e-deps
 	$(BIN)/pytest -q e2e/tests
 
 test: lint typecheck unit conformance
@@ -39,7 +50,7 @@ crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
 	$(BIN)/python -m kvgate.chartgen
 
-demo: $(STAMP)
+demo: e2e-deps
 	$(BIN)/kvgate demo
 
 clean:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -418,6 +419,66 @@ def unsafe_probe_md() -> dict[str, Any]:
     return md
 
 
+class PodTimeline:
+    """Watches the pods of a namespace from the test process (a real watch, not polling) and
+    records, per pod, when its engine container was first seen ready and when its
+    ``kvgate.io/engine-verified`` condition was first seen True (monotonic seconds)."""
+
+    def __init__(self, world: World, namespace: str, selector: str = "") -> None:
+        self.world, self.namespace, self.selector = world, namespace, selector
+        self.container_ready: dict[str, float] = {}
+        self.verified: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-timeline", daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def _run(self) -> None:
+        from kubernetes import client, watch  # lazily: only tests measure
+
+        api = client.CoreV1Api(self.world.cluster.new_api_client())
+        watch_type: Any = watch.Watch  # the kubernetes package is untyped
+        while not self._stop.is_set():
+            stream = watch_type()
+            try:
+                for event in stream.stream(
+                    api.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self.selector,
+                    timeout_seconds=5,
+                    _request_timeout=10,
+                ):
+                    self._record(api.api_client.sanitize_for_serialization(event["object"]))
+                    if self._stop.is_set():
+                        stream.stop()
+            except Exception:  # a dropped watch is re-opened; the timeline stays monotonic
+                time.sleep(0.2)
+
+    def _record(self, pod: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        name = str(pod["metadata"]["name"])
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if any(c.get("ready") for c in statuses):
+            self.container_ready.setdefault(name, now)
+        gate = condition(pod, GATE)
+        if gate is not None and gate.get("status") == "True":
+            self.verified.setdefault(name, now)
+
+    def ready_to_verified(self) -> dict[str, float]:
+        """Seconds from engine container ready to verified, per pod seen both ways."""
+        return {
+            name: self.verified[name] - self.container_ready[name]
+            for name in self.verified
+            if name in self.container_ready
+        }
+
+
 def pods_of(world: World, namespace: str, md_name: str, role: str) -> list[dict[str, Any]]:
     return world.list("pods", namespace, f"kvgate.io/deployment={md_name},kvgate.io/role={role}")
 
@@ -427,6 +488,7 @@ def names(items: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 __all__: Sequence[str] = [
+    "PodTimeline",
     "World",
     "WorldConfig",
     "WorldError",
