@@ -37,10 +37,22 @@ class CertificateAuthority:
     def cert_pem(self) -> bytes:
         return self.certificate.public_bytes(serialization.Encoding.PEM)
 
+    @property
+    def key_pem(self) -> bytes:
+        return _private_pem(self.private_key)
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
 
 @dataclass(frozen=True)
 class ServingCertificate:
-    """A server certificate signed by `ca`, with its key."""
+    """A leaf certificate signed by `ca`, with its key."""
 
     certificate: x509.Certificate
     private_key: ec.EllipticCurvePrivateKey
@@ -52,11 +64,7 @@ class ServingCertificate:
 
     @property
     def key_pem(self) -> bytes:
-        return self.private_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        return _private_pem(self.private_key)
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,27 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def make_ca(
-    common_name: str = "kvgate-webhook-ca", *, valid_days: int = 365
+    common_name: str = "kvgate-webhook-ca",
+    *,
+    valid_days: int = 365,
+    path_length: int | None = 0,
 ) -> CertificateAuthority:
-    """A fresh CA that may sign serving certificates (and nothing deeper)."""
+    """A fresh self-signed CA (by default one that signs leaf certificates only)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = _now()
@@ -87,25 +112,53 @@ def make_ca(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + datetime.timedelta(days=valid_days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=path_length), critical=True)
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return CertificateAuthority(certificate=certificate, private_key=key)
+
+
+def issue_certificate(
+    ca: CertificateAuthority,
+    *,
+    common_name: str,
+    organization: str | None = None,
+    usages: Sequence[x509.ObjectIdentifier] = (ExtendedKeyUsageOID.SERVER_AUTH,),
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    valid_days: int = 365,
+) -> ServingCertificate:
+    """A leaf certificate signed by `ca`: a TLS server (default) or client certificate."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        subject.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    ca_ski = ca.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    now = _now()
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + datetime.timedelta(days=valid_days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(ca=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
+        )
+    )
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    certificate = builder.sign(ca.private_key, hashes.SHA256())
+    return ServingCertificate(certificate=certificate, private_key=key, ca=ca)
 
 
 def make_serving_cert(
@@ -122,44 +175,13 @@ def make_serving_cert(
     """
     if not dns_names and not ip_addresses:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    key = ec.generate_private_key(ec.SECP256R1())
-    common_name = dns_names[0] if dns_names else ip_addresses[0]
-    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-    ca_ski = ca.certificate.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    now = _now()
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca.certificate.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + datetime.timedelta(days=valid_days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
-        )
-        .sign(ca.private_key, hashes.SHA256())
+    return issue_certificate(
+        ca,
+        common_name=dns_names[0] if dns_names else ip_addresses[0],
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        valid_days=valid_days,
     )
-    return ServingCertificate(certificate=certificate, private_key=key, ca=ca)
 
 
 def write_tls_dir(directory: str | Path, serving: ServingCertificate) -> TlsFiles:
