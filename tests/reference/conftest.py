@@ -120,8 +120,9 @@ class EngineLauncher:
         input_ids: list[int],
         max_new_tokens: int,
         room: int,
+        stream: bool = False,
     ) -> tuple[Leg, Leg]:
-        return await route_pd(prefill, decode, input_ids, max_new_tokens, room)
+        return await route_pd(prefill, decode, input_ids, max_new_tokens, room, stream)
 
     async def get_json(self, url: str) -> tuple[int, Any]:
         return await get_json(url)
@@ -181,8 +182,14 @@ class Leg:
 
 
 async def post_generate(session: aiohttp.ClientSession, engine: RunningEngine, body: object) -> Leg:
+    """POST /generate; a streamed answer's body is its first `data:` event."""
     async with session.post(f"{engine.url}/generate", json=body) as response:
-        return Leg(response.status, await response.json())
+        if response.content_type != "text/event-stream":
+            return Leg(response.status, await response.json())
+        text = await response.text()
+        events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+        assert events and events[-1] == "[DONE]", text
+        return Leg(response.status, json.loads(events[0]))
 
 
 async def route_pd(
@@ -191,9 +198,11 @@ async def route_pd(
     input_ids: list[int],
     max_new_tokens: int,
     room: int,
+    stream: bool = False,
 ) -> tuple[Leg, Leg]:
     """Act as the PD router: send the same body to both legs at once; decode answers the client."""
     body = {
+        "stream": stream,
         "input_ids": input_ids,
         "sampling_params": {"max_new_tokens": max_new_tokens},
         "bootstrap_host": prefill.host,

@@ -36,12 +36,12 @@ def contains(haystack: list[int], needle: list[int]) -> bool:
 
 
 async def a_then_b(
-    engines: EngineLauncher, prefill: RunningEngine, decode: RunningEngine
+    engines: EngineLauncher, prefill: RunningEngine, decode: RunningEngine, stream: bool = False
 ) -> tuple[Leg, Leg, Leg]:
     _, a_decode = await engines.route_pd(prefill, decode, REQUEST_A, 4, room=1)
     assert a_decode.status == 200, a_decode.body
     assert a_decode.body["output_ids"] == REQUEST_A[:4]
-    b_prefill, b_decode = await engines.route_pd(prefill, decode, REQUEST_B, 40, room=2)
+    b_prefill, b_decode = await engines.route_pd(prefill, decode, REQUEST_B, 40, 2, stream)
     return a_decode, b_prefill, b_decode
 
 
@@ -83,3 +83,28 @@ async def test_fixed_decode_refuses_an_incomplete_transfer_from_an_old_prefill(
     assert b_decode.status == 500
     assert "received 1 of 800 reserved tokens" in b_decode.body["error"]["message"]
     assert "output_ids" not in b_decode.body
+
+
+async def test_streamed_over_length_request_is_rejected_in_band_behind_a_200_head(
+    engines: EngineLauncher,
+) -> None:
+    """SGLang commits a stream's 200 head before the scheduler runs, so the prefill's rejection
+    travels inside the stream. A gateway that checks only the legs' heads relays decode's stream:
+    with pre-fix engines it carries request A's canary, every head saying 200."""
+    prefill, decode = await start_pair(engines, EMULATE, EMULATE)
+    _, b_prefill, b_decode = await a_then_b(engines, prefill, decode, stream=True)
+
+    assert (b_prefill.status, b_decode.status) == (200, 200)
+    assert "exceeds the maximum allowed length" in b_prefill.body["error"]["message"]
+    assert contains(b_decode.body["output_ids"], CANARY), b_decode.body
+
+
+async def test_fixed_engines_reject_a_streamed_over_length_request_without_output(
+    engines: EngineLauncher,
+) -> None:
+    prefill, decode = await start_pair(engines, {}, {})
+    _, b_prefill, b_decode = await a_then_b(engines, prefill, decode, stream=True)
+
+    assert b_decode.body["error"]["code"] == 400
+    assert "output_ids" not in b_decode.body
+    assert "output_ids" not in b_prefill.body

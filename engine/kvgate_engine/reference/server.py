@@ -221,10 +221,22 @@ def parse_generate(body: object, state: ServerState) -> GenerateRequest:
     )
 
 
-async def _run(
-    request: web.Request, parse: Callable[[object, ServerState], GenerateRequest]
-) -> tuple[GenerateResult, dict[str, Any]] | web.Response:
-    """Parse a body and generate; an error becomes SGLang's error response."""
+Render = Callable[[GenerateResult, dict[str, Any], ServerState], dict[str, Any]]
+
+
+async def _serve(
+    request: web.Request,
+    parse: Callable[[object, ServerState], GenerateRequest],
+    render: Render,
+) -> web.StreamResponse:
+    """Parse a body, generate, answer like SGLang's HTTP server.
+
+    A malformed body is refused before anything else (FastAPI validates it first). A streaming
+    request then gets its 200 head at once, as SGLang's StreamingResponse does, and any later
+    rejection (tokenizer, scheduler, transfer) travels in-band as ``data: {"error": ...}``. That
+    is why a gateway that waits only for both legs' heads relays a stream whose prefill leg was
+    rejected: the incident's path, reproduced faithfully.
+    """
     state = request.app[STATE]
     if state.phase != "ready":
         return error_response(f"engine is {state.phase}", 503)
@@ -236,10 +248,24 @@ async def _run(
         generate = parse(body, state)
     except BadRequest as error:
         return error_response(str(error), 400)
+    assert isinstance(body, dict)  # parse() accepts only objects
+    if not body.get("stream"):
+        try:
+            result = await state.engine.generate(generate)
+        except GenerateError as error:
+            return error_response(error.message, error.status)
+        return web.json_response(render(result, body, state))
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
     try:
-        return await state.engine.generate(generate), body
+        event = render(await state.engine.generate(generate), body, state)
     except GenerateError as error:
-        return error_response(error.message, error.status)
+        event = {"error": {"message": error.message, "code": error.status}}
+    # The whole answer in one event: enough for clients and routers that read SSE.
+    await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def detokenize(output_ids: list[int]) -> str:
@@ -247,29 +273,17 @@ def detokenize(output_ids: list[int]) -> str:
     return bytes(t for t in output_ids if t < 256).decode(errors="replace")
 
 
-async def _respond(
-    request: web.Request, payload: dict[str, Any], stream: bool
-) -> web.StreamResponse:
-    if not stream:
-        return web.json_response(payload)
-    # The whole answer in one event: enough for clients and routers that read SSE.
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+def render_generate(
+    result: GenerateResult, body: dict[str, Any], state: ServerState
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {"output_ids": result.output_ids, "meta_info": result.meta_info()}
+    if not state.launch["skip_tokenizer_init"]:
+        payload["text"] = detokenize(result.output_ids)
+    return payload
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
-    outcome = await _run(request, parse_generate)
-    if isinstance(outcome, web.Response):
-        return outcome
-    result, body = outcome
-    payload: dict[str, Any] = {"output_ids": result.output_ids, "meta_info": result.meta_info()}
-    if not request.app[STATE].launch["skip_tokenizer_init"]:
-        payload["text"] = detokenize(result.output_ids)
-    return await _respond(request, payload, bool(body.get("stream")))
+    return await _serve(request, parse_generate, render_generate)
 
 
 def _openai_prompt(body: dict[str, Any], chat: bool) -> str | list[int]:
@@ -321,11 +335,14 @@ async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
-    outcome = await _run(request, lambda body, state: parse_openai(body, state, chat=chat))
-    if isinstance(outcome, web.Response):
-        return outcome
-    result, body = outcome
-    state = request.app[STATE]
+    return await _serve(
+        request,
+        lambda body, state: parse_openai(body, state, chat=chat),
+        lambda result, body, state: render_openai(result, state, chat=chat),
+    )
+
+
+def render_openai(result: GenerateResult, state: ServerState, *, chat: bool) -> dict[str, Any]:
     text = detokenize(result.output_ids)
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "length"}
     if chat:
@@ -344,7 +361,7 @@ async def _openai(request: web.Request, *, chat: bool) -> web.StreamResponse:
             "total_tokens": result.prompt_tokens + len(result.output_ids),
         },
     }
-    return await _respond(request, payload, bool(body.get("stream")))
+    return payload
 
 
 async def handle_health(request: web.Request) -> web.Response:
