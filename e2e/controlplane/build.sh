@@ -5,9 +5,12 @@
 #   e2e/controlplane/build.sh --force    rebuild even if the cache exists
 #   e2e/controlplane/build.sh --print-dir   print the cache dir this checkout would use
 #
-# Output: e2e/.build/<key>/{kvgate-k8s,helm,manifest.json}, and the symlink e2e/.build/current.
-# <key> hashes go.mod, go.sum, the Go sources, the Go version and every build flag, so any change
-# rebuilds and an unchanged tree costs nothing. GOMODCACHE/GOCACHE are left at their defaults so
+# Output: <cache root>/<key>/{kvgate-k8s,helm,manifest.json}, and this checkout's symlink
+# e2e/.build/current -> <cache root>/<key> (git-ignored). The cache root is outside the clone,
+# ${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/e2e-build (override: KVGATE_E2E_BUILD_ROOT), so a fresh
+# clone reuses an earlier clone's build. <key> hashes go.mod, go.sum, the Go sources, the Go
+# version and every build flag, so sharing is safe: any change rebuilds, an unchanged tree costs
+# nothing, and each checkout's `current` link names the build of its own sources. GOMODCACHE/GOCACHE are left at their defaults so
 # modules and compiled packages persist across runs. Timing and peak memory go to <key>/build.log.
 #
 # Environment: K8S_GIT_VERSION (default v1.37.2), HELM_VERSION (default v3.22.0),
@@ -16,7 +19,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 E2E="$(dirname "$HERE")"
-CACHE_ROOT="${KVGATE_E2E_BUILD_ROOT:-$E2E/.build}"
+CACHE_ROOT="${KVGATE_E2E_BUILD_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/e2e-build}"
+LINK_DIR="$E2E/.build"  # per checkout: holds the `current` link only
 
 K8S_GIT_VERSION="${K8S_GIT_VERSION:-v1.37.2}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
@@ -28,7 +32,7 @@ for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
     --print-dir) PRINT_DIR=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $a" >&2; exit 2 ;;
   esac
 done
@@ -54,7 +58,10 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   X+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${build_date}"
 done
 K8S_LDFLAGS="-s -w${X}"
+# chartutil.k8sVersionMajor/Minor: the Kubernetes version helm assumes without a cluster
+# (`helm template`, `helm lint`); plain `go install` leaves helm's v1.20 default.
 HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+HELM_LDFLAGS+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major} -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}"
 BUILD_FLAGS="-p ${PAR} -trimpath"
 
 key="$(
@@ -72,9 +79,14 @@ if [[ $PRINT_DIR == 1 ]]; then
   exit 0
 fi
 
+link_current() {
+  mkdir -p "$LINK_DIR"
+  ln -sfn "$OUT" "$LINK_DIR/current"
+}
+
 if [[ $FORCE == 0 && -x "$OUT/kvgate-k8s" && -x "$OUT/helm" && -f "$OUT/manifest.json" ]]; then
-  ln -sfn "$key" "$CACHE_ROOT/current"
-  echo "build.sh: cache hit: $OUT (e2e/.build/current -> $key)"
+  link_current
+  echo "build.sh: cache hit: $OUT (e2e/.build/current -> $OUT)"
   exit 0
 fi
 
@@ -162,11 +174,12 @@ cat >"$OUT/manifest.json" <<EOF
 }
 EOF
 rm -f "$MEMPEAK_FILE"
-ln -sfn "$key" "$CACHE_ROOT/current"
-log "ok: $OUT (e2e/.build/current -> $key)"
+link_current
+log "ok: $OUT (e2e/.build/current -> $OUT)"
 
-# Keep the newest KVGATE_E2E_KEEP_BUILDS builds (default 2); each is ~210 MB.
-keep="${KVGATE_E2E_KEEP_BUILDS:-2}"
+# Keep the newest KVGATE_E2E_KEEP_BUILDS builds (default 3, as clones of other revisions may
+# share the cache); each is ~210 MB. A pruned build is rebuilt (mostly from GOCACHE) on demand.
+keep="${KVGATE_E2E_KEEP_BUILDS:-3}"
 find "$CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d -printf '%T@ %p\n' | sort -rn | tail -n +"$((keep + 1))" \
   | while read -r _ old; do
     [[ -f "$old/manifest.json" && "$old" != "$OUT" ]] && rm -rf "$old" && log "pruned old build $old"

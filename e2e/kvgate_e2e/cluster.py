@@ -20,10 +20,11 @@ Set ``KVGATE_E2E_KEEP_RUN_DIR=1`` to keep the run directory (logs) for debugging
 
 Addresses and why (all inside the private namespace; nothing is routable out of it):
 
-* Service CIDR ``10.96.0.0/16`` (kubeadm's default), routed to ``lo``. The ``kubernetes``
-  Service gets 10.96.0.1, and kube-proxy DNATs it to the apiserver, so in-cluster clients
-  (``KUBERNETES_SERVICE_HOST=10.96.0.1``) work exactly as in a real cluster. A 127/8 Service
-  range would also validate, but with a real kube-proxy there is no reason to be unusual.
+* Service CIDR ``198.19.0.0/16``, routed to ``lo``. The ``kubernetes`` Service gets
+  198.19.0.1, and kube-proxy DNATs it to the apiserver, so in-cluster clients
+  (``KUBERNETES_SERVICE_HOST=198.19.0.1``) work exactly as in a real cluster. It is in the same
+  never-routed RFC 2544 range as everything else here, so no 10.x (or other possibly real)
+  address is ever used, not even inside the namespace.
 * Control plane ``198.18.0.1``: the apiserver binds and advertises it. Because it is not
   loopback, the default ``lease`` endpoint reconciler can publish it in the ``kubernetes``
   Endpoints/EndpointSlice (127/8 is rejected there), so ``--endpoint-reconciler-type=none`` is
@@ -31,7 +32,7 @@ Addresses and why (all inside the private namespace; nothing is routable out of 
   ``https://198.18.0.1:6443`` is the apiserver; fixed ports are fine because the namespace is
   ours alone.
 * Nodes ``198.18.0.10-198.18.0.254`` (``add_node_ip``) and pods from ``198.18.1.0`` up to
-  ``198.19.255.254`` (``add_pod_ip``): /32s on ``lo``, in the RFC 2544 range that passes
+  ``198.18.255.254`` (``add_pod_ip``): /32s on ``lo``, in the RFC 2544 range that passes
   EndpointSlice validation.
 
 How the test process (which stays in the host namespace) reaches the cluster:
@@ -82,10 +83,10 @@ KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
 _PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 
 
-DEFAULT_SERVICE_CIDR = ipaddress.IPv4Network("10.96.0.0/16")
+DEFAULT_SERVICE_CIDR = ipaddress.IPv4Network("198.19.0.0/16")
 DEFAULT_CONTROL_PLANE_IP = ipaddress.IPv4Address("198.18.0.1")
 DEFAULT_NODE_IPS = (ipaddress.IPv4Address("198.18.0.10"), ipaddress.IPv4Address("198.18.0.254"))
-DEFAULT_POD_IPS = (ipaddress.IPv4Address("198.18.1.0"), ipaddress.IPv4Address("198.19.255.254"))
+DEFAULT_POD_IPS = (ipaddress.IPv4Address("198.18.1.0"), ipaddress.IPv4Address("198.18.255.254"))
 
 
 class ClusterError(RuntimeError):
@@ -512,7 +513,7 @@ class Cluster:
         self._wait(description, _Deadline(timeout), predicate)
 
     def wait_for_kubernetes_service(self, timeout: float = 90.0) -> None:
-        """Wait until kube-proxy serves the ``kubernetes`` Service ClusterIP (10.96.0.1:443)."""
+        """Wait until kube-proxy serves the ``kubernetes`` Service ClusterIP (198.19.0.1:443)."""
 
         def ok() -> bool:
             status, _ = self._https_get(

@@ -567,7 +567,7 @@ def _ip_range(text: str) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
     first, sep, last = text.partition("-")
     if not sep:
         raise argparse.ArgumentTypeError(
-            f"{text!r}: expected FIRST-LAST, e.g. 198.18.1.0-198.19.255.254"
+            f"{text!r}: expected FIRST-LAST, e.g. 198.18.1.0-198.18.255.254"
         )
     return ipaddress.IPv4Address(first), ipaddress.IPv4Address(last)
 
@@ -594,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--run-dir", type=Path, help="pod logs and volumes (default: a temp dir)")
     parser.add_argument(
-        "--pod-ip-range", type=_ip_range, default=_ip_range("198.18.1.0-198.19.255.254")
+        "--pod-ip-range", type=_ip_range, default=_ip_range("198.18.1.0-198.18.255.254")
     )
     parser.add_argument(
         "--node-ip-range", type=_ip_range, default=_ip_range("198.18.0.10-198.18.0.254")

@@ -210,6 +210,14 @@ class World:
         """Operator pod Ready, and the API server gets answers from the webhook (a server-side
         dry run of an unsafe ModelDeployment is denied by ``kvgate``)."""
         limit = timeout or self.config.start_timeout
+        # The Deployment's rollout first: after an upgrade the old pod may still look Ready.
+        self.kubectl(
+            "rollout",
+            "status",
+            f"deployment/{RELEASE}",
+            f"--namespace={OPERATOR_NAMESPACE}",
+            f"--timeout={int(limit)}s",
+        )
 
         def pod_ready() -> bool:
             pod = self.operator_pod()

@@ -87,7 +87,7 @@ class FakeHost:
             python=sys.executable,
             venv_bin=str(Path(sys.executable).parent),
             ca_pem=b"",
-            service_env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"},
+            service_env={"KUBERNETES_SERVICE_HOST": "198.19.0.1"},
             backoff_initial=0.2,
             backoff_max=1.0,
             mount_namespaces=False,

@@ -688,9 +688,9 @@ def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_si
         sys.executable, "-m", "kvgate_e2e.kubelet", "--kubeconfig", str(cluster.kubeconfig),
         "--node", "cli-0:pool=cli:gpus=2:gpu-memory-gib=40",
         "--run-dir", str(cluster.run_dir / "cli-kubelet"),
-        # Its own address ranges: the in-process kubelet uses the Cluster's allocator.
-        "--pod-ip-range", "198.19.200.1-198.19.200.254",
-        "--node-ip-range", "198.19.201.1-198.19.201.254",
+        # Its own address ranges (the in-process kubelet allocates from 198.18.1.0 upwards).
+        "--pod-ip-range", "198.18.250.1-198.18.250.254",
+        "--node-ip-range", "198.18.251.1-198.18.251.254",
     ]  # fmt: skip
     log_path = cluster.run_dir / "cli-kubelet.log"
     with log_path.open("wb") as log_file:
@@ -715,7 +715,7 @@ def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_si
             "the engine on the CLI kubelet to be Ready",
             lambda: (p := kube.get("pod", "cli-engine", namespace)) and is_ready(p) and p,
         )
-        assert running["status"]["podIP"].startswith("198.19.200.")
+        assert running["status"]["podIP"].startswith("198.18.250.")
         port = cluster.forward(running["status"]["podIP"], 30000)
         _, info = http_json(f"http://127.0.0.1:{port}/server_info")
         assert info["host"] == running["status"]["podIP"]

@@ -206,6 +206,15 @@ def router_argv(md: ModelDeployment, revision: str) -> list[str]:
         "0.0.0.0",
         "--port",
         str(spec.router.port),
+        # A discovered pod is Ready only once kvgate verified it, so its /health already
+        # answers; if smg's first start-up check still misses, its default 30 s retry would
+        # keep a verified engine out of traffic that long (and after every re-verification).
+        "--worker-startup-check-interval",
+        "1",
+        # smg drains in-flight requests for up to 180 s on SIGTERM by default; finish within
+        # the pod's grace period instead of being SIGKILLed mid-drain.
+        "--shutdown-grace-period-secs",
+        str(TERMINATION_GRACE_SECONDS - 10),
         *spec.router.args,
     ]
 

@@ -193,6 +193,11 @@ def configure_logging(settings: OperatorSettings) -> None:
         log_refkey="k8s",
     )
     logging.getLogger("kvgate").setLevel(settings.log_level)
+    if settings.log_level != "DEBUG":
+        # One line per probe (/healthz every few seconds) and one "Handler ... succeeded" per
+        # watch event drown kvgate's own transition logs; warnings and errors still show.
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def run(args: argparse.Namespace) -> int:

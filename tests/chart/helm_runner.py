@@ -10,26 +10,31 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kvgate_e2e import build_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvgate"
-BUILD_DIR = ROOT / "e2e" / ".build"
 # The e2e control plane's version. A helm built with plain `go install` defaults to v1.20.
 KUBE_VERSION = "v1.37.2"
 
 
 def find_helm() -> Path | None:
-    """KVGATE_HELM, else e2e/.build/current/helm, else the newest e2e/.build/*/helm, else PATH."""
+    """KVGATE_HELM, else the e2e build's helm (``kvgate_e2e.build_artifacts``: this checkout's
+    build in the shared cache), else the newest helm in that cache, else PATH."""
     named = os.environ.get("KVGATE_HELM")
     if named:
         path = Path(named)
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise FileNotFoundError(f"KVGATE_HELM={named} is not an executable file")
         return path
-    current = BUILD_DIR / "current" / "helm"
-    if current.is_file() and os.access(current, os.X_OK):
-        return current
-    built = [p for p in BUILD_DIR.glob("*/helm") if p.is_file() and os.access(p, os.X_OK)]
+    binaries = build_artifacts.find_binaries()
+    if binaries is not None:
+        return binaries.helm
+    built = [
+        p
+        for p in build_artifacts.cache_root().glob("*/helm")
+        if p.is_file() and os.access(p, os.X_OK)
+    ]
     if built:
         return max(built, key=lambda p: p.stat().st_mtime)
     on_path = shutil.which("helm")
@@ -37,7 +42,7 @@ def find_helm() -> Path | None:
 
 
 MISSING_HELM = (
-    "no helm binary: build it with e2e/controlplane/build.sh (writes e2e/.build/current/helm) "
+    "no helm binary: build it with e2e/controlplane/build.sh (links e2e/.build/current/helm) "
     "or point KVGATE_HELM at a helm v3 binary"
 )
 

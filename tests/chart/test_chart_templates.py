@@ -464,6 +464,28 @@ def test_bad_values_fail_and_name_the_field(helm: Helm, value: str, message: str
     assert message in result.stderr
 
 
+def test_extra_env_reaches_the_operator_container_after_the_charts_own(helm: Helm) -> None:
+    rendered = helm.template(
+        "extraEnv[0].name=NO_PROXY",
+        "extraEnv[0].value=.svc",
+        "extraEnv[1].name=KVGATE_BIND_ADDRESS",
+        "extraEnv[1].valueFrom.fieldRef.fieldPath=status.podIP",
+    )
+    (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    env = container["env"]
+    assert env[-2:] == [
+        {"name": "NO_PROXY", "value": ".svc"},
+        {"name": "KVGATE_BIND_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    assert [e["name"] for e in env[:2]] == ["POD_NAMESPACE", "POD_NAME"]
+
+
+def test_extra_env_without_a_name_fails_and_names_the_field(helm: Helm) -> None:
+    result = helm.template_result("extraEnv[0].value=2")
+    assert result.returncode != 0
+    assert "'/extraEnv/0': missing property 'name'" in result.stderr
+
+
 def _app_version() -> str:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     version: str = chart["appVersion"]

@@ -1,0 +1,86 @@
+"""Shared fixtures of the e2e tier (run as root, after ``e2e/controlplane/build.sh``)::
+
+    .venv/bin/pytest -m e2e e2e/tests -v -s          # all of it
+    .venv/bin/pytest -m e2e e2e/tests/test_scenario_safe_deployment.py -v -s   # one file
+
+Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest.mark.e2e``):
+
+``world`` (session scope)
+    One ``kvgate_e2e.world.World`` for the whole session: the control plane in its own network
+    namespace, the loopback kubelet with two GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
+    node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``), and
+    ``helm install kvgate charts/kvgate`` in ``kvgate-system`` (operator re-verifies every 2 s).
+    Built on first use, torn down at the end of the session. Useful members::
+
+        world.apply(yaml_text_or_dict, namespace=None) -> str     # kubectl apply -f -
+        world.kubectl(*args, input=None, check=True)              # CompletedProcess
+        world.get(kind, name, ns) / world.list(kind, ns, selector) / world.get_md(name, ns)
+        world.wait_for(what, predicate, timeout) -> value         # 0.2 s polling, deadline
+        world.router_request(md, body, ns) -> (status, json)      # POST via the <md> Service
+        world.service_url(name, ns) / world.engine_url(pod) / world.forward(ip, port)
+        world.kubelet (KubeletThread), world.cluster (Cluster), world.operator_log()
+    and in ``kvgate_e2e.world``: ``load_sample``, ``known_answer_body``, ``output_ids``,
+    ``condition``, ``is_ready``, ``ready_endpoints``, ``PodTimeline``.
+
+``namespace`` (function scope)
+    A fresh namespace named after the test, deleted (and waited for: the kubelet stops its
+    pods) afterwards, so each test cleans up every object it created there. Prints the test's
+    wall time as ``MEASURED wall time <test>: <s>``. Tests must not leave cluster-scoped
+    objects behind and must restore the release if they change it (see test_helm_install.py).
+
+A test that fails prints the operator's log tail (``world.operator_log()``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.netns import netns_supported
+from kvgate_e2e.world import World
+
+
+@pytest.fixture(scope="session")
+def world() -> Iterator[World]:
+    if find_binaries() is None:
+        pytest.skip(missing_binaries_reason())
+    if os.geteuid() != 0:
+        pytest.fail("the e2e tier must run as root (it creates a network namespace)")
+    reason = netns_supported()
+    if reason is not None:
+        pytest.fail(f"the e2e tier needs network namespaces: {reason}")
+    started = time.monotonic()
+    with World() as w:
+        print(
+            f"\nMEASURED world (cluster + kubelet + helm install) up in "
+            f"{time.monotonic() - started:.1f}s"
+        )
+        yield w
+
+
+@pytest.fixture
+def namespace(world: World, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    world.create_namespace(name)
+    started = time.monotonic()
+    try:
+        yield name
+    finally:
+        print(f"\nMEASURED wall time {request.node.name}: {time.monotonic() - started:.1f}s")
+        world.delete_namespace(name)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    world_fixture = getattr(item, "funcargs", {}).get("world")
+    if call.when == "call" and call.excinfo is not None and isinstance(world_fixture, World):
+        try:
+            log = world_fixture.operator_log(60)
+        except Exception as exc:
+            log = f"(unavailable: {exc})"
+        item.add_report_section("call", "kvgate operator log (tail)", log)
+    return report
