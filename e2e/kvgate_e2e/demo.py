@@ -180,6 +180,9 @@ def main(args: argparse.Namespace) -> int:
     if not ensure_built():
         say(f"the control-plane build failed or is incomplete; see the output of {BUILD_SCRIPT}")
         return 1
+    # Ctrl-C and SIGTERM both stop everything (also when started with SIGINT ignored, as a
+    # background job is).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     ok = False
     try:

@@ -277,7 +277,27 @@ class World:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def delete_namespace(self, name: str, timeout: float = 180.0) -> None:
-        """Delete a namespace and wait until it is gone (its pods stopped by the kubelet)."""
+        """Delete a namespace and wait until it is gone (its pods stopped by the kubelet).
+
+        ModelDeployments and pods go first: the namespace controller, finding pods still
+        terminating, re-checks only after their grace period (60 s for kvgate's pods), while
+        deleting them first and then an empty namespace takes a few seconds."""
+        self.kubectl(
+            "delete",
+            "modeldeployments.kvgate.io,deployments.apps",
+            "--all",
+            f"--namespace={name}",
+            "--ignore-not-found",
+            "--wait=true",
+            "--timeout=120s",
+            check=False,
+        )
+        self.kubectl("delete", "pods", "--all", f"--namespace={name}", "--wait=false", check=False)
+        self.wait_for(
+            f"the pods of namespace {name} to be stopped",
+            lambda: not self.list("pods", name),
+            timeout,
+        )
         self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
         self.wait_for(
             f"namespace {name} to be deleted",
@@ -339,7 +359,9 @@ class World:
         path: str = "/generate",
         timeout: float = 60.0,
     ) -> tuple[int, Any]:
-        """POST ``body`` to the ``<md_name>`` Service (the router); returns (HTTP status, JSON)."""
+        """POST ``body`` to the ``<md_name>`` Service (the router); returns (HTTP status, JSON).
+        Raises ``OSError`` (connection refused/reset) when the Service has no ready router:
+        kube-proxy rejects connections to a ClusterIP without endpoints."""
         return http_json(self.service_url(md_name, namespace) + path, body, timeout=timeout)
 
     def engine_url(self, pod: Mapping[str, Any], port: int = 30000) -> str:
@@ -496,6 +518,11 @@ def names(items: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 __all__: Sequence[str] = [
+    "BIG_POOL",
+    "GATE",
+    "KNOWN_PROMPT_IDS",
+    "OPERATOR_NAMESPACE",
+    "SMALL_POOL",
     "PodTimeline",
     "World",
     "WorldConfig",
@@ -507,5 +534,6 @@ __all__: Sequence[str] = [
     "known_answer_body",
     "load_sample",
     "output_ids",
+    "pods_of",
     "ready_endpoints",
 ]

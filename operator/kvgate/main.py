@@ -92,7 +92,16 @@ def register_handlers() -> kopf.OperatorRegistry:
         await rt.shutdown()
         await rt.api.close()
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=5.0)
+    # On MD deletion the stop flag wakes the loop, which exits between passes; cancel (and
+    # log a warning) only if a pass is still running after the back-off.
+    @kopf.daemon(
+        GROUP,
+        VERSION,
+        PLURAL,
+        registry=registry,
+        cancellation_backoff=3.0,
+        cancellation_timeout=5.0,
+    )
     async def reconcile_modeldeployment(
         name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
     ) -> None:

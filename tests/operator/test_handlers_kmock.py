@@ -141,6 +141,42 @@ async def test_shrunken_pool_turns_the_gate_false_with_events_on_pod_and_deploym
     }
 
 
+async def test_terminating_pod_leaves_traffic_without_a_lost_verification_warning(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+    # Deleted: the kubelet stopped the engine container.
+    pod["metadata"]["deletionTimestamp"] = "2026-11-05T12:00:20Z"
+    pod["status"]["containerStatuses"][0]["ready"] = False
+    cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["status"] == "False"
+    assert len(requests(kmock, "PATCH", "/status")) == 2
+    assert requests(kmock, "POST", "/events") == []
+
+
+async def test_engine_restarted_with_a_small_pool_reports_its_numbers_on_pod_and_deployment(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+        pod["status"]["containerStatuses"][0].update(ready=False, restartCount=1)
+        await engine_pods.check_pod(rt, pod)  # engine down: verification lost
+        engine.kv_pool_tokens = 16_731
+        pod["status"]["containerStatuses"][0]["ready"] = True
+        cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["reason"] == "KvPoolTooSmall"
+    unsafe = [
+        r.data for r in requests(kmock, "POST", "/events") if r.data["reason"] == "KvPoolTooSmall"
+    ]
+    assert {e["involvedObject"]["kind"] for e in unsafe} == {"Pod", "ModelDeployment"}
+    assert all("KV pool 16,731 tokens < context length 131,072" in e["message"] for e in unsafe)
+
+
 async def test_unreachable_engine_is_never_verified(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:

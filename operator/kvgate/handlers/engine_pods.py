@@ -143,6 +143,15 @@ async def _announce(
                 "engine verified: %s", message, extra={**fields, "reason": condition["reason"]}
             )
         return
+    if was_true and pod.get("metadata", {}).get("deletionTimestamp"):
+        # A pod being deleted (scale-down, rollout, namespace deletion) leaves traffic as it
+        # should: the gate turns False, but that is no lost verification to warn about.
+        log.info(
+            "terminating engine leaves traffic: %s",
+            message,
+            extra={**fields, "reason": condition["reason"]},
+        )
+        return
     if was_true:
         log.warning(
             "engine verification lost: %s", message, extra={**fields, "reason": condition["reason"]}
@@ -153,7 +162,10 @@ async def _announce(
         previous is None or previous.get("reason") != condition["reason"]
     ):
         log.warning("engine unsafe: %s", message, extra={**fields, "reason": condition["reason"]})
-        await _post(rt, _pod_ref(pod), "Warning", condition["reason"], message, now)
+        # On the MD too: `kubectl describe md` then shows the pool and the context in numbers
+        # (e.g. after a restart the lost-verification Event only says the engine went down).
+        for ref in (_pod_ref(pod), _md_ref(pod)):
+            await _post(rt, ref, "Warning", condition["reason"], message, now)
 
 
 async def _post(
