@@ -44,14 +44,15 @@ e2e-deps: $(STAMP)
 e2e: e2e-deps
 	$(BIN)/pytest -q e2e/tests
 
-test: lint typecheck unit conformance
+test: lint typecheck unit conformance e2e
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
 	$(BIN)/python -m kvgate.chartgen
 
+# `make demo DEMO_ARGS=--once` exits after the summary instead of running until Ctrl-C.
 demo: e2e-deps
-	$(BIN)/kvgate demo
+	$(BIN)/kvgate demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,33 +1,23 @@
-"""Shared pieces of the e2e scenarios 2, 3, 4 and 6: a per-test namespace, wall-time reporting,
-ModelDeployment manifests derived from the sample, and reading what a user would read
-(``kubectl get md``, conditions, Events)."""
+"""Shared pieces of the e2e scenarios 2, 3, 4 and 6: ModelDeployment manifests derived from the
+sample, reading what a user would read (``kubectl get md``, conditions, Events, smg's workers),
+streamed requests, and a background known-answer traffic loop. The per-test namespace and the
+wall-time line come from conftest's ``namespace`` fixture."""
 
 from __future__ import annotations
 
 import copy
+import json
 import time
-from collections.abc import Callable, Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import pytest
-from kvgate_e2e.world import World, condition, load_sample
+from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
 
 T = TypeVar("T")
 GATE = "kvgate.io/engine-verified"
-
-
-@pytest.fixture
-def scenario_ns(world: World, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test, deleted (pods stopped by the kubelet) afterwards; prints the
-    test's wall time."""
-    name = "s-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
-    world.create_namespace(name)
-    started = time.monotonic()
-    try:
-        yield name
-    finally:
-        print(f"MEASURED wall time {request.node.name}: {time.monotonic() - started:.1f}s")
-        world.delete_namespace(name)
 
 
 def deadline_loop(what: str, probe: Callable[[], T | None], timeout: float) -> T:
@@ -49,11 +39,14 @@ def deadline_loop(what: str, probe: Callable[[], T | None], timeout: float) -> T
         time.sleep(0.2)
 
 
-def sample_md(name: str, **spec_changes: Any) -> dict[str, Any]:
-    """The safe sample (llama-8b, 131,072 tokens) renamed; ``spec_changes`` replace top-level
-    spec keys (``prefill=...``)."""
+def sample_md(name: str, pool: str = BIG_POOL, **spec_changes: Any) -> dict[str, Any]:
+    """The safe sample (llama-8b, 131,072 tokens, 80 GiB GPUs) renamed, both roles pinned to
+    ``pool`` (``kvgate.io/pool``: without it an engine may land on the 24 GiB pool and be
+    refused, rightly); ``spec_changes`` replace top-level spec keys (``rollout=...``)."""
     md = copy.deepcopy(load_sample("llama-8b"))
     md["metadata"] = {"name": name}
+    for role in ("prefill", "decode"):
+        md["spec"][role]["nodeSelector"] = {"kvgate.io/pool": pool}
     md["spec"].update(spec_changes)
     return md
 
@@ -142,3 +135,56 @@ class TrafficLoop:
     @property
     def failures(self) -> list[tuple[float, bool, str]]:
         return [r for r in self.results if not r[1]]
+
+
+def stream_generate(url: str, body: Mapping[str, Any], timeout: float = 60.0) -> StreamAnswer:
+    """POST ``body`` with ``"stream": true`` to ``url`` (``.../generate``) and read the whole
+    server-sent event stream, as a streaming client does: the HTTP status of the head, and every
+    ``data:`` event parsed as JSON (``[DONE]`` ends it)."""
+    data = json.dumps({**body, "stream": True}).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, text = resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        status, text = err.code, err.read().decode(errors="replace")
+    events: list[Any] = []
+    for line in text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        payload = line.removeprefix("data:").strip()
+        if payload == "[DONE]":
+            break
+        try:
+            events.append(json.loads(payload))
+        except ValueError:
+            events.append(payload)
+    if not events and text.strip() and not text.lstrip().startswith("data:"):
+        try:  # a non-streamed error answer (e.g. the router's own 404)
+            events.append(json.loads(text))
+        except ValueError:
+            events.append(text)
+    return StreamAnswer(status, events, text)
+
+
+@dataclass(frozen=True)
+class StreamAnswer:
+    """What a streaming client received."""
+
+    status: int
+    events: list[Any]
+    raw: str
+
+    @property
+    def output_ids(self) -> list[int]:
+        """Every ``output_ids`` the stream carried, in order (cumulative or incremental)."""
+        out: list[int] = []
+        for event in self.events:
+            for item in event if isinstance(event, list) else [event]:
+                if isinstance(item, dict) and isinstance(item.get("output_ids"), list):
+                    out.extend(int(x) for x in item["output_ids"])
+        return out
+
+    @property
+    def errors(self) -> list[Any]:
+        return [e["error"] for e in self.events if isinstance(e, dict) and "error" in e]

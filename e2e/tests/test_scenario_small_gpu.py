@@ -1,12 +1,22 @@
-"""Scenario 2: the safe sample pinned to the small-GPU pool, where admission cannot estimate the
-pool (no ``gpuMemoryGiB``): the live engines report a pool below the context, so their pods
-never become Ready, never reach an EndpointSlice or the router, and the CR and an Event say why
-in numbers."""
+"""Scenario 2: the safe sample pinned to the small-GPU pool (8 x 24 GiB), where admission cannot
+estimate the pool (no ``gpuMemoryGiB``): the live engines report a pool below the 131,072-token
+context, so their pods never become Ready, never reach an EndpointSlice or the router's
+workers, and the CR, the pod condition and an Event say why in numbers.
+
+Two ModelDeployments run side by side (one world, one wait):
+
+- ``small-gpus`` sets ``rollout.scaleDownRefused: false`` so the refused pods stay and can be
+  watched NotReady across the operator's re-verifications;
+- ``small-default`` keeps the default (``scaleDownRefused: true``): the refused revision's
+  engines are scaled to zero to free the GPUs, and the status still explains the refusal.
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_small_gpu.py -v -s`` (root).
+"""
 
 from __future__ import annotations
 
 import re
-import time
+from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
@@ -22,68 +32,75 @@ from scenario_helpers import (
     on_pool_without_estimate,
     router_workers,
     sample_md,
-    scenario_ns,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-__all__ = ["scenario_ns"]
 
+KEPT, DEFAULT = "small-gpus", "small-default"
 REFUSAL = re.compile(
     r"(prefill|decode) pod (\S+) reports KV pool ([\d,]+) tokens < context length 131,072 "
     r"× headroom 1\.0"
 )
-HOLD_SECONDS = 6.0  # three of the e2e operator's 2 s re-verification intervals
+# Sampler ticks to keep watching after the refusal is recorded (>= one 2 s re-verification).
+WATCH_TICKS = 15
+
+
+def refused_gates(world: World, ns: str, md: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for p in engine_pods(world, ns, md)
+        for c in p["status"].get("conditions") or []
+        if c["type"] == GATE and c["status"] == "False" and c["reason"] == "KvPoolTooSmall"
+    ]
 
 
 def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_why(
-    world: World, scenario_ns: str
+    world: World, namespace: str
 ) -> None:
-    ns = scenario_ns
-    md = on_pool_without_estimate(sample_md("small-gpus"), "small")
-    with InvariantSampler(world.cluster, ns, name="small-gpu"):
-        out = world.apply(md, namespace=ns)
-        assert "created" in out, out  # admitted: admission had no GPU size to estimate with
+    ns = namespace
+    kept = on_pool_without_estimate(sample_md(KEPT), "small")
+    kept["spec"]["rollout"]["scaleDownRefused"] = False
+    default = on_pool_without_estimate(sample_md(DEFAULT), "small")
+    with InvariantSampler(world.cluster, ns, name="small-gpu") as sampler:
+        for md in (kept, default):
+            out = world.apply(md, namespace=ns)
+            assert "created" in out, out  # admitted: admission had no GPU size to estimate with
 
-        def both_refused() -> list[dict[str, object]] | None:
-            pods = engine_pods(world, ns, "small-gpus")
-            conds = [
-                c
-                for p in pods
-                for c in p["status"].get("conditions") or []
-                if c["type"] == GATE and c["status"] == "False" and c["reason"] == "KvPoolTooSmall"
-            ]
-            return conds if len(pods) == 2 and len(conds) == 2 else None
-
-        conds = deadline_loop("both engine pods refused with KvPoolTooSmall", both_refused, 240)
+        conds = deadline_loop(
+            "both engine pods of small-gpus refused with KvPoolTooSmall",
+            lambda: (c := refused_gates(world, ns, KEPT)) and len(c) == 2 and c,
+            240,
+        )
         pools = {}
         for cond in conds:
             match = REFUSAL.search(str(cond["message"]))
             assert match, cond
             pools[match.group(1)] = int(match.group(3).replace(",", ""))
         # The number in the message is the live engine's own.
-        for pod in engine_pods(world, ns, "small-gpus"):
+        for pod in engine_pods(world, ns, KEPT):
             role = pod["metadata"]["labels"]["kvgate.io/role"]
             _, info = http_json(world.engine_url(pod) + "/server_info", timeout=10)
             assert info["max_total_num_tokens"] == pools[role] < 131_072, (info, pools)
         print(f"MEASURED small-pool engines report KV pools {pools}")
 
-        verified = deadline_loop(
-            "the CR's EnginesVerified condition to give the pool and the context",
-            lambda: (
-                (c := md_condition(world, "small-gpus", ns, "EnginesVerified"))
-                and c["reason"] == "KvPoolTooSmall"
-                and c
-            ),
+        refused = deadline_loop(
+            "small-gpus's status to record the refused revision",
+            lambda: (m := world.get_md(KEPT, ns)) and m["status"].get("refusedRevision") and m,
             60,
         )
-        assert verified["status"] == "False" and REFUSAL.search(verified["message"]), verified
-        ready = md_condition(world, "small-gpus", ns, "Ready")
+        assert refused["status"]["servingRevision"] is None, refused["status"]
+        verified = md_condition(world, KEPT, ns, "EnginesVerified")
+        assert verified is not None and verified["status"] == "False", verified
+        assert verified["reason"] == "KvPoolTooSmall" and REFUSAL.search(verified["message"])
+        ready = md_condition(world, KEPT, ns, "Ready")
         assert ready is not None and ready["status"] == "False", ready
+        assert ready["reason"] == "RolloutRefused" and REFUSAL.search(ready["message"]), ready
+        assert "nothing serves" in ready["message"], ready
         pod_events = deadline_loop(
-            "a KvPoolTooSmall Event with the numbers",
+            "a KvPoolTooSmall Warning Event with the numbers",
             lambda: [
                 e for e in events(world, ns, "KvPoolTooSmall") if REFUSAL.search(e["message"])
             ],
@@ -92,16 +109,49 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
         assert pod_events[0]["type"] == "Warning"
         table = get_md_table(world, ns)
         print(table)
-        assert "small-gpus" in table and "False" in table, table
+        row = next(line.split() for line in table.splitlines() if line.startswith(KEPT + " "))
+        assert row[1] == "False" and "RolloutRefused" in row, table
 
-        # Never Ready, in no EndpointSlice, not a worker of the router: watched over several
-        # re-verifications (the sampler checks the same every 200 ms).
-        hold_until = time.monotonic() + HOLD_SECONDS
-        while time.monotonic() < hold_until:
-            pods = engine_pods(world, ns, "small-gpus")
+        # Never Ready, in no EndpointSlice, not a worker of the (running) router: watched from
+        # the refusal on, for WATCH_TICKS sampler ticks (the sampler checks the same each tick).
+        routers = world.list("pods", ns, f"kvgate.io/deployment={KEPT},kvgate.io/component=router")
+        assert routers, "scaleDownRefused=false keeps the router running"
+        until = sampler.stats.samples + WATCH_TICKS
+        watched = 0
+        while sampler.stats.samples < until:
+            tick = sampler.stats.samples
+            pods = engine_pods(world, ns, KEPT)
             assert len(pods) == 2 and not any(is_ready(p) for p in pods), pods
             ips = {p["status"].get("podIP") for p in pods}
             slices = world.list("endpointslices.discovery.k8s.io", ns)
             listed = {a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]}
             assert not (ips & listed), (ips, listed)
-            assert router_workers(world, ns, "small-gpus") == []
+            assert router_workers(world, ns, KEPT) == []
+            watched += 1
+            deadline_loop("the sampler's next tick", lambda t=tick: sampler.stats.samples > t, 10)
+        print(f"MEASURED watched the refused pods NotReady over {WATCH_TICKS} sampler ticks")
+
+        # The default: the refused revision's engines are scaled to zero, the refusal stays
+        # explained in numbers.
+        default_ready = deadline_loop(
+            "small-default's refusal in its Ready condition",
+            lambda: (
+                (c := md_condition(world, DEFAULT, ns, "Ready"))
+                and c["reason"] == "RolloutRefused"
+                and c
+            ),
+            120,
+        )
+        assert default_ready["status"] == "False" and REFUSAL.search(default_ready["message"])
+        deadline_loop(
+            "small-default's engine pods to be scaled to zero",
+            lambda: engine_pods(world, ns, DEFAULT) == [],
+            120,
+        )
+        deployments = world.list("deployments.apps", ns, f"kvgate.io/deployment={DEFAULT}")
+        assert deployments and all(d["spec"]["replicas"] == 0 for d in deployments), [
+            (d["metadata"]["name"], d["spec"]["replicas"]) for d in deployments
+        ]
+        status = world.get_md(DEFAULT, ns)
+        assert status is not None and status["status"]["refusedRevision"], status
+    assert watched >= 1
