@@ -44,7 +44,8 @@ e2e-deps: $(STAMP)
 e2e: e2e-deps
 	$(BIN)/pytest -q e2e/tests
 
-test: lint typecheck unit conformance e2e
+# e2e-deps first: it builds helm, which the chart tests in `unit` run for real.
+test: lint typecheck e2e-deps unit conformance e2e
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
