@@ -210,6 +210,26 @@ class KubeApi:
             missing_ok=True,
         )
 
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete one pod, only if it is still the pod with this uid (a precondition: a pod
+        recreated under the same name gets 409 and is left alone). True when deleted."""
+        try:
+            result = await self.request(
+                "DELETE",
+                self.path("Pod", namespace, name),
+                body={
+                    "kind": "DeleteOptions",
+                    "apiVersion": "v1",
+                    "preconditions": {"uid": uid},
+                },
+                missing_ok=True,
+            )
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return result is not None
+
     # -- the two status writes kvgate makes -------------------------------------------------
     async def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: dict[str, str]

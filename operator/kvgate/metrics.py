@@ -40,6 +40,12 @@ ROLLOUTS_REFUSED = Counter(
     ("namespace", "deployment", "reason"),
     registry=REGISTRY,
 )
+GATEWAY_FORCED_DELETIONS = Counter(
+    "kvgate_gateway_forced_deletions_total",
+    "Engine pods deleted because a gateway still routed to them after they turned NotReady.",
+    ("namespace", "deployment", "role"),
+    registry=REGISTRY,
+)
 RECONCILE_DURATION = Histogram(
     "kvgate_reconcile_duration_seconds",
     "Time to gather, plan and apply one ModelDeployment reconcile, seconds.",

@@ -31,7 +31,8 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("kvgate.io", "modeldeployments/status"): {"patch"},
     # blockOwnerDeletion under OwnerReferencesPermissionEnforcement (k8s gc_admission.go).
     ("kvgate.io", "modeldeployments/finalizers"): {"update"},
-    ("", "pods"): {"get", "list", "watch"},
+    # delete: an engine pod a gateway keeps routing to after it turned NotReady (kvgate.gateway).
+    ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "pods/status"): {"patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "services"): {"get", "create", "patch"},

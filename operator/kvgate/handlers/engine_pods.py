@@ -21,6 +21,7 @@ from kvgate_engine.verdict import Outcome, Requirement, Verdict
 
 from kvgate import gate, labels, metrics
 from kvgate.api import API_VERSION, KIND
+from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
 
 log = logging.getLogger("kvgate.engine_pods")
@@ -211,6 +212,7 @@ async def run_verifier(rt: Runtime, pod: Pod, stopped: Callable[[], bool]) -> No
     wake = rt.pod_wake(uid)
     last: Fingerprint | None = None
     last_check = float("-inf")
+    gateway = GatewayWatch(rt)  # deletes the pod if a gateway ignores its NotReady
     while not stopped():
         current = rt.pods.get(uid)
         if current is None:  # deleted
@@ -224,4 +226,5 @@ async def run_verifier(rt: Runtime, pod: Pod, stopped: Callable[[], bool]) -> No
                 await check_pod(rt, current)
             except Exception as exc:
                 log.warning("verification of pod %s failed: %s", gate.pod_name(current), exc)
-        await sleep_until_woken(wake, interval - (time.monotonic() - last_check))
+        gateway_due = await gateway.step(current)
+        await sleep_until_woken(wake, min(interval - (time.monotonic() - last_check), gateway_due))
