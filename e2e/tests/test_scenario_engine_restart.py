@@ -1,17 +1,32 @@
 """Scenario 4: an engine restarted with a smaller pool loses verification and its traffic.
 
-A verified decode engine of the safe sample (80 GiB GPUs) is killed and restarted by the kubelet
-on 20 GiB of simulated GPU memory: its new pool is far below the 131,072-token context. The
-operator must turn its gate False (the pod leaves Ready, smg drains and drops its worker) before
-any request reaches the shrunk engine. Known-answer requests run through the router the whole
-time; the shrunk engine's own request counter (``sglang:num_requests_total`` of the new process)
-must stay 0. Measured from the restart: gate False, pod NotReady, smg worker draining/removed.
+A verified engine of the safe sample (80 GiB GPUs, pinned to the big pool) is killed and restarted
+by the kubelet on 20 GiB of simulated GPU memory: its new pool is far below the 131,072-token
+context. The operator must turn its gate False (the pod leaves Ready, smg drains and drops its
+worker) before any request reaches the shrunk engine, and say why in numbers: the
+``EngineVerificationLost`` Event says the engine went down, the ``KvPoolTooSmall`` condition and
+Event that follow give the pool and the context. Then the node gets its 80 GiB back, the engine
+is restarted again, re-verified, and serves again (verification never ends, either way).
+
+Done for the decode engine, then the prefill engine (two measurements per run). Known-answer
+requests run through the router the whole time: none may return wrong tokens, and the shrunk
+engine's own request counter (``sglang:num_requests_total`` of the new process) must stay 0.
+
+Measured from background pollers (pod via the API, engine ``/server_info``, smg ``/workers``):
+restart -> gate False, pod NotReady, smg stops routing; and "the probe sees the shrunk pool"
+(first ``/server_info`` with the small pool) -> gate ``KvPoolTooSmall`` (target <= 2 s).
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_engine_restart.py -v -s`` (root).
 """
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -21,6 +36,7 @@ from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,
     World,
     condition,
+    http_json,
     is_ready,
     known_answer_body,
     output_ids,
@@ -34,16 +50,16 @@ from scenario_helpers import (
     md_condition,
     router_workers,
     sample_md,
-    scenario_ns,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-__all__ = ["scenario_ns"]
 MD = "restart"
 MODEL = "llama-3.1-8b"
+CONTEXT = 131_072
+FULL_GIB = 80
 SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
 
 
@@ -55,10 +71,177 @@ def requests_served(url: str) -> float:
     raise AssertionError("engine /metrics has no sglang:num_requests_total")
 
 
+def server_info(url: str) -> dict[str, Any] | None:
+    try:
+        code, info = http_json(f"{url}/server_info", timeout=2)
+    except OSError:
+        return None
+    return info if code == 200 and isinstance(info, dict) else None
+
+
+class FirstSeen:
+    """One polling thread per named probe; records the first monotonic time each held."""
+
+    def __init__(self, probes: dict[str, Callable[[], bool]], interval: float = 0.05) -> None:
+        self.probes = probes
+        self.interval = interval
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(k, p), daemon=True) for k, p in probes.items()
+        ]
+
+    def _run(self, name: str, probe: Callable[[], bool]) -> None:
+        while not self._stop.is_set():
+            try:
+                if probe():
+                    self.seen[name] = time.monotonic()
+                    return
+            except Exception:  # a probe may race with a restart; try again
+                pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> FirstSeen:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+    def wait(self, name: str, timeout: float) -> float:
+        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
+
+
+@dataclass(frozen=True)
+class Round:
+    role: str
+    pool: int
+    gate_false: float  # seconds after the restart
+    not_ready: float
+    smg_stops: float
+    pool_visible: float
+    kv_pool_too_small: float
+    served_by_shrunk: float
+
+    @property
+    def visible_to_gate(self) -> float:
+        """From the first /server_info showing the shrunk pool to the KvPoolTooSmall gate."""
+        return self.kv_pool_too_small - self.pool_visible
+
+
+def shrink_and_restore(world: World, ns: str, role: str) -> Round:
+    """Restart ``role``'s engine on SHRUNK_GIB, measure, then restore FULL_GIB and re-verify."""
+    (pod,) = engine_pods(world, ns, MD, role)
+    name, node, ip = pod["metadata"]["name"], pod["spec"]["nodeName"], pod["status"]["podIP"]
+    engine = world.engine_url(pod)
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(world.cluster.new_api_client())
+
+    def gate() -> dict[str, Any] | None:
+        live = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns))
+        return condition(live, GATE)
+
+    def live_pod() -> dict[str, Any]:
+        return dict(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns)))
+
+    def routed() -> bool:
+        return any(
+            ip in str(w.get("url")) and w.get("status") != "draining"
+            for w in router_workers(world, ns, MD)
+        )
+
+    probes: dict[str, Callable[[], bool]] = {
+        "gate False": lambda: (g := gate()) is not None and g["status"] == "False",
+        "pod NotReady": lambda: not is_ready(live_pod()),
+        "smg stops routing": lambda: not routed(),
+        "shrunk pool visible": lambda: (
+            (i := server_info(engine)) is not None and i["max_total_num_tokens"] < CONTEXT
+        ),
+        "gate KvPoolTooSmall": lambda: (
+            (g := gate()) is not None and g["reason"] == "KvPoolTooSmall"
+        ),
+    }
+    try:
+        with FirstSeen(probes) as seen:
+            restarted = time.monotonic()
+            world.kubelet.call(
+                world.kubelet.kubelet.restart_container(
+                    ns, name, "engine", gpu_memory_gib=SHRUNK_GIB
+                )
+            )
+            for probe in probes:
+                seen.wait(probe, 120)
+        lost = gate()
+        info = server_info(engine)
+        assert info is not None
+        served = requests_served(engine)
+    finally:
+        world.kubelet.call(world.kubelet.kubelet.set_gpu_memory(node, FULL_GIB))
+    pool = int(info["max_total_num_tokens"])
+    assert lost is not None and lost["status"] == "False", lost
+    assert f"KV pool {pool:,} tokens < context length 131,072" in lost["message"], lost
+    assert lost["message"].startswith(f"{role} pod {name} reports"), lost
+    assert not is_ready(live_pod())
+
+    # What a user sees: the MD is Degraded with the numbers, and the Events tell the story.
+    degraded = deadline_loop(
+        "the MD Degraded with the pool's numbers",
+        lambda: (
+            (c := md_condition(world, MD, ns, "Degraded"))
+            and c["status"] == "True"
+            and f"{pool:,}" in c["message"]
+            and c
+        ),
+        30,
+    )
+    assert "takes no traffic" in degraded["message"], degraded
+    lost_events = [
+        e
+        for e in events(world, ns, "EngineVerificationLost")
+        if e["involvedObject"]["name"] == name
+    ]
+    assert lost_events and lost_events[0]["type"] == "Warning", lost_events
+    numbers = deadline_loop(
+        "a KvPoolTooSmall Event with the shrunk pool's numbers",
+        lambda: [e for e in events(world, ns, "KvPoolTooSmall") if f"{pool:,}" in e["message"]],
+        30,
+    )
+    assert "context length 131,072" in numbers[0]["message"], numbers
+
+    # Give the node its GPUs back: the engine restarts, is re-verified and serves again.
+    world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
+    deadline_loop(
+        f"the {role} gate True again on {FULL_GIB} GiB",
+        lambda: (g := gate()) is not None and g["status"] == "True",
+        120,
+    )
+    deadline_loop(
+        "the MD Ready again",
+        lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
+        60,
+    )
+    deadline_loop("smg to route to the restored engine", routed, 60)
+    t = seen.seen
+    return Round(
+        role=role,
+        pool=pool,
+        gate_false=t["gate False"] - restarted,
+        not_ready=t["pod NotReady"] - restarted,
+        smg_stops=t["smg stops routing"] - restarted,
+        pool_visible=t["shrunk pool visible"] - restarted,
+        kv_pool_too_small=t["gate KvPoolTooSmall"] - restarted,
+        served_by_shrunk=served,
+    )
+
+
 def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
-    world: World, scenario_ns: str
+    world: World, namespace: str
 ) -> None:
-    ns = scenario_ns
+    ns = namespace
     with InvariantSampler(world.cluster, ns, name="engine-restart") as sampler:
         world.apply(sample_md(MD), namespace=ns)
         deadline_loop(
@@ -66,90 +249,43 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
             lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
             300,
         )
-        (decode,) = engine_pods(world, ns, MD, "decode")
-        name, node = decode["metadata"]["name"], decode["spec"]["nodeName"]
-        engine = world.engine_url(decode)
 
         def known_answer() -> tuple[bool, str]:
             code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-            return code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4], f"HTTP {code}"
+            ids = output_ids(answer)
+            if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
+                return False, f"WRONG TOKENS {ids}"
+            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:120]}"
 
         deadline_loop("a known-answer request", lambda: known_answer()[0], 60)
-        assert requests_served(engine) >= 1
-        try:
-            with TrafficLoop(known_answer) as traffic:
-                restarted = time.monotonic()
-                world.kubelet.call(
-                    world.kubelet.kubelet.restart_container(
-                        ns, name, "engine", gpu_memory_gib=SHRUNK_GIB
-                    )
-                )
+        rounds: list[Round] = []
+        with TrafficLoop(known_answer) as traffic:
+            for role in ("decode", "prefill"):
+                rounds.append(shrink_and_restore(world, ns, role))
+            count = len(traffic.results) + 5
+            deadline_loop(
+                "five requests after the last restore", lambda: len(traffic.results) >= count, 60
+            )
 
-                def gate_false() -> bool:
-                    c = condition(world.get("pod", name, ns) or {}, GATE)
-                    return c is not None and c["status"] == "False"
-
-                deadline_loop("the decode gate to turn False", gate_false, 60)
-                gate_after = time.monotonic() - restarted
-                deadline_loop(
-                    "the decode pod NotReady",
-                    lambda: not is_ready(world.get("pod", name, ns) or {}),
-                    60,
-                )
-                not_ready_after = time.monotonic() - restarted
-                ip = decode["status"]["podIP"]
-                deadline_loop(
-                    "smg to stop routing to the shrunk decode",
-                    lambda: (
-                        not any(
-                            ip in w["url"] and w.get("status") != "draining"
-                            for w in router_workers(world, ns, MD)
-                        )
-                    ),
-                    60,
-                )
-                drained_after = time.monotonic() - restarted
-                shrunk = deadline_loop(
-                    "the restarted engine to report its shrunk pool",
-                    lambda: (
-                        (info := _server_info(engine))
-                        and info["max_total_num_tokens"] < 131_072
-                        and info
-                    ),
-                    120,
-                )
-                lost = deadline_loop(
-                    "the gate to give the shrunk pool's numbers",
-                    lambda: (
-                        (c := condition(world.get("pod", name, ns) or {}, GATE))
-                        and c["reason"] == "KvPoolTooSmall"
-                        and c
-                    ),
-                    60,
-                )
-                served_by_shrunk = requests_served(engine)
-        finally:
-            world.kubelet.call(world.kubelet.kubelet.set_gpu_memory(node, 80))
-        pool = shrunk["max_total_num_tokens"]
-        assert f"KV pool {pool:,} tokens < context length 131,072" in lost["message"], lost
-        assert served_by_shrunk == 0, f"{served_by_shrunk} requests reached the shrunk engine"
-        degraded = md_condition(world, MD, ns, "Degraded")
-        assert degraded is not None and degraded["status"] == "True", degraded
-        assert any(f"{pool:,}" in e["message"] for e in events(world, ns, "EngineVerificationLost"))
+    for r in rounds:
         print(
-            f"MEASURED engine restart at {SHRUNK_GIB} GiB (pool {pool:,}) -> gate False "
-            f"{gate_after:.2f}s, pod NotReady {not_ready_after:.2f}s, smg stops routing "
-            f"{drained_after:.2f}s; requests served by the shrunk engine: {served_by_shrunk:.0f}; "
-            f"router requests during: {len(traffic.results)} ({len(traffic.failures)} failed)"
+            f"MEASURED {r.role} restarted at {SHRUNK_GIB} GiB (pool {r.pool:,}): gate False "
+            f"{r.gate_false:.2f}s, pod NotReady {r.not_ready:.2f}s, smg stops routing "
+            f"{r.smg_stops:.2f}s, shrunk pool visible {r.pool_visible:.2f}s, gate KvPoolTooSmall "
+            f"{r.kv_pool_too_small:.2f}s (pool visible -> gate KvPoolTooSmall "
+            f"{r.visible_to_gate:.2f}s); requests served by the shrunk engine: "
+            f"{r.served_by_shrunk:.0f}"
         )
+        assert r.served_by_shrunk == 0, f"{r.served_by_shrunk} requests reached the shrunk engine"
+        assert r.smg_stops <= r.pool_visible, "smg routed to the engine after its pool shrank"
+        assert r.visible_to_gate <= 2.0, r
+    wrong = [f for f in traffic.failures if "WRONG TOKENS" in f[2]]
+    assert wrong == [], wrong[:5]
+    print(
+        f"MEASURED router requests during the restarts: {len(traffic.results)} "
+        f"({len(traffic.failures)} failed while an engine was out, none with wrong tokens); "
+        f"pool visible -> gate KvPoolTooSmall p50 "
+        f"{statistics.median(r.visible_to_gate for r in rounds):.2f}s"
+    )
+    assert all(ok for _, ok, _ in traffic.results[-3:]), traffic.results[-5:]  # serving again
     assert sampler.stats.samples > 0
-
-
-def _server_info(url: str) -> dict[str, Any] | None:
-    from kvgate_e2e.world import http_json
-
-    try:
-        code, info = http_json(f"{url}/server_info", timeout=3)
-    except OSError:
-        return None
-    return info if code == 200 and isinstance(info, dict) else None

@@ -1,5 +1,6 @@
-"""Scenario 6, the incident end to end: with kvgate's gate bypassed, an over-length prompt reads
-another request's KV; under kvgate the same engines never take traffic.
+"""Scenario 6, the incident end to end: with kvgate's gate bypassed, an over-length prompt sent
+through the real SGLang gateway returns another request's canary; under kvgate the same engines
+never take traffic and the same requests get no output and no canary.
 
 The model is tiny-llama (2,048-token context) so prompts stay cheap; the prefill's KV pool is
 capped at 692 tokens (``--max-total-tokens 692``), below the context, as the GLM prefill's
@@ -7,18 +8,19 @@ capped at 692 tokens (``--max-total-tokens 692``), below the context, as the GLM
 the prefill's ``max_req_input_len`` (686), shorter than the context, so it passes the tokenizer
 and fails only the scheduler.
 
-What the gateway does with it matters: smg 1.13.0 returns the *first non-2xx leg* to the client,
-so the pre-fix prefill's 400 wins and the client gets ``prefill_bad_request`` even though the
-decode engine generated from stale pages. The incident-era gateway returned decode's answer
-(research/smg.md §1: v1.9 checked decode first). The bypassed half shows both: smg 1.13.0's
-answer, and the canary that comes back when decode's answer is returned, as the incident-era
-router did (``decode_first``).
+Both requests are STREAMED (``"stream": true``), as chat clients send them. SGLang commits a
+stream's 200 head before the scheduler runs, so the pre-fix prefill's rejection travels in-band
+(``data: {"error": ...}``) behind a 200 head. smg 1.13.0 waits for both legs' heads, sees two
+200s, and relays decode's stream: with pre-fix (v0.5.20) engines, decode generated from stale
+pages and the stream carries request A's canary, HTTP 200 all the way, exactly the incident.
+(A non-streamed B gets smg's ``prefill_bad_request`` 400: smg returns the first non-2xx leg, so
+only the streamed path shows the leak through a current gateway; asserted too.)
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_incident.py -v -s`` (root).
 """
 
 from __future__ import annotations
 
-import random
-import threading
 import time
 from typing import Any
 
@@ -30,20 +32,20 @@ from kvgate_e2e.world import World, http_json, is_ready
 from kvgate_engine.verdict import Requirement
 from scenario_helpers import (
     GATE,
+    StreamAnswer,
     deadline_loop,
     engine_pods,
     events,
     get_md_table,
     md_condition,
     router_workers,
-    scenario_ns,
+    stream_generate,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-__all__ = ["scenario_ns"]
 
 CONTEXT = 2048
 PREFILL_POOL = 692  # max_req_input_len = min(2047, 691) - 5 = 686
@@ -61,6 +63,13 @@ def contains(haystack: list[int], needle: list[int]) -> bool:
 
 def body(ids: list[int], max_new: int) -> dict[str, Any]:
     return {"model": MODEL, "input_ids": ids, "sampling_params": {"max_new_tokens": max_new}}
+
+
+def incident_traffic(generate_url: str) -> tuple[StreamAnswer, StreamAnswer]:
+    """Request A (the canary), then the over-length request B, both streamed."""
+    a = stream_generate(generate_url, body(REQUEST_A, 4), timeout=60)
+    b = stream_generate(generate_url, body(REQUEST_B, 40), timeout=60)
+    return a, b
 
 
 # ------------------------------------------------------------------ the bypassed deployment
@@ -147,35 +156,10 @@ def plain_requirement(pod: Obj) -> Requirement | None:
     return Requirement(context_length=CONTEXT, role=role) if role else None
 
 
-def decode_first(world: World, prefill: Obj, decode: Obj, ids: list[int], max_new: int) -> Any:
-    """One PD request the way the incident-era gateway answered it: both legs at once with the
-    same bootstrap room, and the client gets decode's response."""
-    room = random.randrange(2**63)
-    leg = body(ids, max_new) | {
-        "bootstrap_host": prefill["status"]["podIP"],
-        "bootstrap_port": 8998,
-        "bootstrap_room": room,
-    }
-    answers: dict[str, tuple[int, Any]] = {}
-
-    def send(role: str, pod: Obj) -> None:
-        answers[role] = http_json(world.engine_url(pod) + "/generate", leg, timeout=60)
-
-    threads = [
-        threading.Thread(target=send, args=(r, p))
-        for r, p in (("prefill", prefill), ("decode", decode))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    return answers["decode"]
-
-
 def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
-    world: World, scenario_ns: str
+    world: World, namespace: str
 ) -> None:
-    ns = scenario_ns
+    ns = namespace
     started = time.monotonic()
     sampler = InvariantSampler(
         world.cluster,
@@ -200,22 +184,21 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
         first = sampler.wait_for_violation(timeout=30)
         print(f"sampler flagged: {first.describe()}")
 
-        url = world.service_url("leaky-router", ns)
-        code, a = http_json(url + "/generate", body(REQUEST_A, 4), timeout=60)
-        assert code == 200 and a["output_ids"] == REQUEST_A[:4], a
-        code, b = http_json(url + "/generate", body(REQUEST_B, 40), timeout=60)
-        print(f"smg 1.13.0 answer to the over-length prompt: HTTP {code} {str(b)[:200]}")
-        # smg 1.13.0 returns the first non-2xx leg: the pre-fix prefill's 400.
-        assert code == 400 and b["error"]["code"] == "prefill_bad_request", b
+        # A user's streamed requests through the gateway's Service.
+        generate = world.service_url("leaky-router", ns) + "/generate"
+        a, b = incident_traffic(generate)
+        print(f"smg answer to A (streamed): HTTP {a.status} {a.raw[:160]!r}")
+        print(f"smg answer to the over-length B (streamed): HTTP {b.status} {b.raw[:300]!r}")
+        assert a.status == 200 and a.output_ids == REQUEST_A[:4], a
+        assert b.status == 200, b
+        assert b.errors == [], b  # nothing tells the client anything went wrong ...
+        assert contains(b.output_ids, CANARY), b  # ... and it got request A's canary
+        print(f"LEAK through smg: request B's stream carries A's canary {CANARY}")
 
-        (prefill,) = world.list("pods", ns, "app=leaky,role=prefill")
-        (decode,) = world.list("pods", ns, "app=leaky,role=decode")
-        code, a = decode_first(world, prefill, decode, REQUEST_A, 4)
-        assert code == 200 and a["output_ids"] == REQUEST_A[:4], a
-        code, b = decode_first(world, prefill, decode, REQUEST_B, 40)
-        print(f"decode's answer to the over-length prompt: HTTP {code} {b}")
-        assert code == 200, b
-        assert contains(b["output_ids"], CANARY), b["output_ids"]
+        # Non-streamed, smg 1.13.0 returns the first non-2xx leg: the pre-fix prefill's 400.
+        code, plain = http_json(generate, body(REQUEST_B, 40), timeout=60)
+        print(f"smg answer to the over-length B (not streamed): HTTP {code} {str(plain)[:200]}")
+        assert code == 400 and plain["error"]["code"] == "prefill_bad_request", plain
     reasons = {v.reason for v in sampler.violations}
     paths = {v.path for v in sampler.violations}
     assert {"KvPoolTooSmall", "EngineVersionTooOld"} <= reasons, reasons
@@ -243,14 +226,17 @@ def kvgate_md(name: str) -> dict[str, Any]:
             },
             "prefill": role,
             "decode": role,
+            # Keep the refused engines running (the default scales them to zero) so the test
+            # shows these very engines kept off traffic while they run.
+            "rollout": {"scaleDownRefused": False},
         },
     }
 
 
 def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
-    world: World, scenario_ns: str
+    world: World, namespace: str
 ) -> None:
-    ns = scenario_ns
+    ns = namespace
     started = time.monotonic()
     with InvariantSampler(world.cluster, ns, name="kvgate-incident"):
         world.apply(kvgate_md("leaky"), namespace=ns)
@@ -276,19 +262,38 @@ def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
                 f"reports KV pool {PREFILL_POOL} tokens < context length 2,048" in cond["message"]
             ), cond
         print(get_md_table(world, ns))
-        ready = md_condition(world, "leaky", ns, "Ready")
-        assert ready is not None and ready["status"] == "False", ready
+
+        def ready_explains() -> dict[str, Any] | None:
+            c = md_condition(world, "leaky", ns, "Ready")
+            numbers = f"KV pool {PREFILL_POOL} tokens < context length 2,048"
+            return c if c is not None and numbers in c["message"] else None
+
+        ready = deadline_loop(
+            "the MD's Ready condition to give the pool and the context", ready_explains, 60
+        )
+        assert ready["status"] == "False" and ready["reason"] == "RolloutRefused", ready
         assert any("692" in e.get("message", "") for e in events(world, ns, "KvPoolTooSmall"))
         assert router_workers(world, ns, "leaky") == []
-        # The same traffic, at the router pods themselves (the MD's Service has no ready
-        # router behind it: a router is Ready only with a verified prefill and decode).
+
+        # The same streamed traffic. Through the MD's Service: a router is Ready only with a
+        # verified prefill and decode, so the Service has no endpoint and kube-proxy refuses
+        # the connection. At the router pods themselves: smg has no worker for the model.
+        answers: list[str] = []
+        try:
+            incident_traffic(world.service_url("leaky", ns) + "/generate")
+        except OSError as exc:  # connection refused: nothing serves
+            answers.append(f"Service: {type(exc).__name__}: {exc}")
+        else:
+            raise AssertionError("the MD's Service answered although no engine is verified")
         routers = world.list("pods", ns, "kvgate.io/deployment=leaky,kvgate.io/component=router")
         assert routers and not any(is_ready(r) for r in routers)
         for router in routers:
-            url = f"http://127.0.0.1:{world.forward(router['status']['podIP'], 8000)}"
-            for ids, n in ((REQUEST_A, 4), (REQUEST_B, 40)):
-                code, answer = http_json(url + "/generate", body(ids, n), timeout=30)
-                print(f"kvgate-managed router answer: HTTP {code} {str(answer)[:160]}")
-                assert code >= 500, answer
-                assert "output_ids" not in str(answer)
+            url = f"http://127.0.0.1:{world.forward(router['status']['podIP'], 8000)}/generate"
+            for answer in incident_traffic(url):
+                answers.append(f"router pod: HTTP {answer.status} {answer.raw[:160]!r}")
+                # What the user sees: no 200 with output, and never the canary.
+                assert answer.status != 200 or not answer.output_ids, answer
+                assert not contains(answer.output_ids, CANARY), answer
+                assert str(CANARY)[1:-1] not in answer.raw, answer
+        print("kvgate-managed answers to the same traffic:\n  " + "\n  ".join(answers))
     print(f"MEASURED scenario 6 (kvgate) {time.monotonic() - started:.1f}s")

@@ -16,6 +16,7 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_small_gpu.py -v -s`` (roo
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any
 
 import pytest
@@ -48,6 +49,10 @@ REFUSAL = re.compile(
 WATCH_TICKS = 15
 
 
+def ticked(sampler: InvariantSampler, tick: int) -> bool:
+    return sampler.stats.samples > tick
+
+
 def refused_gates(world: World, ns: str, md: str) -> list[dict[str, Any]]:
     return [
         c
@@ -69,10 +74,12 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             out = world.apply(md, namespace=ns)
             assert "created" in out, out  # admitted: admission had no GPU size to estimate with
 
+        def both_refused() -> list[dict[str, Any]] | None:
+            gates = refused_gates(world, ns, KEPT)
+            return gates if len(gates) == 2 else None
+
         conds = deadline_loop(
-            "both engine pods of small-gpus refused with KvPoolTooSmall",
-            lambda: (c := refused_gates(world, ns, KEPT)) and len(c) == 2 and c,
-            240,
+            "both engine pods of small-gpus refused with KvPoolTooSmall", both_refused, 240
         )
         pools = {}
         for cond in conds:
@@ -91,7 +98,7 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             lambda: (m := world.get_md(KEPT, ns)) and m["status"].get("refusedRevision") and m,
             60,
         )
-        assert refused["status"]["servingRevision"] is None, refused["status"]
+        assert refused["status"].get("servingRevision") is None, refused["status"]
         verified = md_condition(world, KEPT, ns, "EnginesVerified")
         assert verified is not None and verified["status"] == "False", verified
         assert verified["reason"] == "KvPoolTooSmall" and REFUSAL.search(verified["message"])
@@ -128,7 +135,7 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             assert not (ips & listed), (ips, listed)
             assert router_workers(world, ns, KEPT) == []
             watched += 1
-            deadline_loop("the sampler's next tick", lambda t=tick: sampler.stats.samples > t, 10)
+            deadline_loop("the sampler's next tick", partial(ticked, sampler, tick), 10)
         print(f"MEASURED watched the refused pods NotReady over {WATCH_TICKS} sampler ticks")
 
         # The default: the refused revision's engines are scaled to zero, the refusal stays

@@ -66,11 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8080)
     p.add_argument("--health-port", type=int, default=8081)
     p.add_argument("--webhook-port", type=int, default=9443)
-    p.add_argument(
-        "--webhook-addr",
-        default="0.0.0.0",
-        help="address the webhook binds (0.0.0.0 in a pod; 127.0.0.1 for local runs)",
-    )
     p.add_argument("--tls-dir", default=None, help="directory with tls.crt and tls.key")
     p.add_argument("--no-webhook", action="store_true", help="do not serve the webhook")
 

@@ -33,6 +33,9 @@ class OperatorSettings:
     steady_reconcile_seconds: float = 30.0  # KVGATE_STEADY_RECONCILE_SECONDS
     reverify_seconds: float | None = None  # KVGATE_REVERIFY_SECONDS overrides the CR's interval
     probe_timeout_seconds: float = 5.0  # KVGATE_PROBE_TIMEOUT_SECONDS
+    # KVGATE_GATEWAY_GRACE_SECONDS: how long a gateway may keep routing to a NotReady engine pod
+    # before the operator deletes the pod (smg 1.13 drains within ~1 s).
+    gateway_grace_seconds: float = 15.0
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -52,6 +55,7 @@ class OperatorSettings:
             steady_reconcile_seconds=_env_float("KVGATE_STEADY_RECONCILE_SECONDS") or 30.0,
             reverify_seconds=_env_float("KVGATE_REVERIFY_SECONDS"),
             probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
+            gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
             log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
             log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
         )

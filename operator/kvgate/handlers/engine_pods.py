@@ -212,7 +212,9 @@ async def run_verifier(rt: Runtime, pod: Pod, stopped: Callable[[], bool]) -> No
     wake = rt.pod_wake(uid)
     last: Fingerprint | None = None
     last_check = float("-inf")
-    gateway = GatewayWatch(rt)  # deletes the pod if a gateway ignores its NotReady
+    gateway = GatewayWatch(
+        rt, grace_seconds=rt.settings.gateway_grace_seconds
+    )  # deletes the pod if a gateway ignores its NotReady
     while not stopped():
         current = rt.pods.get(uid)
         if current is None:  # deleted
