@@ -74,6 +74,7 @@ class Violation:
     pod: str  # namespace/name
     reason: str  # the verdict's reason, e.g. KvPoolTooSmall
     message: str  # the verdict's message with numbers
+    evidence: str = field(default="", compare=False)  # the pod's state, for diagnosis
 
     def describe(self) -> str:
         return f"{self.path} {self.via} -> {self.pod}: {self.reason}: {self.message}"
@@ -191,10 +192,31 @@ def decide(
             continue
         verdict = judge(report, requirement)
         if verdict.outcome is Outcome.UNSAFE:
-            violations.append(Violation(at, path, via, _key(pod), verdict.reason, verdict.message))
+            violations.append(
+                Violation(at, path, via, _key(pod), verdict.reason, verdict.message, evidence(pod))
+            )
         elif verdict.outcome is Outcome.CANNOT_TELL:
             unreadable.add(_key(pod))
     return Decision(tuple(violations), checked, tuple(sorted(unreadable)), tuple(sorted(unjudged)))
+
+
+def evidence(pod: Obj) -> str:
+    """The pod's Ready and gate conditions and container readiness, in one line (pure)."""
+    status = pod.get("status") or {}
+    parts = [f"rv {(pod.get('metadata') or {}).get('resourceVersion')}"]
+    for cond in status.get("conditions") or []:
+        if cond.get("type") in ("Ready", "ContainersReady", "kvgate.io/engine-verified"):
+            parts.append(
+                f"{cond.get('type')}={cond.get('status')}/{cond.get('reason', '')}"
+                f"@{cond.get('lastTransitionTime')}"
+            )
+    for c in status.get("containerStatuses") or []:
+        running = (c.get("state") or {}).get("running") or {}
+        parts.append(
+            f"container {c.get('name')} ready={c.get('ready')} restarts={c.get('restartCount')}"
+            f" startedAt={running.get('startedAt')}"
+        )
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -209,6 +231,7 @@ class Window:
     first: float
     last: float
     samples: int
+    evidence: str = ""
 
     @property
     def seconds(self) -> float:
@@ -225,7 +248,7 @@ def windows(violations: Sequence[Violation], sample_times: Sequence[float]) -> l
         out.append(
             Window(
                 first.path, first.via, first.pod, first.reason, first.message,
-                first.at, last.at, count,
+                first.at, last.at, count, first.evidence,
             )
         )  # fmt: skip
 
@@ -371,6 +394,7 @@ class InvariantSampler:
                 f"  VIOLATION {w.path} {w.via} -> {w.pod} for {w.seconds:.2f}s "
                 f"({w.samples} samples, from +{w.first - self.started_at:.2f}s): "
                 f"{w.reason}: {w.message}"
+                + (f"\n    pod state at the first sample: {w.evidence}" if w.evidence else "")
             )
         return "\n".join(lines)
 

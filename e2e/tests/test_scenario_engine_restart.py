@@ -118,18 +118,27 @@ class FirstSeen:
 @dataclass(frozen=True)
 class Round:
     role: str
+    restarted: float  # monotonic
     pool: int
     gate_false: float  # seconds after the restart
     not_ready: float
     smg_stops: float
     pool_visible: float
+    container_ready: float
     kv_pool_too_small: float
     served_by_shrunk: float
 
     @property
     def visible_to_gate(self) -> float:
-        """From the first /server_info showing the shrunk pool to the KvPoolTooSmall gate."""
+        """From the first /server_info showing the shrunk pool to the KvPoolTooSmall gate
+        (includes the kubelet's readiness probe, periodSeconds 5, noticing the engine)."""
         return self.kv_pool_too_small - self.pool_visible
+
+    @property
+    def ready_to_gate(self) -> float:
+        """From the kubelet's readiness probe seeing the restarted engine (container ready)
+        to the KvPoolTooSmall gate: the operator's own reaction."""
+        return self.kv_pool_too_small - self.container_ready
 
 
 def shrink_and_restore(world: World, ns: str, role: str) -> Round:
@@ -154,6 +163,15 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
             for w in router_workers(world, ns, MD)
         )
 
+    restarts = int(pod["status"]["containerStatuses"][0].get("restartCount", 0))
+
+    def engine_ready_again() -> bool:
+        statuses = live_pod()["status"].get("containerStatuses") or []
+        return any(
+            c["name"] == "engine" and c.get("ready") and c.get("restartCount", 0) > restarts
+            for c in statuses
+        )
+
     probes: dict[str, Callable[[], bool]] = {
         "gate False": lambda: (g := gate()) is not None and g["status"] == "False",
         "pod NotReady": lambda: not is_ready(live_pod()),
@@ -161,6 +179,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
         "shrunk pool visible": lambda: (
             (i := server_info(engine)) is not None and i["max_total_num_tokens"] < CONTEXT
         ),
+        "engine container ready": engine_ready_again,
         "gate KvPoolTooSmall": lambda: (
             (g := gate()) is not None and g["reason"] == "KvPoolTooSmall"
         ),
@@ -228,11 +247,13 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
     t = seen.seen
     return Round(
         role=role,
+        restarted=restarted,
         pool=pool,
         gate_false=t["gate False"] - restarted,
         not_ready=t["pod NotReady"] - restarted,
         smg_stops=t["smg stops routing"] - restarted,
         pool_visible=t["shrunk pool visible"] - restarted,
+        container_ready=t["engine container ready"] - restarted,
         kv_pool_too_small=t["gate KvPoolTooSmall"] - restarted,
         served_by_shrunk=served,
     )
@@ -266,26 +287,31 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
             deadline_loop(
                 "five requests after the last restore", lambda: len(traffic.results) >= count, 60
             )
+        for r in rounds:
+            print(
+                f"MEASURED {r.role} restarted (at +{r.restarted - sampler.started_at:.2f}s) at "
+                f"{SHRUNK_GIB} GiB (pool {r.pool:,}): gate False "
+                f"{r.gate_false:.2f}s, pod NotReady {r.not_ready:.2f}s, smg stops routing "
+                f"{r.smg_stops:.2f}s, shrunk pool visible {r.pool_visible:.2f}s, engine container "
+                f"ready {r.container_ready:.2f}s, gate KvPoolTooSmall {r.kv_pool_too_small:.2f}s "
+                f"(container ready -> KvPoolTooSmall {r.ready_to_gate:.2f}s, pool visible -> "
+                f"KvPoolTooSmall {r.visible_to_gate:.2f}s); requests served by the shrunk "
+                f"engine: {r.served_by_shrunk:.0f}"
+            )
 
     for r in rounds:
-        print(
-            f"MEASURED {r.role} restarted at {SHRUNK_GIB} GiB (pool {r.pool:,}): gate False "
-            f"{r.gate_false:.2f}s, pod NotReady {r.not_ready:.2f}s, smg stops routing "
-            f"{r.smg_stops:.2f}s, shrunk pool visible {r.pool_visible:.2f}s, gate KvPoolTooSmall "
-            f"{r.kv_pool_too_small:.2f}s (pool visible -> gate KvPoolTooSmall "
-            f"{r.visible_to_gate:.2f}s); requests served by the shrunk engine: "
-            f"{r.served_by_shrunk:.0f}"
-        )
         assert r.served_by_shrunk == 0, f"{r.served_by_shrunk} requests reached the shrunk engine"
         assert r.smg_stops <= r.pool_visible, "smg routed to the engine after its pool shrank"
-        assert r.visible_to_gate <= 2.0, r
+        assert r.ready_to_gate <= 2.0, r  # the target: <= 2 s after the probe sees it
     wrong = [f for f in traffic.failures if "WRONG TOKENS" in f[2]]
     assert wrong == [], wrong[:5]
     print(
         f"MEASURED router requests during the restarts: {len(traffic.results)} "
         f"({len(traffic.failures)} failed while an engine was out, none with wrong tokens); "
-        f"pool visible -> gate KvPoolTooSmall p50 "
-        f"{statistics.median(r.visible_to_gate for r in rounds):.2f}s"
+        f"container ready -> gate KvPoolTooSmall p50 "
+        f"{statistics.median(r.ready_to_gate for r in rounds):.2f}s, pool visible -> gate "
+        f"KvPoolTooSmall p50 {statistics.median(r.visible_to_gate for r in rounds):.2f}s, "
+        f"restart -> smg stops routing p50 {statistics.median(r.smg_stops for r in rounds):.2f}s"
     )
     assert all(ok for _, ok, _ in traffic.results[-3:]), traffic.results[-5:]  # serving again
     assert sampler.stats.samples > 0
