@@ -921,6 +921,18 @@ class PodWorker:
             await asyncio.sleep(0.05)  # coalesce bursts of changes into one patch
             await self._write_status()
 
+    async def _refresh(self) -> None:
+        """Re-read the pod after a conflict (the next status patch is computed from it)."""
+        try:
+            latest = await self.host.api.get(
+                f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+            )
+        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("pod %s: re-read after a status conflict failed: %s", self.key, exc)
+            return
+        if isinstance(latest, dict) and latest.get("metadata", {}).get("uid") == self.uid:
+            self.pod = latest
+
     async def _write_status(self, force: bool = False) -> None:
         if self._force:
             return
@@ -928,15 +940,29 @@ class PodWorker:
         text = json.dumps(patch, sort_keys=True)
         if text == self._last_patch and not force:
             return
+        # Ready is computed from the readiness-gate conditions of the pod as last seen. If the
+        # operator flipped a gate since, a patch from that stale view would publish Ready=True
+        # with the gate False, for as long as it takes the watch event to arrive. The
+        # resourceVersion makes the patch conditional: on a conflict, re-read and recompute.
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status"
+        conditional = {
+            **patch,
+            "metadata": {
+                **patch["metadata"],
+                "resourceVersion": self.pod["metadata"].get("resourceVersion"),
+            },
+        }
         try:
-            result = await self.host.api.patch(
-                f"/api/v1/namespaces/{self.namespace}/pods/{self.name}/status", patch
-            )
+            result = await self.host.api.patch(path, conditional)
             self._last_patch = text
             if isinstance(result, dict) and result.get("metadata", {}).get("uid") == self.uid:
                 self.pod = result
         except ApiError as exc:
             if exc.status == 404:
+                return
+            if exc.status == 409:
+                await self._refresh()
+                self._dirty.set()
                 return
             log.warning("pod %s: status patch failed: %s", self.key, exc)
             self._last_patch = None
