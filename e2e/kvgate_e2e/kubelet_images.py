@@ -19,14 +19,14 @@ network namespace, and ``0.0.0.0`` or ``127.0.0.1`` would collide across pods.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate_engine.launcher import image_version
+
 ENGINE_MODULE = "kvgate_engine.reference"
 SGLANG_ENTRY = ("-m", "sglang.launch_server")
-_VERSION_TAG = re.compile(r"^v?(\d+\.\d+\.\d+)(?:[-+.].*)?$")
 
 
 class ImageError(ValueError):
@@ -62,15 +62,6 @@ def parse_image(image: str) -> ImageRef:
         if repo.startswith(prefix):
             repo = repo[len(prefix) :]
     return ImageRef(repository=repo, tag=tag or None, digest=digest or None)
-
-
-def engine_version_from_image(image: str) -> str | None:
-    """``lmsysorg/sglang:v0.5.23`` → ``0.5.23``; ``latest``, digests and odd tags → None."""
-    tag = parse_image(image).tag
-    if tag is None:
-        return None
-    match = _VERSION_TAG.match(tag)
-    return match.group(1) if match else None
 
 
 def image_kind(image: str) -> str:
@@ -178,7 +169,7 @@ def launch_for(
         extra: dict[str, str] = {}
         if gpu_memory_gib is not None:
             extra["KVGATE_GPU_MEMORY_GIB"] = _format_gib(gpu_memory_gib)
-        version = engine_version_from_image(image)
+        version = image_version(image)
         if version is not None:
             extra["KVGATE_ENGINE_VERSION"] = version
         return Launch(kind, (python, "-m", ENGINE_MODULE, *flags), extra)

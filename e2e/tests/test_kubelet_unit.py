@@ -12,7 +12,6 @@ import pytest
 from kvgate_e2e.kubelet import container_pid
 from kvgate_e2e.kubelet_images import (
     ImageError,
-    engine_version_from_image,
     expand_vars,
     launch_for,
     parse_image,
@@ -341,21 +340,6 @@ def test_unknown_image_runs_its_command_and_without_command_is_refused() -> None
     assert launch.argv == ("python3", "-c", "print(1)")
     with pytest.raises(ImageError, match="set `command`"):
         launch_for("busybox:1.36", [], [], pod_ip="1", python="p", venv_bin="/v", gpu_memory_gib=1)
-
-
-@pytest.mark.parametrize(
-    ("image", "version"),
-    [
-        ("lmsysorg/sglang:v0.5.23", "0.5.23"),
-        ("lmsysorg/sglang:v0.5.20-cu129", "0.5.20"),
-        ("lmsysorg/sglang:0.5.22", "0.5.22"),
-        ("lmsysorg/sglang:latest", None),
-        ("lmsysorg/sglang@sha256:abc", None),
-        ("lmsysorg/sglang", None),
-    ],
-)
-def test_engine_version_comes_from_the_image_tag(image: str, version: str | None) -> None:
-    assert engine_version_from_image(image) == version
 
 
 def test_registry_port_is_not_mistaken_for_a_tag() -> None:
