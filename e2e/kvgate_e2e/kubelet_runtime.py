@@ -66,9 +66,12 @@ log = logging.getLogger("kvgate_e2e.kubelet")
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MOUNT_SCRIPT = (
     'while [ "$1" != "--" ]; do '
+    '[ -e "$2" ] || mkdir -p "$2"; '
     'mount --bind "$1" "$2" || { echo "kvgate-kubelet: cannot mount $1 at $2" >&2; exit 127; }; '
     'shift 2; done; shift; exec "$@"'
 )
+# Where this checkout's packages and virtualenv live: pod processes run from them.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -83,6 +86,24 @@ def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
         return any(covers(pair[1], other[0]) for other in pairs if other is not pair)
 
     return sorted(pairs, key=lambda p: (shadows(p), p[1].count("/")))
+
+
+def keep_visible(
+    pairs: Sequence[tuple[str, str]], paths: Sequence[str], via: str
+) -> list[tuple[str, str]]:
+    """Extra bind mounts that bring back host paths a volume mount hides.
+
+    Pod processes run from this checkout and its virtualenv. If the checkout lives under a
+    volume's mountPath (a clone in /tmp, an emptyDir at /tmp), the mount would hide it; so each
+    hidden path is bound again, last, from ``via`` (``/proc/<kubelet pid>/root``: the kubelet's
+    own view of the file system, which no pod mount changes)."""
+
+    def covers(dst: str, path: str) -> bool:
+        return path == dst or path.startswith(dst.rstrip("/") + "/")
+
+    hidden = [p for p in dict.fromkeys(paths) if any(covers(dst, p) for _, dst in pairs)]
+    outermost = [p for p in hidden if not any(q != p and covers(q, p) for q in hidden)]
+    return [(via + p, p) for p in outermost]
 
 
 def now_rfc3339() -> str:
@@ -577,6 +598,11 @@ class PodWorker:
         env |= dict(launch.env)
         argv = list(launch.argv)
         mounts = self._mount_pairs(container)
+        mounts += keep_visible(
+            mounts,
+            [str(PROJECT_ROOT), str(Path(settings.venv_bin).parent)],
+            via=f"/proc/{os.getpid()}/root",
+        )
         if settings.mount_namespaces:
             flat = [p for pair in mounts for p in pair]
             argv = [

@@ -34,7 +34,7 @@ from kvgate_e2e.kubelet_readiness import (
     merge_conditions,
     pod_ready_condition,
 )
-from kvgate_e2e.kubelet_runtime import order_mounts
+from kvgate_e2e.kubelet_runtime import keep_visible, order_mounts
 from kvgate_e2e.kubelet_status import (
     RUNNING,
     TERMINATED,
@@ -498,3 +498,15 @@ def test_an_empty_dir_at_tmp_is_mounted_after_volumes_whose_source_lives_in_tmp(
     ordered = order_mounts(pairs)
     assert ordered[-1] == ("/tmp/run/pods/p/volumes/tmp", "/tmp")
     assert set(ordered) == set(pairs)
+
+
+def test_a_checkout_under_a_pods_emptydir_mount_stays_visible_to_the_pod() -> None:
+    pairs = [("/run/x/volumes/tmp", "/tmp"), ("/run/x/volumes/tls", "/tls")]
+    extra = keep_visible(
+        pairs, ["/tmp/clone", "/tmp/clone/.venv", "/srv/other"], via="/proc/7/root"
+    )
+    assert extra == [("/proc/7/root/tmp/clone", "/tmp/clone")]
+
+
+def test_nothing_is_rebound_when_no_mount_hides_the_checkout() -> None:
+    assert keep_visible([("/a", "/tls")], ["/work/main"], via="/proc/7/root") == []
