@@ -72,6 +72,7 @@ _MOUNT_SCRIPT = (
 )
 # Where this checkout's packages and virtualenv live: pod processes run from them.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+KEEP_STAGE = "/run/kvgate-e2e-keep"  # staging mount points, see keep_visible()
 
 
 def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -89,21 +90,24 @@ def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def keep_visible(
-    pairs: Sequence[tuple[str, str]], paths: Sequence[str], via: str
-) -> list[tuple[str, str]]:
-    """Extra bind mounts that bring back host paths a volume mount hides.
+    pairs: Sequence[tuple[str, str]], paths: Sequence[str], stage: str
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Bind mounts (before, after the pod's own) that keep host paths visible under a volume.
 
     Pod processes run from this checkout and its virtualenv. If the checkout lives under a
-    volume's mountPath (a clone in /tmp, an emptyDir at /tmp), the mount would hide it; so each
-    hidden path is bound again, last, from ``via`` (``/proc/<kubelet pid>/root``: the kubelet's
-    own view of the file system, which no pod mount changes)."""
+    volume's mountPath (a clone in /tmp, an emptyDir at /tmp), that mount would hide it. So each
+    hidden path is first bound to a staging directory ``<stage>/<n>`` (before the pod's mounts)
+    and bound back from there afterwards. (Binding from ``/proc/<pid>/root`` instead does not
+    work: mount(8) canonicalizes the path, and the kernel refuses a bind from another mount
+    namespace.)"""
 
     def covers(dst: str, path: str) -> bool:
         return path == dst or path.startswith(dst.rstrip("/") + "/")
 
     hidden = [p for p in dict.fromkeys(paths) if any(covers(dst, p) for _, dst in pairs)]
     outermost = [p for p in hidden if not any(q != p and covers(q, p) for q in hidden)]
-    return [(via + p, p) for p in outermost]
+    before = [(path, f"{stage}/{i}") for i, path in enumerate(outermost)]
+    return before, [(staged, path) for path, staged in before]
 
 
 def now_rfc3339() -> str:
@@ -598,11 +602,12 @@ class PodWorker:
         env |= dict(launch.env)
         argv = list(launch.argv)
         mounts = self._mount_pairs(container)
-        mounts += keep_visible(
-            mounts,
-            [str(PROJECT_ROOT), str(Path(settings.venv_bin).parent)],
-            via=f"/proc/{os.getpid()}/root",
+        before, after = keep_visible(
+            mounts, [str(PROJECT_ROOT), str(Path(settings.venv_bin).parent)], stage=KEEP_STAGE
         )
+        for _, staged in before:
+            settings.mount_points.ensure(Path(staged))
+        mounts = before + mounts + after
         if settings.mount_namespaces:
             flat = [p for pair in mounts for p in pair]
             argv = [

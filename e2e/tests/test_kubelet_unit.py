@@ -502,11 +502,12 @@ def test_an_empty_dir_at_tmp_is_mounted_after_volumes_whose_source_lives_in_tmp(
 
 def test_a_checkout_under_a_pods_emptydir_mount_stays_visible_to_the_pod() -> None:
     pairs = [("/run/x/volumes/tmp", "/tmp"), ("/run/x/volumes/tls", "/tls")]
-    extra = keep_visible(
-        pairs, ["/tmp/clone", "/tmp/clone/.venv", "/srv/other"], via="/proc/7/root"
+    before, after = keep_visible(
+        pairs, ["/tmp/clone", "/tmp/clone/.venv", "/srv/other"], stage="/run/keep"
     )
-    assert extra == [("/proc/7/root/tmp/clone", "/tmp/clone")]
+    assert before == [("/tmp/clone", "/run/keep/0")]
+    assert after == [("/run/keep/0", "/tmp/clone")]
 
 
 def test_nothing_is_rebound_when_no_mount_hides_the_checkout() -> None:
-    assert keep_visible([("/a", "/tls")], ["/work/main"], via="/proc/7/root") == []
+    assert keep_visible([("/a", "/tls")], ["/work/main"], stage="/run/keep") == ([], [])
