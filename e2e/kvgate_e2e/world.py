@@ -28,7 +28,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self, TypeVar
+from typing import IO, Any, Protocol, Self, TypeVar
 
 import yaml
 
@@ -397,7 +397,14 @@ def is_ready(obj: Mapping[str, Any]) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
-def ready_endpoints(world: World, namespace: str, service: str) -> set[str]:
+class ObjectLister(Protocol):
+    """Anything that lists objects like ``World.list`` (the smoke tests' own client does)."""
+
+    def list(self, kind: str, namespace: str, selector: str = "") -> list[Any]: ...
+
+
+def ready_endpoints(world: ObjectLister, namespace: str, service: str) -> set[str]:
+    """Addresses of the Service's ready endpoints, from its EndpointSlices."""
     slices = world.list(
         "endpointslices.discovery.k8s.io", namespace, f"kubernetes.io/service-name={service}"
     )

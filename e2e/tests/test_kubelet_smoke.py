@@ -26,6 +26,7 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
+from kvgate_e2e.world import condition, is_ready, ready_endpoints
 
 pytestmark = [
     pytest.mark.e2e,
@@ -128,31 +129,6 @@ def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
     yield name
     # Deleting the namespace deletes its pods: the kubelet must stop them and finish the deletion.
     kube.cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s")
-
-
-def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return dict(cond)
-    return None
-
-
-def is_ready(pod: dict[str, Any]) -> bool:
-    cond = condition(pod, "Ready")
-    return cond is not None and cond.get("status") == "True"
-
-
-def ready_endpoints(kube: Kube, namespace: str, service: str) -> set[str]:
-    slices = kube.list(
-        "endpointslices.discovery.k8s.io", namespace, f"kubernetes.io/service-name={service}"
-    )
-    return {
-        addr
-        for s in slices
-        for ep in s.get("endpoints") or []
-        if (ep.get("conditions") or {}).get("ready")
-        for addr in ep["addresses"]
-    }
 
 
 def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
