@@ -339,6 +339,17 @@ class RoleStatus(_Model):
     )
 
 
+class RevisionRecord(_Model):
+    """What one revision's engines must prove, recorded when kvgate rolls the revision out."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    context_length: int = Field(ge=1, description="model.contextLength of that revision.")
+    headroom: float = Field(ge=1.0, description="safety.headroom of that revision.")
+    min_engine_version: str = Field(
+        min_length=1, max_length=64, description="safety.minEngineVersion of that revision."
+    )
+
+
 class ModelDeploymentStatus(_Model):
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this status reflects."
@@ -362,6 +373,16 @@ class ModelDeploymentStatus(_Model):
     )
     context_length: int | None = Field(
         default=None, ge=0, description="contextLength of the serving revision."
+    )
+    revisions: list[RevisionRecord] = Field(
+        default_factory=list,
+        max_length=10,
+        description="Requirements of the revisions kvgate runs (the target first). Written by "
+        "the operator; engine pods are verified against these, never against pod annotations.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
     )
     prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill engines.")
     decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode engines.")

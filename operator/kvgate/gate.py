@@ -11,7 +11,6 @@ answering, which is the moment an operator wants to see.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +32,8 @@ Pod = Mapping[str, Any]
 Condition = dict[str, str]
 
 ENGINE_NOT_READY = "EngineNotReady"
-REQUIREMENT_MISSING = "RequirementMissing"
+REQUIREMENT_UNKNOWN = "RequirementUnknown"
+NOT_OWNED = "NotOwnedByModelDeployment"
 # Reasons that are a verdict on the engine itself (refuse the revision), as opposed to "could not
 # read it yet" (wait, time out).
 UNSAFE_REASONS = frozenset(
@@ -71,23 +71,6 @@ def current_condition(pod: Pod) -> Condition | None:
 def is_verified(pod: Pod) -> bool:
     cond = current_condition(pod)
     return cond is not None and cond.get("status") == "True"
-
-
-def requirement_of(pod: Pod) -> Requirement | None:
-    """The requirement the builders stamped on the pod (revision-exact), or None if absent/bad."""
-    raw = pod.get("metadata", {}).get("annotations", {}).get(labels.REQUIREMENT)
-    if not raw:
-        return None
-    try:
-        doc = json.loads(raw)
-        return Requirement(
-            context_length=int(doc["contextLength"]),
-            headroom=float(doc.get("headroom", 1.0)),
-            role=doc.get("role"),
-            min_version=str(doc.get("minEngineVersion", "0.5.22")),
-        )
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def engine_container_status(pod: Pod) -> Mapping[str, Any] | None:
@@ -188,12 +171,13 @@ def condition_for_engine_down(pod: Pod, now: datetime) -> Condition | None:
     return _condition(pod, "False", ENGINE_NOT_READY, message, now)
 
 
-def condition_for_missing_requirement(pod: Pod, now: datetime) -> Condition | None:
-    message = (
-        f"{pod_role(pod)} pod {pod_name(pod)} has no valid {labels.REQUIREMENT} annotation; "
-        "kvgate cannot tell what its engine must prove (was the pod created by kvgate?)"
-    )
-    return _condition(pod, "False", REQUIREMENT_MISSING, message, now)
+def condition_for_unverifiable(
+    pod: Pod, reason: str, message: str, now: datetime
+) -> Condition | None:
+    """False, because kvgate cannot tell what this pod's engine must prove: the pod is not
+    provably one of its ModelDeployment's engine pods, or its revision's requirement is not
+    recorded. (None when the pod already carries exactly this condition.)"""
+    return _condition(pod, "False", reason, f"{pod_role(pod)} pod {pod_name(pod)}: {message}", now)
 
 
 def is_unsafe_reason(reason: str | None) -> bool:

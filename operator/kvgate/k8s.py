@@ -159,6 +159,8 @@ class KubeApi:
     def path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         bases = {
             "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments",
+            "ReplicaSet": f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+            "Secret": f"/api/v1/namespaces/{namespace}/secrets",
             "Pod": f"/api/v1/namespaces/{namespace}/pods",
             "Service": f"/api/v1/namespaces/{namespace}/services",
             "ServiceAccount": f"/api/v1/namespaces/{namespace}/serviceaccounts",

@@ -36,6 +36,9 @@ class OperatorSettings:
     # KVGATE_GATEWAY_GRACE_SECONDS: how long a gateway may keep routing to a NotReady engine pod
     # before the operator deletes the pod (smg 1.13 drains within ~1 s).
     gateway_grace_seconds: float = 15.0
+    # KVGATE_MIN_ENGINE_VERSION_FLOOR: the cluster-wide engine version floor (chart value); no
+    # ModelDeployment's requirement goes below it.
+    min_engine_version_floor: str | None = None
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -56,6 +59,7 @@ class OperatorSettings:
             reverify_seconds=_env_float("KVGATE_REVERIFY_SECONDS"),
             probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
             gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
+            min_engine_version_floor=os.environ.get("KVGATE_MIN_ENGINE_VERSION_FLOOR") or None,
             log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
             log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
         )

@@ -109,10 +109,7 @@ def test_engine_url_needs_an_ip_and_a_ready_engine_container() -> None:
     assert gate.engine_url(no_ip) is None
 
 
-def test_requirement_is_read_from_the_pod_annotation() -> None:
-    assert gate.requirement_of(pod()) == Requirement(1_048_576, 1.0, "decode", "0.5.22")
-    broken = pod()
-    broken["metadata"]["annotations"][labels.REQUIREMENT] = "{not json"
-    assert gate.requirement_of(broken) is None
-    missing = gate.condition_for_missing_requirement(broken, NOW)
-    assert missing is not None and missing["status"] == "False"
+def test_a_pod_kvgate_cannot_verify_gets_a_false_gate_naming_why() -> None:
+    cond = gate.condition_for_unverifiable(pod(), gate.NOT_OWNED, "not controlled by X", NOW)
+    assert cond is not None and cond["status"] == "False"
+    assert cond["reason"] == gate.NOT_OWNED and "not controlled by X" in cond["message"]

@@ -31,6 +31,7 @@ RESOURCES = {
     "v1/serviceaccounts": {"kind": "ServiceAccount"},
     "v1/events": {"kind": "Event"},
     "apps/v1/deployments": {"kind": "Deployment", "subresources": ["status"]},
+    "apps/v1/replicasets": {"kind": "ReplicaSet"},
     "rbac.authorization.k8s.io/v1/roles": {"kind": "Role"},
     "rbac.authorization.k8s.io/v1/rolebindings": {"kind": "RoleBinding"},
     "kvgate.io/v1alpha1/modeldeployments": {"kind": "ModelDeployment", "subresources": ["status"]},
@@ -57,11 +58,44 @@ def requests(km: kmock.KubernetesEmulator, method: str, path_suffix: str = "") -
     return [r for r in km if r.method.value == method and str(r.url.path).endswith(path_suffix)]
 
 
+def _controller(kind: str, name: str, uid: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+@pytest.fixture
+def revision_chain(kmock: kmock.KubernetesEmulator) -> None:
+    """The ModelDeployment, its revision Deployments and their ReplicaSets, as the API server
+    holds them: an engine pod is verified only through this ownership chain."""
+    declare_resources(kmock)
+    doc = md_doc(model__contextLength=131_072)
+    doc["metadata"]["namespace"] = NS
+    kmock.objects[kmock.resource("kvgate.io", "v1alpha1", "modeldeployments"), NS, "llama"] = doc
+    md = make_md(model__contextLength=131_072)
+    rev = revision_of(md.spec)
+    for role in ("prefill", "decode"):
+        dep = builders.deployment(md, rev, role, replicas=1)
+        name = dep["metadata"]["name"]
+        dep["metadata"]["uid"] = f"dep-{role}"
+        kmock.objects[kmock.resource("apps", "v1", "deployments"), NS, name] = dep
+        rs = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {
+                "name": f"{name}-7f",
+                "namespace": NS,
+                "uid": f"rs-{role}",
+                "ownerReferences": [_controller("Deployment", name, f"dep-{role}")],
+            },
+        }
+        kmock.objects[kmock.resource("apps", "v1", "replicasets"), NS, f"{name}-7f"] = rs
+
+
 def engine_pod(port: int, *, role: str = "decode", ready: bool = True) -> dict[str, Any]:
     md = make_md(model__contextLength=131_072)
     rev = revision_of(md.spec)
     template = builders.deployment(md, rev, role, replicas=1)["spec"]["template"]
     template["spec"]["containers"][0]["ports"][0]["containerPort"] = port
+    name = builders.component_name("llama", rev, role)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -70,6 +104,7 @@ def engine_pod(port: int, *, role: str = "decode", ready: bool = True) -> dict[s
             "name": f"llama-{rev}-{role}-x2",
             "namespace": NS,
             "uid": "pod-uid-1",
+            "ownerReferences": [_controller("ReplicaSet", f"{name}-7f", f"rs-{role}")],
         },
         "spec": template["spec"],
         "status": {
@@ -80,6 +115,7 @@ def engine_pod(port: int, *, role: str = "decode", ready: bool = True) -> dict[s
     }
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_verified_pod_gets_a_strategic_merge_status_patch_with_uid_precondition(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -107,6 +143,7 @@ async def test_verified_pod_gets_a_strategic_merge_status_patch_with_uid_precond
     }
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_unchanged_verdict_sends_no_patch(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -118,6 +155,7 @@ async def test_unchanged_verdict_sends_no_patch(
     assert len(requests(kmock, "PATCH")) == 1
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_shrunken_pool_turns_the_gate_false_with_events_on_pod_and_deployment(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -141,6 +179,7 @@ async def test_shrunken_pool_turns_the_gate_false_with_events_on_pod_and_deploym
     }
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_terminating_pod_leaves_traffic_without_a_lost_verification_warning(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -157,6 +196,7 @@ async def test_terminating_pod_leaves_traffic_without_a_lost_verification_warnin
     assert requests(kmock, "POST", "/events") == []
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_engine_restarted_with_a_small_pool_reports_its_numbers_on_pod_and_deployment(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -177,6 +217,7 @@ async def test_engine_restarted_with_a_small_pool_reports_its_numbers_on_pod_and
     assert all("KV pool 16,731 tokens < context length 131,072" in e["message"] for e in unsafe)
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_unreachable_engine_is_never_verified(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -236,6 +277,7 @@ async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge
     assert deployment["metadata"]["annotations"][labels.VERIFY_STARTED_AT] == "2026-11-05T12:00:00Z"
 
 
+@pytest.mark.usefixtures("revision_chain")
 async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
@@ -310,3 +352,34 @@ async def test_restarted_operator_refuses_a_stalled_rollout_from_cluster_state_a
     )
     assert "rollout.verifyTimeoutSeconds=60 s" in warning["message"]
     assert json.dumps(warning)  # a plain JSON Event
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_tenant_weakened_requirement_annotation_is_ignored(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    # kubectl annotate pod ... kvgate.io/requirement='{"contextLength": 1}' on an engine whose
+    # pool is far below the spec's 131,072 tokens: the verdict still uses the spec.
+    async with running(FakeEngine("decode", 131_072, 16_000)) as engine:
+        pod = engine_pod(engine.port)
+        pod["metadata"]["annotations"][labels.REQUIREMENT] = json.dumps(
+            {"contextLength": 1, "headroom": 1.0, "minEngineVersion": "0.0.1", "role": "decode"}
+        )
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["status"] == "False" and cond["reason"] == "KvPoolTooSmall"
+    assert "context length 131,072" in cond["message"]
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_pod_with_kvgate_labels_but_no_ownership_chain_is_never_verified(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        pod["metadata"]["ownerReferences"] = []  # a pod a tenant created with copied labels
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["status"] == "False"
+    assert cond["reason"] == "NotOwnedByModelDeployment"
+    assert "not controlled by a ReplicaSet" in cond["message"]

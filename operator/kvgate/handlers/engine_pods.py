@@ -12,15 +12,19 @@ smg drops the worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kvgate_engine.verdict import Outcome, Requirement, Verdict
+from pydantic import ValidationError
 
-from kvgate import gate, labels, metrics
-from kvgate.api import API_VERSION, KIND
+from kvgate import gate, labels, metrics, pod_identity, requirements
+from kvgate.api import API_VERSION, KIND, ModelDeploymentSpec
+from kvgate.pod_identity import EngineIdentity, Unproven
+from kvgate.revision import revision_of
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
 
@@ -178,12 +182,81 @@ async def _post(
         log.warning("could not post event %s: %s", reason, exc)
 
 
+def _ownership_fingerprint(pod: Pod) -> str:
+    meta = pod.get("metadata", {})
+    return json.dumps([meta.get("ownerReferences"), meta.get("labels")], sort_keys=True)
+
+
+async def resolve_identity(rt: Runtime, pod: Pod, md_uid: str | None) -> EngineIdentity | Unproven:
+    """Prove the pod's revision and role through its controller chain (ReplicaSet -> Deployment
+    -> ModelDeployment). A proven chain is cached until the pod's ownerReferences or labels
+    change (a ReplicaSet's or Deployment's controller never changes without a new uid)."""
+    meta = pod.get("metadata", {})
+    uid, namespace = str(meta.get("uid", "")), str(meta.get("namespace", ""))
+    key = _ownership_fingerprint(pod)
+    cached = rt.identities.get(uid)
+    if cached is not None and cached[0] == key:
+        return cast(EngineIdentity, cached[1])
+    replica_set = deployment = None
+    rs_name = pod_identity.replica_set_name(pod)
+    if rs_name:
+        replica_set = await rt.api.get("ReplicaSet", namespace, rs_name)
+    dep_name = pod_identity.deployment_name(replica_set) if replica_set else None
+    if dep_name:
+        deployment = await rt.api.get("Deployment", namespace, dep_name)
+    result = pod_identity.identify(pod, replica_set, deployment, md_uid)
+    if isinstance(result, EngineIdentity):
+        rt.identities[uid] = (key, result)
+    else:
+        rt.identities.pop(uid, None)
+    return result
+
+
+async def requirement_of_pod(rt: Runtime, pod: Pod) -> Requirement | tuple[str, str] | None:
+    """What the pod's engine must prove, derived from its ModelDeployment (never from the pod);
+    (reason, message) when it cannot be; None when the ModelDeployment is gone (nothing to do)."""
+    namespace, md_name = _md_of(pod)
+    md = rt.mds.get((namespace, md_name))
+    if md is None:
+        md = await rt.api.get("ModelDeployment", namespace, md_name) if md_name else None
+    if md is None or md.get("metadata", {}).get("deletionTimestamp"):
+        if not gate.is_verified(pod):
+            return gate.NOT_OWNED, f"no ModelDeployment {md_name!r} in {namespace} owns this pod"
+        return None
+    identity = await resolve_identity(rt, pod, md.get("metadata", {}).get("uid"))
+    if isinstance(identity, Unproven):
+        return gate.NOT_OWNED, (
+            f"{identity.message}; kvgate verifies only pods of its own revision Deployments"
+        )
+    try:
+        spec = ModelDeploymentSpec.model_validate(md.get("spec", {}))
+    except ValidationError:
+        return gate.REQUIREMENT_UNKNOWN, f"ModelDeployment {md_name} has an invalid spec"
+    requirement = requirements.requirement_for(
+        spec=spec,
+        target_revision=revision_of(spec),
+        status=md.get("status"),
+        revision=identity.revision,
+        role=identity.role,
+        cluster_floor=rt.settings.min_engine_version_floor,
+    )
+    if requirement is None:
+        return gate.REQUIREMENT_UNKNOWN, (
+            f"the requirement of revision {identity.revision} is not recorded in ModelDeployment "
+            f"{md_name}'s status.revisions (it is neither the current spec's revision nor one "
+            "kvgate rolled out); it cannot be verified"
+        )
+    return requirement
+
+
 async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     """One verification pass over one pod; returns the condition written, if any."""
     now = rt.clock()
-    requirement = gate.requirement_of(pod)
+    requirement = await requirement_of_pod(rt, pod)
     if requirement is None:
-        condition = gate.condition_for_missing_requirement(pod, now)
+        return None
+    if isinstance(requirement, tuple):
+        condition = gate.condition_for_unverifiable(pod, *requirement, now)
     else:
         url = gate.engine_url(pod)
         if url is None:

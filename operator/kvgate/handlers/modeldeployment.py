@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvgate import builders, gate, labels, metrics
+from kvgate import builders, gate, labels, metrics, requirements
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
 from kvgate.k8s import MERGE_PATCH
@@ -167,6 +167,13 @@ class Reconciler:
             context_length=spec.model.context_length,
             previous=previous,
             now=self.rt.clock(),
+        )
+        # The requirement of every revision still running, so its pods are verified against
+        # what kvgate rolled out once the spec has moved on (status: tenants cannot write it).
+        status["revisions"] = requirements.updated_records(
+            previous,
+            requirements.record_of(spec, target),
+            keep={w.revision for w in workloads} | {step.serving_revision or ""},
         )
         if _strip_none(previous or {}) != _strip_none(status):
             await api.patch_md_status(ns, name, status)

@@ -40,6 +40,8 @@ class Runtime:
     mds: dict[MdKey, dict[str, Any]] = field(default_factory=dict)  # latest MD bodies
     engines: dict[str, VerifiedEngine] = field(default_factory=dict)  # uid -> last verdict
     verifiers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> loop
+    # pod uid -> (ownership fingerprint, proven identity); see engine_pods.resolve_identity
+    identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 
@@ -59,6 +61,7 @@ class Runtime:
             task.cancel()
         self.pods.pop(uid, None)
         self.engines.pop(uid, None)
+        self.identities.pop(uid, None)
         self._pod_wakes.pop(uid, None)
 
     def forget_md(self, key: MdKey) -> None:
