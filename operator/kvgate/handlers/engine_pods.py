@@ -23,10 +23,10 @@ from pydantic import ValidationError
 
 from kvgate import gate, labels, metrics, pod_identity, requirements
 from kvgate.api import API_VERSION, KIND, ModelDeploymentSpec
-from kvgate.pod_identity import EngineIdentity, Unproven
-from kvgate.revision import revision_of
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
+from kvgate.pod_identity import EngineIdentity, Unproven
+from kvgate.revision import revision_of
 
 log = logging.getLogger("kvgate.engine_pods")
 
