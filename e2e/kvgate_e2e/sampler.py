@@ -44,7 +44,9 @@ from typing import Any, Protocol, Self
 from urllib.parse import urlsplit
 
 import aiohttp
-from kvgate.gate import requirement_of
+from kvgate.api import ModelDeploymentSpec
+from kvgate.requirements import requirement_for
+from kvgate.revision import revision_of
 from kvgate_engine.probe import fetch_report
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
@@ -138,6 +140,44 @@ def live_workers(workers: Mapping[str, Obj]) -> list[tuple[str, str]]:
     return out
 
 
+def requirements_from(mds: Sequence[Obj]) -> RequirementOf:
+    """What each engine pod must prove, from its ModelDeployment (as the operator derives it;
+    never from the pod's own annotations, which a tenant may edit). A pod whose revision is
+    neither the spec's nor recorded in ``status.revisions`` is held to the current spec."""
+    by_name = {str((m.get("metadata") or {}).get("name")): m for m in mds}
+
+    def of(pod: Obj) -> Requirement | None:
+        pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+        md = by_name.get(str(pod_labels.get("kvgate.io/deployment")))
+        if md is None:
+            return None
+        try:
+            spec = ModelDeploymentSpec.model_validate(md.get("spec") or {})
+        except ValueError:
+            return None
+        target = revision_of(spec)
+        role = str(pod_labels.get("kvgate.io/role", ""))
+        revision = str(pod_labels.get("kvgate.io/revision", ""))
+        found = requirement_for(
+            spec=spec,
+            target_revision=target,
+            status=md.get("status"),
+            revision=revision,
+            role=role,
+            cluster_floor=None,
+        )
+        return found or requirement_for(
+            spec=spec,
+            target_revision=target,
+            status=None,
+            revision=target,
+            role=role,
+            cluster_floor=None,
+        )
+
+    return of
+
+
 def decide(
     *,
     at: float,
@@ -146,7 +186,7 @@ def decide(
     pods: Sequence[Obj],
     slices: Sequence[Obj],
     workers: Mapping[str, Obj],
-    requirement_of: RequirementOf = requirement_of,
+    requirement_of: RequirementOf,
 ) -> Decision:
     """Violations in one sample (pure).
 
@@ -304,7 +344,7 @@ class InvariantSampler:
         router_selector: str = ROUTER_SELECTOR,
         router_port: int = 8000,
         engine_port: int | None = None,
-        requirement_of: RequirementOf = requirement_of,
+        requirement_of: RequirementOf | None = None,
         interval: float = 0.2,
         expect_violations: bool = False,
         name: str = "",
@@ -315,7 +355,7 @@ class InvariantSampler:
         self.router_selector = router_selector
         self.router_port = router_port
         self.engine_port = engine_port
-        self.requirement_of = requirement_of
+        self.requirement_of = requirement_of  # None: derived from the namespace's MDs
         self.interval = interval
         self.expect_violations = expect_violations
         self.name = name or namespace
@@ -482,10 +522,12 @@ class InvariantSampler:
         ]
         reports = dict(await asyncio.gather(*(self._report(http, p) for p in engines)))
         slices_path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
-        pods_now, slices, routers = await asyncio.gather(
+        mds_path = f"/apis/kvgate.io/v1alpha1/namespaces/{self.namespace}/modeldeployments"
+        pods_now, slices, routers, mds = await asyncio.gather(
             self._pods(api, self.engine_selector),
             api.request("GET", slices_path, timeout=5),
             self._pods(api, self.router_selector),
+            api.request("GET", mds_path, timeout=5),
         )
         running = [
             r
@@ -502,7 +544,7 @@ class InvariantSampler:
             pods=pods_now,
             slices=list(slices.get("items") or []),
             workers=workers,
-            requirement_of=self.requirement_of,
+            requirement_of=self.requirement_of or requirements_from(mds.get("items") or []),
         )
         with self._lock:
             self.sample_times.append(at)

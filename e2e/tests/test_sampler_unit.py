@@ -4,6 +4,7 @@ requirement (pure; no cluster)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,16 @@ def report(pool: int, *, version: str = "0.5.23", role: str = "decode") -> Engin
     )
 
 
+def annotated(p: Mapping[str, Any]) -> Requirement | None:
+    """These unit pods carry their requirement as an annotation (the e2e sampler derives it
+    from the ModelDeployment; see test_requirements_from_model_deployments_*)."""
+    raw = (p.get("metadata") or {}).get("annotations", {}).get("kvgate.io/requirement")
+    if not raw:
+        return None
+    doc = json.loads(raw)
+    return Requirement(int(doc["contextLength"]), float(doc.get("headroom", 1.0)), doc.get("role"))
+
+
 SAFE = report(1_200_000)
 SHRUNK = report(681_280)  # the incident's prefill pool
 
@@ -114,6 +125,7 @@ def run(
         pods=pods,
         slices=slices or [],
         workers={ROUTER: router} if router is not None else {},
+        requirement_of=annotated,
     )
     return [(v.path, v.via, v.pod, v.reason) for v in decision.violations]
 
@@ -212,6 +224,7 @@ def test_violation_message_gives_the_pool_and_the_context_in_numbers() -> None:
         pods=[pod(D, IP, ready=True)],
         slices=[],
         workers={},
+        requirement_of=annotated,
     )
     (v,) = decision.violations
     assert v == Violation(
@@ -236,6 +249,7 @@ def test_unreadable_engine_is_counted_not_flagged() -> None:
         pods=[pod(D, IP, ready=True)],
         slices=[slice_("md-decode", (IP, READY))],
         workers={},
+        requirement_of=annotated,
     )
     assert decision.violations == ()
     assert decision.unreadable == (f"{NS}/{D}",)
@@ -247,7 +261,7 @@ def test_pod_without_requirement_is_unjudged_unless_the_caller_supplies_one() ->
     args: dict[str, Any] = dict(
         at=0.0, probed_pods=[plain], reports={"uid-engine": SHRUNK}, pods=[plain], slices=[]
     )
-    unjudged = decide(**args, workers={})
+    unjudged = decide(**args, workers={}, requirement_of=annotated)
     assert unjudged.violations == () and unjudged.unjudged == (f"{NS}/engine",)
     judged = decide(
         **args,
@@ -335,3 +349,26 @@ def test_check_fails_a_sampler_that_could_not_watch() -> None:
     sampler.stats.last_error = "ApiError: 403"
     with pytest.raises(AssertionError, match=r"5 of 10 sampler ticks failed.*403"):
         sampler.check()
+
+
+def test_requirements_from_model_deployments_ignore_a_weakened_pod_annotation() -> None:
+    from kvgate.api import ModelDeploymentSpec
+    from kvgate.revision import revision_of
+    from kvgate_e2e.sampler import requirements_from
+    from kvgate_e2e.world import load_sample
+
+    md = load_sample("llama-8b")
+    rev = revision_of(ModelDeploymentSpec.model_validate(md["spec"]))
+    weak = {
+        "metadata": {
+            "labels": {
+                "kvgate.io/deployment": md["metadata"]["name"],
+                "kvgate.io/revision": rev,
+                "kvgate.io/role": "decode",
+            },
+            "annotations": {"kvgate.io/requirement": '{"contextLength": 1}'},
+        }
+    }
+    got = requirements_from([md])(weak)
+    assert got is not None and got.context_length == md["spec"]["model"]["contextLength"] > 1
+    assert got.role == "decode"
