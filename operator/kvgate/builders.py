@@ -9,13 +9,14 @@ the serving revision's routers (switching traffic is a selector change).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import Any
 
 from kvgate_engine.launcher import engine_argv
 
-from kvgate import labels
+from kvgate import labels, router_auth
 from kvgate.api import ModelDeployment, Role, RoleSpec
 
 # Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
@@ -36,6 +37,11 @@ def component_name(md_name: str, revision: str, component: str) -> str:
 
 def router_account_name(md_name: str) -> str:
     return f"{md_name}-router"
+
+
+def router_control_secret_name(md_name: str) -> str:
+    """The Secret holding the router's control-plane key (``<md>-router-control``)."""
+    return f"{md_name}-router-control"
 
 
 def selector_labels(md_name: str, revision: str, component: str) -> dict[str, str]:
@@ -215,11 +221,17 @@ def router_argv(md: ModelDeployment, revision: str) -> list[str]:
         # the pod's grace period instead of being SIGKILLed mid-drain.
         "--shutdown-grace-period-secs",
         str(TERMINATION_GRACE_SECONDS - 10),
+        # Worker API (/workers ...) only with the operator's key: nobody who merely reaches the
+        # Service can add an engine kvgate did not verify (router_auth).
+        "--control-plane-api-keys",
+        router_auth.smg_key_argument(),
         *spec.router.args,
     ]
 
 
-def router_pod_template(md: ModelDeployment, revision: str) -> Body:
+def router_pod_template(
+    md: ModelDeployment, revision: str, key_fingerprint: str | None = None
+) -> Body:
     spec = md.spec
     name = md.metadata.name or ""
     port = spec.router.port
@@ -228,6 +240,17 @@ def router_pod_template(md: ModelDeployment, revision: str) -> Body:
         "image": spec.router.image,
         "command": ["smg", "launch"],
         "args": router_argv(md, revision),
+        "env": [
+            {
+                "name": router_auth.ENV_VAR,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": router_control_secret_name(name),
+                        "key": router_auth.SECRET_KEY,
+                    }
+                },
+            }
+        ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         # /readiness is 503 unless the router holds a ready prefill AND a ready decode worker,
         # and engine pods are Ready only once verified: a router is Ready only when both roles
@@ -244,8 +267,12 @@ def router_pod_template(md: ModelDeployment, revision: str) -> Body:
         },
         "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
     }
+    template_meta: Body = {"labels": object_labels(name, revision, labels.ROLE_ROUTER)}
+    if key_fingerprint:
+        # A new key (new operator seed) changes the template, so the routers roll onto it.
+        template_meta["annotations"] = {labels.ROUTER_KEY_FINGERPRINT: key_fingerprint}
     return {
-        "metadata": {"labels": object_labels(name, revision, labels.ROLE_ROUTER)},
+        "metadata": template_meta,
         "spec": {
             "serviceAccountName": router_account_name(name),
             "containers": [container],
@@ -268,11 +295,12 @@ def deployment(
     *,
     replicas: int,
     annotations: dict[str, str] | None = None,
+    router_key_fingerprint: str | None = None,
 ) -> Body:
     """The Deployment of one revision's prefill, decode or router pods."""
     name = md.metadata.name or ""
     if component == labels.ROLE_ROUTER:
-        template = router_pod_template(md, revision)
+        template = router_pod_template(md, revision, router_key_fingerprint)
         strategy: Body = {"type": "RollingUpdate"}
     else:
         template = engine_pod_template(md, Role(component), revision)
@@ -349,6 +377,18 @@ def router_service_account(md: ModelDeployment) -> Body:
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": _metadata(md, router_account_name(name), _md_labels(name)),
+    }
+
+
+def router_control_secret(md: ModelDeployment, key: str) -> Body:
+    """The router's control-plane key, owned by the ModelDeployment."""
+    name = md.metadata.name or ""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(md, router_control_secret_name(name), _md_labels(name)),
+        "type": "Opaque",
+        "data": {router_auth.SECRET_KEY: base64.b64encode(key.encode()).decode()},
     }
 
 

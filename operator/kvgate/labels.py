@@ -23,6 +23,7 @@ REQUIREMENT: Final = f"{PREFIX}/requirement"  # engine pod: what its live engine
 VERIFY_STARTED_AT: Final = f"{PREFIX}/verify-started-at"  # target Deployment: RFC 3339
 REFUSED_REASON: Final = f"{PREFIX}/refused-reason"  # refused revision's Deployments
 REFUSED_MESSAGE: Final = f"{PREFIX}/refused-message"
+ROUTER_KEY_FINGERPRINT: Final = f"{PREFIX}/router-key"  # router pod template: key digest
 TEMPLATE_HASH: Final = f"{PREFIX}/template-hash"  # hash of the built object, to detect drift
 BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"  # smg reads the prefill bootstrap port here
 

@@ -46,6 +46,18 @@ GATEWAY_FORCED_DELETIONS = Counter(
     ("namespace", "deployment", "role"),
     registry=REGISTRY,
 )
+OWNERSHIP_CONFLICTS = Gauge(
+    "kvgate_ownership_conflicts_objects",
+    "Objects a ModelDeployment needs that exist but are not its own (kvgate leaves them alone).",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
+ROUTER_UNKNOWN_WORKERS_REMOVED = Counter(
+    "kvgate_router_unknown_workers_removed_total",
+    "Workers removed from a router because they were not a verified engine pod of its revision.",
+    ("namespace", "deployment", "worker_type"),
+    registry=REGISTRY,
+)
 RECONCILE_DURATION = Histogram(
     "kvgate_reconcile_duration_seconds",
     "Time to gather, plan and apply one ModelDeployment reconcile, seconds.",

@@ -1,23 +1,40 @@
 """The rollout planner: observed cluster state -> the next RolloutStep (pure, no I/O, no clock).
 
 Everything it needs lives in the cluster, so an operator restarted mid-rollout resumes from
-cluster state alone:
-- the serving revision is the one the Service ``<md>`` selects;
-- a target revision's verification start time is an annotation on its Deployments;
-- a refusal is an annotation on the refused revision's Deployments;
+cluster state alone. The durable record is the ModelDeployment's status, which only the operator
+writes (a tenant who may edit the spec cannot write ``modeldeployments/status``); the derived
+objects are evidence that may be lost or replaced by anyone who may edit the namespace:
+- the serving revision is ``status.servingRevision`` while that revision still runs; if the
+  status does not name a running revision (status lost, or its revision gone), the non-target
+  revision the Service ``<md>`` selects; if neither does, a non-target revision whose engines
+  and router prove they can serve (both roles verified, router Ready). The target serves only
+  by kvgate's record or by passing the switch rule on this pass;
+- a target revision's verification start time and refusal are ``status.rollout`` (for
+  ``status.targetRevision``) and annotations on its Deployments; the status wins while any of
+  the revision's Deployments exists. Deleting all of them retries the revision from scratch;
 - each pod's verification is its ``kvgate.io/engine-verified`` condition.
 
 Rules (mission invariants 1-3): a target revision serves only when, for BOTH roles, at least
 ceil(minVerifiedPercent% × replicas) (≥ 1) of its pods are verified and its router is Ready. A
 target pod with an unsafe verdict, or no switch within verifyTimeoutSeconds, refuses the revision:
-the serving revision is left untouched. Revisions that are neither serving nor target are deleted.
+the serving revision is left untouched. Revisions are deleted only when neither serving, target,
+nor selected by the Service (it still sends them requests until its new selector lands); while
+the serving revision is unknown (no status record, no Service), nothing is deleted until the
+target serves. A lost Service is recreated, and a lost selector restored, for the serving
+revision; a lost Deployment of the serving revision is recreated (a non-target revision's engines
+cannot be: their spec is no longer in the ModelDeployment; only its router is rebuilt).
+
+Seam for progressive rollouts: the serving revision is one revision and ``service_revision`` one
+selector; a traffic set would replace both, with the same protection rule (never delete a
+revision in the recorded traffic set unless a verified successor carries its share).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from kvgate import gate, labels
 from kvgate.api import ModelDeploymentSpec, Role
@@ -27,6 +44,14 @@ ROUTER = labels.ROLE_ROUTER
 
 REFUSED_UNSAFE = "EngineUnsafe"
 REFUSED_TIMEOUT = "VerificationTimeout"
+
+
+class Evidence(StrEnum):
+    """Where the serving revision was read from, most durable first."""
+
+    STATUS = "Status"  # status.servingRevision, written only by kvgate
+    SERVICE = "Service"  # the selector of the Service <md>
+    VERIFIED_ENGINES = "VerifiedEngines"  # able to serve; status and Service both lost
 
 
 @dataclass(frozen=True)
@@ -58,13 +83,50 @@ class WorkloadState:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    revision: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """The rollout as kvgate last wrote it to the ModelDeployment's status.
+
+    Only the operator writes status, so this outlives the Service, the Deployments and their
+    annotations. All None when the status was never written or is lost (CR re-created).
+    """
+
+    target_revision: str | None = None
+    serving_revision: str | None = None
+    verify_started_at: datetime | None = None  # of target_revision
+    refusal: Refusal | None = None  # of target_revision
+
+    @property
+    def known(self) -> bool:
+        """kvgate wrote this status (it always writes targetRevision)."""
+        return self.target_revision is not None
+
+
+@dataclass(frozen=True)
 class ObservedState:
     spec: ModelDeploymentSpec
     target_revision: str
     workloads: tuple[WorkloadState, ...]
     pods: tuple[PodState, ...]
-    service_revision: str | None  # the revision the Service selects; None: no Service yet
+    service_revision: str | None  # the revision the Service selects; None: no Service/selector
     now: datetime
+    recorded: RolloutRecord = field(default_factory=RolloutRecord)
+    service_exists: bool | None = None  # None: the Service exists iff service_revision is set
+    # A Service named <md> that the ModelDeployment does not control: its selector is no
+    # evidence, and kvgate never writes it (the handler reports an ownership conflict).
+    service_foreign: bool = False
+
+    @property
+    def has_service(self) -> bool:
+        if self.service_exists is None:
+            return self.service_revision is not None
+        return self.service_exists
 
 
 @dataclass(frozen=True)
@@ -77,10 +139,13 @@ class WorkloadIntent:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    revision: str
-    reason: str
-    message: str
+class ServiceRepair:
+    """The Service was lost or repointed by someone else; kvgate puts it back."""
+
+    recreated: bool  # True: the Service was missing; False: its selector named another revision
+    revision: str  # the revision it selects now
+    was: str | None  # the revision it selected (None: missing, or no revision in its selector)
+    evidence: Evidence  # why this revision
 
 
 @dataclass(frozen=True)
@@ -107,6 +172,10 @@ class RolloutStep:
     serving_problems: tuple[PodState, ...] = ()  # serving pods that lost verification
     target_problems: tuple[PodState, ...] = ()  # target pods whose gate is False
     target_router_ready: bool = False
+    serving_evidence: Evidence | None = None  # where the serving revision (before) was read
+    service_repair: ServiceRepair | None = None
+    # Deployments of the serving revision (before this step) that were missing and are recreated.
+    recreated_serving_components: tuple[str, ...] = ()
 
     @property
     def switched(self) -> bool:
@@ -153,17 +222,84 @@ def _workloads_of(observed: ObservedState, revision: str) -> list[WorkloadState]
     return [w for w in observed.workloads if w.revision == revision]
 
 
-def _serving_revision(observed: ObservedState) -> str | None:
-    """The Service's revision, if it still has workloads (or is the target, to be rebuilt)."""
-    rev = observed.service_revision
-    if rev is None:
-        return None
-    if rev == observed.target_revision or _workloads_of(observed, rev):
-        return rev
-    return None
+def _runs(observed: ObservedState, revision: str | None) -> bool:
+    """The revision still has a Deployment or a live engine pod (or is the target: rebuilt)."""
+    if revision is None:
+        return False
+    return (
+        revision == observed.target_revision
+        or bool(_workloads_of(observed, revision))
+        or any(p.revision == revision and not p.terminating for p in observed.pods)
+    )
 
 
-def _standing_refusal(observed: ObservedState) -> Refusal | None:
+def _able_to_serve(observed: ObservedState, revision: str) -> bool:
+    """Both roles have enough verified pods and the router is Ready (the switch rule)."""
+    progress = [role_progress(observed, revision, role) for role in ENGINE_ROLES]
+    return all(p.verified >= p.needed for p in progress) and _router_ready(observed, revision)
+
+
+def _latest_start(observed: ObservedState, revision: str) -> datetime:
+    starts = [w.verify_started_at for w in _workloads_of(observed, revision) if w.verify_started_at]
+    return max(starts) if starts else datetime.min.replace(tzinfo=observed.now.tzinfo)
+
+
+def serving_revision(observed: ObservedState) -> tuple[str | None, Evidence | None]:
+    """The revision taking traffic, from the most durable evidence that names a running one."""
+    recorded = observed.recorded
+    if _runs(observed, recorded.serving_revision):
+        return recorded.serving_revision, Evidence.STATUS
+    if recorded.known and recorded.serving_revision is None:
+        # kvgate recorded that nothing served yet: a Service selecting a revision is not
+        # evidence that it passed verification (if kvgate switched it and its status write was
+        # lost, the revision passes again on this pass).
+        return None, None
+    selected = observed.service_revision
+    # Only kvgate's record makes the target serve without passing the switch rule now: a
+    # Service selecting it (edited, or kvgate's status write lost) proves nothing about it.
+    if selected != observed.target_revision and _runs(observed, selected):
+        return selected, Evidence.SERVICE
+    # Status and Service both lost (or name revisions that are gone): a revision that proves it
+    # can serve is as safe to serve as a target that just passed verification.
+    able = [
+        r
+        for r in {w.revision for w in observed.workloads}
+        if r != observed.target_revision and _able_to_serve(observed, r)
+    ]
+    if not able:
+        return None, None
+    return max(able, key=lambda r: (_latest_start(observed, r), r)), Evidence.VERIFIED_ENGINES
+
+
+def _recorded_attempt_applies(observed: ObservedState) -> bool:
+    """status.rollout describes the target's current attempt (not an earlier, retried one)."""
+    recorded, target = observed.recorded, observed.target_revision
+    mine = _workloads_of(observed, target)
+    if recorded.target_revision != target or not mine:
+        return False  # another revision's record, or every Deployment deleted: a retry
+    starts = [w.verify_started_at for w in mine if w.verify_started_at]
+    # Every annotated start later than the record: a retry whose status write was lost.
+    return not (
+        recorded.verify_started_at is not None
+        and starts
+        and min(starts) > recorded.verify_started_at
+    )
+
+
+def _verify_started_at(observed: ObservedState, *, recorded: bool) -> datetime:
+    if recorded and observed.recorded.verify_started_at is not None:
+        return observed.recorded.verify_started_at
+    starts = [
+        w.verify_started_at
+        for w in _workloads_of(observed, observed.target_revision)
+        if w.verify_started_at
+    ]
+    return min(starts) if starts else observed.now
+
+
+def _standing_refusal(observed: ObservedState, *, recorded: bool) -> Refusal | None:
+    if recorded and observed.recorded.refusal is not None:
+        return observed.recorded.refusal
     for w in _workloads_of(observed, observed.target_revision):
         if w.refused_reason:
             return Refusal(w.revision, w.refused_reason, w.refused_message or "")
@@ -209,15 +345,49 @@ def _target_intents(observed: ObservedState, *, engines_up: bool) -> list[Worklo
     return intents
 
 
+def _serving_router_intent(observed: ObservedState, serving: str | None) -> list[WorkloadIntent]:
+    """A lost router Deployment of a serving revision that is not the target: rebuilt from the
+    current spec (its engines cannot be: their spec is gone; the router only discovers its own
+    revision's verified pods, so it never pairs revisions)."""
+    if serving is None or serving == observed.target_revision:
+        return []
+    if any(w.component == ROUTER for w in _workloads_of(observed, serving)):
+        return []
+    return [WorkloadIntent(serving, ROUTER, observed.spec.router.replicas)]
+
+
+def _recreated(
+    observed: ObservedState, serving: str | None, intents: tuple[WorkloadIntent, ...]
+) -> tuple[str, ...]:
+    """Components of the serving revision this step creates because their Deployment is gone."""
+    if serving is None:
+        return ()
+    have = {w.component for w in _workloads_of(observed, serving)}
+    return tuple(w.component for w in intents if w.revision == serving and w.component not in have)
+
+
+def _service_repair(
+    observed: ObservedState, selects: str | None, evidence: Evidence | None, *, switched: bool
+) -> ServiceRepair | None:
+    if selects is None or evidence is None or switched or observed.service_foreign:
+        return None
+    if not observed.has_service:
+        return ServiceRepair(True, selects, None, evidence)
+    if observed.service_revision != selects:
+        return ServiceRepair(False, selects, observed.service_revision, evidence)
+    return None
+
+
 def plan(observed: ObservedState) -> RolloutStep:
     """The next rollout step for one ModelDeployment."""
     spec = observed.spec
     target = observed.target_revision
-    serving = _serving_revision(observed)
+    serving, evidence = serving_revision(observed)
     present = sorted({w.revision for w in observed.workloads})
     progress = {role.value: role_progress(observed, target, role) for role in ENGINE_ROLES}
-    starts = [w.verify_started_at for w in _workloads_of(observed, target) if w.verify_started_at]
-    started = min(starts) if starts else observed.now
+    recorded_attempt = _recorded_attempt_applies(observed)
+    started = _verify_started_at(observed, recorded=recorded_attempt)
+    serving_router = _serving_router_intent(observed, serving)
 
     def step(**kwargs: object) -> RolloutStep:
         base: dict[str, object] = {
@@ -234,29 +404,42 @@ def plan(observed: ObservedState) -> RolloutStep:
             "serving_problems": (),
             "target_problems": _gate_failures(observed, target),
             "target_router_ready": _router_ready(observed, target),
+            "serving_evidence": evidence,
         }
         base.update(kwargs)
-        return RolloutStep(**base)  # type: ignore[arg-type]
+        built = RolloutStep(**base)  # type: ignore[arg-type]
+        return replace(
+            built,
+            recreated_serving_components=_recreated(observed, serving, built.workloads),
+            service_repair=_service_repair(
+                observed, built.service_revision, evidence, switched=built.switched
+            ),
+        )
 
-    others = tuple(r for r in present if r not in (target, serving))
+    # Never delete what serves, what the Service still sends requests to (until its new
+    # selector lands, a later pass), or, while nothing says which revision served, anything.
+    protected = {target, serving, observed.service_revision}
+    history_known = observed.recorded.known or evidence is Evidence.SERVICE
+    others = tuple(r for r in present if r not in protected) if history_known else ()
 
     if serving == target:
         # Steady state (or scaling): keep the target at spec, remove every other revision, and
         # report serving pods that lost verification (the gate already took them out).
         return step(
             workloads=tuple(_target_intents(observed, engines_up=True)),
-            delete_revisions=tuple(r for r in present if r != target),
+            delete_revisions=tuple(r for r in present if r not in protected),
             service_revision=target,
             serving_problems=_gate_failures(observed, target),
         )
 
     serving_problems = _gate_failures(observed, serving)
 
-    standing = _standing_refusal(observed)
+    standing = _standing_refusal(observed, recorded=recorded_attempt)
     if standing is not None:
         return step(
             workloads=tuple(
                 _target_intents(observed, engines_up=not spec.rollout.scale_down_refused)
+                + serving_router
             ),
             delete_revisions=others,
             refusal=standing,
@@ -282,6 +465,7 @@ def plan(observed: ObservedState) -> RolloutStep:
         return step(
             workloads=tuple(
                 _target_intents(observed, engines_up=not spec.rollout.scale_down_refused)
+                + serving_router
             ),
             delete_revisions=others,
             refusal=refusal,
@@ -289,10 +473,9 @@ def plan(observed: ObservedState) -> RolloutStep:
             serving_problems=serving_problems,
         )
 
-    both_verified = all(p.verified >= p.needed for p in progress.values())
-    if both_verified and _router_ready(observed, target):
-        # Switch traffic; old revisions are deleted on the next step, once the Service write
-        # has landed (serving == target then).
+    if _able_to_serve(observed, target):
+        # Switch traffic; the old revision is deleted on a later pass, once the Service write
+        # has landed and the status records the target as serving.
         return step(
             serving_revision=target,
             workloads=tuple(_target_intents(observed, engines_up=True)),
@@ -301,7 +484,7 @@ def plan(observed: ObservedState) -> RolloutStep:
         )
 
     return step(
-        workloads=tuple(_target_intents(observed, engines_up=True)),
+        workloads=tuple(_target_intents(observed, engines_up=True) + serving_router),
         delete_revisions=others,
         serving_problems=serving_problems,
     )

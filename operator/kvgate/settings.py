@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 from dataclasses import dataclass, field
 
 
@@ -17,6 +18,18 @@ def _env_float(name: str) -> float | None:
         raise SystemExit(
             f"{name}={raw!r} is not a number of seconds; unset it or use e.g. 2"
         ) from exc
+
+
+def _router_key_seed() -> bytes:
+    raw = os.environ.get("KVGATE_ROUTER_KEY_SEED", "")
+    if not raw:
+        return secrets.token_bytes(32)
+    if len(raw) < 16:
+        raise SystemExit(
+            f"KVGATE_ROUTER_KEY_SEED has {len(raw)} characters; use at least 16 random ones "
+            "(the chart generates 48)"
+        )
+    return raw.encode()
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,10 @@ class OperatorSettings:
     # KVGATE_MIN_ENGINE_VERSION_FLOOR: the cluster-wide engine version floor (chart value); no
     # ModelDeployment's requirement goes below it.
     min_engine_version_floor: str | None = None
+    # KVGATE_ROUTER_KEY_SEED: secret seed of every router's control-plane key (router_auth); the
+    # chart keeps it in a Secret. Unset: a random seed per process (routers are re-keyed on the
+    # next start), for runs outside the chart.
+    router_key_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -60,6 +77,7 @@ class OperatorSettings:
             probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
             gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
             min_engine_version_floor=os.environ.get("KVGATE_MIN_ENGINE_VERSION_FLOOR") or None,
+            router_key_seed=_router_key_seed(),
             log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
             log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
         )

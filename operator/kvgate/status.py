@@ -6,6 +6,11 @@ lastTransitionTime that changes only when the status flips.
 - EnginesVerified: every engine pod of the current spec's revision passed verification.
 - Progressing: a new revision is being verified (False once it serves or is refused).
 - Degraded: a rollout was refused, or serving pods lost verification.
+
+The status is also kvgate's durable rollout record (only the operator writes it):
+``servingRevision``, ``targetRevision`` and ``rollout`` (the target's verification start and
+refusal) are read back by ``rollout_record`` on the next pass, so a lost Service, Deployment or
+annotation never loses the rollout.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from datetime import datetime
 from typing import Any
 
 from kvgate.gate import rfc3339
-from kvgate.planner import PodState, RoleProgress, RolloutStep
+from kvgate.planner import (
+    Evidence,
+    PodState,
+    Refusal,
+    RoleProgress,
+    RolloutRecord,
+    RolloutStep,
+    ServiceRepair,
+)
 
 READY = "Ready"
 ENGINES_VERIFIED = "EnginesVerified"
@@ -203,10 +216,46 @@ def compute_status(
         "targetRevision": step.target_revision,
         "refusedRevision": refused,
         "contextLength": serving_context,
+        "rollout": _rollout_status(step),
         "prefill": _role_status(step.progress["prefill"]),
         "decode": _role_status(step.progress["decode"]),
         "message": _message(step, ready, degraded),
     }
+
+
+def _rollout_status(step: RolloutStep) -> dict[str, Any]:
+    refusal = step.refusal
+    return {
+        "verifyStartedAt": rfc3339(step.verify_started_at),
+        "refusal": {"reason": refusal.reason, "message": refusal.message} if refusal else None,
+    }
+
+
+def _parse_time(raw: object) -> datetime | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
+    """The rollout as a previous pass wrote it (``compute_status``); empty for no status."""
+    status = status or {}
+    target = status.get("targetRevision") or None
+    rollout = status.get("rollout") or {}
+    refusal = rollout.get("refusal") or {}
+    return RolloutRecord(
+        target_revision=target,
+        serving_revision=status.get("servingRevision") or None,
+        verify_started_at=_parse_time(rollout.get("verifyStartedAt")),
+        refusal=(
+            Refusal(target, str(refusal["reason"]), str(refusal.get("message") or ""))
+            if target and refusal.get("reason")
+            else None
+        ),
+    )
 
 
 def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
@@ -251,7 +300,55 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
                 f"{_progress(step.progress)}",
             )
         )
+    if step.service_repair is not None:
+        events.append(_service_event(step, step.service_repair))
+    if step.recreated_serving_components and step.serving_revision is not None:
+        components = " and ".join(step.recreated_serving_components)
+        many = len(step.recreated_serving_components) > 1
+        events.append(
+            Event(
+                "Warning",
+                "ServingDeploymentRecreated",
+                f"the {components} Deployment{'s' if many else ''} of serving revision "
+                f"{step.previous_serving_revision} {'were' if many else 'was'} missing: "
+                "recreated; its traffic resumes once the new pods are Ready (the Service keeps "
+                "selecting that revision)",
+            )
+        )
     return events
+
+
+_EVIDENCE = {
+    Evidence.STATUS: "the last revision that served, recorded in status.servingRevision",
+    Evidence.SERVICE: "the revision the Service selected; status.servingRevision named none "
+    "that still runs",
+    Evidence.VERIFIED_ENGINES: "status.servingRevision and the Service named no running "
+    "revision; it is the revision whose engines are verified and whose router is Ready",
+}
+
+
+def _service_event(step: RolloutStep, repair: ServiceRepair) -> Event:
+    why = _EVIDENCE[repair.evidence]
+    if step.refusal is not None:
+        target = f"; revision {step.target_revision} is refused and takes no traffic"
+    elif step.target_revision != repair.revision:
+        target = f"; revision {step.target_revision} takes traffic once verified"
+    else:
+        target = ""
+    if repair.recreated:
+        return Event(
+            "Warning",
+            "ServiceRecreated",
+            f"the Service was missing: recreated it selecting revision {repair.revision}'s "
+            f"routers ({why}){target}",
+        )
+    was = f"revision {repair.was}" if repair.was else "no revision"
+    return Event(
+        "Warning",
+        "ServiceSelectorRestored",
+        f"the Service selected {was}, not the serving revision: restored its selector to "
+        f"revision {repair.revision} ({why}){target}",
+    )
 
 
 def _progress_needed(step: RolloutStep) -> str:

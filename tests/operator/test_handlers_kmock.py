@@ -21,13 +21,14 @@ from kvgate.k8s import Credentials, KubeApi
 from kvgate.main import make_verify
 from kvgate.revision import revision_of
 from kvgate.settings import OperatorSettings
-from operator_factories import NOW, make_md, md_doc
+from operator_factories import MD_UID, NOW, make_md, md_doc
 
 NS = "models"
 VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 RESOURCES = {
     "v1/pods": {"kind": "Pod", "subresources": ["status"]},
     "v1/services": {"kind": "Service"},
+    "v1/secrets": {"kind": "Secret"},
     "v1/serviceaccounts": {"kind": "ServiceAccount"},
     "v1/events": {"kind": "Event"},
     "apps/v1/deployments": {"kind": "Deployment", "subresources": ["status"]},
@@ -383,3 +384,77 @@ async def test_a_pod_with_kvgate_labels_but_no_ownership_chain_is_never_verified
     assert cond is not None and cond["status"] == "False"
     assert cond["reason"] == "NotOwnedByModelDeployment"
     assert "not controlled by a ReplicaSet" in cond["message"]
+
+
+def _foreign(kind: str, api: str, name: str, **extra: Any) -> dict[str, Any]:
+    return {"apiVersion": api, "kind": kind, "metadata": {"name": name, "namespace": NS}, **extra}
+
+
+async def test_a_service_kvgate_did_not_create_is_never_adopted_and_the_status_names_it(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    theirs = _foreign("Service", "v1", "llama", spec={"selector": {"app": "theirs"}})
+    kmock.objects[kmock.resource("", "v1", "services"), NS, "llama"] = theirs
+    await Reconciler(rt, NS, "llama").reconcile()
+    assert [r for r in requests(kmock, "PATCH") if "/services/" in str(r.url.path)] == []
+    assert kmock.objects[kmock.resource("", "v1", "services"), NS, "llama"]["spec"] == {
+        "selector": {"app": "theirs"}
+    }
+    status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    for kind, value in (("Ready", "False"), ("Degraded", "True")):
+        assert conds[kind]["status"] == value and conds[kind]["reason"] == "Conflict"
+        assert "Service llama already exists and kvgate does not own it" in conds[kind]["message"]
+    events = [r.data for r in requests(kmock, "POST", "/events")]
+    assert [e["reason"] for e in events if e["reason"] == "Conflict"] == ["Conflict"]
+
+
+async def test_a_pre_existing_router_service_account_is_a_conflict_not_used(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    sa = _foreign("ServiceAccount", "v1", "llama-router")
+    kmock.objects[kmock.resource("", "v1", "serviceaccounts"), NS, "llama-router"] = sa
+    await Reconciler(rt, NS, "llama").reconcile()
+    status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "Conflict"
+    assert "ServiceAccount llama-router already exists" in degraded["message"]
+    assert "Delete or rename that object" in degraded["message"]
+
+
+async def test_router_gets_its_control_plane_key_from_an_owned_secret(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    import base64
+
+    from kvgate import router_auth
+
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    await Reconciler(rt, NS, "llama").reconcile()
+    posted = {
+        (r.data["kind"], r.data["metadata"].get("name")): r.data for r in requests(kmock, "POST")
+    }
+    secret = posted[("Secret", "llama-router-control")]
+    key = base64.b64decode(secret["data"]["admin-key"]).decode()
+    assert key == router_auth.control_key(rt.settings.router_key_seed, NS, "llama", MD_UID)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == MD_UID
+    router = posted[("Deployment", f"llama-{rev}-router")]
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    assert "--control-plane-api-keys" in container["args"]
+    assert key not in json.dumps(router)  # only a secretKeyRef and a one-way fingerprint
+
+
+async def test_an_edited_router_role_is_restored_every_pass(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
+    kmock.objects[roles, NS, "llama-router"].patch({"rules": []})  # a tenant's edit
+    await reconciler.reconcile()
+    (restore,) = [r for r in requests(kmock, "PATCH") if "/roles/llama-router" in str(r.url.path)]
+    assert restore.data["rules"][0]["resources"] == ["pods"]

@@ -7,8 +7,11 @@ from typing import Any
 
 import pytest
 from kvgate.planner import (
+    Evidence,
     ObservedState,
     PodState,
+    Refusal,
+    RolloutRecord,
     RolloutStep,
     WorkloadIntent,
     WorkloadState,
@@ -72,6 +75,7 @@ def observe(
     wl: list[WorkloadState] | None = None,
     pd: list[PodState] | None = None,
     now: datetime = NOW,
+    recorded: RolloutRecord | None = None,
     **spec: Any,
 ) -> ObservedState:
     return ObservedState(
@@ -81,6 +85,19 @@ def observe(
         pods=tuple(pd or []),
         service_revision=service,
         now=now,
+        recorded=recorded or RolloutRecord(),
+    )
+
+
+def record(
+    serving: str | None,
+    target: str = NEW,
+    started: datetime | None = NOW,
+    refusal: Refusal | None = None,
+) -> RolloutRecord:
+    """The status a previous pass wrote (servingRevision, targetRevision, rollout)."""
+    return RolloutRecord(
+        target_revision=target, serving_revision=serving, verify_started_at=started, refusal=refusal
     )
 
 
@@ -151,10 +168,12 @@ def test_healthy_update_switches_then_deletes_the_old_revision() -> None:
         + pods(NEW, "prefill", 1)
         + pods(NEW, "decode", 1)
     )
-    switch = plan(observe(service=OLD, wl=workloads(OLD) + workloads(NEW), pd=both))
+    wl = workloads(OLD) + workloads(NEW)
+    switch = plan(observe(service=OLD, wl=wl, pd=both, recorded=record(OLD)))
     assert switch.service_revision == NEW and switch.previous_serving_revision == OLD
     assert switch.delete_revisions == ()  # the old routers still get the Service's last requests
-    after = plan(observe(service=NEW, wl=workloads(OLD) + workloads(NEW), pd=both))
+    # The next pass: the status records NEW as serving, the Service selects it.
+    after = plan(observe(service=NEW, wl=wl, pd=both, recorded=record(NEW)))
     assert after.delete_revisions == (OLD,) and not after.switched
 
 
@@ -255,7 +274,14 @@ def test_first_deploy_refusal_leaves_nothing_serving() -> None:
 
 def test_serving_pod_that_loses_verification_is_reported() -> None:
     lost = pods(NEW, "decode", 1, verified=False, reason="KvPoolTooSmall", message=SMALL_POOL)
-    step = plan(observe(service=NEW, wl=workloads(NEW), pd=pods(NEW, "prefill", 1) + lost))
+    step = plan(
+        observe(
+            service=NEW,
+            wl=workloads(NEW),
+            pd=pods(NEW, "prefill", 1) + lost,
+            recorded=record(NEW),
+        )
+    )
     assert step.refusal is None  # a serving revision is never refused
     assert [p.name for p in step.serving_problems] == [lost[0].name]
     assert step.service_revision == NEW
@@ -277,10 +303,11 @@ def test_operator_restarted_mid_rollout_resumes_from_cluster_state() -> None:
 
 
 def test_revision_deleted_by_hand_is_recreated() -> None:
-    # Serving revision's Deployments are gone; the Service still selects it.
-    step = plan(observe(service=NEW, wl=[]))
+    # Serving revision's Deployments are gone; the status and the Service still name it.
+    step = plan(observe(service=NEW, wl=[], recorded=record(NEW)))
     assert step.workloads == intents(NEW)
     assert step.service_revision == NEW
+    assert step.recreated_serving_components == ("prefill", "decode", "router")
 
 
 def test_cr_edited_mid_rollout_removes_the_intermediate_revision() -> None:
@@ -318,3 +345,334 @@ def test_terminating_pods_do_not_count_as_verified(terminating: bool) -> None:
     ]
     step = plan(observe(wl=workloads(NEW), pd=pd))
     assert (step.serving_revision == NEW) is (not terminating)
+
+
+# --- Lost or replaced derived objects (issue 19): the Service, Deployments, annotations, status.
+# The durable record is the status (only the operator writes it); everything else is evidence.
+
+GONE = "dddddddddd"  # a revision with no Deployment and no pod left
+MID = "eeeeeeeeee"  # a revision that was a target once and never served
+STARTED = NOW - timedelta(seconds=300)
+OLD_STARTED = NOW - timedelta(hours=5)
+UNSAFE = {"reason": "KvPoolTooSmall", "message": SMALL_POOL}
+REFUSED = Refusal(NEW, "EngineUnsafe", SMALL_POOL)
+
+SERVICES: dict[str, str | None] = {
+    "service-selects-old": OLD,
+    "service-missing": None,
+    "service-selects-gone-revision": GONE,
+    "service-selects-target": NEW,
+}
+STATUSES = ("status-records-old", "status-lost", "status-stale")
+ANNOTATIONS = ("annotations-kept", "annotations-stripped")
+TARGETS = ("target-safe", "target-in-progress", "target-refused", "target-unsafe")
+
+
+def lost_objects_state(service: str, status: str, annotations: str, target: str) -> ObservedState:
+    """OLD served (verified, router Ready); NEW is the target in the given state."""
+    kept = annotations == "annotations-kept"
+    refused = target == "target-refused"
+    notes: dict[str, Any] = (
+        {"refused_reason": REFUSED.reason, "refused_message": REFUSED.message}
+        if refused and kept
+        else {}
+    )
+    new_wl = workloads(
+        NEW,
+        replicas=0 if refused else 1,
+        router_ready=target == "target-safe",
+        started=STARTED if kept else None,
+        **notes,
+    )
+    new_pods = {
+        "target-safe": pods(NEW, "prefill", 1) + pods(NEW, "decode", 1),
+        "target-in-progress": pods(NEW, "prefill", 1, verified=False)
+        + pods(NEW, "decode", 1, verified=False),
+        "target-refused": [],  # scaled down when refused
+        "target-unsafe": pods(NEW, "prefill", 1) + pods(NEW, "decode", 1, verified=False, **UNSAFE),
+    }[target]
+    recorded = {
+        "status-records-old": record(OLD, started=STARTED, refusal=REFUSED if refused else None),
+        "status-lost": RolloutRecord(),
+        "status-stale": record(GONE, started=STARTED, refusal=REFUSED if refused else None),
+    }[status]
+    return ObservedState(
+        spec=make_md().spec,
+        target_revision=NEW,
+        workloads=tuple(workloads(OLD, started=OLD_STARTED if kept else None) + new_wl),
+        pods=tuple(pods(OLD, "prefill", 1) + pods(OLD, "decode", 1) + new_pods),
+        service_revision=SERVICES[service],
+        now=NOW,
+        recorded=recorded,
+        service_exists=SERVICES[service] is not None,
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("annotations", ANNOTATIONS)
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_revision_that_served_keeps_serving_whatever_derived_object_is_lost(
+    service: str, status: str, annotations: str, target: str
+) -> None:
+    step = plan(lost_objects_state(service, status, annotations, target))
+
+    # Never deleted, never scaled, never rebuilt from another spec: OLD runs as it ran.
+    assert OLD not in step.delete_revisions and NEW not in step.delete_revisions
+    assert [w for w in step.workloads if w.revision == OLD] == []
+    if target == "target-safe":
+        # A verified successor takes over; OLD goes on a later pass (record and Service moved).
+        assert (step.serving_revision, step.service_revision) == (NEW, NEW)
+        assert step.switched and step.previous_serving_revision == OLD
+        assert step.service_repair is None
+        return
+    assert (step.serving_revision, step.service_revision) == (OLD, OLD)
+    assert not step.switched
+
+    evidence = (
+        Evidence.STATUS
+        if status == "status-records-old"
+        else Evidence.SERVICE
+        if service == "service-selects-old"
+        else Evidence.VERIFIED_ENGINES
+    )
+    assert step.serving_evidence is evidence
+    repair = step.service_repair
+    if service == "service-selects-old":
+        assert repair is None
+    else:
+        assert repair is not None and repair.revision == OLD and repair.evidence is evidence
+        assert repair.recreated is (service == "service-missing")
+        assert repair.was == SERVICES[service]
+
+    if target == "target-unsafe":
+        assert step.refusal is not None and step.new_refusal
+        assert step.workloads == intents(NEW, 0, 0, 0)
+    elif target == "target-refused":
+        if status == "status-lost" and annotations == "annotations-stripped":
+            # Every trace of the refusal is gone: the revision is verified again from scratch
+            # (as when its Deployments are deleted to retry); OLD serves throughout.
+            assert step.refusal is None and step.workloads == intents(NEW)
+        else:
+            assert step.refusal == REFUSED and not step.new_refusal  # no second Warning
+            assert step.workloads == intents(NEW, 0, 0, 0)
+    else:
+        assert step.refusal is None and step.workloads == intents(NEW)
+        expected_start = (
+            NOW if status == "status-lost" and annotations == "annotations-stripped" else STARTED
+        )
+        assert step.verify_started_at == expected_start
+
+
+def test_lost_service_then_refused_update_keeps_the_old_revision_serving() -> None:
+    # The issue's reproduction as the cluster shows it: `kubectl delete service llama`, then an
+    # update whose decode engine reports a pool below the context (status records OLD).
+    step = plan(
+        observe(
+            service=None,
+            wl=workloads(OLD) + workloads(NEW),
+            pd=pods(OLD, "prefill", 1)
+            + pods(OLD, "decode", 1)
+            + pods(NEW, "prefill", 1)
+            + pods(NEW, "decode", 1, verified=False, **UNSAFE),
+            recorded=record(OLD),
+        )
+    )
+    assert step.delete_revisions == () and step.refusal is not None
+    assert step.serving_revision == OLD and step.service_revision == OLD
+    assert step.service_repair is not None and step.service_repair.recreated
+
+
+def test_lost_service_with_no_status_record_still_protects_the_revision_that_can_serve() -> None:
+    # The same without status.servingRevision (a status lost or written by an older kvgate).
+    step = plan(
+        observe(
+            service=None,
+            wl=workloads(OLD) + workloads(NEW),
+            pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+        )
+    )
+    assert step.delete_revisions == ()
+    assert step.serving_revision == OLD and step.service_revision == OLD
+    assert step.serving_evidence is Evidence.VERIFIED_ENGINES
+
+
+def test_old_revision_is_deleted_only_after_the_service_has_moved_off_it() -> None:
+    both = pods(OLD, "prefill", 1) + pods(OLD, "decode", 1)
+    both += pods(NEW, "prefill", 1) + pods(NEW, "decode", 1)
+    wl = workloads(OLD) + workloads(NEW)
+    # Status records NEW, but the Service (edited, or its write lost) still selects OLD.
+    first = plan(observe(service=OLD, wl=wl, pd=both, recorded=record(NEW)))
+    assert first.service_revision == NEW and first.delete_revisions == ()
+    assert first.service_repair is not None and first.service_repair.was == OLD
+    second = plan(observe(service=NEW, wl=wl, pd=both, recorded=record(NEW)))
+    assert second.delete_revisions == (OLD,) and second.service_repair is None
+
+
+def test_intermediate_revision_that_never_served_is_deleted_when_history_is_known() -> None:
+    wl = workloads(OLD) + workloads(MID) + workloads(NEW)
+    old_pods = pods(OLD, "prefill", 1) + pods(OLD, "decode", 1)
+    step = plan(observe(service=None, wl=wl, pd=old_pods, recorded=record(OLD)))
+    assert step.delete_revisions == (MID,) and step.service_revision == OLD
+
+
+def test_nothing_is_deleted_while_no_record_says_which_revision_served() -> None:
+    # Status and Service lost, and no revision able to serve right now (OLD's pods restarting):
+    # any of them may be the one that served.
+    wl = workloads(OLD, router_ready=False) + workloads(MID) + workloads(NEW)
+    step = plan(observe(service=None, wl=wl))
+    assert step.delete_revisions == () and step.serving_revision is None
+    assert step.service_revision is None  # no Service for an unverified revision
+    # Once the target passes the switch rule it serves; the others go on the next pass.
+    ready = pods(NEW, "prefill", 1) + pods(NEW, "decode", 1)
+    switch = plan(observe(service=None, wl=wl, pd=ready))
+    assert switch.service_revision == NEW and switch.delete_revisions == ()
+    after = plan(observe(service=NEW, wl=wl, pd=ready, recorded=record(NEW)))
+    assert set(after.delete_revisions) == {OLD, MID}
+
+
+def test_service_selecting_an_unverified_target_does_not_make_it_serve() -> None:
+    # Status says nothing served yet; a Service (re)created by hand selects the target.
+    step = plan(
+        observe(
+            service=NEW,
+            wl=workloads(NEW, router_ready=False),
+            pd=pods(NEW, "prefill", 1, verified=False),
+            recorded=record(None),
+        )
+    )
+    assert step.serving_revision is None and step.service_revision is None
+    # Status records OLD; the Service was pointed at the unverified target: restored to OLD.
+    restored = plan(
+        observe(
+            service=NEW,
+            wl=workloads(OLD) + workloads(NEW, router_ready=False),
+            pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+            recorded=record(OLD),
+        )
+    )
+    assert restored.service_revision == OLD and restored.delete_revisions == ()
+    assert restored.service_repair is not None and restored.service_repair.was == NEW
+
+
+def test_lost_router_of_the_serving_revision_is_rebuilt_during_a_refused_rollout() -> None:
+    old_engines = [w for w in workloads(OLD) if w.component != "router"]
+    refused = workloads(NEW, replicas=0, router_ready=False)
+    step = plan(
+        observe(
+            service=OLD,
+            wl=old_engines + refused,
+            pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+            recorded=record(OLD, refusal=REFUSED),
+        )
+    )
+    assert step.refusal == REFUSED and step.serving_revision == OLD
+    assert WorkloadIntent(OLD, "router", 1) in step.workloads
+    assert [w for w in step.workloads if w.revision == OLD] == [WorkloadIntent(OLD, "router", 1)]
+    assert step.recreated_serving_components == ("router",)
+    assert step.service_repair is None  # the Service keeps its selector
+
+
+def test_lost_router_of_the_serving_target_is_recreated_behind_the_same_service() -> None:
+    engines = [w for w in workloads(NEW) if w.component != "router"]
+    step = plan(
+        observe(
+            service=NEW,
+            wl=engines,
+            pd=pods(NEW, "prefill", 1) + pods(NEW, "decode", 1),
+            recorded=record(NEW),
+        )
+    )
+    assert step.serving_revision == NEW and step.workloads == intents(NEW)
+    assert step.recreated_serving_components == ("router",)
+    assert step.service_revision == NEW and step.service_repair is None
+
+
+def test_lost_engines_of_a_serving_revision_that_is_not_the_target_are_not_rebuilt() -> None:
+    # Its spec is no longer in the ModelDeployment: building them from the new spec would pair
+    # engines of another revision under its label. It stays recorded and is never deleted.
+    only_router = [w for w in workloads(OLD) if w.component == "router"]
+    step = plan(observe(service=OLD, wl=only_router + workloads(NEW), recorded=record(OLD)))
+    assert step.serving_revision == OLD and OLD not in step.delete_revisions
+    assert [w for w in step.workloads if w.revision == OLD] == []
+
+
+def test_deleting_every_deployment_of_a_refused_revision_retries_it() -> None:
+    step = plan(
+        observe(
+            service=OLD,
+            wl=workloads(OLD),
+            pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+            recorded=record(OLD, started=STARTED, refusal=REFUSED),
+        )
+    )
+    assert step.refusal is None and step.workloads == intents(NEW)
+    assert step.verify_started_at == NOW  # a fresh verification clock
+
+
+def test_retry_whose_status_write_was_lost_is_not_refused_again() -> None:
+    # The retry's Deployments carry a newer start than the status' refused attempt.
+    step = plan(
+        observe(
+            service=OLD,
+            wl=workloads(OLD) + workloads(NEW, started=NOW - timedelta(seconds=5)),
+            pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+            recorded=record(OLD, started=STARTED, refusal=REFUSED),
+        )
+    )
+    assert step.refusal is None and step.verify_started_at == NOW - timedelta(seconds=5)
+
+
+def test_stripped_start_annotations_do_not_reset_the_verification_clock() -> None:
+    state = observe(
+        service=OLD,
+        wl=workloads(OLD) + workloads(NEW, started=None),
+        pd=pods(OLD, "prefill", 1) + pods(OLD, "decode", 1),
+        recorded=record(OLD, started=STARTED),
+        now=STARTED + timedelta(seconds=900),
+    )
+    step = plan(state)
+    assert step.refusal is not None and step.refusal.reason == "VerificationTimeout"
+    assert step.serving_revision == OLD and step.delete_revisions == ()
+
+
+def test_status_write_lost_after_a_switch_switches_again_or_restores_the_old_revision() -> None:
+    wl = workloads(OLD) + workloads(NEW)
+    old_pods = pods(OLD, "prefill", 1) + pods(OLD, "decode", 1)
+    verified = pods(NEW, "prefill", 1) + pods(NEW, "decode", 1)
+    again = plan(observe(service=NEW, wl=wl, pd=old_pods + verified, recorded=record(OLD)))
+    assert again.switched and again.service_revision == NEW and again.delete_revisions == ()
+    lost = pods(NEW, "decode", 1, verified=False, reason="EngineUnreachable", message="down")
+    back = plan(
+        observe(
+            service=NEW,
+            wl=workloads(OLD) + workloads(NEW, router_ready=False),
+            pd=old_pods + pods(NEW, "prefill", 1) + lost,
+            recorded=record(OLD),
+        )
+    )
+    assert back.service_revision == OLD and back.delete_revisions == ()
+
+
+def test_two_revisions_able_to_serve_with_status_and_service_lost_the_newest_is_kept() -> None:
+    wl = workloads(OLD, started=OLD_STARTED) + workloads(MID, started=STARTED) + workloads(NEW)
+    pd = pods(OLD, "prefill", 1) + pods(OLD, "decode", 1)
+    pd += pods(MID, "prefill", 1) + pods(MID, "decode", 1)
+    step = plan(observe(service=None, wl=wl, pd=pd))
+    assert step.service_revision == MID and step.delete_revisions == ()
+
+
+def test_a_service_the_model_deployment_does_not_control_is_no_evidence() -> None:
+    state = ObservedState(
+        spec=make_md().spec,
+        target_revision=NEW,
+        workloads=tuple(workloads(OLD, router_ready=False) + workloads(NEW)),
+        pods=(),
+        service_revision=None,
+        now=NOW,
+        recorded=record(OLD),
+        service_exists=True,
+        service_foreign=True,
+    )
+    step = plan(state)
+    assert step.serving_revision == OLD and step.service_repair is None

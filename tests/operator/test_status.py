@@ -5,8 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from kvgate.planner import PodState, Refusal, RoleProgress, RolloutStep
-from kvgate.status import compute_status, events_for, status_changed
+from kvgate.planner import (
+    Evidence,
+    PodState,
+    Refusal,
+    RoleProgress,
+    RolloutRecord,
+    RolloutStep,
+    ServiceRepair,
+)
+from kvgate.status import compute_status, events_for, rollout_record, status_changed
 from operator_factories import NOW
 
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"
@@ -145,3 +153,78 @@ def test_switch_emits_one_event_and_steady_state_emits_none() -> None:
     (event,) = events_for(switch, {"targetRevision": NEW, "servingRevision": OLD})
     assert event.reason == "RevisionServing" and f"(was {OLD})" in event.message
     assert events_for(step(), {"targetRevision": NEW, "servingRevision": NEW}) == []
+
+
+def test_status_records_the_rollout_and_the_next_pass_reads_it_back() -> None:
+    refusal = Refusal(NEW, "EngineUnsafe", SMALL_POOL)
+    refused = step(
+        serving_revision=OLD,
+        previous_serving_revision=OLD,
+        service_revision=OLD,
+        refusal=refusal,
+        verify_started_at=NOW - timedelta(seconds=42),
+    )
+    status = compute(refused)
+    assert status["rollout"] == {
+        "verifyStartedAt": "2026-11-05T11:59:18Z",
+        "refusal": {"reason": "EngineUnsafe", "message": SMALL_POOL},
+    }
+    assert rollout_record(status) == RolloutRecord(
+        target_revision=NEW,
+        serving_revision=OLD,
+        verify_started_at=NOW - timedelta(seconds=42),
+        refusal=refusal,
+    )
+    # A retried (or never refused) target records no refusal; the merge patch removes it.
+    assert compute(step())["rollout"]["refusal"] is None
+
+
+def test_no_status_is_no_record() -> None:
+    assert not rollout_record(None).known
+    assert rollout_record({"servingRevision": OLD, "rollout": {"verifyStartedAt": "junk"}}) == (
+        RolloutRecord(serving_revision=OLD)
+    )
+
+
+def _refused_keeping(old: str, repair: ServiceRepair, **kw: Any) -> RolloutStep:
+    return step(
+        serving_revision=old,
+        previous_serving_revision=old,
+        service_revision=old,
+        refusal=Refusal(NEW, "EngineUnsafe", SMALL_POOL),
+        service_repair=repair,
+        serving_evidence=repair.evidence,
+        **kw,
+    )
+
+
+def test_recreated_service_is_announced_with_the_revision_it_selects_and_why() -> None:
+    s = _refused_keeping(OLD, ServiceRepair(True, OLD, None, Evidence.STATUS))
+    (event,) = events_for(s, {"targetRevision": NEW, "servingRevision": OLD})
+    assert (event.type, event.reason) == ("Warning", "ServiceRecreated")
+    assert event.message == (
+        f"the Service was missing: recreated it selecting revision {OLD}'s routers (the last "
+        f"revision that served, recorded in status.servingRevision); revision {NEW} is refused "
+        "and takes no traffic"
+    )
+
+
+def test_restored_selector_names_what_it_selected() -> None:
+    s = _refused_keeping(OLD, ServiceRepair(False, OLD, NEW, Evidence.VERIFIED_ENGINES))
+    (event,) = events_for(s, {"targetRevision": NEW, "servingRevision": OLD})
+    assert event.reason == "ServiceSelectorRestored"
+    assert event.message.startswith(
+        f"the Service selected revision {NEW}, not the serving revision: restored its "
+        f"selector to revision {OLD} (status.servingRevision and the Service named no running "
+        "revision; it is the revision whose engines are verified and whose router is Ready)"
+    )
+
+
+def test_recreated_router_of_the_serving_revision_is_announced() -> None:
+    s = step(recreated_serving_components=("router",))
+    (event,) = events_for(s, {"targetRevision": NEW, "servingRevision": NEW})
+    assert (event.type, event.reason) == ("Warning", "ServingDeploymentRecreated")
+    assert event.message == (
+        f"the router Deployment of serving revision {NEW} was missing: recreated; its traffic "
+        "resumes once the new pods are Ready (the Service keeps selecting that revision)"
+    )

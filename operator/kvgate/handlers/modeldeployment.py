@@ -16,10 +16,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvgate import builders, gate, labels, metrics, requirements
+from kvgate import builders, gate, labels, metrics, requirements, router_auth
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
+from kvgate.conflict_status import conflict_events, with_conflicts
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
 from kvgate.k8s import MERGE_PATCH
+from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
 from kvgate.revision import revision_of
 from kvgate.status import compute_status, events_for
@@ -105,7 +107,6 @@ class Reconciler:
 
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
-        self.ensured_router_access = False
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -137,9 +138,17 @@ class Reconciler:
 
         # gather
         selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
-        deployments = await api.list("Deployment", ns, selector)
-        pods = await api.list(
-            "Pod", ns, {labels.DEPLOYMENT: name, labels.COMPONENT: labels.COMPONENT_ENGINE}
+        # Only the MD's own Deployments and their pods count: labels can be copied by anyone.
+        deployments = [
+            d
+            for d in await api.list("Deployment", ns, selector)
+            if is_controlled_by(d, meta.get("uid"))
+        ]
+        pods = _pods_of(
+            deployments,
+            await api.list(
+                "Pod", ns, {labels.DEPLOYMENT: name, labels.COMPONENT: labels.COMPONENT_ENGINE}
+            ),
         )
         service = await api.get("Service", ns, name)
         workloads = [w for w in map(workload_state, deployments) if w is not None]
@@ -159,7 +168,7 @@ class Reconciler:
         step = plan(observed)
 
         # write
-        await self._apply(md, step, {_key(d): d for d in deployments}, service)
+        conflicts = await self._apply(md, step, {_key(d): d for d in deployments}, service)
         previous = body.get("status") or None
         status = compute_status(
             step,
@@ -175,9 +184,17 @@ class Reconciler:
             requirements.record_of(spec, target),
             keep={w.revision for w in workloads} | {step.serving_revision or ""},
         )
+        status = with_conflicts(
+            status,
+            conflicts,
+            generation=int(meta.get("generation") or 0),
+            previous=previous,
+            now=self.rt.clock(),
+        )
+        metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(conflicts))
         if _strip_none(previous or {}) != _strip_none(status):
             await api.patch_md_status(ns, name, status)
-        for event in events_for(step, previous):
+        for event in [*events_for(step, previous), *conflict_events(conflicts, previous)]:
             await self._event(body, event.type, event.reason, event.message)
         if step.new_refusal and step.refusal is not None:
             metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
@@ -194,16 +211,16 @@ class Reconciler:
         step: RolloutStep,
         existing: dict[str, Body],
         service: Body | None,
-    ) -> None:
+    ) -> list[OwnershipConflict]:
+        """Write the step; returns the objects kvgate needed but may not touch (not its own)."""
         api, ns, name = self.rt.api, self.namespace, self.name
-        if not self.ensured_router_access:
-            for obj in (
-                builders.router_service_account(md),
-                builders.router_role(md),
-                builders.router_role_binding(md),
-            ):
-                await api.create(obj)
-            self.ensured_router_access = True
+        conflicts: list[OwnershipConflict] = []
+        # Every pass, so a deleted or edited object comes back (never only once per lifetime).
+        for obj in self._per_md_objects(md):
+            conflict = await self._ensure(obj, md.metadata.uid)
+            if conflict is not None:
+                conflicts.append(conflict)
+        fingerprint = router_auth.key_fingerprint(self._router_key(md))
 
         refusal_notes: dict[str, str] = {}
         if step.refusal is not None:
@@ -225,8 +242,11 @@ class Reconciler:
                     intent.component,
                     replicas=intent.replicas,
                     annotations=annotations,
+                    router_key_fingerprint=fingerprint,
                 )
-                await api.create(desired)
+                conflict = await self._create(desired, md.metadata.uid)
+                if conflict is not None:
+                    conflicts.append(conflict)
                 continue
             patch: Body = {}
             if int(current.get("spec", {}).get("replicas", 0) or 0) != intent.replicas:
@@ -236,7 +256,11 @@ class Reconciler:
             if missing_notes and step.new_refusal:
                 patch.setdefault("metadata", {})["annotations"] = missing_notes
             desired = builders.deployment(
-                md, intent.revision, intent.component, replicas=intent.replicas
+                md,
+                intent.revision,
+                intent.component,
+                replicas=intent.replicas,
+                router_key_fingerprint=fingerprint,
             )
             desired_hash = desired["metadata"]["annotations"][labels.TEMPLATE_HASH]
             if ann.get(labels.TEMPLATE_HASH) != desired_hash:
@@ -253,7 +277,9 @@ class Reconciler:
                 if dname in existing:
                     await api.delete("Deployment", ns, dname)
 
-        if step.service_revision is not None:
+        if service is not None and (conflict := conflict_for(service, md.metadata.uid)):
+            conflicts.append(conflict)  # someone else's Service: never adopt or re-point it
+        elif step.service_revision is not None:
             desired_svc = builders.service(md, step.service_revision)
             if service is None:
                 await api.create(desired_svc)
@@ -265,6 +291,58 @@ class Reconciler:
                     {"spec": {"selector": desired_svc["spec"]["selector"]}},
                     content_type=MERGE_PATCH,
                 )
+        return conflicts
+
+    def _router_key(self, md: ModelDeployment) -> str:
+        return router_auth.control_key(
+            self.rt.settings.router_key_seed, self.namespace, self.name, md.metadata.uid or ""
+        )
+
+    def _per_md_objects(self, md: ModelDeployment) -> list[Body]:
+        """Objects one per ModelDeployment: the router's identity, access and control key."""
+        return [
+            builders.router_service_account(md),
+            builders.router_role(md),
+            builders.router_role_binding(md),
+            builders.router_control_secret(md, self._router_key(md)),
+        ]
+
+    async def _create(self, desired: Body, owner_uid: str | None) -> OwnershipConflict | None:
+        """Create; an object of that name that already exists must be the MD's own."""
+        if await self.rt.api.create(desired) is not None:
+            return None
+        current = await self.rt.api.get(desired["kind"], self.namespace, _key(desired))
+        return conflict_for(current, owner_uid) if current is not None else None
+
+    async def _ensure(self, desired: Body, owner_uid: str | None) -> OwnershipConflict | None:
+        """Create the object, or bring the MD's own copy back to what kvgate built (a tenant's
+        edit or a lost field); an object someone else controls is a conflict, left untouched."""
+        api, kind, name = self.rt.api, desired["kind"], _key(desired)
+        current = await api.get(kind, self.namespace, name)
+        if current is None:
+            return await self._create(desired, owner_uid)
+        conflict = conflict_for(current, owner_uid)
+        if conflict is not None:
+            return conflict
+        if desired.get("roleRef") is not None and current.get("roleRef") != desired["roleRef"]:
+            # roleRef is immutable: replace the binding (it is the MD's own).
+            await api.delete(kind, self.namespace, name)
+            return await self._create(desired, owner_uid)
+        drift = {
+            key: desired[key]
+            for key in DRIFT_FIELDS
+            if key in desired and not _contains(current.get(key), desired[key])
+        }
+        if drift:
+            log.warning(
+                "%s %s drifted from what kvgate built (%s); restoring it",
+                kind,
+                name,
+                ", ".join(sorted(drift)),
+                extra={"namespace": self.namespace, "deployment": self.name},
+            )
+            await api.patch(kind, self.namespace, name, drift, content_type=MERGE_PATCH)
+        return None
 
     async def _invalid(self, body: Body, exc: ValidationError) -> None:
         problems = "; ".join(
@@ -300,6 +378,40 @@ class Reconciler:
             )
         except Exception as exc:
             log.warning("could not post event %s: %s", reason, exc)
+
+
+# Fields of per-MD objects that kvgate restores when they differ from what it built.
+DRIFT_FIELDS = ("data", "rules", "subjects", "spec")
+
+
+def _contains(current: Any, desired: Any) -> bool:
+    """Everything kvgate set is still there (the API server may add defaults around it)."""
+    if isinstance(desired, dict):
+        return isinstance(current, dict) and all(
+            _contains(current.get(k), v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(current, list)
+            and len(current) == len(desired)
+            and all(_contains(c, d) for c, d in zip(current, desired, strict=True))
+        )
+    return bool(current == desired)
+
+
+def _pods_of(deployments: list[Body], pods: list[Body]) -> list[Body]:
+    """Pods controlled by a ReplicaSet of one of these Deployments (``<deployment>-<hash>``).
+    The verifier proves the full chain before a pod's gate can turn True; this cheap filter only
+    keeps look-alike pods out of the rollout's counts."""
+    prefixes = tuple(f"{_key(d)}-" for d in deployments)
+    out = []
+    for pod in pods:
+        for ref in pod.get("metadata", {}).get("ownerReferences") or []:
+            if ref.get("controller") and ref.get("kind") == "ReplicaSet":
+                if str(ref.get("name", "")).startswith(prefixes) and prefixes:
+                    out.append(pod)
+                break
+    return out
 
 
 def _key(body: Body) -> str:
