@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,8 +20,16 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvgate_engine.probe import fetch_report, parse_report, verify
+from kvgate_engine.probe import (
+    SERVER_INFO_LIMITS,
+    fetch_report,
+    parse_report,
+    project_models,
+    project_server_info,
+    verify,
+)
 from kvgate_engine.report import EngineReport
+from kvgate_engine.untrusted import BodyLimits, Unreadable, count_values, decode_json
 from kvgate_engine.verdict import Outcome, Requirement, Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine"
@@ -130,8 +139,8 @@ def test_role_falls_back_to_rank_zero_internal_state() -> None:
 
 
 BAD_INFO = [
-    ("a list", [1, 2, 3], "/server_info is not a JSON object: [1, 2, 3]"),
-    ("a string", "<html>", '/server_info is not a JSON object: "<html>"'),
+    ("a list", [1, 2, 3], "/server_info is not a JSON object: a list"),
+    ("a string", "<html>", "/server_info is not a JSON object: a string of 6 characters"),
     ("null", None, "/server_info is not a JSON object: null"),
 ]
 
@@ -278,6 +287,168 @@ def test_parse_report_never_raises_and_garbage_is_never_safe(info: object, model
         assert report.version is not None
 
 
+@settings(max_examples=200, deadline=None)
+@given(info=engine_like | json_values, models=json_values)
+def test_the_kept_projection_reads_exactly_like_the_whole_document(
+    info: object, models: object
+) -> None:
+    # The probe keeps only the projection of each answer (so no large document outlives its
+    # parse); parse_report must not be able to tell the difference.
+    assert parse_report(project_server_info(info), project_models(models)) == parse_report(
+        info, models
+    )
+
+
+@pytest.mark.parametrize(("server_info", "models", "expected"), PARSE_TABLE)
+def test_the_projection_of_every_release_shape_reads_the_same(
+    server_info: str, models: str | None, expected: tuple[Any, ...]
+) -> None:
+    info, card = load(server_info), load(models) if models else None
+    assert parse_report(project_server_info(info), project_models(card)) == parse_report(info, card)
+    assert len(json.dumps(project_server_info(info))) < 400
+
+
+SHOWN = [
+    # what the engine sent as disaggregation_mode -> how a problem shows it
+    ("both", '"both"'),
+    ("Decode-v2.1", '"Decode-v2.1"'),
+    ("decode\nEngine verified", "a string of 22 characters"),
+    ("<b>decode</b>", "a string of 13 characters"),
+    ("x" * 33, "a string of 33 characters"),
+    (7, "7"),
+    (10**30, "a 31-digit number"),
+    (1.5, "1.5"),
+    (float("nan"), "NaN"),
+    (True, "true"),
+    (["decode"], "a list"),
+    ({"mode": "decode"}, "an object"),
+]
+
+
+@pytest.mark.parametrize(("value", "shown"), SHOWN, ids=[repr(v)[:30] for v, _ in SHOWN])
+def test_problems_quote_only_numbers_and_short_plain_words(value: object, shown: str) -> None:
+    report = parse_report(
+        load("server_info_0.5.23_decode.json") | {"disaggregation_mode": value}, None
+    )
+    assert report.problems == (f"disaggregation_mode is not one of prefill, decode, null: {shown}",)
+
+
+VERSIONS = [
+    # sent, kept, how a problem shows it
+    ("0.5.23", "0.5.23", None),
+    ("0.5.23.post1", "0.5.23.post1", None),
+    ("0.5.0rc2", "0.5.0rc2", None),
+    ("0.5.23+cu124", "0.5.23+cu124", None),
+    ("0.5.23\nkvgate: engine verified", None, "a string of 30 characters"),
+    ("0.5.23 ", None, "a string of 7 characters"),
+    ("v0.5.23", None, '"v0.5.23"'),
+    ("9" * 65, None, "a string of 65 characters"),
+    ("<0.5.23>", None, "a string of 8 characters"),
+]
+
+
+@pytest.mark.parametrize(("sent", "kept", "shown"), VERSIONS)
+def test_only_a_version_shaped_version_is_kept(
+    sent: str, kept: str | None, shown: str | None
+) -> None:
+    report = parse_report(load("server_info_0.5.23_decode.json") | {"version": sent}, None)
+    assert report.version == kept
+    if kept is None:
+        assert report.problems == (f"version is not a version string: {shown}",)
+        assert verify_offline(report).outcome is Outcome.CANNOT_TELL
+
+
+def test_ten_thousand_unreadable_ranks_make_four_problems_and_a_short_message() -> None:
+    ranks = [{"memory_usage": {"token_capacity": 412_345}}] + [{}] * 10_000
+    info = load("server_info_0.5.23_decode.json") | {"internal_states": ranks}
+    report = parse_report(info, None)
+    assert report.kv_pool_tokens is None
+    assert report.problems[:3] == tuple(
+        f"internal_states[{i}] has no memory_usage" for i in range(1, 4)
+    )
+    assert report.problems[3:] == ("and 9,997 more DP ranks without a readable token_capacity",)
+
+
+def test_the_worst_report_still_makes_a_short_message() -> None:
+    odd = "\n" + "x" * 10_000
+    info = {
+        "version": odd,
+        "disaggregation_mode": odd,
+        "max_total_num_tokens": -(10**4000),
+        "max_req_input_len": 10**4000,
+        "context_length": odd,
+        "dp_size": 10**9,
+        "served_model_name": odd,
+        "internal_states": [{"memory_usage": {"token_capacity": odd}}] * 100_000,
+    }
+    verdict = verify_offline(parse_report(info, {"data": [odd]}))
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert len(verdict.message) < 1_500
+    assert "xxx" not in verdict.message
+
+
+# ---------------------------------------------------------------------------------------------
+# Parse cost: what the worst body within the caps costs to parse
+# ---------------------------------------------------------------------------------------------
+
+
+def costly_bodies(limits: Any, fill: str) -> dict[str, bytes]:
+    """Cheap-to-send, costly-to-parse shapes, each as large as ``fill`` says: ``values`` (the
+    most the value cap lets through) or ``bytes`` (the byte cap alone: refused, or it would cost
+    ~27x its size)."""
+
+    def count(unit: bytes) -> int:
+        per = count_values(unit) - 1
+        if fill == "values":
+            return (limits.max_values - 3) // per
+        return (limits.max_bytes - 2) // len(unit) - 1
+
+    def many(unit: bytes) -> bytes:
+        return b"[" + unit * count(unit) + unit[:-1] + b"]"
+
+    keys = b",".join(b'"%x":{}' % i for i in range(count(b'"12345":{},')))
+    return {
+        "empty objects": many(b"{},"),
+        "empty lists": many(b"[],"),
+        "unique keys": b"{" + keys + b"}",
+        "short strings": many(b'"ab",'),
+        "floats": many(b"1.5,"),
+        "one long string": b'"' + b"x" * (limits.max_bytes - 2) + b'"',
+    }
+
+
+SHAPES = list(costly_bodies(BodyLimits(64, 4), "values"))
+
+
+@pytest.mark.parametrize("fill", ["values", "bytes"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_any_server_info_within_the_byte_cap_parses_in_bounded_memory_or_is_refused(
+    shape: str, fill: str
+) -> None:
+    body = costly_bodies(SERVER_INFO_LIMITS, fill)[shape]
+    assert len(body) <= SERVER_INFO_LIMITS.max_bytes
+    tracemalloc.start()
+    try:
+        doc = decode_json(body, SERVER_INFO_LIMITS, "GET /server_info")
+    except Unreadable as exc:
+        assert fill == "bytes" and "refused unparsed" in str(exc)
+    else:
+        del doc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    # Measured: at most ~23 MiB (unique keys at the value cap); 4 MiB of {} would cost ~100 MiB.
+    assert peak < 32 * 2**20, f"{shape}: {peak / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize("unit", [b"{},", b"[],", b"0,", b'"",'])
+def test_one_value_over_the_cap_is_refused_unparsed(unit: bytes) -> None:
+    n = SERVER_INFO_LIMITS.max_values
+    body = b"[" + unit * n + unit[:-1] + b"]"  # n + 1 elements and the list
+    with pytest.raises(Unreadable, match=r"refused unparsed: .* above the cap of 262,144"):
+        decode_json(body, SERVER_INFO_LIMITS, "GET /server_info")
+
+
 # ---------------------------------------------------------------------------------------------
 # HTTP against a real local server
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +574,10 @@ async def test_html_error_page_cannot_tell(engine: EngineStub) -> None:
     verdict = await verify(engine.url, Requirement(CTX))
     assert verdict.outcome is Outcome.CANNOT_TELL
     assert verdict.reason == "ReportUnreadable"
-    assert "not JSON: '<html><body>Bad Gateway</body></html>'" in verdict.message
+    assert verdict.message == (
+        f"engine report unreadable: GET {engine.url}/server_info: not JSON (Expecting value, "
+        "37 bytes)"
+    )
 
 
 async def test_truncated_json_cannot_tell(engine: EngineStub) -> None:
@@ -417,7 +591,7 @@ async def test_json_array_cannot_tell(engine: EngineStub) -> None:
     engine.json("/v1/models", load("models_131072.json"))
     verdict = await verify(engine.url, Requirement(CTX))
     assert verdict.outcome is Outcome.CANNOT_TELL
-    assert "/server_info is not a JSON object: [1, 2]" in verdict.message
+    assert "/server_info is not a JSON object: a list" in verdict.message
 
 
 async def test_negative_numbers_from_a_live_engine_are_never_safe(engine: EngineStub) -> None:
@@ -449,7 +623,7 @@ async def test_persistent_500_gives_up_after_the_retries(engine: EngineStub) -> 
     verdict = await verify(engine.url, Requirement(CTX), retries=2)
     assert verdict.outcome is Outcome.CANNOT_TELL
     assert verdict.reason == "EngineUnreachable"
-    assert "HTTP 500: 'Internal Server Error'" in verdict.message
+    assert verdict.message == f"engine unreachable: GET {engine.url}/server_info: HTTP 500"
     assert engine.hits["/server_info"] == 3  # one try + two retries
 
 
@@ -497,3 +671,261 @@ async def test_connection_refused_cannot_tell() -> None:
 async def test_invalid_url_cannot_tell() -> None:
     verdict = await verify("not a url", Requirement(CTX), retries=0)
     assert verdict.outcome is Outcome.CANNOT_TELL
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenant-controlled fetches: whoever can edit a pod decides what its address answers
+# ---------------------------------------------------------------------------------------------
+
+SECRET = "SECRET-7f3a9c"  # stands for whatever the operator's network position could read
+
+
+def safe_info(**extra: object) -> dict[str, Any]:
+    return dict(load("server_info_0.5.23_decode.json")) | extra
+
+
+def assert_no_secret(verdict: Verdict) -> None:
+    assert SECRET not in verdict.message
+    for finding in verdict.findings:
+        assert SECRET not in finding.message
+    if verdict.report is not None:
+        assert SECRET not in repr(verdict.report)
+
+
+@pytest.fixture
+async def elsewhere() -> AsyncIterator[EngineStub]:
+    """Another server: what a redirect would make the operator read (metadata, another engine)."""
+    stub = EngineStub()
+    await stub.start()
+    try:
+        yield stub
+    finally:
+        await stub.stop()
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_not_followed_and_cannot_tell(
+    engine: EngineStub, elsewhere: EngineStub, status: int
+) -> None:
+    # The redirect target is a perfectly safe engine: following it would verify the wrong one.
+    serve_engine(elsewhere, "server_info_0.5.23_decode.json", "models_131072.json")
+    target = f"{elsewhere.url}/server_info?{SECRET}"
+
+    async def redirect(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, headers={"Location": target}, text=SECRET)
+
+    engine.routes["/server_info"] = redirect
+    engine.routes["/v1/models"] = redirect
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert verdict.reason == "ReportUnreadable"
+    assert f"GET {engine.url}/server_info: HTTP {status} redirect, not followed" in verdict.message
+    assert elsewhere.hits == Counter()  # the operator never fetched the Location
+    assert elsewhere.url not in verdict.message
+    assert_no_secret(verdict)
+
+
+async def test_a_redirect_on_models_alone_is_not_followed(
+    engine: EngineStub, elsewhere: EngineStub
+) -> None:
+    elsewhere.json("/v1/models", {"data": [{"id": "m", "max_model_len": 10**9}]})
+    engine.json("/server_info", safe_info())
+
+    async def redirect(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(f"{elsewhere.url}/v1/models")
+
+    engine.routes["/v1/models"] = redirect
+    report = await fetch_report(engine.url)
+    assert isinstance(report, EngineReport)
+    assert elsewhere.hits == Counter()
+    assert report.effective_context_length == 131_072  # the fallback, not the target's 10**9
+    assert f"GET {engine.url}/v1/models: HTTP 302 redirect, not followed" in report.problems[-1]
+
+
+def padded_info(size: int) -> bytes:
+    """A safe /server_info of exactly ``size`` bytes (one long string field pads it)."""
+    body = json.dumps(safe_info(pad="")).encode()
+    return body.replace(b'"pad": ""', b'"pad": "' + b"x" * (size - len(body)) + b'"')
+
+
+async def test_a_server_info_over_4_mib_cannot_tell_and_names_the_cap(engine: EngineStub) -> None:
+    body = padded_info(4 * 2**20 + 1)
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    engine.routes["/server_info"] = big
+    engine.json("/v1/models", load("models_131072.json"))
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "ReportUnreadable"
+    assert "body larger than the 4 MiB cap" in verdict.message
+
+
+async def test_a_server_info_just_under_the_cap_is_read(engine: EngineStub) -> None:
+    body = padded_info(4 * 2**20)
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    engine.routes["/server_info"] = big
+    engine.json("/v1/models", load("models_131072.json"))
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.SAFE
+
+
+async def test_an_endless_chunked_body_is_cut_off_at_the_cap(engine: EngineStub) -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)  # chunked: no Content-Length to refuse early
+        await response.write(b'{"version": "0.5.23", "pad": "')
+        while not engine.release.is_set():
+            await response.write(b"x" * 65536)
+        return response
+
+    engine.routes["/server_info"] = endless
+    verdict = await asyncio.wait_for(verify(engine.url, Requirement(CTX), timeout=30), 20)
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert "body larger than the 4 MiB cap" in verdict.message
+
+
+async def test_models_over_1_mib_is_not_read(engine: EngineStub) -> None:
+    engine.json("/server_info", safe_info())
+    engine.json("/v1/models", {"data": [{"id": "m", "max_model_len": 131_072}], "pad": "x" * 2**20})
+    report = await fetch_report(engine.url)
+    assert isinstance(report, EngineReport)
+    assert "body larger than the 1 MiB cap" in report.problems[-1]
+
+
+def bomb(unit: bytes, size: int) -> bytes:
+    """A safe /server_info whose ``pad`` is a list of ``unit`` repeated to ``size`` bytes."""
+    head = json.dumps(safe_info(pad=[])).encode()
+    count = (size - len(head)) // len(unit)
+    return head.replace(b'"pad": []', b'"pad": [' + (unit * count)[:-1] + b"]")
+
+
+async def test_a_json_bomb_within_the_byte_cap_is_refused_unparsed(engine: EngineStub) -> None:
+    # 3.9 MiB of {}: CPython would spend ~100 MiB on it (~370 MiB for the 16 MiB of the finding).
+    body = bomb(b"{},", int(3.9 * 2**20))
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    engine.routes["/server_info"] = handler
+    engine.json("/v1/models", load("models_131072.json"))
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "ReportUnreadable"
+    assert "refused unparsed" in verdict.message
+    assert "above the cap of 262,144" in verdict.message
+
+
+async def test_deeply_nested_json_is_unreadable_not_a_crash(engine: EngineStub) -> None:
+    depth = 100_000
+    body = b'{"version": "0.5.23", "pad": ' + b"[" * depth + b"]" * depth + b"}"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="application/json")
+
+    engine.routes["/server_info"] = handler
+    verdict = await verify(engine.url, Requirement(CTX))
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert verdict.reason == "ReportUnreadable"
+    assert "nested too deeply" in verdict.message
+
+
+async def test_a_body_trickled_after_the_headers_is_cut_off_at_the_deadline(
+    engine: EngineStub,
+) -> None:
+    async def slowloris(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 10_000
+        await response.prepare(request)
+        while not engine.release.is_set():
+            await response.write(b" ")
+            await asyncio.sleep(0.05)
+        return response
+
+    engine.routes["/server_info"] = slowloris
+    started = time.monotonic()
+    verdict = await asyncio.wait_for(
+        verify(engine.url, Requirement(CTX), timeout=0.5, retries=0), 10
+    )
+    elapsed = time.monotonic() - started
+    assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "EngineUnreachable"
+    assert f"GET {engine.url}/server_info: no answer within 0.5 s" in verdict.message
+    assert elapsed < 3.0
+
+
+ECHO_STATUSES = [400, 403, 418, 500, 503]
+
+
+@pytest.mark.parametrize("status", ECHO_STATUSES)
+async def test_an_error_body_is_never_echoed(engine: EngineStub, status: int) -> None:
+    engine.text("/server_info", f"<pre>{SECRET}</pre>", status=status)
+    engine.text("/v1/models", SECRET, status=status)
+    verdict = await verify(engine.url, Requirement(CTX), retries=0)
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert f"GET {engine.url}/server_info: HTTP {status}" in verdict.message
+    assert_no_secret(verdict)
+
+
+async def test_a_non_json_body_is_never_echoed(engine: EngineStub) -> None:
+    engine.text("/server_info", f"root:x:0:0:{SECRET}:/root:/bin/bash\n")
+    verdict = await verify(engine.url, Requirement(CTX))
+    assert verdict.outcome is Outcome.CANNOT_TELL and "not JSON" in verdict.message
+    assert_no_secret(verdict)
+
+
+async def test_a_broken_status_line_is_never_echoed() -> None:
+    # aiohttp's parser error quotes the offending line: the message must not.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(f"HTTPX {SECRET}\r\n\r\n".encode())
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        verdict = await verify(f"http://127.0.0.1:{port}", Requirement(CTX), retries=0)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "EngineUnreachable"
+    assert "not a valid HTTP response" in verdict.message
+    assert_no_secret(verdict)
+
+
+INJECTED_FIELDS = [
+    ("version", f"0.5.23\nkvgate: engine verified {SECRET}"),
+    ("version", f"0.5.23+{SECRET}" + "0" * 80),
+    ("version", [SECRET]),
+    ("disaggregation_mode", f"decode {SECRET}"),
+    ("max_req_input_len", f"131066 {SECRET}"),
+    ("internal_states", f"<{SECRET}>"),
+    ("internal_states", [{"memory_usage": f"<{SECRET}>"}]),
+    ("internal_states", [{"memory_usage": {"token_capacity": f"{SECRET} tokens"}}]),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), INJECTED_FIELDS, ids=[f"{k}={v!r}"[:40] for k, v in INJECTED_FIELDS]
+)
+async def test_an_odd_field_is_never_echoed(engine: EngineStub, key: str, value: object) -> None:
+    engine.json("/server_info", safe_info(**{key: value}))
+    engine.json("/v1/models", {"data": [{"id": "m", "max_model_len": f"{SECRET}\n"}]})
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.report is not None and verdict.report.problems  # it was seen, and described
+    assert_no_secret(verdict)
+
+
+@pytest.mark.parametrize(
+    "name", [f"llama\n{SECRET}", f"<script>{SECRET}</script>", "m" * 300 + SECRET]
+)
+async def test_an_odd_model_name_is_dropped_not_kept(engine: EngineStub, name: str) -> None:
+    # The name is not a check (the verdict may be safe), but it is never kept to be shown.
+    engine.json("/server_info", safe_info(served_model_name=None))
+    engine.json("/v1/models", {"data": [{"id": name, "max_model_len": 131_072}]})
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.SAFE
+    assert verdict.report is not None and verdict.report.served_model_name is None
+    assert_no_secret(verdict)

@@ -18,6 +18,12 @@ Where the numbers come from (SGLang's own keys, stable across releases):
   3. ``max_req_input_len + 6``: SGLang sets ``max_req_input_len = min(ctx - 1, pool - 1) - 5``,
      so this is ``min(ctx, pool)``, a lower bound of the context, never an overstatement.
 - Role: ``disaggregation_mode`` (top level, else from DP rank 0's internal state).
+
+The engine is whoever answers at the pod's address, so nothing it sends is echoed: problems show
+numbers, short plain tokens (``"both"``) and otherwise only the kind of value (``a string of 40
+characters``); ``version`` is kept only when it looks like a version, the model name only when it
+is a short printable name. The HTTP side (``kvgate_engine.untrusted``) follows no redirect, caps
+bodies and parse cost, and keeps one deadline per request.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
 from kvgate_engine.report import EngineReport
+from kvgate_engine.untrusted import BodyLimits, MiB, NotFound, Unreachable, Unreadable, get_json
 from kvgate_engine.verdict import (
     ENGINE_UNREACHABLE,
     REPORT_UNREADABLE,
@@ -43,9 +51,22 @@ from kvgate_engine.verdict import (
 
 # Ten trillion tokens: no GPU fleet holds that; a bigger number is corruption, not a pool.
 MAX_PLAUSIBLE_TOKENS = 10**13
-MAX_BODY_BYTES = 16 * 2**20
+# SGLang 0.5.23's /server_info is ~40 KB for one DP rank: ~800 top-level keys, plus one
+# internal_states entry of ~550 keys (~20 KB) per DP rank (shared/research/sglang-cpu.md). 4 MiB
+# holds ~200 DP ranks; 1 MiB would refuse a DP-attention engine of ~50 ranks. /v1/models is one
+# short card per served model.
+SERVER_INFO_LIMITS = BodyLimits.for_bytes(4 * MiB)
+MODELS_LIMITS = BodyLimits.for_bytes(1 * MiB)
 ROLES = ("prefill", "decode", "null")
 RETRY_BACKOFF_SECONDS = 0.1
+# What kvgate keeps of the engine's words: a version (PEP 440-ish, starts with a digit) and a
+# printable model name without spaces. Anything else is dropped, never shown.
+VERSION_PATTERN = re.compile(r"[0-9][0-9A-Za-z.+!_-]{0,63}")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._:/@+=-]{1,256}")
+# A string short and plain enough to quote in a problem ("both", "412345", "auto").
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,31}")
+# Unreadable DP ranks named one by one before the rest are counted.
+RANK_PROBLEMS_SHOWN = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,25 +88,38 @@ def _read_tokens(value: object, where: str, problems: list[str]) -> int | None:
             return None
         value = int(value)
     if value < 0:
-        problems.append(f"{where} is negative: {value:,}")
+        problems.append(f"{where} is negative: {_count(value)}")
         return None
     if value > MAX_PLAUSIBLE_TOKENS:
-        problems.append(f"{where} is implausibly large: {value:,}")
+        problems.append(f"{where} is implausibly large: {_count(value)}")
         return None
     return value
 
 
+def _count(value: int) -> str:
+    """``1,234`` for a number of up to 21 digits, else how many digits it has."""
+    digits = len(str(abs(value)))
+    return f"{value:,}" if digits <= 21 else f"a {digits:,}-digit number"
+
+
 def _show(value: object) -> str:
-    text = json.dumps(value) if _jsonable(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonable(value: object) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    """What the engine sent, described without repeating it: numbers and short plain tokens are
+    quoted, anything else is named by its kind."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return _count(value)
+    if isinstance(value, float):
+        return json.dumps(value)  # NaN, Infinity, 1.5: at most ~24 characters
+    if isinstance(value, str):
+        if TOKEN_PATTERN.fullmatch(value):
+            return json.dumps(value)
+        return f"a string of {len(value):,} characters"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, Sequence):
+        return "a list"
+    return f"a {type(value).__name__}"
 
 
 def _ranks(server_info: Mapping[str, Any], problems: list[str]) -> tuple[int, ...] | None:
@@ -102,20 +136,21 @@ def _ranks(server_info: Mapping[str, Any], problems: list[str]) -> tuple[int, ..
     if not any(reported):
         return None
     pools: list[int] = []
-    unreadable = False
+    rank_problems: list[str] = []
     for rank, state in enumerate(states):
         where = f"internal_states[{rank}].memory_usage.token_capacity"
         if not isinstance(state, Mapping) or not isinstance(state.get("memory_usage"), Mapping):
-            problems.append(f"internal_states[{rank}] has no memory_usage")
-            unreadable = True
+            rank_problems.append(f"internal_states[{rank}] has no memory_usage")
             continue
-        tokens = _read_tokens(state["memory_usage"].get("token_capacity"), where, problems)
-        if tokens is None:
-            unreadable = True
-        else:
+        tokens = _read_tokens(state["memory_usage"].get("token_capacity"), where, rank_problems)
+        if tokens is not None:
             pools.append(tokens)
-    if unreadable:
+    if rank_problems:
         # The smallest pool is the one that matters; with one rank unread it is unknown.
+        problems.extend(rank_problems[:RANK_PROBLEMS_SHOWN])
+        if len(rank_problems) > RANK_PROBLEMS_SHOWN:
+            more = len(rank_problems) - RANK_PROBLEMS_SHOWN
+            problems.append(f"and {more:,} more DP ranks without a readable token_capacity")
         return ()
     return tuple(pools)
 
@@ -175,6 +210,9 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
     if not isinstance(version, str) or not version.strip():
         problems.append(f"version is missing or not a string: {_show(version)}")
         version = None
+    elif not VERSION_PATTERN.fullmatch(version):
+        problems.append(f"version is not a version string: {_show(version)}")
+        version = None
 
     role = _role(server_info, problems)
 
@@ -231,7 +269,9 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
     name = server_info.get("served_model_name")
     if not isinstance(name, str) and card is not None:
         name = card.get("id")
-    served_model_name = name if isinstance(name, str) else None
+    served_model_name = name if isinstance(name, str) and NAME_PATTERN.fullmatch(name) else None
+    if isinstance(name, str) and served_model_name is None:
+        problems.append(f"served model name is not a short printable name: {_show(name)}")
 
     return EngineReport(
         version=version,
@@ -250,64 +290,84 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Unreachable(Exception):
-    """The engine did not answer (connection refused, timeout, 5xx after retries)."""
+def _kind_only(value: object) -> object:
+    """A scalar as is; a container emptied (its kind still shows in a problem)."""
+    if isinstance(value, Mapping):
+        return {}
+    if isinstance(value, list):
+        return []
+    return value
 
 
-class _Unreadable(Exception):
-    """The engine answered with something that is not the JSON object asked for."""
+def _pick(doc: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {key: _kind_only(doc[key]) for key in keys if key in doc}
 
 
-class _NotFound(Exception):
-    """HTTP 404: the route does not exist on this engine."""
+_INFO_KEYS = (
+    "version",
+    "disaggregation_mode",
+    "max_total_num_tokens",
+    "max_req_input_len",
+    "context_length",
+    "dp_size",
+    "served_model_name",
+)
 
 
-async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _Unreadable(f"response larger than {MAX_BODY_BYTES:,} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _project_rank(state: object) -> object:
+    if not isinstance(state, Mapping):
+        return _kind_only(state)
+    kept = _pick(state, ("disaggregation_mode",))
+    if "memory_usage" in state:
+        usage = state["memory_usage"]
+        kept["memory_usage"] = (
+            _pick(usage, ("token_capacity",)) if isinstance(usage, Mapping) else _kind_only(usage)
+        )
+    return kept
 
 
-async def _get_json_once(session: aiohttp.ClientSession, url: str, timeout: float) -> object:
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-            body = await _read_capped(response)
-            status = response.status
-    except TimeoutError as exc:
-        raise _Unreachable(f"GET {url}: no answer within {timeout:g} s") from exc
-    except aiohttp.ClientError as exc:
-        raise _Unreachable(f"GET {url}: {type(exc).__name__}: {exc}") from exc
-    if status == 404:
-        raise _NotFound(url)
-    if status >= 500:
-        raise _Unreachable(f"GET {url}: HTTP {status}: {_snippet(body)}")
-    if status != 200:
-        raise _Unreadable(f"GET {url}: HTTP {status}: {_snippet(body)}")
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _Unreadable(f"GET {url}: not JSON: {_snippet(body)}") from exc
+def project_server_info(doc: object) -> object:
+    """The part of a ``/server_info`` document ``parse_report`` reads (same result, a few hundred
+    bytes instead of up to megabytes). Pure."""
+    if not isinstance(doc, Mapping):
+        return _kind_only(doc)
+    kept = _pick(doc, _INFO_KEYS)
+    if "internal_states" in doc:
+        states = doc["internal_states"]
+        kept["internal_states"] = (
+            [_project_rank(state) for state in states]
+            if isinstance(states, list)
+            else _kind_only(states)
+        )
+    return kept
 
 
-def _snippet(body: bytes) -> str:
-    text = body.decode("utf-8", errors="replace").strip().replace("\n", " ")
-    return repr(text[:80] + ("..." if len(text) > 80 else ""))
+def project_models(doc: object) -> object:
+    """The part of a ``/v1/models`` document ``parse_report`` reads. Pure."""
+    if not isinstance(doc, Mapping):
+        return _kind_only(doc)
+    data = doc.get("data")
+    if not isinstance(data, list) or not data:
+        return {"data": _kind_only(data)} if "data" in doc else {}
+    card = data[0]
+    first = _pick(card, ("id", "max_model_len")) if isinstance(card, Mapping) else _kind_only(card)
+    return {"data": [first]}
 
 
 async def _get_json(
-    session: aiohttp.ClientSession, url: str, timeout: float, retries: int
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,
+    retries: int,
+    limits: BodyLimits,
+    project: Callable[[object], object],
 ) -> object:
     """GET with bounded retries on transport failures and 5xx; 404 and garbage are final."""
     attempt = 0
     while True:
         try:
-            return await _get_json_once(session, url, timeout)
-        except _Unreachable:
+            return await get_json(session, url, timeout=timeout, limits=limits, project=project)
+        except Unreachable:
             if attempt >= retries:
                 raise
         await asyncio.sleep(RETRY_BACKOFF_SECONDS * 2**attempt)
@@ -317,14 +377,17 @@ async def _get_json(
 async def _server_info(
     session: aiohttp.ClientSession, base: str, timeout: float, retries: int
 ) -> object:
+    limits, project = SERVER_INFO_LIMITS, project_server_info
     try:
-        return await _get_json(session, f"{base}/server_info", timeout, retries)
-    except _NotFound:
+        return await _get_json(session, f"{base}/server_info", timeout, retries, limits, project)
+    except NotFound:
         # SGLang releases before /server_info existed only have the deprecated alias.
         try:
-            return await _get_json(session, f"{base}/get_server_info", timeout, retries)
-        except _NotFound as exc:
-            raise _Unreadable(
+            return await _get_json(
+                session, f"{base}/get_server_info", timeout, retries, limits, project
+            )
+        except NotFound as exc:
+            raise Unreadable(
                 f"{base} has neither /server_info nor /get_server_info (HTTP 404); is it an "
                 f"SGLang engine?"
             ) from exc
@@ -333,11 +396,12 @@ async def _server_info(
 async def _models(
     session: aiohttp.ClientSession, base: str, timeout: float, retries: int
 ) -> tuple[object | None, str | None]:
+    url = f"{base}/v1/models"
     try:
-        return await _get_json(session, f"{base}/v1/models", timeout, retries), None
-    except _NotFound:
-        return None, f"{base}/v1/models: HTTP 404"
-    except (_Unreachable, _Unreadable) as exc:
+        return await _get_json(session, url, timeout, retries, MODELS_LIMITS, project_models), None
+    except NotFound:
+        return None, f"{url}: HTTP 404"
+    except (Unreachable, Unreadable) as exc:
         return None, str(exc)
 
 
@@ -357,15 +421,16 @@ async def fetch_report(
         models_task = asyncio.ensure_future(_models(client, base, timeout, retries))
         try:
             info = await info_task
-        except (_Unreachable, _Unreadable) as exc:
+        except (Unreachable, Unreadable) as exc:
             models_task.cancel()
             await asyncio.gather(models_task, return_exceptions=True)
-            if isinstance(exc, _Unreachable):
+            if isinstance(exc, Unreachable):
                 return cannot_tell(ENGINE_UNREACHABLE, f"engine unreachable: {exc}")
             return cannot_tell(REPORT_UNREADABLE, f"engine report unreadable: {exc}")
         models, models_problem = await models_task
     except Exception as exc:  # a bad engine must never crash the caller
-        return cannot_tell(ENGINE_UNREACHABLE, f"engine at {base}: {type(exc).__name__}: {exc}")
+        # The exception's text may quote what the engine sent: name its class only.
+        return cannot_tell(ENGINE_UNREACHABLE, f"engine at {base}: {type(exc).__name__}")
     finally:
         if owned:
             await client.close()
