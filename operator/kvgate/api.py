@@ -25,6 +25,25 @@ DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
 
+# Input limits (README "Input limits"). Each is far above what a real deployment writes and low
+# enough that everything kvgate builds from the spec stays within what Kubernetes accepts.
+MAX_ENGINE_REPLICAS = 1024  # engine pods per role
+MAX_ROUTER_REPLICAS = 64
+MAX_TENSOR_PARALLEL = 16  # one engine runs in one pod on one node; no node has more GPUs
+MAX_ARGS = 128  # items in engine.args, router.args and engine.env
+MAX_ARG_LENGTH = 4096  # characters in one argument or environment value
+MAX_NAME_LENGTH = 256  # model.name, env names
+MAX_PATH_LENGTH = 1024  # model.path, images
+MAX_VERSION_LENGTH = 64
+MAX_TOLERATIONS = 32
+MAX_NODE_SELECTOR = 32
+MAX_RESOURCES = 16  # resource names per limits/requests
+MAX_VERIFY_TIMEOUT_SECONDS = 86_400
+MAX_REVERIFY_INTERVAL_SECONDS = 3_600  # re-verification never pauses longer than an hour
+# Kubernetes' own limits on what kvgate copies into pod specs.
+QUALIFIED_NAME_MAX = 317  # <DNS subdomain prefix (253)>/<name (63)>
+LABEL_VALUE_MAX = 63
+
 # Marks a free-form object in the generated CRD (x-kubernetes-preserve-unknown-fields).
 PRESERVE_UNKNOWN: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
 INT_OR_STRING: dict[str, Any] = {"x-kubernetes-int-or-string": True}
@@ -62,10 +81,12 @@ class Role(StrEnum):
 class ModelSpec(_Model):
     name: str = Field(
         min_length=1,
+        max_length=MAX_NAME_LENGTH,
         description="Served model name (--served-model-name); clients send it as `model`.",
     )
     path: str = Field(
         min_length=1,
+        max_length=MAX_PATH_LENGTH,
         description="Where the engine reads the weights (--model-path): a local path or hub id.",
     )
     context_length: int = Field(
@@ -79,7 +100,8 @@ class ModelSpec(_Model):
         default=None,
         description=(
             "The model's Hugging Face config.json as a map. Enables admission-time KV pool "
-            "estimates and the context-length check against the model's own limit."
+            "estimates and the context-length check against the model's own limit. The whole "
+            "spec, this included, is limited to 96 KiB as JSON (checked at admission)."
         ),
         json_schema_extra=PRESERVE_UNKNOWN,
     )
@@ -92,8 +114,10 @@ class ModelSpec(_Model):
 
 
 class EnvVar(_Model):
-    name: str = Field(min_length=1, description="Environment variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Environment variable name."
+    )
+    value: str | None = Field(default=None, max_length=MAX_ARG_LENGTH, description="Literal value.")
     value_from: dict[str, Any] | None = Field(
         default=None,
         description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).",
@@ -104,6 +128,7 @@ class EnvVar(_Model):
 class EngineSpec(_Model):
     image: str = Field(
         min_length=1,
+        max_length=MAX_PATH_LENGTH,
         description=(
             "SGLang engine image, e.g. lmsysorg/sglang:v0.5.23. A tag naming a version below "
             "safety.minEngineVersion is denied at admission."
@@ -129,12 +154,15 @@ class EngineSpec(_Model):
         le=65535,
         description="Prefill KV bootstrap port (--disaggregation-bootstrap-port).",
     )
-    args: list[str] = Field(
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
+        max_length=MAX_ARGS,
         description="Extra sglang.launch_server flags, appended after kvgate's own.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Extra environment variables for engine containers."
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description="Extra environment variables for engine containers.",
     )
 
 
@@ -161,9 +189,11 @@ class SafetySpec(_Model):
     min_engine_version: str = Field(
         default=DEFAULT_MIN_ENGINE_VERSION,
         min_length=1,
+        max_length=MAX_VERSION_LENGTH,
         description=(
             "Lowest SGLang version allowed to serve (PEP 440). Disaggregated SGLang before "
-            "0.5.22 can hand stale KV pages to decode on an over-length prompt."
+            "0.5.22 can hand stale KV pages to decode on an over-length prompt. Must be at or "
+            "above the cluster's floor (chart value engineVersionFloor)."
         ),
     )
     kv_canary: bool = Field(
@@ -180,10 +210,16 @@ class SafetySpec(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = Field(default=None, description="Taint key to tolerate.")
-    operator: str | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, description="Taint value (operator Equal).")
-    effect: str | None = Field(default=None, description="NoSchedule, PreferNoSchedule, NoExecute.")
+    key: str | None = Field(
+        default=None, max_length=QUALIFIED_NAME_MAX, description="Taint key to tolerate."
+    )
+    operator: str | None = Field(default=None, max_length=16, description="Exists or Equal.")
+    value: str | None = Field(
+        default=None, max_length=LABEL_VALUE_MAX, description="Taint value (operator Equal)."
+    )
+    effect: str | None = Field(
+        default=None, max_length=32, description="NoSchedule, PreferNoSchedule, NoExecute."
+    )
     toleration_seconds: int | None = Field(
         default=None, description="How long a NoExecute taint is tolerated."
     )
@@ -191,10 +227,12 @@ class Toleration(_Model):
 
 class Resources(_Model):
     limits: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
-        default_factory=dict, description="Resource limits (nvidia.com/gpu is set by kvgate)."
+        default_factory=dict,
+        max_length=MAX_RESOURCES,
+        description="Resource limits (nvidia.com/gpu is set by kvgate).",
     )
     requests: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
-        default_factory=dict, description="Resource requests."
+        default_factory=dict, max_length=MAX_RESOURCES, description="Resource requests."
     )
 
 
@@ -211,9 +249,17 @@ class RoleSpec(_Model):
         }
     )
 
-    replicas: int = Field(default=1, ge=0, description="Engine pods of this role.")
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ENGINE_REPLICAS, description="Engine pods of this role."
+    )
     tensor_parallel: int = Field(
-        default=1, ge=1, description="GPUs per engine (--tp-size); requested as nvidia.com/gpu."
+        default=1,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description=(
+            "GPUs per engine (--tp-size); requested as nvidia.com/gpu. One engine runs in one "
+            "pod on one node."
+        ),
     )
     mem_fraction_static: float = Field(
         default=0.85,
@@ -238,11 +284,15 @@ class RoleSpec(_Model):
     resources: Resources = Field(
         default_factory=Resources, description="CPU/memory requests and limits."
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the engine pods must match."
+    node_selector: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=MAX_NODE_SELECTOR,
+        description="Node labels the engine pods must match.",
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations for the engine pods."
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Tolerations for the engine pods.",
     )
     affinity: dict[str, Any] | None = Field(
         default=None,
@@ -252,18 +302,31 @@ class RoleSpec(_Model):
 
 
 class RouterSpec(_Model):
-    replicas: int = Field(default=1, ge=0, description="Gateway (smg) pods.")
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ROUTER_REPLICAS, description="Gateway (smg) pods."
+    )
     image: str = Field(
-        default=DEFAULT_ROUTER_IMAGE, min_length=1, description="SGLang gateway (smg) image."
+        default=DEFAULT_ROUTER_IMAGE,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="SGLang gateway (smg) image.",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Gateway HTTP port.")
-    args: list[str] = Field(default_factory=list, description="Extra smg flags, appended last.")
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description=(
+            "Extra smg flags, appended last. Flags that add workers, change discovery, "
+            "control-plane or API authentication, or where the router listens are denied."
+        ),
+    )
 
 
 class RolloutSpec(_Model):
     verify_timeout_seconds: int = Field(
         default=900,
         ge=1,
+        le=MAX_VERIFY_TIMEOUT_SECONDS,
         description=(
             "A new revision whose prefill and decode pods are not verified within this time is "
             "refused; the serving revision keeps serving."
@@ -285,6 +348,7 @@ class RolloutSpec(_Model):
     reverify_interval_seconds: int = Field(
         default=30,
         ge=1,
+        le=MAX_REVERIFY_INTERVAL_SECONDS,
         description="How often every engine pod is re-verified against its live engine.",
     )
 

@@ -36,6 +36,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="run the admission webhook's checks offline")
     p.add_argument("file", help="ModelDeployment YAML or JSON file ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--min-version-floor",
+        metavar="VERSION",
+        default=None,
+        help=(
+            "the cluster's engine version floor (the chart value engineVersionFloor), to get "
+            "the answers that cluster's webhook gives; default: no cluster floor"
+        ),
+    )
 
     p = sub.add_parser("estimate", help="predict the KV pool of one engine before any GPU is spent")
     p.add_argument("--config", required=True, help="the model's config.json")

@@ -24,6 +24,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 from prometheus_client import start_http_server
 
 from kvgate import labels, metrics
+from kvgate.admission.policy import POLICY_MEMO_KEY, ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
 from kvgate.handlers import deployments, engine_pods, modeldeployment
 from kvgate.handlers.runtime import Runtime
@@ -176,6 +177,8 @@ async def serve(
     global _runtime
     if settings.webhook:
         import kvgate.admission.webhook  # noqa: F401  (before kopf reads the registry)
+    # Raises ValueError naming the chart value when the floor is not a version.
+    policy = ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
     api = KubeApi(credentials or load_credentials())
     _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
     registry = register_handlers()
@@ -189,6 +192,8 @@ async def serve(
             liveness_endpoint=liveness,
             stop_flag=stop_flag,
             ready_flag=ready_flag,
+            # The webhook reads the cluster's admission policy from the memo.
+            memo=kopf.Memo({POLICY_MEMO_KEY: policy}),
         )
     finally:
         await _runtime.shutdown()
@@ -216,6 +221,15 @@ def run(args: argparse.Namespace) -> int:
         print(
             "kvgate operator: the admission webhook needs --tls-dir DIR (with tls.crt and "
             "tls.key); pass --no-webhook to run without it",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
+    except ValueError as error:
+        print(
+            "kvgate operator: KVGATE_MIN_ENGINE_VERSION_FLOOR (the chart value "
+            f"engineVersionFloor): {error}",
             file=sys.stderr,
         )
         return 2

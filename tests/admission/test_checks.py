@@ -114,7 +114,7 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
     ("port out of range", {"spec.engine.port": 70_000}, "spec.engine.port", ["65,535", "70,000"]),
     ("another kind", {"kind": "Deployment"}, "kind", ["ModelDeployment", "'Deployment'"]),
     ("another api version", {"apiVersion": "kvgate.io/v1"}, "apiVersion", ["kvgate.io/v1alpha1"]),
-    ("unicode name", {"metadata.name": "модель-8b"}, "metadata.name", ["DNS-1123"]),
+    ("unicode name", {"metadata.name": "модель-8b"}, "metadata.name", ["DNS-1035"]),
     ("name too long for a label", {"metadata.name": "m" * 64}, "metadata.name", ["64", "63"]),
 ]
 

@@ -98,8 +98,8 @@ async def test_update_of_metadata_only_is_not_blocked(live_webhook: LiveWebhook)
     [
         ({"spec.model.contextLength": 2**70}, "64-bit"),
         ({"spec.decode.replicas": 10**40}, "spec.decode.replicas: out of range"),
-        ({"metadata.name": "модель-🚀"}, "metadata.name: must be a DNS-1123 name"),
-        ({"spec.model.name": "模型" * 10_000}, "estimated KV pool"),
+        ({"metadata.name": "модель-🚀"}, "metadata.name: must be a DNS-1035 label"),
+        ({"spec.model.name": "模型" * 10_000}, "as JSON > 98,304"),
         ({"kind": "Deployment"}, "kind: must be ModelDeployment"),
     ],
     ids=["huge context", "huge replicas", "unicode name", "huge unicode model name", "other kind"],

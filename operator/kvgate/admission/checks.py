@@ -8,7 +8,6 @@ becomes a warning: the live verification of every engine still applies.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,14 +20,18 @@ from kvgate_engine.estimator import (
 from kvgate_engine.launcher import image_version
 from packaging.version import InvalidVersion, Version
 
+from kvgate.admission import names
+from kvgate.admission.limits import size_message
+from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
+from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
 from kvgate.api import API_VERSION, KIND, KvCacheDtype, ModelDeploymentSpec, Role, RoleSpec
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 MARGIN_WARNING = 0.10  # warn when the estimated pool is less than 10 % above the requirement
 
-Check = Callable[[ModelDeploymentSpec], tuple[list[Problem], list[Problem]]]
+Check = Callable[[ModelDeploymentSpec, ClusterPolicy], tuple[list[Problem], list[Problem]]]
 
 
 def _n(value: int) -> str:
@@ -70,38 +73,70 @@ def check_identity(document: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-LABEL_VALUE_MAX = 63
-
-
 def check_metadata(document: Mapping[str, Any]) -> list[Problem]:
-    """metadata.name: what the API server accepts, and short enough for kvgate's labels."""
+    """metadata.name: a DNS-1035 label short enough for every name kvgate derives from it (the
+    API server accepts any DNS-1123 subdomain for a ModelDeployment, but not for its Service)."""
     metadata = document.get("metadata")
     if not isinstance(metadata, Mapping):
         return []  # absent, or the schema check reports it
     name = metadata.get("name")
     if name is None:
         return []
-    if not isinstance(name, str) or not _DNS_SUBDOMAIN.fullmatch(name):
+    if not isinstance(name, str) or not names.DNS_1035_LABEL.fullmatch(name):
+        suggestion = names.suggest_name(name) if isinstance(name, str) else None
+        example = suggestion if suggestion and suggestion != name else "llama-3-1-8b"
         return [
             Problem(
                 "metadata.name",
-                f"must be a DNS-1123 name: lowercase letters, digits, '-' and '.' (got "
-                f"{show_value(name)}); e.g. llama-8b",
+                f"must be a DNS-1035 label (got {show_value(name)}): lowercase letters, digits "
+                "and '-', starting with a letter and ending with a letter or digit, because "
+                f"kvgate names the Service after it; rename it, e.g. {example}",
             )
         ]
-    if len(name) > LABEL_VALUE_MAX:
+    longest = names.max_name_length()
+    too_long = names.binding_names(name)
+    if too_long:
+        which = " and ".join(
+            f"the {d.what} {d.name if d.name != name else '<name>'} (at most {d.max_length})"
+            for d in too_long
+        )
         return [
             Problem(
                 "metadata.name",
-                f"{len(name):,} characters > {LABEL_VALUE_MAX}; kvgate puts the name in the "
-                "kvgate.io/deployment label, whose values hold at most 63; use a shorter name",
+                f"{len(name):,} characters > {longest}: kvgate derives {which} from it; use a "
+                f"shorter name, at most {longest} characters",
             )
         ]
     return []
 
 
-def check_finite(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+def check_size(document: Mapping[str, Any]) -> list[Problem]:
+    """The spec must fit where Kubernetes keeps copies of it (see kvgate.admission.limits)."""
+    spec = document.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    try:
+        message = size_message(spec)
+    except (TypeError, ValueError, RecursionError):
+        return []  # not JSON: the schema check says so
+    return [Problem("spec", message)] if message else []
+
+
+def check_router_args(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """router.args must not add workers, change discovery or auth, or move the listener."""
+    denials = []
+    for index, arg in enumerate(spec.router.args):
+        flag = denied_flag(arg)
+        if flag is not None:
+            denials.append(Problem(f"spec.router.args[{index}]", denial_message(arg, flag)))
+    return denials, []
+
+
+def check_finite(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
     """Numbers the schema lets through as infinity (YAML `.inf`) but no GPU can honour."""
     fields: list[tuple[str, float | None]] = [
         ("spec.safety.headroom", spec.safety.headroom),
@@ -125,10 +160,33 @@ def check_finite(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem
     return denials, []
 
 
-def check_engine_version(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
-    """The image tag's version must be at or above safety.minEngineVersion."""
+def _check_cluster_floor(spec: ModelDeploymentSpec, policy: ClusterPolicy) -> list[Problem]:
+    cluster = policy.floor
+    if cluster is None:
+        return []
     try:
-        floor = Version(spec.safety.min_engine_version)
+        spec_floor = Version(spec.safety.min_engine_version)
+    except InvalidVersion:
+        return []  # reported by check_engine_version
+    if spec_floor >= cluster:
+        return []
+    return [
+        Problem(
+            "spec.safety.minEngineVersion",
+            f"{spec_floor} < the cluster's engine version floor {cluster} (chart value "
+            f"{FLOOR_SETTING}, set by the cluster admin; {spec_floor} is also the default when "
+            f"the field is omitted); set spec.safety.minEngineVersion to {cluster} or later",
+        )
+    ]
+
+
+def check_engine_version(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """safety.minEngineVersion at or above the cluster floor; the image tag's version at or
+    above both."""
+    try:
+        spec_floor = Version(spec.safety.min_engine_version)
     except InvalidVersion:
         return [
             Problem(
@@ -137,35 +195,43 @@ def check_engine_version(spec: ModelDeploymentSpec) -> tuple[list[Problem], list
                 "set a version such as 0.5.22",
             )
         ], []
+    denials = _check_cluster_floor(spec, policy)
+    cluster = policy.floor
+    if cluster is not None and cluster > spec_floor:
+        floor, floor_text = cluster, f"the cluster's engine version floor {cluster}"
+    else:
+        floor, floor_text = spec_floor, f"safety.minEngineVersion {spec_floor}"
     image = spec.engine.image
     tagged = image_version(image)
     unchecked = (
-        f"admission cannot check it against safety.minEngineVersion {floor} (the live engine "
-        "still is); pin a tag such as v0.5.23"
+        f"admission cannot check it against {floor_text} (the live engine still is); pin a "
+        "tag such as v0.5.23"
     )
     if tagged is None:
-        return [], [Problem("spec.engine.image", f"{image} names no version, so {unchecked}")]
+        return denials, [Problem("spec.engine.image", f"{image} names no version, so {unchecked}")]
     try:
         version = Version(tagged)
     except InvalidVersion:
-        return [], [
+        return denials, [
             Problem(
                 "spec.engine.image", f"{image}: tag version {tagged!r} is unreadable; {unchecked}"
             )
         ]
     if version < floor:
-        return [
+        denials.append(
             Problem(
                 "spec.engine.image",
-                f"{image} is SGLang {version} < safety.minEngineVersion {floor} (earlier "
-                "disaggregated SGLang can hand stale KV pages to decode); use an image at "
-                f"{floor} or later, e.g. lmsysorg/sglang:v0.5.23",
+                f"{image} is SGLang {version} < {floor_text} (earlier disaggregated SGLang can "
+                f"hand stale KV pages to decode); use an image at {floor} or later, e.g. "
+                "lmsysorg/sglang:v0.5.23",
             )
-        ], []
-    return [], []
+        )
+    return denials, []
 
 
-def check_max_total_tokens(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+def check_max_total_tokens(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
     """A role's --max-total-tokens cap must leave room for the whole context."""
     required = required_pool_tokens(spec)
     denials = []
@@ -189,7 +255,9 @@ def _allows_longer_context(spec: ModelDeploymentSpec) -> bool:
     )
 
 
-def check_context_length(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+def check_context_length(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
     """contextLength above the model config's own limit: SGLang refuses to start."""
     config = spec.model.config
     if config is None:
@@ -230,7 +298,9 @@ def _roles(spec: ModelDeploymentSpec) -> list[tuple[str, RoleSpec]]:
     return [(Role.PREFILL.value, spec.prefill), (Role.DECODE.value, spec.decode)]
 
 
-def check_estimated_pool(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
+def check_estimated_pool(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
     """The estimator's KV pool per role against contextLength × headroom."""
     required = required_pool_tokens(spec)
     if required is None:
@@ -264,7 +334,7 @@ def check_estimated_pool(spec: ModelDeploymentSpec) -> tuple[list[Problem], list
     if config is None or weights_gib is None:
         return denials, warnings
 
-    capped = {p.field for p in check_max_total_tokens(spec)[0]}
+    capped = {p.field for p in check_max_total_tokens(spec, policy)[0]}
     for role, role_spec in _roles(spec):
         if role_spec.gpu_memory_gi_b is None or f"spec.{role}.maxTotalTokens" in capped:
             continue
@@ -334,22 +404,26 @@ CHECKS: tuple[Check, ...] = (
     check_max_total_tokens,
     check_context_length,
     check_estimated_pool,
+    check_router_args,
 )
 
 
-def _check(document: object) -> AdmissionResult:
+def _check(document: object, policy: ClusterPolicy) -> AdmissionResult:
     if not isinstance(document, Mapping):
         return AdmissionResult(
             denials=(Problem("", f"must be a {KIND} object (got {show_value(document)})"),)
         )
     identity = check_identity(document) + check_metadata(document)
+    too_large = check_size(document)
+    if too_large:  # said once, before parsing what is too large to keep
+        return AdmissionResult(denials=tuple(identity + too_large))
     model, schema_problems = parse_model(document)
     if identity or model is None:
         return AdmissionResult(denials=tuple(identity + schema_problems))
     denials: list[Problem] = []
     warnings: list[Problem] = []
     for check in CHECKS:
-        found_denials, found_warnings = check(model.spec)
+        found_denials, found_warnings = check(model.spec, policy)
         denials += found_denials
         warnings += found_warnings
         if check is check_finite and found_denials:
@@ -369,11 +443,12 @@ def _internal_error(error: Exception) -> AdmissionResult:
     )
 
 
-def check_document(document: object) -> AdmissionResult:
-    """Every admission check on one raw ModelDeployment document. Never raises; a failure inside
-    a check denies (an unchecked document is never allowed by accident)."""
+def check_document(document: object, policy: ClusterPolicy | None = None) -> AdmissionResult:
+    """Every admission check on one raw ModelDeployment document, under the cluster's `policy`.
+    Never raises; a failure inside a check denies (an unchecked document is never allowed by
+    accident)."""
     try:
-        return _check(document)
+        return _check(document, policy if policy is not None else ClusterPolicy())
     except RecursionError:
         return AdmissionResult(
             denials=(Problem("", "the document is nested too deeply to check; flatten it"),)
@@ -391,11 +466,11 @@ def _being_deleted(new: Mapping[str, Any]) -> bool:
     return isinstance(metadata, Mapping) and metadata.get("deletionTimestamp") is not None
 
 
-def check_update(new: object, old: object) -> AdmissionResult:
+def check_update(new: object, old: object, policy: ClusterPolicy | None = None) -> AdmissionResult:
     """An UPDATE is checked like a CREATE, except that a change that leaves the spec as it was
     (finalizers, labels, annotations) or touches an object being deleted is never blocked: a spec
     admitted under older rules must stay deletable and manageable. Its problems become warnings."""
-    result = check_document(new)
+    result = check_document(new, policy)
     if result.allowed or not isinstance(new, Mapping):
         return result
     try:

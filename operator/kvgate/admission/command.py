@@ -1,7 +1,9 @@
-"""`kvgate validate FILE [--json]`: the webhook's checks, offline.
+"""`kvgate validate FILE [--json] [--min-version-floor VERSION]`: the webhook's checks, offline.
 
 Exit 0 when every document in FILE is allowed (warnings are printed), 1 when any is denied or
-FILE cannot be read. Every problem is printed, with its field and numbers.
+FILE cannot be read, 2 when --min-version-floor is not a version. Every problem is printed, with
+its field and numbers. --min-version-floor is the cluster's chart value engineVersionFloor: with
+it, the answers are the ones that cluster's webhook gives.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any, TextIO
 import yaml
 
 from kvgate.admission.checks import check_document
+from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 
 EXIT_ALLOWED = 0
 EXIT_DENIED = 1
+EXIT_USAGE = 2
 
 
 def _read(source: str) -> str:
@@ -53,6 +57,11 @@ def main(args: argparse.Namespace) -> int:
     """Check FILE; print every denial and warning; exit 0 allowed, 1 denied."""
     out = sys.stdout
     try:
+        policy = ClusterPolicy(min_engine_version_floor=getattr(args, "min_version_floor", None))
+    except ValueError as error:
+        sys.stderr.write(f"kvgate validate: --min-version-floor: {error}\n")
+        return EXIT_USAGE
+    try:
         documents = load_documents(_read(args.file))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as error:
         result = AdmissionResult(
@@ -64,7 +73,9 @@ def main(args: argparse.Namespace) -> int:
             empty = Problem("", f"{args.file} holds no document; pass a ModelDeployment")
             named = [(args.file, AdmissionResult(denials=(empty,)))]
         else:
-            named = [(_name(doc, i), check_document(doc)) for i, doc in enumerate(documents)]
+            named = [
+                (_name(doc, i), check_document(doc, policy)) for i, doc in enumerate(documents)
+            ]
 
     if args.json:
         payload = {

@@ -48,6 +48,14 @@ FIELD_HINTS: dict[str, str] = {
     "minVerifiedPercent": "set a percentage between 1 and 100, e.g. 100",
 }
 
+# Fields whose FIELD_HINTS name a range, so they also fit a value above it.
+RANGE_HINT_FIELDS = frozenset({"memFractionStatic", "port", "bootstrapPort", "minVerifiedPercent"})
+# The way out when a value is above its upper bound, where "set at most N" alone is not enough.
+UPPER_HINTS: dict[str, str] = {
+    "tensorParallel": "one engine runs in one pod on one node, and no node has more GPUs",
+    "reverifyIntervalSeconds": "re-verification must not pause longer than an hour",
+}
+
 _TYPE_NAMES: dict[str, str] = {
     "int_type": "an integer",
     "int_parsing": "an integer",
@@ -169,8 +177,24 @@ def translate(error: ErrorDetails) -> Problem:
         key, symbol = _COMPARISONS[kind]
         bound = ctx.get(key)
         limit = f"{bound:g}" if isinstance(bound, float) else show_value(bound)
-        way = _way_out(name, f"set a value {symbol} {limit}")
+        if key in ("le", "lt") and name not in RANGE_HINT_FIELDS:
+            way = f"set at most {limit}" if key == "le" else f"set a value {symbol} {limit}"
+            if name in UPPER_HINTS:
+                way += f" ({UPPER_HINTS[name]})"
+        else:
+            way = _way_out(name, f"set a value {symbol} {limit}")
         return Problem(path, f"must be {symbol} {limit} (got {got}); {way}")
+    if kind == "too_long":
+        bound = ctx.get("max_length")
+        value = error.get("input")
+        actual = ctx.get("actual_length") or (len(value) if hasattr(value, "__len__") else None)
+        counted = f"got {actual:,}" if isinstance(actual, int) else f"got {got}"
+        return Problem(path, f"at most {show_value(bound)} items ({counted}); remove some")
+    if kind == "string_too_long":
+        bound = ctx.get("max_length")
+        value = error.get("input")
+        length = f"got {len(value):,}" if isinstance(value, str) else f"got {got}"
+        return Problem(path, f"at most {show_value(bound)} characters ({length}); shorten it")
     if kind == "enum":
         expected = str(ctx.get("expected", "")).replace("'", "")
         return Problem(path, f"must be one of {expected} (got {got}); pick one of them")

@@ -43,9 +43,11 @@ async def serve_webhook(
     *,
     registry: registries.OperatorRegistry | None = None,
     start_timeout: float = 10.0,
+    memo: kopf.Memo | None = None,
 ) -> AsyncIterator[reviews.WebhookClientConfig]:
     """Serve the registered admission handlers through `server` until the block exits; yields
-    the client config (its `url` is where to POST)."""
+    the client config (its `url` is where to POST). `memo` is what the operator would pass to
+    `kopf.operator` (`{kvgate.admission.policy.POLICY_MEMO_KEY: ClusterPolicy(...)}`)."""
     registry = registry if registry is not None else registries.get_default_registry()
     settings = kopf.OperatorSettings()
     settings.admission.server = server
@@ -61,7 +63,7 @@ async def serve_webhook(
         registry=registry,
         insights=insights,
         memories=inventory.ResourceMemories(),
-        memobase=ephemera.AnyMemo(ephemera.Memo()),
+        memobase=ephemera.AnyMemo(memo if memo is not None else ephemera.Memo()),
         indices=indexers.indices,
     )
     task = asyncio.create_task(

@@ -1,0 +1,39 @@
+"""What the cluster admin decides for every ModelDeployment (chart values), as admission input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_VERSION_FLOOR)
+# The key under which the operator puts its ClusterPolicy in kopf's memo, for the webhook.
+POLICY_MEMO_KEY = "kvgate_admission_policy"
+
+
+@dataclass(frozen=True)
+class ClusterPolicy:
+    """Cluster-wide admission rules. `min_engine_version_floor`: no ModelDeployment may allow an
+    engine version below it, in `safety.minEngineVersion` or in its image tag (None: no floor
+    beyond each spec's own)."""
+
+    min_engine_version_floor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.min_engine_version_floor is not None:
+            parse_floor(self.min_engine_version_floor)
+
+    @property
+    def floor(self) -> Version | None:
+        """The cluster floor as a version (validated at construction)."""
+        if self.min_engine_version_floor is None:
+            return None
+        return parse_floor(self.min_engine_version_floor)
+
+
+def parse_floor(value: str) -> Version:
+    """The floor as a PEP 440 version; ValueError naming the setting when it is not one."""
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise ValueError(f"{value!r} is not a version; use one such as 0.5.22") from None

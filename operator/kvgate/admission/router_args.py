@@ -1,0 +1,102 @@
+"""Which smg flags `spec.router.args` may not carry. Pure.
+
+kvgate appends `router.args` after its own flags, and smg's parser (argparse) keeps the last
+value, so an extra flag can replace kvgate's choices. Denied: flags that give the router workers
+kvgate did not verify (static URLs, another discovery source, another namespace or selector,
+mesh peers, multi-model or RL control planes), that change who may use its control plane or
+API, and where it listens. Everything else (routing policy, timeouts, logging, limits) is the
+tenant's to tune.
+
+argparse accepts any unique prefix of a flag (`--worker-u` is `--worker-urls`; smg's parser keeps
+`allow_abbrev=True`), and `--flag=value` as well as `--flag value`. So an argument is denied when
+the part before `=` is a prefix of a denied flag. No flag smg accepts is itself a prefix of a
+denied one (tests/admission/test_inputs.py asks smg's own parser), so nothing allowed is caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+_WORKERS = (
+    "adds workers kvgate did not verify; kvgate points the router at this revision's verified "
+    "prefill and decode pods itself"
+)
+_DISCOVERY = (
+    "changes which engine pods the router discovers and pairs; kvgate points the router at "
+    "this revision's verified prefill and decode pods itself"
+)
+_CONTROL = "opens another control plane on the router's serving port"
+_AUTH = (
+    "changes who may use the router's control plane or API, which kvgate manages (it must "
+    "reach the router's /workers); put an authenticating proxy in front of the Service instead"
+)
+_LISTEN = (
+    "changes where or how the router listens or reaches engines, which kvgate sets; set "
+    "spec.router.port for the port"
+)
+
+# flag -> why it is denied (smg 1.13, `smg launch --help`).
+DENIED_ROUTER_FLAGS: Mapping[str, str] = {
+    "--worker-urls": _WORKERS,
+    "--prefill": _WORKERS,
+    "--decode": _WORKERS,
+    "--encode": _WORKERS,
+    "--epd-disaggregation": _WORKERS,
+    "--discovery-file": _WORKERS,
+    "--service-discovery": _DISCOVERY,
+    "--discovery-provider": _DISCOVERY,
+    "--discovery-check-interval-secs": _DISCOVERY,
+    "--selector": _DISCOVERY,
+    "--service-discovery-port": _DISCOVERY,
+    "--service-discovery-namespace": _DISCOVERY,
+    "--prefill-selector": _DISCOVERY,
+    "--decode-selector": _DISCOVERY,
+    "--encode-selector": _DISCOVERY,
+    "--router-selector": _DISCOVERY,
+    "--enable-mesh": _WORKERS,
+    "--mesh-server-name": _WORKERS,
+    "--mesh-host": _WORKERS,
+    "--mesh-advertise-host": _WORKERS,
+    "--mesh-port": _WORKERS,
+    "--mesh-peer-urls": _WORKERS,
+    "--mesh-tls-ca-cert": _WORKERS,
+    "--mesh-tls-cert": _WORKERS,
+    "--mesh-tls-key": _WORKERS,
+    "--enable-igw": _CONTROL,
+    "--enable-rl": _CONTROL,
+    "--control-plane-api-keys": _AUTH,
+    "--api-key": _AUTH,
+    "--tenant-api-key": _AUTH,
+    "--jwt-issuer": _AUTH,
+    "--jwt-audience": _AUTH,
+    "--jwt-jwks-uri": _AUTH,
+    "--jwt-role-mapping": _AUTH,
+    "--host": _LISTEN,
+    "--port": _LISTEN,
+    "--health-check-port": _LISTEN,
+    "--tls-cert-path": _LISTEN,
+    "--tls-key-path": _LISTEN,
+    "--client-cert-path": _LISTEN,
+    "--client-key-path": _LISTEN,
+    "--ca-cert-paths": _LISTEN,
+}
+
+
+def denied_flag(arg: str) -> str | None:
+    """The denied flag smg would read `arg` as (exactly or as an abbreviation), else None."""
+    if not arg.startswith("--"):
+        return None
+    spelled = arg.split("=", 1)[0]
+    if spelled == "--":  # end of options: smg has no positional arguments and refuses to start
+        return None
+    if spelled in DENIED_ROUTER_FLAGS:
+        return spelled
+    return next((flag for flag in DENIED_ROUTER_FLAGS if flag.startswith(spelled)), None)
+
+
+def denial_message(arg: str, flag: str) -> str:
+    """Why `arg` is denied and what to do instead."""
+    spelled = arg.split("=", 1)[0]
+    if spelled != flag:
+        spelled += f" (a prefix of {flag}; smg's parser accepts any unique prefix of a flag)"
+    return f"{spelled} {DENIED_ROUTER_FLAGS[flag]}; remove it from spec.router.args"
