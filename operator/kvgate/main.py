@@ -160,8 +160,13 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
 
 
 def make_verify(settings: OperatorSettings) -> Any:
+    """The operator's probe: at most ``max_concurrent_probes`` engines are read at once, across
+    every pod, so the bodies in flight stay bounded however many pods (or tenants) there are."""
+    slots = asyncio.Semaphore(settings.max_concurrent_probes)
+
     async def verify(url: str, requirement: Requirement) -> Verdict:
-        return await probe.verify(url, requirement, timeout=settings.probe_timeout_seconds)
+        async with slots:
+            return await probe.verify(url, requirement, timeout=settings.probe_timeout_seconds)
 
     return verify
 

@@ -20,6 +20,21 @@ def _env_float(name: str) -> float | None:
         ) from exc
 
 
+def _env_count(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(
+            f"{name}={raw!r} is not a whole number >= 1; unset it or use e.g. {default}"
+        )
+    return value
+
+
 def _router_key_seed() -> bytes:
     raw = os.environ.get("KVGATE_ROUTER_KEY_SEED", "")
     if not raw:
@@ -46,6 +61,9 @@ class OperatorSettings:
     steady_reconcile_seconds: float = 30.0  # KVGATE_STEADY_RECONCILE_SECONDS
     reverify_seconds: float | None = None  # KVGATE_REVERIFY_SECONDS overrides the CR's interval
     probe_timeout_seconds: float = 5.0  # KVGATE_PROBE_TIMEOUT_SECONDS
+    # KVGATE_MAX_CONCURRENT_PROBES: engine probes in flight at once, across every pod. A probe
+    # holds at most 5 MiB of body (4 MiB /server_info + 1 MiB /v1/models), so 16 hold <= 80 MiB.
+    max_concurrent_probes: int = 16
     # KVGATE_GATEWAY_GRACE_SECONDS: how long a gateway may keep routing to a NotReady engine pod
     # before the operator deletes the pod (smg 1.13 drains within ~1 s).
     gateway_grace_seconds: float = 15.0
@@ -75,6 +93,7 @@ class OperatorSettings:
             steady_reconcile_seconds=_env_float("KVGATE_STEADY_RECONCILE_SECONDS") or 30.0,
             reverify_seconds=_env_float("KVGATE_REVERIFY_SECONDS"),
             probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
+            max_concurrent_probes=_env_count("KVGATE_MAX_CONCURRENT_PROBES", 16),
             gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
             min_engine_version_floor=os.environ.get("KVGATE_MIN_ENGINE_VERSION_FLOOR") or None,
             router_key_seed=_router_key_seed(),

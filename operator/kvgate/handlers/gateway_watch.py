@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 import aiohttp
+from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, get_json
 
 from kvgate import gate, labels, metrics
 from kvgate.api import API_VERSION, KIND
 from kvgate.gateway import (
     DEFAULT_GRACE_SECONDS,
     GATEWAY_UNREACHABLE,
+    POD_UID_LABEL,
     Action,
     EnginePod,
     GatewayDecision,
@@ -40,24 +43,59 @@ ROUTER_CONTAINER = "router"
 Pod = dict[str, Any]
 
 
+# smg 1.13 lists a worker in ~0.8 KB (measured: 940 bytes for a router with one worker, labels
+# included); 4 MiB holds ~5,000 workers, far more than one revision's engine pods.
+WORKERS_LIMITS = BodyLimits.for_bytes(4 * MiB)
+# The worker fields kvgate.gateway reads, kept only as short printable text (they are quoted in
+# Events); anything else becomes UNREADABLE, which matches no pod and routes like an unknown status.
+UNREADABLE = "(unreadable)"
+_URL = re.compile(r"[\x21-\x7e]{1,256}")
+_STATUS = re.compile(r"[A-Za-z_-]{1,32}")
+_UID = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+def _text(value: object, pattern: re.Pattern[str]) -> object:
+    if not value:
+        return None  # absent, "" or null: as the router said nothing
+    return value if isinstance(value, str) and pattern.fullmatch(value) else UNREADABLE
+
+
+def _worker_fields(worker: Mapping[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {"url": _text(worker.get("url"), _URL)}
+    kept["status"] = _text(worker.get("status"), _STATUS)
+    worker_labels = worker.get("labels")
+    if isinstance(worker_labels, Mapping) and worker_labels.get(POD_UID_LABEL):
+        kept["labels"] = {POD_UID_LABEL: _text(worker_labels[POD_UID_LABEL], _UID)}
+    return kept
+
+
+def _workers_of(doc: object) -> object:
+    """The listed workers, reduced to what kvgate.gateway reads; None without a workers list."""
+    workers = doc.get("workers") if isinstance(doc, Mapping) else None
+    if not isinstance(workers, list):
+        return None
+    return tuple(_worker_fields(w) for w in workers if isinstance(w, Mapping))
+
+
 async def read_workers(
     router: str, base_url: str, *, timeout: float = DEFAULT_READ_TIMEOUT_SECONDS
 ) -> RouterWorkers:
-    """``GET <base_url>/workers`` of one smg router; never raises."""
+    """``GET <base_url>/workers`` of one smg router; never raises.
+
+    Read like an engine (kvgate_engine.untrusted): no redirects, a 4 MiB body and value cap, one
+    deadline; an error names what failed, never what the router sent.
+    """
+    url = f"{base_url}/workers"
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session,
-            session.get(f"{base_url}/workers") as response,
-        ):
-            if response.status != 200:
-                return RouterWorkers(router, error=f"GET /workers -> HTTP {response.status}")
-            doc = await response.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        return RouterWorkers(router, error=f"GET /workers failed: {exc or type(exc).__name__}")
-    workers = doc.get("workers") if isinstance(doc, Mapping) else None
-    if not isinstance(workers, list):
-        return RouterWorkers(router, error="GET /workers answered without a workers list")
-    return RouterWorkers(router, workers=tuple(w for w in workers if isinstance(w, Mapping)))
+        async with aiohttp.ClientSession() as session:
+            workers = await get_json(
+                session, url, timeout=timeout, limits=WORKERS_LIMITS, project=_workers_of
+            )
+    except FetchError as exc:
+        return RouterWorkers(router, error=str(exc))
+    if not isinstance(workers, tuple):
+        return RouterWorkers(router, error=f"GET {url} answered without a workers list")
+    return RouterWorkers(router, workers=workers)
 
 
 def engine_pod_of(pod: Pod) -> EnginePod | None:
