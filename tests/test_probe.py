@@ -7,6 +7,7 @@ slow answers, 404s and 500s.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import time
@@ -929,3 +930,22 @@ async def test_an_odd_model_name_is_dropped_not_kept(engine: EngineStub, name: s
     assert verdict.outcome is Outcome.SAFE
     assert verdict.report is not None and verdict.report.served_model_name is None
     assert_no_secret(verdict)
+
+
+async def test_a_compressed_body_is_not_inflated(engine: EngineStub) -> None:
+    # 4 MiB of zeros gzip to ~4 KB: inflating would hand the parser far more than was sent.
+    bomb_body = gzip.compress(json.dumps(safe_info(pad="0" * 4 * 2**20)).encode())
+    seen: list[str] = []
+
+    async def gzipped(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Accept-Encoding", ""))
+        return web.Response(
+            body=bomb_body,
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+        )
+
+    engine.routes["/server_info"] = gzipped
+    verdict = await verify(engine.url, Requirement(CTX))
+    assert seen == ["identity"]  # kvgate asks for the bytes as they are
+    assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "ReportUnreadable"
+    assert f"not JSON ({len(bomb_body):,} bytes)" in verdict.message
