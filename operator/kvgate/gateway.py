@@ -66,7 +66,7 @@ class GatewayDecision:
     unreachable: tuple[str, ...] = ()  # routers that could not be read (reported, never acted on)
 
 
-def _host_port(url: str) -> tuple[str, int] | None:
+def host_port(url: str) -> tuple[str, int] | None:
     split = urlsplit(url if "://" in url else f"http://{url}")
     try:
         port = split.port
@@ -77,7 +77,7 @@ def _host_port(url: str) -> tuple[str, int] | None:
     return split.hostname, port
 
 
-def _same_ip(a: str, b: str) -> bool:
+def same_ip(a: str, b: str) -> bool:
     try:
         return ipaddress.ip_address(a) == ipaddress.ip_address(b)
     except ValueError:
@@ -93,8 +93,8 @@ def is_worker_of(worker: Mapping[str, Any], pod: EnginePod) -> bool:
     if uid:
         return str(uid) == pod.uid
     url = worker.get("url")
-    target = _host_port(url) if isinstance(url, str) else None
-    return target is not None and target[1] == pod.port and _same_ip(target[0], pod.ip)
+    target = host_port(url) if isinstance(url, str) else None
+    return target is not None and target[1] == pod.port and same_ip(target[0], pod.ip)
 
 
 def routes_to(worker: Mapping[str, Any], pod: EnginePod) -> bool:

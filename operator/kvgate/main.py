@@ -26,7 +26,7 @@ from prometheus_client import start_http_server
 from kvgate import labels, metrics
 from kvgate.admission.policy import POLICY_MEMO_KEY, ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
-from kvgate.handlers import deployments, engine_pods, modeldeployment
+from kvgate.handlers import deployments, engine_pods, modeldeployment, router_workers
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi, load_credentials
 from kvgate.settings import OperatorSettings
@@ -129,6 +129,12 @@ def register_handlers() -> kopf.OperatorRegistry:
     )
     async def engine_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         engine_pods.on_pod_event(_rt(), event.get("type"), dict(event["object"]))
+
+    @kopf.on.event(
+        "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ROUTER}, registry=registry
+    )
+    async def router_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        router_workers.on_router_pod_event(_rt(), event.get("type"), dict(event["object"]))
 
     @kopf.on.event(
         "apps",

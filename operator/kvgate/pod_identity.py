@@ -21,6 +21,7 @@ from kvgate.ownership import controller_of, is_controlled_by
 
 NOT_OWNED = "NotOwnedByModelDeployment"
 ENGINE_ROLES = frozenset(r.value for r in (Role.PREFILL, Role.DECODE))
+ROUTER_ROLES = frozenset({labels.ROLE_ROUTER})
 Obj = Mapping[str, Any]
 
 
@@ -65,8 +66,10 @@ def identify(
     replica_set: Obj | None,
     deployment: Obj | None,
     md_uid: str | None,
+    roles: frozenset[str] = ENGINE_ROLES,
 ) -> EngineIdentity | Unproven:
-    """The pod's revision and role when its controller chain ends at the ModelDeployment."""
+    """The pod's revision and role (one of ``roles``) when its controller chain ends at the
+    ModelDeployment."""
     meta = pod.get("metadata", {})
     who = f"pod {meta.get('name', '?')}"
     rs_ref = _ref(pod, "ReplicaSet", "apps")

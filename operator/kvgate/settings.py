@@ -7,6 +7,8 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
+from kvgate.network_policy_settings import NetworkPolicySettings, network_policy_settings
+
 
 def _env_float(name: str) -> float | None:
     raw = os.environ.get(name)
@@ -74,6 +76,12 @@ class OperatorSettings:
     # chart keeps it in a Secret. Unset: a random seed per process (routers are re-keyed on the
     # next start), for runs outside the chart.
     router_key_seed: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+    # KVGATE_WORKER_AUDIT_SECONDS: how often each router's workers are compared with the verified
+    # engine pods of its revision (unknown ones are removed).
+    worker_audit_seconds: float = 2.0
+    # KVGATE_NETWORK_POLICIES (+ KVGATE_OPERATOR_NAMESPACE/_POD_LABELS, KVGATE_ROUTER_EGRESS_*):
+    # per-revision NetworkPolicies (kvgate.network_policy); None = off.
+    network_policy: NetworkPolicySettings | None = None
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -97,6 +105,8 @@ class OperatorSettings:
             gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
             min_engine_version_floor=os.environ.get("KVGATE_MIN_ENGINE_VERSION_FLOOR") or None,
             router_key_seed=_router_key_seed(),
+            worker_audit_seconds=_env_float("KVGATE_WORKER_AUDIT_SECONDS") or 2.0,
+            network_policy=network_policy_settings(os.environ),
             log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
             log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
         )

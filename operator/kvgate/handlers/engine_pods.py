@@ -12,20 +12,20 @@ smg drops the worker.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from kvgate_engine.verdict import Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate import gate, labels, metrics, pod_identity, requirements
+from kvgate import gate, labels, metrics, requirements
 from kvgate.api import API_VERSION, KIND, ModelDeploymentSpec
 from kvgate.handlers.gateway_watch import GatewayWatch
+from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
-from kvgate.pod_identity import EngineIdentity, Unproven
+from kvgate.pod_identity import Unproven
 from kvgate.revision import revision_of
 
 log = logging.getLogger("kvgate.engine_pods")
@@ -180,36 +180,6 @@ async def _post(
         await rt.api.post_event(ref, type_=type_, reason=reason, message=message, now=now)
     except Exception as exc:  # an Event is best effort; the condition is what gates traffic
         log.warning("could not post event %s: %s", reason, exc)
-
-
-def _ownership_fingerprint(pod: Pod) -> str:
-    meta = pod.get("metadata", {})
-    return json.dumps([meta.get("ownerReferences"), meta.get("labels")], sort_keys=True)
-
-
-async def resolve_identity(rt: Runtime, pod: Pod, md_uid: str | None) -> EngineIdentity | Unproven:
-    """Prove the pod's revision and role through its controller chain (ReplicaSet -> Deployment
-    -> ModelDeployment). A proven chain is cached until the pod's ownerReferences or labels
-    change (a ReplicaSet's or Deployment's controller never changes without a new uid)."""
-    meta = pod.get("metadata", {})
-    uid, namespace = str(meta.get("uid", "")), str(meta.get("namespace", ""))
-    key = _ownership_fingerprint(pod)
-    cached = rt.identities.get(uid)
-    if cached is not None and cached[0] == key:
-        return cast(EngineIdentity, cached[1])
-    replica_set = deployment = None
-    rs_name = pod_identity.replica_set_name(pod)
-    if rs_name:
-        replica_set = await rt.api.get("ReplicaSet", namespace, rs_name)
-    dep_name = pod_identity.deployment_name(replica_set) if replica_set else None
-    if dep_name:
-        deployment = await rt.api.get("Deployment", namespace, dep_name)
-    result = pod_identity.identify(pod, replica_set, deployment, md_uid)
-    if isinstance(result, EngineIdentity):
-        rt.identities[uid] = (key, result)
-    else:
-        rt.identities.pop(uid, None)
-    return result
 
 
 async def requirement_of_pod(rt: Runtime, pod: Pod) -> Requirement | tuple[str, str] | None:

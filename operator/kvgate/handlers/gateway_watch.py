@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, get_json
 
-from kvgate import gate, labels, metrics
+from kvgate import gate, labels, metrics, router_auth
 from kvgate.api import API_VERSION, KIND
 from kvgate.gateway import (
     DEFAULT_GRACE_SECONDS,
@@ -52,6 +52,7 @@ UNREADABLE = "(unreadable)"
 _URL = re.compile(r"[\x21-\x7e]{1,256}")
 _STATUS = re.compile(r"[A-Za-z_-]{1,32}")
 _UID = re.compile(r"[A-Za-z0-9-]{1,64}")
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def _text(value: object, pattern: re.Pattern[str]) -> object:
@@ -63,6 +64,8 @@ def _text(value: object, pattern: re.Pattern[str]) -> object:
 def _worker_fields(worker: Mapping[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {"url": _text(worker.get("url"), _URL)}
     kept["status"] = _text(worker.get("status"), _STATUS)
+    kept["id"] = _text(worker.get("id"), _ID)
+    kept["worker_type"] = _text(worker.get("worker_type"), _STATUS)
     worker_labels = worker.get("labels")
     if isinstance(worker_labels, Mapping) and worker_labels.get(POD_UID_LABEL):
         kept["labels"] = {POD_UID_LABEL: _text(worker_labels[POD_UID_LABEL], _UID)}
@@ -78,7 +81,11 @@ def _workers_of(doc: object) -> object:
 
 
 async def read_workers(
-    router: str, base_url: str, *, timeout: float = DEFAULT_READ_TIMEOUT_SECONDS
+    router: str,
+    base_url: str,
+    *,
+    timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
+    headers: Mapping[str, str] | None = None,
 ) -> RouterWorkers:
     """``GET <base_url>/workers`` of one smg router; never raises.
 
@@ -89,7 +96,12 @@ async def read_workers(
     try:
         async with aiohttp.ClientSession() as session:
             workers = await get_json(
-                session, url, timeout=timeout, limits=WORKERS_LIMITS, project=_workers_of
+                session,
+                url,
+                timeout=timeout,
+                limits=WORKERS_LIMITS,
+                headers=headers,
+                project=_workers_of,
             )
     except FetchError as exc:
         return RouterWorkers(router, error=str(exc))
@@ -191,7 +203,10 @@ class GatewayWatch:
             labels.REVISION: pod_labels.get(labels.REVISION, ""),
             labels.COMPONENT: labels.COMPONENT_ROUTER,
         }
-        listed = await self.rt.api.list("Pod", meta.get("namespace", ""), selector)
+        namespace = meta.get("namespace", "")
+        listed = await self.rt.api.list("Pod", namespace, selector)
+        key = self.rt.router_key(namespace, selector[labels.DEPLOYMENT])
+        headers = router_auth.bearer(key) if key else None
         reads = []
         for router_pod in listed:
             router_labels = router_pod.get("metadata", {}).get("labels", {})
@@ -201,7 +216,7 @@ class GatewayWatch:
             name = gate.pod_name(router_pod)
             if url is None:
                 continue  # no IP yet or terminating: it routes nothing
-            reads.append(read_workers(name, url, timeout=self.read_timeout))
+            reads.append(read_workers(name, url, timeout=self.read_timeout, headers=headers))
         return list(await asyncio.gather(*reads))
 
     async def _act(self, pod: Pod, decision: GatewayDecision) -> None:

@@ -19,12 +19,13 @@ from pydantic import ValidationError
 from kvgate import builders, gate, labels, metrics, requirements, router_auth
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.conflict_status import conflict_events, with_conflicts
+from kvgate.handlers.router_workers import audit_loop
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
 from kvgate.k8s import MERGE_PATCH
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
 from kvgate.revision import revision_of
-from kvgate.status import compute_status, events_for
+from kvgate.status import compute_status, events_for, rollout_record
 
 log = logging.getLogger("kvgate.modeldeployment")
 MIN_PASS_SECONDS = 0.2
@@ -151,17 +152,23 @@ class Reconciler:
             ),
         )
         service = await api.get("Service", ns, name)
+        own_service = service if is_controlled_by(service or {}, meta.get("uid")) else None
         workloads = [w for w in map(workload_state, deployments) if w is not None]
         observed = ObservedState(
             spec=spec,
             target_revision=target,
             workloads=tuple(workloads),
             pods=tuple(p for p in (pod_state(self.rt, b) for b in pods) if p is not None),
-            service_revision=(service or {})
+            service_revision=(own_service or {})
             .get("spec", {})
             .get("selector", {})
             .get(labels.REVISION),
             now=self.rt.clock(),
+            # The durable record (status: only the operator writes it); the Service, the
+            # Deployments and their annotations are evidence that anyone may lose or replace.
+            recorded=rollout_record(body.get("status")),
+            service_exists=service is not None,
+            service_foreign=service is not None and own_service is None,
         )
 
         # evaluate
@@ -232,10 +239,14 @@ class Reconciler:
             dname = builders.component_name(name, intent.revision, intent.component)
             current = existing.get(dname)
             if current is None:
-                annotations = {
-                    labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at),
-                    **refusal_notes,
-                }
+                annotations = (
+                    {
+                        labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at),
+                        **refusal_notes,
+                    }
+                    if intent.revision == step.target_revision
+                    else {}  # a serving revision's rebuilt router: the target's notes aren't its
+                )
                 desired = builders.deployment(
                     md,
                     intent.revision,
@@ -296,7 +307,7 @@ class Reconciler:
     def _router_key(self, md: ModelDeployment) -> str:
         return router_auth.control_key(
             self.rt.settings.router_key_seed, self.namespace, self.name, md.metadata.uid or ""
-        )
+        )  # == rt.router_key(ns, name) once the MD's body is in rt.mds
 
     def _per_md_objects(self, md: ModelDeployment) -> list[Body]:
         """Objects one per ModelDeployment: the router's identity, access and control key."""
@@ -434,6 +445,18 @@ async def run_reconciler(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -
     """The per-ModelDeployment loop, until stopped."""
     reconciler = Reconciler(rt, *key)
     wake = rt.md_wake(key)
+    audit = asyncio.create_task(audit_loop(rt, key, stopped), name=f"audit-{key[0]}/{key[1]}")
+    try:
+        await _reconcile_until_stopped(rt, reconciler, wake, stopped)
+    finally:
+        audit.cancel()
+        await asyncio.gather(audit, return_exceptions=True)
+
+
+async def _reconcile_until_stopped(
+    rt: Runtime, reconciler: Reconciler, wake: asyncio.Event, stopped: Callable[[], bool]
+) -> None:
+    key = (reconciler.namespace, reconciler.name)
     while not stopped():
         wake.clear()
         try:

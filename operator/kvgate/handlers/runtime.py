@@ -10,6 +10,7 @@ from typing import Any
 
 from kvgate_engine.verdict import Requirement, Verdict
 
+from kvgate import router_auth
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
@@ -40,7 +41,8 @@ class Runtime:
     mds: dict[MdKey, dict[str, Any]] = field(default_factory=dict)  # latest MD bodies
     engines: dict[str, VerifiedEngine] = field(default_factory=dict)  # uid -> last verdict
     verifiers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> loop
-    # pod uid -> (ownership fingerprint, proven identity); see engine_pods.resolve_identity
+    routers: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> router pod body
+    # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
@@ -54,6 +56,13 @@ class Runtime:
     def wake_md(self, namespace: str | None, name: str | None) -> None:
         if namespace and name:
             self.md_wake((namespace, name)).set()
+
+    def router_key(self, namespace: str, md_name: str) -> str | None:
+        """The control-plane key of this ModelDeployment's routers (None: MD not known yet)."""
+        uid = (self.mds.get((namespace, md_name)) or {}).get("metadata", {}).get("uid")
+        if not uid:
+            return None
+        return router_auth.control_key(self.settings.router_key_seed, namespace, md_name, uid)
 
     def forget_pod(self, uid: str) -> None:
         task = self.verifiers.pop(uid, None)

@@ -1,0 +1,50 @@
+"""Prove which ModelDeployment revision and role a pod belongs to (I/O around kvgate.pod_identity).
+
+Reads the pod's ReplicaSet and that ReplicaSet's Deployment; a proven chain is cached per pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from kvgate import pod_identity
+from kvgate.handlers.runtime import Runtime
+from kvgate.pod_identity import EngineIdentity, Unproven
+
+Pod = dict[str, Any]
+
+
+def _ownership_fingerprint(pod: Pod) -> str:
+    meta = pod.get("metadata", {})
+    return json.dumps([meta.get("ownerReferences"), meta.get("labels")], sort_keys=True)
+
+
+async def resolve_identity(
+    rt: Runtime,
+    pod: Pod,
+    md_uid: str | None,
+    roles: frozenset[str] = pod_identity.ENGINE_ROLES,
+) -> EngineIdentity | Unproven:
+    """Prove the pod's revision and role through its controller chain (ReplicaSet -> Deployment
+    -> ModelDeployment). A proven chain is cached until the pod's ownerReferences or labels
+    change (a ReplicaSet's or Deployment's controller never changes without a new uid)."""
+    meta = pod.get("metadata", {})
+    uid, namespace = str(meta.get("uid", "")), str(meta.get("namespace", ""))
+    key = _ownership_fingerprint(pod)
+    cached = rt.identities.get(uid)
+    if cached is not None and cached[0] == key:
+        return cast(EngineIdentity, cached[1])
+    replica_set = deployment = None
+    rs_name = pod_identity.replica_set_name(pod)
+    if rs_name:
+        replica_set = await rt.api.get("ReplicaSet", namespace, rs_name)
+    dep_name = pod_identity.deployment_name(replica_set) if replica_set else None
+    if dep_name:
+        deployment = await rt.api.get("Deployment", namespace, dep_name)
+    result = pod_identity.identify(pod, replica_set, deployment, md_uid, roles)
+    if isinstance(result, EngineIdentity):
+        rt.identities[uid] = (key, result)
+    else:
+        rt.identities.pop(uid, None)
+    return result

@@ -1,0 +1,168 @@
+"""Keep every router's worker set to the engine pods kvgate verified (I/O around worker_audit).
+
+Each ModelDeployment's loop runs ``audit_loop`` beside its reconciler: every
+``KVGATE_WORKER_AUDIT_SECONDS`` it reads ``GET /workers`` (with the router's control-plane key)
+from each router pod whose controller chain proves it is the ModelDeployment's, and removes with
+``DELETE /workers/{id}`` every worker that is not a verified engine pod of that router's revision:
+an Event ``UnknownWorkerRemoved`` on the ModelDeployment, a log line and the counter
+``kvgate_router_unknown_workers_removed_total`` say so. Router pods come from a watch (label
+``kvgate.io/component=router``), so a new router is audited without waiting for a reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from kvgate import gate, labels, metrics, pod_identity, router_auth, worker_audit
+from kvgate.api import API_VERSION, KIND
+from kvgate.handlers.gateway_watch import read_workers, router_url
+from kvgate.handlers.identity import resolve_identity
+from kvgate.handlers.runtime import MdKey, Runtime
+from kvgate.pod_identity import EngineIdentity
+from kvgate.worker_audit import KnownEngine
+
+log = logging.getLogger("kvgate.router_workers")
+Pod = dict[str, Any]
+REMOVED = "UnknownWorkerRemoved"
+DELETE_TIMEOUT_SECONDS = 2.0
+
+
+def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
+    meta = pod.get("metadata", {})
+    uid = meta.get("uid")
+    if not uid:
+        return
+    if event_type == "DELETED":
+        rt.routers.pop(uid, None)
+        rt.identities.pop(uid, None)
+    else:
+        rt.routers[uid] = pod
+    rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
+
+
+def known_engines(rt: Runtime, namespace: str, md_name: str, revision: str) -> list[KnownEngine]:
+    """Verified engine pods of one revision, proven by their controller chain."""
+    out = []
+    for uid, pod in rt.pods.items():
+        cached = rt.identities.get(uid)
+        identity = cached[1] if cached else None
+        if (
+            not isinstance(identity, EngineIdentity)
+            or pod.get("metadata", {}).get("namespace") != namespace
+            or identity.md_name != md_name
+            or identity.revision != revision
+            or not gate.is_verified(pod)
+            or pod.get("metadata", {}).get("deletionTimestamp")
+        ):
+            continue
+        ip, port = pod.get("status", {}).get("podIP"), gate.engine_port(pod)
+        if ip and port is not None:
+            out.append(KnownEngine(uid, str(ip), port, identity.role))
+    return out
+
+
+async def _remove(base_url: str, worker_id: str, key: str) -> int | str:
+    """DELETE one worker; the HTTP status, or why it could not be sent."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DELETE_TIMEOUT_SECONDS)) as s,
+            s.delete(
+                f"{base_url}/workers/{worker_id}",
+                headers=router_auth.bearer(key),
+                allow_redirects=False,
+            ) as response,
+        ):
+            return response.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
+async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
+    """One audit of every router of one ModelDeployment; the number of workers removed."""
+    md = rt.mds.get((namespace, md_name))
+    key = rt.router_key(namespace, md_name)
+    if md is None or key is None:
+        return 0
+    md_uid = md.get("metadata", {}).get("uid")
+    removed = 0
+    routers = [
+        p
+        for p in list(rt.routers.values())
+        if p.get("metadata", {}).get("namespace") == namespace
+        and p.get("metadata", {}).get("labels", {}).get(labels.DEPLOYMENT) == md_name
+    ]
+    for router in routers:
+        url = router_url(router)
+        if url is None:
+            continue
+        identity = await resolve_identity(rt, router, md_uid, pod_identity.ROUTER_ROLES)
+        if not isinstance(identity, EngineIdentity):
+            continue  # not kvgate's router: never send it the key
+        name = gate.pod_name(router)
+        answer = await read_workers(name, url, headers=router_auth.bearer(key))
+        if answer.workers is None:
+            log.debug("worker audit could not read %s: %s", name, answer.error)
+            continue
+        engines = known_engines(rt, namespace, md_name, identity.revision)
+        for worker in worker_audit.unknown_workers(answer.workers, engines):
+            removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
+    return removed
+
+
+async def _remove_one(
+    rt: Runtime,
+    md: Mapping[str, Any],
+    router: Pod,
+    url: str,
+    worker: Mapping[str, Any],
+    key: str,
+    revision: str,
+) -> int:
+    meta = md.get("metadata", {})
+    namespace, md_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    worker_id = worker.get("id")
+    what = worker_audit.describe(worker)
+    fields = {"namespace": namespace, "deployment": md_name, "pod": gate.pod_name(router)}
+    if not isinstance(worker_id, str) or worker_id == "(unreadable)":
+        log.warning(
+            "router lists unknown %s without a usable id; cannot remove it", what, extra=fields
+        )
+        return 0
+    status = await _remove(url, worker_id, key)
+    if status not in (200, 202, 204, 404):
+        log.warning("could not remove unknown %s: %s", what, status, extra=fields)
+        return 0
+    worker_type = str(worker.get("worker_type") or "unknown")
+    metrics.ROUTER_UNKNOWN_WORKERS_REMOVED.labels(namespace, md_name, worker_type).inc()
+    message = (
+        f"router pod {gate.pod_name(router)} listed {what}, which is not a verified engine pod "
+        f"of revision {revision}; removed it (DELETE /workers/{worker_id}). Workers are added "
+        "only by smg's discovery of verified pods; check who holds the router's control-plane "
+        f"key (Secret {md_name}-router-control)"
+    )
+    log.warning("unknown worker removed: %s", message, extra=fields)
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+    try:
+        await rt.api.post_event(
+            ref, type_="Warning", reason=REMOVED, message=message, now=rt.clock()
+        )
+    except Exception as exc:  # best effort; the removal is what protects traffic
+        log.warning("could not post event %s: %s", REMOVED, exc)
+    return 1
+
+
+async def audit_loop(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -> None:
+    """Audit one ModelDeployment's routers every KVGATE_WORKER_AUDIT_SECONDS until stopped."""
+    while not stopped():
+        try:
+            await audit_md(rt, *key)
+        except Exception as exc:  # the loop must go on
+            log.warning(
+                "worker audit failed: %s", exc, extra={"namespace": key[0], "deployment": key[1]}
+            )
+        await asyncio.sleep(rt.settings.worker_audit_seconds)

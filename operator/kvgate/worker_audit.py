@@ -1,0 +1,63 @@
+"""Which of a router's workers are not a verified engine pod of its revision (pure).
+
+smg discovers engine pods by label and adds one worker per Ready pod. Anything else in its worker
+set got there through its control-plane API (``POST /workers``): a tenant who can read the key,
+or a bug. The operator compares each router's ``GET /workers`` with the engine pods it verified
+and removes every other worker. A worker is known only when its URL is the IP and engine port of
+a verified pod of the router's own revision, its ``worker_type`` is that pod's role, and any
+``smg.ai/pod-uid`` label it carries is that pod's uid (a label alone proves nothing: the API
+accepts labels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.gateway import POD_UID_LABEL, host_port, same_ip
+
+# Workers smg is already removing take no new requests.
+LEAVING_STATUSES = frozenset({"draining"})
+
+
+@dataclass(frozen=True)
+class KnownEngine:
+    """A verified engine pod of the router's revision."""
+
+    uid: str
+    ip: str
+    port: int
+    role: str
+
+
+def is_known(worker: Mapping[str, Any], engines: Sequence[KnownEngine]) -> bool:
+    url = worker.get("url")
+    target = host_port(url) if isinstance(url, str) else None
+    if target is None:
+        return False
+    worker_labels = worker.get("labels")
+    uid = worker_labels.get(POD_UID_LABEL) if isinstance(worker_labels, Mapping) else None
+    kind = str(worker.get("worker_type") or "").lower()
+    for engine in engines:
+        if target[1] != engine.port or not same_ip(target[0], engine.ip):
+            continue
+        if kind != engine.role:
+            return False
+        return uid is None or uid == engine.uid
+    return False
+
+
+def unknown_workers(
+    workers: Sequence[Mapping[str, Any]], engines: Sequence[KnownEngine]
+) -> list[Mapping[str, Any]]:
+    """The workers to remove: not a verified engine of this revision, and not already leaving."""
+    return [
+        w
+        for w in workers
+        if str(w.get("status") or "").lower() not in LEAVING_STATUSES and not is_known(w, engines)
+    ]
+
+
+def describe(worker: Mapping[str, Any]) -> str:
+    return f"{worker.get('worker_type') or 'unknown'} worker {worker.get('url')}"

@@ -1,0 +1,201 @@
+"""A router's workers are exactly the verified engine pods of its revision; others are removed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kvgate import labels
+from kvgate.handlers import router_workers
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.pod_identity import EngineIdentity
+from kvgate.settings import OperatorSettings
+from kvgate.worker_audit import KnownEngine, unknown_workers
+
+DECODE = KnownEngine("uid-d", "198.18.0.7", 30000, "decode")
+PREFILL = KnownEngine("uid-p", "198.18.0.8", 30000, "prefill")
+
+
+def worker(url: str, kind: str = "decode", status: str = "ready", **extra: Any) -> dict[str, Any]:
+    return {"id": "w-" + url[-12:], "url": url, "worker_type": kind, "status": status, **extra}
+
+
+@pytest.mark.parametrize(
+    ("case", "w", "removed"),
+    [
+        ("discovered verified decode pod", worker("http://198.18.0.7:30000"), False),
+        ("discovered verified prefill pod", worker("http://198.18.0.8:30000", "prefill"), False),
+        ("bare ip:port form", worker("198.18.0.7:30000"), False),
+        (
+            "uid label of the same pod",
+            worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-d"}),
+            False,
+        ),
+        ("tenant engine elsewhere", worker("http://10.9.9.9:30000"), True),
+        ("verified pod, other port", worker("http://198.18.0.7:31000"), True),
+        (
+            "verified decode pod posted as prefill",
+            worker("http://198.18.0.7:30000", "prefill"),
+            True,
+        ),
+        (
+            "forged uid label on a rogue url",
+            worker("http://10.9.9.9:30000", labels={"smg.ai/pod-uid": "uid-d"}),
+            True,
+        ),
+        (
+            "verified url with another pod's uid",
+            worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-x"}),
+            True,
+        ),
+        ("pending injection", worker("http://10.9.9.9:30000", status="pending"), True),
+        ("no url", {"id": "x", "worker_type": "decode", "status": "ready"}, True),
+        ("already draining", worker("http://10.9.9.9:30000", status="draining"), False),
+    ],
+)
+def test_only_verified_engine_pods_of_the_revision_are_known_workers(
+    case: str, w: dict[str, Any], removed: bool
+) -> None:
+    assert (unknown_workers([w], [DECODE, PREFILL]) == [w]) is removed, case
+
+
+def test_with_no_verified_engine_every_live_worker_is_unknown() -> None:
+    ws = [worker("http://198.18.0.7:30000"), worker("http://198.18.0.8:30000", "prefill")]
+    assert unknown_workers(ws, []) == ws
+
+
+# -- the audit against a router that requires its key -------------------------------------------
+
+
+class FakeRouter:
+    def __init__(self, key: str, workers: list[dict[str, Any]]) -> None:
+        self.key, self.workers, self.deleted = key, workers, []  # type: list[str]
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/workers", self.list)
+        app.router.add_delete("/workers/{id}", self.delete)
+        return app
+
+    def authorized(self, request: web.Request) -> bool:
+        return request.headers.get("Authorization") == f"Bearer {self.key}"
+
+    async def list(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return web.Response(status=401, text="Missing or invalid Authorization header")
+        return web.json_response({"workers": self.workers, "total": len(self.workers)})
+
+    async def delete(self, request: web.Request) -> web.Response:
+        if not self.authorized(request):
+            return web.Response(status=401)
+        self.deleted.append(request.match_info["id"])
+        return web.json_response({"status": "accepted"}, status=202)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Runtime, FakeRouter]]:
+    settings = OperatorSettings(router_key_seed=b"0123456789abcdef-seed")
+    posted: list[dict[str, Any]] = []
+
+    class Api(KubeApi):
+        async def post_event(self, involved: Any, **kw: Any) -> None:
+            posted.append(kw)
+
+    rt = Runtime(
+        api=Api(Credentials(server="http://127.0.0.1:9")),
+        settings=settings,
+        verify=None,  # type: ignore[arg-type]
+    )
+    rt.mds[("ns", "llama")] = {"metadata": {"name": "llama", "namespace": "ns", "uid": "md-uid"}}
+    key = rt.router_key("ns", "llama")
+    assert key is not None
+    router = FakeRouter(key, [])
+    server = TestServer(router.app(), host="127.0.0.1")
+    await server.start_server()
+    router_pod = {
+        "metadata": {
+            "name": "llama-rev-router-1",
+            "namespace": "ns",
+            "uid": "router-uid",
+            "labels": {labels.DEPLOYMENT: "llama", labels.REVISION: "rev", labels.ROLE: "router"},
+        },
+        "spec": {
+            "containers": [
+                {"name": "router", "ports": [{"name": "http", "containerPort": server.port}]}
+            ]
+        },
+        "status": {"podIP": "127.0.0.1"},
+    }
+    rt.routers["router-uid"] = router_pod
+    # The router's and the decode pod's controller chains, as identity.resolve_identity caches them.
+    from kvgate.handlers.identity import _ownership_fingerprint
+
+    rt.identities["router-uid"] = (
+        _ownership_fingerprint(router_pod),
+        EngineIdentity("llama", "rev", "router", "llama-rev-router"),
+    )
+    decode_pod = {
+        "metadata": {"name": "d", "namespace": "ns", "uid": "uid-d", "labels": {}},
+        "spec": {
+            "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 30000}]}]
+        },
+        "status": {
+            "podIP": "198.18.0.7",
+            "conditions": [{"type": labels.ENGINE_VERIFIED, "status": "True"}],
+        },
+    }
+    rt.pods["uid-d"] = decode_pod
+    rt.identities["uid-d"] = ("x", EngineIdentity("llama", "rev", "decode", "llama-rev-decode"))
+    rt.posted = posted  # type: ignore[attr-defined]
+    yield rt, router
+    await server.close()
+    await rt.api.close()
+
+
+async def test_an_injected_worker_is_removed_with_the_key_and_announced(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    router.workers = [
+        worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-d"}),
+        {**worker("http://10.9.9.9:30000", status="pending"), "id": "injected"},
+    ]
+    assert await router_workers.audit_md(rt, "ns", "llama") == 1
+    assert router.deleted == ["injected"]
+    (event,) = rt.posted  # type: ignore[attr-defined]
+    assert event["reason"] == "UnknownWorkerRemoved"
+    assert "decode worker http://10.9.9.9:30000" in event["message"]
+    assert "not a verified engine pod of revision rev" in event["message"]
+
+
+async def test_a_router_that_is_not_provably_kvgates_never_gets_the_key(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    router.workers = [worker("http://10.9.9.9:30000")]
+    rt.identities.pop("router-uid")
+    rt.routers["router-uid"]["metadata"]["ownerReferences"] = []  # a tenant's look-alike pod
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert router.deleted == []
+
+
+async def test_the_worker_api_refuses_a_caller_without_the_key(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    other = Runtime(
+        api=rt.api, settings=OperatorSettings(router_key_seed=b"another-seed-xxxxxxx"), verify=None
+    )  # type: ignore[arg-type]
+    other.mds, other.routers, other.identities, other.pods = (
+        rt.mds,
+        rt.routers,
+        rt.identities,
+        rt.pods,
+    )
+    router.workers = [worker("http://10.9.9.9:30000")]
+    assert await router_workers.audit_md(other, "ns", "llama") == 0
+    assert router.deleted == []
