@@ -31,6 +31,7 @@ reaches pod IPs and the apiserver directly (no relays, no kubectl).
 from __future__ import annotations
 
 import asyncio
+import base64
 import ctypes
 import ctypes.util
 import os
@@ -367,6 +368,7 @@ class InvariantSampler:
         self._thread: threading.Thread | None = None
         self._crash: BaseException | None = None
         self._first_sample = threading.Event()
+        self._keys: dict[str, str | None] = {}  # MD name -> its routers' control-plane key
         self.started_at = 0.0
         self.stopped_at = 0.0
 
@@ -504,12 +506,35 @@ class InvariantSampler:
         report = await fetch_report(f"http://{ip}:{port}", timeout=1.0, retries=0, session=http)
         return _uid(pod), report
 
-    async def _workers(self, http: aiohttp.ClientSession, router: Obj) -> tuple[str, Obj | None]:
+    async def _router_key(self, api: KubeApi, router: Obj) -> str | None:
+        """The router's control-plane key, read (as the cluster admin) from the Secret kvgate
+        made for its ModelDeployment; smg answers 401 to GET /workers without it."""
+        md = ((router.get("metadata") or {}).get("labels") or {}).get("kvgate.io/deployment")
+        if not md:
+            return None
+        if md not in self._keys:
+            path = f"/api/v1/namespaces/{self.namespace}/secrets/{md}-router-control"
+            try:
+                secret = await api.request("GET", path, timeout=5)
+                raw = (secret.get("data") or {}).get("admin-key")
+                self._keys[md] = base64.b64decode(raw).decode() if raw else None
+            except Exception:  # no Secret (yet): read without a key
+                return None
+        return self._keys[md]
+
+    async def _workers(
+        self, http: aiohttp.ClientSession, router: Obj, key: str | None = None
+    ) -> tuple[str, Obj | None]:
         url = f"http://{router['status']['podIP']}:{self.router_port}/workers"
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            async with http.get(url, timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+            async with http.get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=1.0)
+            ) as resp:
                 if resp.status == 200:
                     return _key(router), dict(await resp.json(content_type=None))
+                if resp.status == 401:
+                    self._keys.clear()  # re-read the key next time (a re-keyed router)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             pass
         return _key(router), None
@@ -534,7 +559,10 @@ class InvariantSampler:
             for r in routers
             if (r.get("status") or {}).get("podIP") and r["status"].get("phase") == "Running"
         ]
-        answers = await asyncio.gather(*(self._workers(http, r) for r in running))
+        keys = [await self._router_key(api, r) for r in running]
+        answers = await asyncio.gather(
+            *(self._workers(http, r, k) for r, k in zip(running, keys, strict=True))
+        )
         workers = {name: body for name, body in answers if body is not None}
         at = time.monotonic()
         decision = decide(

@@ -17,6 +17,7 @@ relay from the test process.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import threading
@@ -369,10 +370,22 @@ class World:
 
 
 # ---------------------------------------------------------------------- plain helpers
-def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
-    """GET (no body) or POST JSON; returns (status, parsed JSON or text)."""
+def http_json(
+    url: str,
+    body: Any = None,
+    timeout: float = 30.0,
+    *,
+    headers: Mapping[str, str] | None = None,
+    method: str | None = None,
+) -> tuple[int, Any]:
+    """GET (no body) or POST JSON (or ``method``); returns (status, parsed JSON or text)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method=method,
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             text = resp.read().decode()
@@ -383,6 +396,15 @@ def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, A
         return status, json.loads(text) if text.strip() else None
     except ValueError:
         return status, text
+
+
+def router_key(world: World, namespace: str, md: str) -> str:
+    """The control-plane key of ``md``'s routers (Secret ``<md>-router-control``, read as the
+    cluster admin); smg's ``/workers`` answers 401 without it."""
+    secret = world.get("secret", f"{md}-router-control", namespace)
+    if secret is None:
+        raise WorldError(f"no Secret {md}-router-control in {namespace}")
+    return base64.b64decode(secret["data"]["admin-key"]).decode()
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:

@@ -88,15 +88,18 @@ def engine_pods(world: World, namespace: str, md: str, role: str | None = None) 
 
 def router_workers(world: World, namespace: str, md: str) -> list[dict[str, Any]]:
     """Every worker of every running router pod of ``md`` (``GET /workers``)."""
-    from kvgate_e2e.world import http_json
+    from kvgate_e2e.world import http_json, router_key
 
     out: list[dict[str, Any]] = []
+    auth = {"Authorization": f"Bearer {router_key(world, namespace, md)}"}
     selector = f"kvgate.io/deployment={md},kvgate.io/component=router"
     for router in world.list("pods", namespace, selector):
         ip = router.get("status", {}).get("podIP")
         if not ip or router["status"].get("phase") != "Running":
             continue
-        code, body = http_json(f"http://127.0.0.1:{world.forward(ip, 8000)}/workers", timeout=5)
+        code, body = http_json(
+            f"http://127.0.0.1:{world.forward(ip, 8000)}/workers", timeout=5, headers=auth
+        )
         if code == 200 and isinstance(body, dict):
             out.extend(body.get("workers") or [])
     return out
