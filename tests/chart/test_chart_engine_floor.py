@@ -1,0 +1,58 @@
+"""The chart's engineVersionFloor reaches the operator (KVGATE_MIN_ENGINE_VERSION_FLOOR), and a
+value that is not a version fails `helm template` before anything is installed."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from helm_runner import CHART, MISSING_HELM, Helm, find_helm
+from kvgate.admission.policy import ClusterPolicy
+from kvgate.api import DEFAULT_MIN_ENGINE_VERSION
+
+ENV = "KVGATE_MIN_ENGINE_VERSION_FLOOR"
+# A Kubernetes the chart fully renders for (admissionPolicy needs this API).
+APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    binary = find_helm()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(MISSING_HELM)
+        pytest.skip(MISSING_HELM)
+    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
+
+
+def _operator_env(helm: Helm, *sets: str) -> dict[str, object]:
+    deployment = helm.template(*sets, api_versions=APIS).one("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_default_floor_is_the_mission_default_and_reaches_the_operator(helm: Helm) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["engineVersionFloor"] == DEFAULT_MIN_ENGINE_VERSION == "0.5.22"
+    assert _operator_env(helm)[ENV] == "0.5.22"
+
+
+def test_a_raised_floor_reaches_the_operator_as_written(helm: Helm) -> None:
+    assert _operator_env(helm, "engineVersionFloor=0.5.23")[ENV] == "0.5.23"
+
+
+@pytest.mark.parametrize("value", ["0.5.23rc1", "1.0", "0.5.22.post1"])
+def test_every_floor_the_schema_accepts_is_one_the_operator_accepts(helm: Helm, value: str) -> None:
+    floor = _operator_env(helm, f"engineVersionFloor={value}")[ENV]
+    assert isinstance(floor, str)
+    ClusterPolicy(min_engine_version_floor=floor)  # raises when the operator would not start
+
+
+@pytest.mark.parametrize("value", ["latest", "v0.5.22", "0.5.22; rm -rf /", ""])
+def test_a_floor_that_is_not_a_version_fails_the_install_naming_the_value(
+    helm: Helm, value: str
+) -> None:
+    result = helm.template_result(f"engineVersionFloor={value}", api_versions=APIS)
+    assert result.returncode != 0
+    assert "engineVersionFloor" in result.stderr and "does not match pattern" in result.stderr
