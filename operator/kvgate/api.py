@@ -414,6 +414,28 @@ class RevisionRecord(_Model):
     )
 
 
+class RefusalStatus(_Model):
+    reason: str = Field(
+        min_length=1, description="EngineUnsafe or VerificationTimeout (CamelCase)."
+    )
+    message: str = Field(default="", description="Why, with the numbers.")
+
+
+class RolloutStatus(_Model):
+    """kvgate's record of targetRevision's rollout; it outlives the Deployments' annotations."""
+
+    verify_started_at: str | None = Field(
+        default=None,
+        description=(
+            "When verification of targetRevision began (RFC 3339); "
+            "rollout.verifyTimeoutSeconds runs from here."
+        ),
+    )
+    refusal: RefusalStatus | None = Field(
+        default=None, description="Why targetRevision was refused; absent unless it was."
+    )
+
+
 class ModelDeploymentStatus(_Model):
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this status reflects."
@@ -431,6 +453,13 @@ class ModelDeploymentStatus(_Model):
     )
     target_revision: str | None = Field(
         default=None, description="Revision computed from the current spec."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None,
+        description=(
+            "targetRevision's verification start and refusal. With servingRevision, the "
+            "durable rollout record: written only by the operator, read back every pass."
+        ),
     )
     refused_revision: str | None = Field(
         default=None, description="Last revision refused by verification, if any."
