@@ -161,6 +161,7 @@ class KubeApi:
             "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments",
             "ReplicaSet": f"/apis/apps/v1/namespaces/{namespace}/replicasets",
             "Secret": f"/api/v1/namespaces/{namespace}/secrets",
+            "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
             "Pod": f"/api/v1/namespaces/{namespace}/pods",
             "Service": f"/api/v1/namespaces/{namespace}/services",
             "ServiceAccount": f"/api/v1/namespaces/{namespace}/serviceaccounts",

@@ -458,3 +458,33 @@ async def test_an_edited_router_role_is_restored_every_pass(
     await reconciler.reconcile()
     (restore,) = [r for r in requests(kmock, "PATCH") if "/roles/llama-router" in str(r.url.path)]
     assert restore.data["rules"][0]["resources"] == ["pods"]
+
+
+async def test_each_running_revision_gets_its_network_policies_when_they_are_on(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    from dataclasses import replace
+
+    from kvgate.network_policy_settings import NetworkPolicySettings
+
+    rt.settings = replace(
+        rt.settings,
+        network_policy=NetworkPolicySettings("kvgate-system", {"app.kubernetes.io/name": "kvgate"}),
+    )
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    await Reconciler(rt, NS, "llama").reconcile()
+    posted = {
+        r.data["metadata"].get("name")
+        for r in requests(kmock, "POST")
+        if r.data.get("kind") == "NetworkPolicy"
+    }
+    assert posted == {f"llama-{rev}-engines", f"llama-{rev}-router"}
+
+
+async def test_network_policies_are_not_built_when_they_are_off(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    await Reconciler(rt, NS, "llama").reconcile()
+    assert not [r for r in requests(kmock, "POST") if r.data.get("kind") == "NetworkPolicy"]

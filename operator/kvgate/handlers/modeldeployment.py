@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvgate import builders, gate, labels, metrics, requirements, router_auth
+from kvgate import builders, gate, labels, metrics, network_policy, requirements, router_auth
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.conflict_status import conflict_events, with_conflicts
 from kvgate.handlers.router_workers import audit_loop
@@ -108,6 +108,7 @@ class Reconciler:
 
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
+        self.network_policies_cleared = False
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -287,6 +288,9 @@ class Reconciler:
                 dname = builders.component_name(name, revision, component)
                 if dname in existing:
                     await api.delete("Deployment", ns, dname)
+        conflicts += await self._network_policies(
+            md, {i.revision for i in step.workloads}, set(step.delete_revisions)
+        )
 
         if service is not None and (conflict := conflict_for(service, md.metadata.uid)):
             conflicts.append(conflict)  # someone else's Service: never adopt or re-point it
@@ -303,6 +307,43 @@ class Reconciler:
                     content_type=MERGE_PATCH,
                 )
         return conflicts
+
+    async def _network_policies(
+        self, md: ModelDeployment, revisions: set[str], deleted: set[str]
+    ) -> list[OwnershipConflict]:
+        """Each running revision's NetworkPolicies (kvgate.network_policy): created with it,
+        restored on drift, deleted with it. Turned off: the MD's own are deleted once."""
+        settings = self.rt.settings.network_policy
+        name = self.name
+        if settings is None:
+            if not self.network_policies_cleared:
+                for revision in revisions | deleted:
+                    for policy in network_policy.policy_names(name, revision, router_egress=True):
+                        await self._delete_own("NetworkPolicy", policy, md.metadata.uid)
+                self.network_policies_cleared = True
+            return []
+        conflicts = []
+        for revision in sorted(revisions - deleted):
+            for desired in network_policy.network_policies(
+                md,
+                revision,
+                operator_namespace=settings.operator_namespace,
+                operator_pod_labels=settings.operator_pod_labels,
+                router_egress=settings.router_egress,
+            ):
+                conflict = await self._ensure(desired, md.metadata.uid)
+                if conflict is not None:
+                    conflicts.append(conflict)
+        for revision in deleted:
+            for policy in network_policy.policy_names(name, revision, router_egress=True):
+                await self._delete_own("NetworkPolicy", policy, md.metadata.uid)
+        return conflicts
+
+    async def _delete_own(self, kind: str, name: str, owner_uid: str | None) -> None:
+        """Delete the object only if it is the MD's own (never someone else's)."""
+        current = await self.rt.api.get(kind, self.namespace, name)
+        if current is not None and is_controlled_by(current, owner_uid):
+            await self.rt.api.delete(kind, self.namespace, name)
 
     def _router_key(self, md: ModelDeployment) -> str:
         return router_auth.control_key(
