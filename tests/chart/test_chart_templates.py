@@ -22,6 +22,7 @@ from kvgate.cli import build_parser
 
 NAMESPACE = "kvgate-system"
 FULLNAME = "kvgate"
+OPERATOR_CLUSTER_ROLE = f"{FULLNAME}-{NAMESPACE}"  # kvgate.clusterName
 CERT_MANAGER = ("cert-manager.io/v1/Certificate", "cert-manager.io/v1/Issuer")
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
 
@@ -39,6 +40,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "serviceaccounts"): {"create"},
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 # kopf's resource observer watches CRDs; its namespace observer lists namespaces unless it runs
@@ -191,7 +193,7 @@ def test_rbac_has_no_wildcards(helm: Helm, sets: tuple[str, ...]) -> None:
 
 
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses(default: Rendered) -> None:
-    role = default.one("ClusterRole")
+    role = default.one("ClusterRole", OPERATOR_CLUSTER_ROLE)
     assert _rules(role) == {**NAMESPACED_RULES, **CRD_RULE}
     binding = default.one("ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -224,7 +226,7 @@ def test_rbac_is_what_operator_rbac_md_lists_plus_the_documented_additions(
     expected = _rbac_md_rules()
     # Not in RBAC.md yet: blockOwnerDeletion needs it under OwnerReferencesPermissionEnforcement.
     expected.setdefault(("kvgate.io", "modeldeployments/finalizers"), set()).add("update")
-    assert _rules(default.one("ClusterRole")) == expected
+    assert _rules(default.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == expected
 
 
 def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm: Helm) -> None:
@@ -235,7 +237,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm:
         assert _rules(role) == NAMESPACED_RULES
     bindings = {b["metadata"]["namespace"] for b in rendered.all("RoleBinding")}
     assert bindings == {"team-a", "team-b"}
-    assert _rules(rendered.one("ClusterRole")) == {**CRD_RULE, **NAMESPACE_RULE}
+    assert _rules(rendered.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == {**CRD_RULE, **NAMESPACE_RULE}
     args = build_parser().parse_args(["operator", *_operator_container(rendered)["args"]])
     assert args.namespace == ["team-a", "team-b"]
     webhook = rendered.one("ValidatingWebhookConfiguration")["webhooks"][0]
