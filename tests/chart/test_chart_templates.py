@@ -237,7 +237,10 @@ def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm:
         assert _rules(role) == NAMESPACED_RULES
     bindings = {b["metadata"]["namespace"] for b in rendered.all("RoleBinding")}
     assert bindings == {"team-a", "team-b"}
-    assert _rules(rendered.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == {**CRD_RULE, **NAMESPACE_RULE}
+    assert _rules(rendered.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == {
+        **CRD_RULE,
+        **NAMESPACE_RULE,
+    }
     args = build_parser().parse_args(["operator", *_operator_container(rendered)["args"]])
     assert args.namespace == ["team-a", "team-b"]
     webhook = rendered.one("ValidatingWebhookConfiguration")["webhooks"][0]
