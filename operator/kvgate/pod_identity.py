@@ -90,9 +90,10 @@ def identify(
     dep_labels = dep_meta.get("labels", {}) or {}
     md_name = dep_labels.get(labels.DEPLOYMENT, "")
     revision, role = dep_labels.get(labels.REVISION, ""), dep_labels.get(labels.ROLE, "")
-    if role not in ENGINE_ROLES or dep_meta.get("name") != component_name(md_name, revision, role):
+    if role not in roles or dep_meta.get("name") != component_name(md_name, revision, role):
         return Unproven(
-            f"{who}: Deployment {dep_meta.get('name')} is not a kvgate engine Deployment"
+            f"{who}: Deployment {dep_meta.get('name')} is not a kvgate "
+            f"{'/'.join(sorted(roles))} Deployment"
         )
     pod_labels = meta.get("labels", {}) or {}
     for key, want in (

@@ -121,3 +121,26 @@ def test_a_pod_whose_chain_does_not_end_at_the_model_deployment_is_not_identifie
 
 def test_no_model_deployment_uid_identifies_nothing() -> None:
     assert isinstance(identify(*chain(), None), Unproven)
+
+
+def _router_chain() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    pod, rs, dep = copy.deepcopy(chain())
+    router = f"llama-{REV}-router"
+    for obj in (pod, dep):
+        obj["metadata"]["labels"][labels.ROLE] = "router"
+        obj["metadata"]["labels"][labels.COMPONENT] = "router"
+    dep["metadata"]["name"] = router
+    rs["metadata"]["ownerReferences"][0]["name"] = router
+    return pod, rs, dep
+
+
+def test_a_router_pod_is_identified_only_when_routers_are_asked_for() -> None:
+    from kvgate.pod_identity import ROUTER_ROLES
+
+    router = f"llama-{REV}-router"
+    assert identify(*_router_chain(), MD_UID, ROUTER_ROLES) == EngineIdentity(
+        "llama", REV, "router", router
+    )
+    # A router is never taken for an engine pod, nor an engine pod for a router.
+    assert isinstance(identify(*_router_chain(), MD_UID), Unproven)
+    assert isinstance(identify(*chain(), MD_UID, ROUTER_ROLES), Unproven)

@@ -87,6 +87,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
     md = rt.mds.get((namespace, md_name))
     key = rt.router_key(namespace, md_name)
     if md is None or key is None:
+        log.debug("worker audit of %s/%s: ModelDeployment not known yet", namespace, md_name)
         return 0
     md_uid = md.get("metadata", {}).get("uid")
     removed = 0
@@ -102,6 +103,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             continue
         identity = await resolve_identity(rt, router, md_uid, pod_identity.ROUTER_ROLES)
         if not isinstance(identity, EngineIdentity):
+            log.debug("worker audit skips %s: %s", gate.pod_name(router), identity.message)
             continue  # not kvgate's router: never send it the key
         name = gate.pod_name(router)
         answer = await read_workers(name, url, headers=router_auth.bearer(key))
@@ -109,6 +111,12 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             log.debug("worker audit could not read %s: %s", name, answer.error)
             continue
         engines = known_engines(rt, namespace, md_name, identity.revision)
+        log.debug(
+            "worker audit of %s: %d workers, %d verified engines",
+            name,
+            len(answer.workers),
+            len(engines),
+        )
         for worker in worker_audit.unknown_workers(answer.workers, engines):
             removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
     return removed
