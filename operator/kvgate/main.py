@@ -146,6 +146,15 @@ def register_handlers() -> kopf.OperatorRegistry:
     async def managed_deployment_event(event: kopf.RawEvent, **_: Any) -> None:
         deployments.on_deployment_event(_rt(), dict(event["object"]))
 
+    @kopf.on.event(
+        "", "v1", "services", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE}, registry=registry
+    )
+    async def managed_service_event(event: kopf.RawEvent, **_: Any) -> None:
+        # A deleted or re-pointed Service <md> is put back on the next pass, not the next timer
+        # (up to KVGATE_STEADY_RECONCILE_SECONDS of no traffic). Same wake as a Deployment's: its
+        # kvgate.io/deployment label names the ModelDeployment.
+        deployments.on_deployment_event(_rt(), dict(event["object"]))
+
     return registry
 
 

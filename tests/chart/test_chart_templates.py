@@ -36,7 +36,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "pods/status"): {"patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"get", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("", "serviceaccounts"): {"create"},
     ("rbac.authorization.k8s.io", "roles"): {"create"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
