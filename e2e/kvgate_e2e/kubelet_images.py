@@ -9,6 +9,9 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
 * a repository whose last path segment ends with ``kvgate`` or ``kvgate-operator`` (the operator)
   → ``<venv>/bin/kvgate``; with no ``command`` the image's ENTRYPOINT ``kvgate operator`` is
   emulated (``operator/Dockerfile``), so the chart's args-only container runs as in a real cluster.
+  ``kvgate guard`` (the engine pods' sidecar) reads its engine on the pod's localhost and listens
+  on all of the pod's addresses: both become the pod IP (``--engine-host``, ``--host``), since a
+  pod here has no localhost of its own.
 * anything else → the container's ``command`` + ``args`` exactly as given (so a test can run
   ``python3 -c ...`` in a ``busybox``-named image); a container with no command is refused.
 
@@ -182,7 +185,10 @@ def launch_for(
     if kind == "kvgate":
         if not command and (not args or args[0] != "operator"):
             full = ["kvgate", "operator", *args]  # the operator image's ENTRYPOINT
-        return Launch(kind, (f"{venv_bin}/kvgate", *_strip_program(full, "kvgate")))
+        rest = _strip_program(full, "kvgate")
+        if rest[:1] == ["guard"]:
+            rest = rewrite_host(rewrite_host(rest, pod_ip, "--engine-host"), pod_ip)
+        return Launch(kind, (f"{venv_bin}/kvgate", *rest))
     if not full:
         raise ImageError(
             f"image {image!r} is not one the loopback kubelet knows (lmsysorg/sglang, smg, "

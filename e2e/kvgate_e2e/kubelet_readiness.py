@@ -5,6 +5,10 @@ GeneratePodReadyCondition, GeneratePodInitializedCondition) from Kubernetes 1.37
 reasons, the same messages (Go's ``%s`` of a string slice prints ``[a b]``), the same order.
 The loopback kubelet owns only the conditions in ``KUBELET_CONDITIONS``; a readiness-gate
 condition (e.g. ``kvgate.io/engine-verified``) is read here and never written.
+
+As in ``generateAPIPodStatus`` (``pkg/kubelet/kubelet_pods.go``), every function takes *all*
+container statuses, init containers' first: a native sidecar (an init container with
+``restartPolicy: Always``) counts toward ContainersReady and Ready like a regular container.
 """
 
 from __future__ import annotations
@@ -119,17 +123,32 @@ def pod_ready_condition(
     return Condition(READY, "True")
 
 
+def any_regular_container_started(
+    spec: Mapping[str, Any], statuses: Sequence[Mapping[str, Any]]
+) -> bool:
+    """HasAnyRegularContainerStarted (``pkg/kubelet/container/helpers.go``): a container of
+    ``spec.containers`` is running or has terminated, so the pod has been initialized."""
+    regular = {str(c.get("name")) for c in spec.get("containers") or []}
+    return any(
+        str(s.get("name")) in regular
+        and ("running" in (s.get("state") or {}) or "terminated" in (s.get("state") or {}))
+        for s in statuses
+    )
+
+
 def initialized_condition(
     spec: Mapping[str, Any],
-    init_statuses: Sequence[Mapping[str, Any]] | None,
+    container_statuses: Sequence[Mapping[str, Any]] | None,
     phase: str,
 ) -> Condition:
-    """GeneratePodInitializedCondition: every non-restartable init container terminated with 0
-    (restartable ones, i.e. sidecars, need only have started)."""
+    """GeneratePodInitializedCondition, given every container status (init and regular, as the
+    kubelet passes them): every regular init container ready (the kubelet marks one ready once
+    it exited 0), every restartable one (sidecar) started; and once a regular container has
+    started the pod stays initialized while a sidecar restarts."""
     init_containers = list(spec.get("initContainers") or [])
-    if not init_containers:
-        return Condition(INITIALIZED, "True")
-    by_name = _status_by_name(init_statuses or [])
+    if container_statuses is None and init_containers:
+        return Condition(INITIALIZED, "False", UNKNOWN_CONTAINER_STATUSES)
+    by_name = _status_by_name(container_statuses or [])
     unknown: list[str] = []
     incomplete: list[str] = []
     for container in init_containers:
@@ -138,15 +157,13 @@ def initialized_condition(
         if status is None:
             unknown.append(name)
             continue
-        if _is_restartable_init(container):
-            if not status.get("started"):
-                incomplete.append(name)
-            continue
-        terminated = (status.get("state") or {}).get("terminated")
-        if not (terminated and terminated.get("exitCode") == 0):
+        key = "started" if _is_restartable_init(container) else "ready"
+        if not status.get(key):
             incomplete.append(name)
     if phase == SUCCEEDED and not unknown:
         return Condition(INITIALIZED, "True", POD_COMPLETED)
+    if any_regular_container_started(spec, container_statuses or []):
+        return Condition(INITIALIZED, "True")
     messages: list[str] = []
     if unknown:
         messages.append(f"containers with unknown status: {go_string_slice(unknown)}")

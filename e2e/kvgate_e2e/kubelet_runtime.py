@@ -6,6 +6,15 @@ A ``PodWorker`` owns everything of one pod UID. Containers are local processes (
 maps, emptyDirs) are bind-mounted at their ``mountPath``. Status is written with a strategic-merge
 patch on ``pods/status`` holding only what the kubelet owns; readiness-gate conditions are read,
 never written.
+
+Init containers run in order, as ``computeInitContainerActions``
+(``pkg/kubelet/kuberuntime/kuberuntime_container.go``) runs them: a regular one to completion; a
+restartable one (``restartPolicy: Always``, a native sidecar, KEP-753) is started, and the next
+init container starts once it has started (its startupProbe passed, when it has one). Sidecars are
+probed like regular containers, restarted whenever they exit (with the crash-loop back-off, also
+under a pod restartPolicy of Never), their readiness counts toward ContainersReady and Ready, and
+on termination they are stopped after every regular container, in reverse order, within what is
+left of the grace period (at least 2 s), as ``kuberuntime_termination_order.go`` does.
 """
 
 from __future__ import annotations
@@ -73,6 +82,7 @@ _MOUNT_SCRIPT = (
 # Where this checkout's packages and virtualenv live: pod processes run from them.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 KEEP_STAGE = "/run/kvgate-e2e-keep"  # staging mount points, see keep_visible()
+MIN_GRACE_SECONDS = 2.0  # minimumGracePeriodInSeconds of the kubelet's killContainer
 
 
 def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -266,6 +276,11 @@ class PodWorker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._mounts: list[tuple[str, str]] = []
         self._volume_error: str = ""
+        self._sidecars = [
+            str(c["name"]) for c in pod["spec"].get("initContainers") or [] if is_sidecar(c)
+        ]
+        self._started_changed = asyncio.Event()
+        self._sidecar_tasks: list[asyncio.Task[None]] = []
         for c in pod["spec"].get("initContainers") or []:
             self.init_records[c["name"]] = ContainerRecord(
                 c["name"], c.get("image", ""), waiting_reason="PodInitializing"
@@ -321,18 +336,22 @@ class PodWorker:
             self._dirty.set()
             if not await self._setup_volumes_until_ready():
                 return
+            policy = self.pod["spec"].get("restartPolicy", "Always")
             if not await self._run_init_containers():
                 await self._terminate.wait()
             else:
                 loops = [
-                    asyncio.create_task(self._container_loop(c), name=f"ctr-{self.key}-{c['name']}")
+                    asyncio.create_task(
+                        self._container_loop(c, self.records[c["name"]], policy),
+                        name=f"ctr-{self.key}-{c['name']}",
+                    )
                     for c in self.pod["spec"]["containers"]
                 ]
                 self._tasks += loops
                 # Runs until deletion, also after every container finished for good.
                 await self._terminate.wait()
                 await self._stop_all(self._grace)
-                await asyncio.wait(loops, timeout=10)
+                await asyncio.wait([*loops, *self._sidecar_tasks], timeout=10)
             await self._stop_all(self._grace)
             if not self._force:
                 await self._write_status(force=True)
@@ -659,8 +678,17 @@ class PodWorker:
             os.killpg(proc.popen.pid, signal.SIGKILL)
 
     async def _stop_all(self, grace: float) -> None:
-        names = list(self.procs)
-        await asyncio.gather(*(self._stop_proc(n, grace) for n in names), return_exceptions=True)
+        """Stop every process: regular (and running regular init) containers first, then the
+        sidecars in reverse order, each with what is left of ``grace`` (at least 2 s). With no
+        grace at all, everything is killed at once."""
+        sidecars = [n for n in reversed(self._sidecars) if n in self.procs]
+        first = [n for n in self.procs if n not in sidecars] if grace > 0 else list(self.procs)
+        began = time.monotonic()
+        await asyncio.gather(*(self._stop_proc(n, grace) for n in first), return_exceptions=True)
+        if grace > 0:
+            for name in sidecars:
+                left = grace - (time.monotonic() - began)
+                await self._stop_proc(name, max(left, min(MIN_GRACE_SECONDS, grace)))
         for rec in list(self.records.values()) + list(self.init_records.values()):
             rec.ready = False
             if rec.state == WAITING and rec.last_terminated is None and not self._force:
@@ -668,10 +696,22 @@ class PodWorker:
         self._dirty.set()
 
     async def _run_init_containers(self) -> bool:
-        """Run non-restartable init containers one by one; False if the pod failed for good."""
+        """Init containers in order: a regular one runs to completion, a sidecar is started and
+        kept running (the next one starts once it has started). False if the pod is deleted or
+        failed for good."""
         policy = self.pod["spec"].get("restartPolicy", "Always")
         for container in self.pod["spec"].get("initContainers") or []:
             rec = self.init_records[container["name"]]
+            if is_sidecar(container):
+                task = asyncio.create_task(
+                    self._container_loop(container, rec, "Always"),
+                    name=f"sidecar-{self.key}-{rec.name}",
+                )
+                self._tasks.append(task)
+                self._sidecar_tasks.append(task)
+                if not await self._until_started(rec):
+                    return False
+                continue
             attempt = 0
             while True:
                 if self._terminate.is_set():
@@ -680,6 +720,8 @@ class PodWorker:
                 if code is None:
                     return False
                 if code == 0:
+                    rec.ready = True  # the kubelet marks a completed init container ready
+                    self._dirty.set()
                     break
                 if policy == "Never":
                     return False
@@ -689,6 +731,23 @@ class PodWorker:
         self._initialized = True
         self._dirty.set()
         return True
+
+    async def _until_started(self, rec: ContainerRecord) -> bool:
+        """Wait until a sidecar has started (True), or the pod is being deleted (False)."""
+        while not rec.started:
+            if self._terminate.is_set():
+                return False
+            self._started_changed.clear()
+            waits = [
+                asyncio.ensure_future(self._started_changed.wait()),
+                asyncio.ensure_future(self._terminate.wait()),
+            ]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waits:
+                    waiter.cancel()
+        return not self._terminate.is_set()
 
     async def _run_once(self, container: Mapping[str, Any], rec: ContainerRecord) -> int | None:
         try:
@@ -715,6 +774,8 @@ class PodWorker:
         rec.started_at = now_rfc3339()
         rec.ready = False
         rec.started = started
+        if started:
+            self._started_changed.set()
         rec.waiting_message = ""
         rec.terminated_message = ""
         self._dirty.set()
@@ -752,9 +813,11 @@ class PodWorker:
         rec.restart_count += 1
         return True
 
-    async def _container_loop(self, container: Mapping[str, Any]) -> None:
-        rec = self.records[container["name"]]
-        policy = self.pod["spec"].get("restartPolicy", "Always")
+    async def _container_loop(
+        self, container: Mapping[str, Any], rec: ContainerRecord, policy: str
+    ) -> None:
+        """Run one container (a regular one, or a sidecar with ``policy`` Always) until the pod
+        is deleted or ``policy`` says it is done; restarts with the crash-loop back-off."""
         restarts_in_row = 0
         while not self._terminate.is_set():
             try:
@@ -796,6 +859,7 @@ class PodWorker:
             if not ok:
                 return
             rec.started = True
+            self._started_changed.set()
             self._dirty.set()
         loops: list[Awaitable[bool]] = []
         readiness = container.get("readinessProbe")
@@ -903,13 +967,14 @@ class PodWorker:
     # ------------------------------------------------------------ status
     def _conditions(self, phase: str) -> list[Condition]:
         spec = self.pod["spec"]
-        statuses = [container_status(r) for r in self.records.values()]
-        init_statuses = [container_status(r) for r in self.init_records.values()]
+        # Init containers' statuses first, then the regular ones (generateAPIPodStatus).
+        statuses = [container_status(r) for r in self.init_records.values()]
+        statuses += [container_status(r) for r in self.records.values()]
         sandbox = self.pod_ip is not None or self.host_network
         conditions = list((self.pod.get("status") or {}).get("conditions") or [])
         return [
             Condition(POD_READY_TO_START_CONTAINERS, "True" if sandbox else "False"),
-            initialized_condition(spec, init_statuses, phase)
+            initialized_condition(spec, statuses, phase)
             if self.init_records
             else Condition(INITIALIZED, "True"),
             containers_ready_condition(spec, statuses, phase),
@@ -920,7 +985,8 @@ class PodWorker:
         """The strategic-merge patch for ``pods/status``: kubelet-owned fields only."""
         policy = self.pod["spec"].get("restartPolicy", "Always")
         records = list(self.records.values())
-        phase = pod_phase(policy, records, initialized=self._initialized)
+        sidecars = [self.init_records[n] for n in self._sidecars]
+        phase = pod_phase(policy, records, initialized=self._initialized, sidecars=sidecars)
         current = (self.pod.get("status") or {}).get("conditions") or []
         generation = self.pod["metadata"].get("generation")
         conditions = merge_conditions(current, self._conditions(phase), now_rfc3339(), generation)
@@ -1003,6 +1069,11 @@ class PodWorker:
             log.warning("pod %s: status patch failed: %s", self.key, exc)
             loop = asyncio.get_running_loop()
             loop.call_later(1.0, self._dirty.set)
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """A restartable init container (``restartPolicy: Always``): a native sidecar."""
+    return container.get("restartPolicy") == "Always"
 
 
 def _older(candidate: str | None, current: str | None) -> bool:

@@ -7,6 +7,7 @@ crash-loop back-off: the first restart is immediate, then 10 s doubling up to 5 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,12 +90,20 @@ def pod_phase(
     records: list[ContainerRecord],
     *,
     initialized: bool = True,
+    sidecars: Sequence[ContainerRecord] = (),
 ) -> str:
     """``getPhase``: Pending while initialising or any container has never run; Running while one
-    runs (or will be restarted); Succeeded/Failed once all stopped for good."""
+    runs (or will be restarted); Succeeded/Failed once all stopped for good. A running sidecar
+    (restartable init container) counts as running; one that stopped (and will be restarted)
+    does not count at all, as in the kubelet."""
     if not initialized:
         return "Pending"
     running = waiting = stopped = succeeded = 0
+    for rec in sidecars:
+        if rec.state == RUNNING:
+            running += 1
+        elif rec.state == WAITING and rec.last_terminated is None:
+            waiting += 1
     for rec in records:
         if rec.state == RUNNING:
             running += 1

@@ -263,3 +263,157 @@ def test_mount_points_are_removed_only_when_the_last_kubelet_leaves(tmp_path: Pa
     second.cleanup()
     assert not (tmp_path / "run").exists()
     assert not registry.exists()
+
+
+# ---------------------------------------------------------------- native sidecars (KEP-753)
+# A container that logs when it starts, is probed and is asked to stop, and answers GET / with 200
+# while its flag file exists (503 otherwise): readiness the test switches by touching a file.
+FLAGGED_SERVER = r"""
+import http.server, os, signal, sys, time
+name, port, flag, log = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def note(what):
+    with open(log, "a") as f:
+        f.write(f"{what} {name} {time.monotonic()}\n")
+def stop(*_):
+    note("stop")
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+note("start")
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        note("probe")
+        self.send_response(200 if os.path.exists(flag) else 503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], port), Handler).serve_forever()
+"""
+
+
+def flagged(name: str, port: int, flag: Path, log: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "python:3.11",
+        "command": [sys.executable, "-c", FLAGGED_SERVER, name, str(port), str(flag), str(log)],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": port}, "periodSeconds": 1},
+        **extra,
+    }
+
+
+def sidecar_pod(host: FakeHost, tmp_path: Path, **sidecar: Any) -> dict[str, Any]:
+    ip = host.addresses.host
+    log = tmp_path / "events.log"
+    pod = web_pod(0, gates=False)
+    pod["spec"]["restartPolicy"] = "Never"  # sidecars restart regardless
+    pod["spec"]["initContainers"] = [
+        flagged(
+            "guard", free_port(ip), tmp_path / "guard.ok", log, restartPolicy="Always", **sidecar
+        )
+    ]
+    pod["spec"]["containers"] = [flagged("engine", free_port(ip), tmp_path / "engine.ok", log)]
+    return pod
+
+
+def events_of(tmp_path: Path, kinds: tuple[str, ...] = ("start", "stop")) -> list[str]:
+    """``["start guard", "start engine", ...]`` in the order they happened."""
+    path = tmp_path / "events.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [" ".join(line.split()[:2]) for line in lines if line.split()[0] in kinds]
+
+
+def init_status(pod: dict[str, Any]) -> dict[str, Any]:
+    """The one sidecar's status ({} before the first status patch)."""
+    statuses = pod.get("status", {}).get("initContainerStatuses") or [{}]
+    (status,) = statuses
+    return dict(status)
+
+
+async def test_a_sidecar_starts_first_its_readiness_gates_ready_and_it_stops_last(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    host = FakeHost(web_pod(0), tmp_path, session)
+    host.fake_api.pod = sidecar_pod(host, tmp_path)
+    (tmp_path / "guard.ok").touch()
+    (tmp_path / "engine.ok").touch()
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+    assert events_of(tmp_path) == ["start guard", "start engine"]
+    status = init_status(host.fake_api.pod)
+    assert (status["name"], status["ready"], status["started"]) == ("guard", True, True)
+    assert cond(host.fake_api.pod, "Initialized")["status"] == "True"
+
+    # The sidecar turns unready: the kubelet alone takes the pod out of Ready.
+    (tmp_path / "guard.ok").unlink()
+    await until(host, "Ready=False", lambda p: cond(p, "Ready").get("status") == "False")
+    assert cond(host.fake_api.pod, "Ready")["message"] == (
+        "containers with unready status: [guard]"
+    )
+    (cs,) = host.fake_api.pod["status"]["containerStatuses"]
+    assert cs["ready"] is True
+    (tmp_path / "guard.ok").touch()
+    await until(host, "Ready again", lambda p: cond(p, "Ready").get("status") == "True")
+
+    # Killed, it is restarted (pod restartPolicy Never notwithstanding); the pod stays
+    # initialized and the engine is not touched.
+    worker.kill_container("guard")
+    await until(
+        host,
+        "the sidecar restarted and ready",
+        lambda p: init_status(p)["restartCount"] == 1 and init_status(p)["ready"],
+    )
+    assert cond(host.fake_api.pod, "Initialized")["status"] == "True"
+    (cs,) = host.fake_api.pod["status"]["containerStatuses"]
+    assert cs["restartCount"] == 0
+    assert cond(host.fake_api.pod, "Ready")["status"] == "True"
+
+    deleting = copy.deepcopy(host.fake_api.pod)
+    deleting["metadata"] |= {
+        "deletionTimestamp": "2026-01-01T00:00:00Z",
+        "deletionGracePeriodSeconds": 5,
+        "resourceVersion": "200",
+    }
+    worker.update(deleting)
+    await asyncio.wait_for(task, 20)
+    assert events_of(tmp_path)[-2:] == ["stop engine", "stop guard"]
+
+
+async def test_the_next_container_waits_for_the_sidecars_startup_probe(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    host = FakeHost(web_pod(0), tmp_path, session)
+    pod = sidecar_pod(host, tmp_path)
+    port = pod["spec"]["initContainers"][0]["readinessProbe"]["httpGet"]["port"]
+    pod["spec"]["initContainers"][0]["startupProbe"] = {
+        "httpGet": {"path": "/", "port": port},
+        "periodSeconds": 1,
+        "failureThreshold": 30,
+    }
+    host.fake_api.pod = pod
+    (tmp_path / "engine.ok").touch()
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(
+            host,
+            "the sidecar running, not started",
+            lambda p: "running" in (init_status(p).get("state") or {}),
+        )
+        deadline = asyncio.get_running_loop().time() + 20
+        while events_of(tmp_path, ("probe",)).count("probe guard") < 2:  # two failed probes
+            assert asyncio.get_running_loop().time() < deadline, "the startup probe never ran"
+            await asyncio.sleep(0.05)
+        pod_now = host.fake_api.pod
+        assert init_status(pod_now)["started"] is False
+        assert cond(pod_now, "Initialized")["message"] == (
+            "containers with incomplete status: [guard]"
+        )
+        assert pod_now["status"]["phase"] == "Pending"
+        assert events_of(tmp_path) == ["start guard"]  # the engine has not been started
+        (tmp_path / "guard.ok").touch()
+        await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+        assert events_of(tmp_path) == ["start guard", "start engine"]
+    finally:
+        worker.deleted(grace=2)
+        await asyncio.wait_for(task, 20)

@@ -171,9 +171,10 @@ def test_init_containers_not_finished_keep_pod_uninitialized() -> None:
     running = initialized_condition(
         spec("e", init=init), [{"name": "setup", "state": {"running": {}}}], "Pending"
     )
+    # The kubelet marks an init container that exited 0 ready; 1.37 reads that flag.
     done = initialized_condition(
         spec("e", init=init),
-        [{"name": "setup", "state": {"terminated": {"exitCode": 0}}}],
+        [{"name": "setup", "ready": True, "state": {"terminated": {"exitCode": 0}}}],
         "Running",
     )
     assert running == Condition(
@@ -511,3 +512,115 @@ def test_a_checkout_under_a_pods_emptydir_mount_stays_visible_to_the_pod() -> No
 
 def test_nothing_is_rebound_when_no_mount_hides_the_checkout() -> None:
     assert keep_visible([("/a", "/tls")], ["/work/main"], stage="/run/keep") == ([], [])
+
+
+# ---------------------------------------------------------------- native sidecars (KEP-753)
+GUARD_SIDECAR = {"name": "kvgate-guard", "restartPolicy": "Always"}
+
+
+def sidecar_pod(*, gate: bool = True) -> dict[str, Any]:
+    return spec("engine", gates=(GATE,) if gate else (), init=[dict(GUARD_SIDECAR)])
+
+
+def test_an_unready_sidecar_keeps_the_pod_not_ready_even_with_its_gate_true() -> None:
+    gate_true = [{"type": GATE, "status": "True"}]
+    all_statuses = [
+        {"name": "kvgate-guard", "ready": False, "started": True},
+        {"name": "engine", "ready": True, "started": True},
+    ]
+    cond = pod_ready_condition(sidecar_pod(), gate_true, all_statuses, "Running")
+    assert cond == Condition(
+        "Ready", "False", "ContainersNotReady", "containers with unready status: [kvgate-guard]"
+    )
+    all_statuses[0]["ready"] = True
+    assert pod_ready_condition(sidecar_pod(), gate_true, all_statuses, "Running").status == "True"
+    # ... and a ready sidecar never makes up for a gate the operator turned False.
+    gate_false = [{"type": GATE, "status": "False"}]
+    assert pod_ready_condition(sidecar_pod(), gate_false, all_statuses, "Running").status == "False"
+
+
+def test_a_sidecar_without_a_status_is_unknown_and_an_unready_engine_is_listed_after_it() -> None:
+    cond = containers_ready_condition(
+        sidecar_pod(), [{"name": "engine", "ready": False}], "Running"
+    )
+    assert cond.message == (
+        "containers with unknown status: [kvgate-guard], containers with unready status: [engine]"
+    )
+
+
+def test_a_sidecar_initializes_the_pod_once_started_and_a_restart_does_not_uninitialize_it() -> (
+    None
+):
+    pod_spec = spec("engine", init=[{"name": "setup"}, dict(GUARD_SIDECAR)])
+    setup_done = {"name": "setup", "ready": True, "state": {"terminated": {"exitCode": 0}}}
+    engine_waiting = {"name": "engine", "state": {"waiting": {"reason": "PodInitializing"}}}
+    not_started = initialized_condition(
+        pod_spec,
+        [setup_done, {"name": "kvgate-guard", "started": False, "state": {"running": {}}}],
+        "Pending",
+    )
+    assert not_started.message == "containers with incomplete status: [kvgate-guard]"
+    started = initialized_condition(
+        pod_spec,
+        [setup_done, {"name": "kvgate-guard", "started": True}, engine_waiting],
+        "Pending",
+    )
+    assert started.status == "True"
+    # The sidecar crashed and waits to restart; the engine has run: still initialized.
+    restarting = initialized_condition(
+        pod_spec,
+        [
+            setup_done,
+            {"name": "kvgate-guard", "started": False, "state": {"waiting": {}}},
+            {"name": "engine", "state": {"running": {}}},
+        ],
+        "Running",
+    )
+    assert restarting == Condition("Initialized", "True")
+
+
+def test_a_completed_init_container_not_marked_ready_is_incomplete() -> None:
+    cond = initialized_condition(
+        spec("e", init=[{"name": "setup"}]),
+        [{"name": "setup", "ready": False, "state": {"terminated": {"exitCode": 0}}}],
+        "Pending",
+    )
+    assert cond.message == "containers with incomplete status: [setup]"
+
+
+def test_phase_counts_a_running_sidecar_and_ignores_a_stopped_one() -> None:
+    sidecar_running = ContainerRecord("kvgate-guard", "img", state=RUNNING)
+    sidecar_stopped = ContainerRecord("kvgate-guard", "img", state=TERMINATED, exit_code=137)
+    sidecar_backing_off = ContainerRecord("kvgate-guard", "img", last_terminated={"exitCode": 1})
+    engine_done = ContainerRecord("engine", "img", state=TERMINATED, exit_code=0)
+    engine_running = ContainerRecord("engine", "img", state=RUNNING)
+    assert pod_phase("Never", [engine_done], sidecars=[sidecar_running]) == "Running"
+    assert pod_phase("Never", [engine_done], sidecars=[sidecar_stopped]) == "Succeeded"
+    assert pod_phase("Always", [engine_running], sidecars=[sidecar_backing_off]) == "Running"
+    assert pod_phase("Always", [engine_running], sidecars=[ContainerRecord("s", "i")]) == "Pending"
+
+
+def test_guard_sidecar_runs_the_kvgate_cli_reading_and_serving_on_the_pod_ip() -> None:
+    launch = launch_for(
+        "ghcr.io/kvgate/kvgate-operator:0.2.0",
+        ["kvgate"],
+        ["guard", "--engine-port", "30000", "--role", "decode", "--port", "8471"],
+        pod_ip="198.18.1.7",
+        python="py",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=80,
+    )
+    assert launch.argv == (
+        "/venv/bin/kvgate",
+        "guard",
+        "--engine-port",
+        "30000",
+        "--role",
+        "decode",
+        "--port",
+        "8471",
+        "--engine-host",
+        "198.18.1.7",
+        "--host",
+        "198.18.1.7",
+    )

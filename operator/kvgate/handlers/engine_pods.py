@@ -21,7 +21,7 @@ from kvgate_engine.verdict import Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
 from kvgate import gate, labels, metrics, requirements
-from kvgate.api import API_VERSION, KIND, ModelDeploymentSpec
+from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
@@ -91,12 +91,6 @@ def reverify_seconds(rt: Runtime, pod: Pod) -> float:
     return DEFAULT_REVERIFY_SECONDS
 
 
-def _md_ref(pod: Pod) -> dict[str, Any]:
-    namespace, name = _md_of(pod)
-    owner = {"name": name, "namespace": namespace}
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": owner}
-
-
 def _pod_ref(pod: Pod) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": pod.get("metadata", {})}
 
@@ -161,7 +155,7 @@ async def _announce(
         log.warning(
             "engine verification lost: %s", message, extra={**fields, "reason": condition["reason"]}
         )
-        for ref in (_pod_ref(pod), _md_ref(pod)):
+        for ref in (_pod_ref(pod), rt.md_ref(*_md_of(pod))):
             await _post(rt, ref, "Warning", "EngineVerificationLost", message, now)
     elif gate.is_unsafe_reason(condition["reason"]) and (
         previous is None or previous.get("reason") != condition["reason"]
@@ -169,7 +163,7 @@ async def _announce(
         log.warning("engine unsafe: %s", message, extra={**fields, "reason": condition["reason"]})
         # On the MD too: `kubectl describe md` then shows the pool and the context in numbers
         # (e.g. after a restart the lost-verification Event only says the engine went down).
-        for ref in (_pod_ref(pod), _md_ref(pod)):
+        for ref in (_pod_ref(pod), rt.md_ref(*_md_of(pod))):
             await _post(rt, ref, "Warning", condition["reason"], message, now)
 
 
@@ -189,6 +183,8 @@ async def requirement_of_pod(rt: Runtime, pod: Pod) -> Requirement | tuple[str, 
     md = rt.mds.get((namespace, md_name))
     if md is None:
         md = await rt.api.get("ModelDeployment", namespace, md_name) if md_name else None
+        if md is not None:
+            rt.mds[(namespace, md_name)] = md  # until its watch event brings a newer body
     if md is None or md.get("metadata", {}).get("deletionTimestamp"):
         if not gate.is_verified(pod):
             return gate.NOT_OWNED, f"no ModelDeployment {md_name!r} in {namespace} owns this pod"

@@ -22,7 +22,6 @@ import aiohttp
 from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, get_json
 
 from kvgate import gate, labels, metrics, router_auth
-from kvgate.api import API_VERSION, KIND
 from kvgate.gateway import (
     DEFAULT_GRACE_SECONDS,
     GATEWAY_UNREACHABLE,
@@ -238,11 +237,7 @@ class GatewayWatch:
         self.deleted = True
         metrics.GATEWAY_FORCED_DELETIONS.labels(namespace, md_name, gate.pod_role(pod)).inc()
         pod_ref = {"apiVersion": "v1", "kind": "Pod", "metadata": meta}
-        md_ref = {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {"name": md_name, "namespace": namespace},
-        }
+        md_ref = self.rt.md_ref(namespace, md_name)
         for ref in (pod_ref, md_ref):
             try:
                 await self.rt.api.post_event(

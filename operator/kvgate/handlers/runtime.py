@@ -11,6 +11,7 @@ from typing import Any
 from kvgate_engine.verdict import Requirement, Verdict
 
 from kvgate import router_auth
+from kvgate.api import API_VERSION, KIND
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
@@ -56,6 +57,15 @@ class Runtime:
     def wake_md(self, namespace: str | None, name: str | None) -> None:
         if namespace and name:
             self.md_wake((namespace, name)).set()
+
+    def md_ref(self, namespace: str, md_name: str) -> dict[str, Any]:
+        """The ModelDeployment as an Event's involvedObject, with its uid when known (kubectl
+        describe matches Events to an object by uid)."""
+        meta: dict[str, Any] = {"name": md_name, "namespace": namespace}
+        uid = (self.mds.get((namespace, md_name)) or {}).get("metadata", {}).get("uid")
+        if uid:
+            meta["uid"] = uid
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
 
     def router_key(self, namespace: str, md_name: str) -> str | None:
         """The control-plane key of this ModelDeployment's routers (None: MD not known yet)."""
