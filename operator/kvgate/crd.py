@@ -148,23 +148,28 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-def name_rule() -> dict[str, Any]:
-    """CEL on the root: a name kvgate can name its Service after, so the rule holds even with
-    the webhook off. Checked on create only (optionalOldSelf): a name never changes, and an
-    object created before this rule must stay updatable (its finalizer removable)."""
+def name_schema() -> dict[str, Any]:
+    """metadata.name: a name kvgate can name its Service after, checked by the API server so the
+    rule holds even with the webhook off. On create only (optionalOldSelf): a name never changes,
+    and an object created before this rule must stay updatable (its finalizer removable)."""
     longest = names.max_name_length()
     pattern = names.DNS_1035_LABEL.pattern
     return {
-        "rule": (
-            f"oldSelf.hasValue() || (size(self.metadata.name) <= {longest} && "
-            f"self.metadata.name.matches('^{pattern}$'))"
-        ),
-        "optionalOldSelf": True,
-        "message": (
-            f"metadata.name must be a DNS-1035 label of at most {longest} characters (lowercase "
-            "letters, digits and '-', starting with a letter, e.g. llama-3-1-8b): kvgate names "
-            "the ModelDeployment's Service after it"
-        ),
+        "type": "string",
+        "x-kubernetes-validations": [
+            {
+                "rule": (
+                    f"oldSelf.hasValue() || (size(self) <= {longest} && "
+                    f"self.matches('^{pattern}$'))"
+                ),
+                "optionalOldSelf": True,
+                "message": (
+                    f"must be a DNS-1035 label of at most {longest} characters (lowercase "
+                    "letters, digits and '-', starting with a letter, e.g. llama-3-1-8b), "
+                    "because kvgate names the ModelDeployment's Service after it"
+                ),
+            }
+        ],
     }
 
 
@@ -205,11 +210,13 @@ def crd() -> dict[str, Any]:
                             ),
                             "type": "object",
                             "required": ["spec"],
-                            "x-kubernetes-validations": [name_rule()],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": {
+                                    "type": "object",
+                                    "properties": {"name": name_schema()},
+                                },
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },

@@ -18,9 +18,9 @@ from typing import Any
 import kopf
 import pytest
 import yaml
-from kvgate import builders
+from kvgate import builders, network_policy
 from kvgate.admission import check_document, check_update
-from kvgate.admission.limits import MAX_SPEC_BYTES, spec_bytes
+from kvgate.admission.limits import MAX_SPEC_BYTES, _spec_schema, spec_bytes, with_defaults
 from kvgate.admission.names import DNS_1035_LABEL, derived_names, max_name_length
 from kvgate.admission.policy import POLICY_MEMO_KEY, ClusterPolicy
 from kvgate.admission.router_args import DENIED_ROUTER_FLAGS, denied_flag
@@ -38,7 +38,7 @@ from kvgate.api import (
 from kvgate.cli import main
 from kvgate.revision import REVISION_LENGTH
 
-from .conftest import SAMPLE, LiveWebhook, mutated, review, sample
+from .conftest import DELETE, SAMPLE, LiveWebhook, mutated, review, sample
 from .test_webhook_https import post
 
 # ---------------------------------------------------------------------------------- names
@@ -98,7 +98,15 @@ def test_every_object_kvgate_builds_for_the_longest_name_is_valid_for_its_kind()
         builders.router_service_account(md),
         builders.router_role(md),
         builders.router_role_binding(md),
+        builders.router_control_secret(md, "key"),
         *(builders.deployment(md, revision, c, replicas=1) for c in builders.COMPONENTS),
+        *network_policy.network_policies(
+            md,
+            revision,
+            operator_namespace="kvgate-system",
+            operator_pod_labels={"app.kubernetes.io/name": "kvgate"},
+            router_egress=network_policy.RouterEgress(),
+        ),
     ]
     for body in built:
         name = body["metadata"]["name"]
@@ -364,7 +372,13 @@ def test_min_engine_version_below_the_cluster_floor_is_denied_naming_the_floor()
     message = _denials(doc, "spec.safety.minEngineVersion", FLOOR)
     assert "0.5.22 < the cluster's engine version floor 0.5.23" in message
     assert "engineVersionFloor" in message  # where the floor comes from
+    assert "an omitted minEngineVersion is 0.5.22, also below it" in message
     assert "set spec.safety.minEngineVersion to 0.5.23 or later" in message
+    at_default_floor = ClusterPolicy(min_engine_version_floor="0.5.22")
+    doc = mutated({"spec.safety.minEngineVersion": "0.5.21"})
+    message = _denials(doc, "spec.safety.minEngineVersion", at_default_floor)
+    assert "0.5.21 < the cluster's engine version floor 0.5.22" in message
+    assert "omitted" not in message
 
 
 def test_min_engine_version_at_the_cluster_floor_is_allowed() -> None:
@@ -397,9 +411,19 @@ def test_update_lowering_the_spec_floor_below_the_cluster_floor_is_denied() -> N
     assert not check_update(new, old, FLOOR).allowed
 
 
-def test_size_is_measured_as_kopf_stores_it_compact_and_ascii_escaped() -> None:
-    spec = {"a": "é"}
-    assert spec_bytes(spec) == len(json.dumps(spec, separators=(",", ":"))) == 14
+def test_size_is_measured_after_the_api_servers_defaults_so_validate_and_webhook_agree() -> None:
+    """The webhook sees the spec with the CRD's defaults filled in (and 1.0 written as 1);
+    `kvgate validate` reads the file without them. Both must measure the same bytes."""
+    raw = mutated({"spec.rollout": DELETE, "spec.router": DELETE, "spec.safety.headroom": 1.0})
+    stored = json.loads(json.dumps(with_defaults(raw["spec"], _spec_schema())))
+    assert "rollout" in stored and stored["router"]["image"]  # filled in, as the server does
+    stored["safety"]["headroom"] = 1  # Go writes the floats 1.0 and 15.0 as 1 and 15
+    stored["model"]["weightsGiB"] = 15
+    assert spec_bytes(raw["spec"]) == spec_bytes(stored)
+    compact = json.dumps(stored, separators=(",", ":"))
+    assert spec_bytes(stored) == len(compact)
+    stored["model"]["name"] = "é"
+    assert spec_bytes(stored) == len(compact) - len("llama-3.1-8b") + len("\\u00e9")
 
 
 # ------------------------------------------- the same answers from the webhook and validate

@@ -26,7 +26,15 @@ from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
-from kvgate.api import API_VERSION, KIND, KvCacheDtype, ModelDeploymentSpec, Role, RoleSpec
+from kvgate.api import (
+    API_VERSION,
+    DEFAULT_MIN_ENGINE_VERSION,
+    KIND,
+    KvCacheDtype,
+    ModelDeploymentSpec,
+    Role,
+    RoleSpec,
+)
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 MARGIN_WARNING = 0.10  # warn when the estimated pool is less than 10 % above the requirement
@@ -170,12 +178,17 @@ def _check_cluster_floor(spec: ModelDeploymentSpec, policy: ClusterPolicy) -> li
         return []  # reported by check_engine_version
     if spec_floor >= cluster:
         return []
+    omitted = (
+        f"; an omitted minEngineVersion is {DEFAULT_MIN_ENGINE_VERSION}, also below it"
+        if Version(DEFAULT_MIN_ENGINE_VERSION) < cluster
+        else ""
+    )
     return [
         Problem(
             "spec.safety.minEngineVersion",
             f"{spec_floor} < the cluster's engine version floor {cluster} (chart value "
-            f"{FLOOR_SETTING}, set by the cluster admin; {spec_floor} is also the default when "
-            f"the field is omitted); set spec.safety.minEngineVersion to {cluster} or later",
+            f"{FLOOR_SETTING}, set by the cluster admin{omitted}); set "
+            f"spec.safety.minEngineVersion to {cluster} or later",
         )
     ]
 

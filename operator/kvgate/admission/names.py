@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kvgate import builders, labels
+from kvgate import builders, labels, network_policy
 from kvgate.revision import REVISION_LENGTH
 
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -23,8 +23,6 @@ LABEL_VALUE_MAX = 63
 # uint32 written in up to 10 characters. Pod names come from the ReplicaSet's generateName, which
 # the API server shortens itself, so they never fail.
 POD_TEMPLATE_HASH_MAX = 10
-# The router's control-plane key Secret (issue 11 item 1) is named <md>-router-control.
-ROUTER_CONTROL_SECRET_SUFFIX = "-router-control"
 
 
 @dataclass(frozen=True)
@@ -49,9 +47,13 @@ def derived_names(md_name: str) -> list[DerivedName]:
         ),
         DerivedName(
             "router control-plane Secret",
-            md_name + ROUTER_CONTROL_SECRET_SUFFIX,
+            builders.router_control_secret_name(md_name),
             DNS_1123_SUBDOMAIN_MAX,
         ),
+    ]
+    names += [
+        DerivedName("NetworkPolicy", policy, DNS_1123_SUBDOMAIN_MAX)
+        for policy in network_policy.policy_names(md_name, revision, router_egress=True)
     ]
     for component in builders.COMPONENTS:
         deployment = builders.component_name(md_name, revision, component)

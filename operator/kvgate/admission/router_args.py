@@ -17,26 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-_WORKERS = (
-    "adds workers kvgate did not verify; kvgate points the router at this revision's verified "
-    "prefill and decode pods itself"
-)
-_DISCOVERY = (
-    "changes which engine pods the router discovers and pairs; kvgate points the router at "
-    "this revision's verified prefill and decode pods itself"
-)
-_CONTROL = "opens another control plane on the router's serving port"
+_VERIFIED = "kvgate points the router at this revision's verified prefill and decode pods itself"
+_WORKERS = ("adds workers kvgate did not verify", _VERIFIED)
+_DISCOVERY = ("changes which engine pods the router discovers and pairs", _VERIFIED)
+_CONTROL = ("opens another control plane on the router's serving port", "")
 _AUTH = (
-    "changes who may use the router's control plane or API, which kvgate manages (it must "
-    "reach the router's /workers); put an authenticating proxy in front of the Service instead"
+    "changes who may use the router's control plane or API, which kvgate manages (it must reach "
+    "the router's /workers)",
+    "to protect the endpoint, put an authenticating proxy in front of the Service",
 )
 _LISTEN = (
-    "changes where or how the router listens or reaches engines, which kvgate sets; set "
-    "spec.router.port for the port"
+    "changes where or how the router listens or reaches engines, which kvgate sets",
+    "set spec.router.port for the port",
 )
 
-# flag -> why it is denied (smg 1.13, `smg launch --help`).
-DENIED_ROUTER_FLAGS: Mapping[str, str] = {
+# flag -> (why it is denied, what to do instead) (smg 1.13, `smg launch --help`).
+DENIED_ROUTER_FLAGS: Mapping[str, tuple[str, str]] = {
     "--worker-urls": _WORKERS,
     "--prefill": _WORKERS,
     "--decode": _WORKERS,
@@ -99,4 +95,5 @@ def denial_message(arg: str, flag: str) -> str:
     spelled = arg.split("=", 1)[0]
     if spelled != flag:
         spelled += f" (a prefix of {flag}; smg's parser accepts any unique prefix of a flag)"
-    return f"{spelled} {DENIED_ROUTER_FLAGS[flag]}; remove it from spec.router.args"
+    why, instead = DENIED_ROUTER_FLAGS[flag]
+    return f"{spelled} {why}; remove it from spec.router.args" + (f"; {instead}" if instead else "")
