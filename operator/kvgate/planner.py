@@ -319,6 +319,17 @@ def _gate_failures(observed: ObservedState, revision: str | None) -> tuple[PodSt
     )
 
 
+def _first_failure_text(observed: ObservedState, revision: str) -> str:
+    """``; <the first failing pod's gate message>`` (what a timed-out revision's refusal names:
+    e.g. an engine whose report kvgate cannot read), or nothing when no pod has failed yet."""
+    failures = _gate_failures(observed, revision)
+    if not failures:
+        return ""
+    first = failures[0]
+    more = f" (and {len(failures) - 1:,} more pods not verified)" if len(failures) > 1 else ""
+    return f"; {first.gate_message or first.gate_reason}{more}"
+
+
 def _progress_text(progress: dict[str, RoleProgress]) -> str:
     return ", ".join(f"{role} {p.verified}/{p.needed} verified" for role, p in progress.items())
 
@@ -457,9 +468,9 @@ def plan(observed: ObservedState) -> RolloutStep:
             REFUSED_TIMEOUT,
             f"revision {target} not verified within rollout.verifyTimeoutSeconds="
             f"{spec.rollout.verify_timeout_seconds:,} s ({_progress_text(progress)}; router "
-            f"{'ready' if _router_ready(observed, target) else 'not ready'}); raise the "
-            "timeout or fix the engines, then change the spec or delete the revision's "
-            "Deployments to retry",
+            f"{'ready' if _router_ready(observed, target) else 'not ready'})"
+            f"{_first_failure_text(observed, target)}; raise the timeout or fix the engines, "
+            "then change the spec or delete the revision's Deployments to retry",
         )
     if refusal is not None:
         return step(

@@ -253,6 +253,37 @@ def test_timeout_refuses_a_revision_that_does_not_verify_in_time() -> None:
     assert step.service_revision == OLD
 
 
+def test_a_timed_out_refusal_names_what_kept_the_engines_from_verifying() -> None:
+    unreadable = (
+        "decode pod d-0 could not be verified: engine report unreadable: GET "
+        "http://10.0.0.7:30000/server_info: body larger than the 4 MiB cap; kvgate reads no further"
+    )
+    step = plan(
+        observe(
+            wl=workloads(NEW, started=NOW),
+            pd=pods(NEW, "prefill", 1, verified=False, reason="EngineUnreachable", message="p")
+            + pods(NEW, "decode", 1, verified=False, reason="ReportUnreadable", message=unreadable),
+            now=NOW + timedelta(seconds=900),
+        )
+    )
+    assert step.refusal is not None and step.refusal.reason == "VerificationTimeout"
+    message = step.refusal.message
+    assert "(prefill 0/1 verified, decode 0/1 verified; router ready); p (and 1 more pods " in (
+        message
+    )
+    alone = plan(
+        observe(
+            wl=workloads(NEW, started=NOW),
+            pd=pods(
+                NEW, "decode", 1, verified=False, reason="ReportUnreadable", message=unreadable
+            ),
+            now=NOW + timedelta(seconds=900),
+        )
+    )
+    assert alone.refusal is not None
+    assert f"router ready); {unreadable}; raise the timeout" in alone.refusal.message
+
+
 def test_standing_refusal_survives_and_is_not_decided_again() -> None:
     refused = workloads(NEW, refused_reason="EngineUnsafe", refused_message=SMALL_POOL)
     step = plan(observe(service=OLD, wl=workloads(OLD) + refused))
