@@ -10,14 +10,16 @@ the serving revision's routers (switching traffic is a selector change).
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate_engine.launcher import engine_argv
 
-from kvgate import labels, router_auth
-from kvgate.api import ModelDeployment, Role, RoleSpec
+from kvgate import labels, requirements, router_auth
+from kvgate.api import EngineSpec, ModelDeployment, Role, RoleSpec
 
 # Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
 # /dev/nvidia* device nodes world read-writable, so CUDA works without root; the image's own
@@ -28,6 +30,26 @@ ENGINE_SHM_SIZE = "16Gi"  # NCCL and SGLang's TP workers need a large /dev/shm.
 TERMINATION_GRACE_SECONDS = 60
 
 Body = dict[str, Any]
+
+# The pod-local guard (kvgate.guard), a native sidecar of every engine pod.
+GUARD_CONTAINER = "kvgate-guard"
+GUARD_PORT = 8471  # the next free one when the engine uses it (guard_port)
+GUARD_PORT_NAME = "kvgate-guard"
+GUARD_PERIOD_SECONDS = 2  # engine read interval; NotReady within 2 x this of a shrunk pool
+GUARD_RESOURCES: Body = {
+    # Measured: ~38 MiB RSS, ~3 millicores reading a 33 KB /server_info every 2 s. No CPU
+    # limit: throttling would only make its reads late (and the pod NotReady).
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"memory": "128Mi"},
+}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What engine pods' guard sidecar needs from the operator's settings."""
+
+    image: str  # kvgate's own image (KVGATE_GUARD_IMAGE, set by the chart)
+    cluster_floor: str | None = None  # KVGATE_MIN_ENGINE_VERSION_FLOOR
 
 
 def component_name(md_name: str, revision: str, component: str) -> str:
@@ -126,7 +148,77 @@ def _pod_security() -> Body:
     }
 
 
-def engine_pod_template(md: ModelDeployment, role: Role, revision: str) -> Body:
+def guard_port(engine: EngineSpec) -> int:
+    """The guard's port: GUARD_PORT, or the next one the engine does not use."""
+    taken = {engine.port, engine.bootstrap_port}
+    port = GUARD_PORT
+    while port in taken:
+        port += 1
+    return port
+
+
+def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard) -> Body:
+    """The guard sidecar of ``revision``'s ``role`` pods: an init container with
+    ``restartPolicy: Always`` whose readiness is "the engine on localhost meets this revision's
+    requirement" (kvgate.guard). The requirement is the one the operator verifies the target
+    revision against (spec + cluster floor), written here as arguments: never read from the
+    engine."""
+    requirement = requirements.requirement_for(
+        spec=md.spec,
+        target_revision=revision,
+        status=None,
+        revision=revision,
+        role=role.value,
+        cluster_floor=guard.cluster_floor,
+    )
+    assert requirement is not None  # the target revision's requirement is the spec's
+    port = guard_port(md.spec.engine)
+    return {
+        "name": GUARD_CONTAINER,
+        "image": guard.image,
+        # Native sidecar (KEP-753): started before the engine, restarted when it exits, stopped
+        # after it, and its readiness counts toward the pod's Ready condition.
+        "restartPolicy": "Always",
+        "command": ["kvgate"],  # the image's ENTRYPOINT is `kvgate operator`
+        "args": [
+            "guard",
+            "--engine-port",
+            str(md.spec.engine.port),
+            "--role",
+            role.value,
+            "--context-length",
+            str(requirement.context_length),
+            "--headroom",
+            repr(float(requirement.headroom)),
+            "--min-version",
+            requirement.min_version,
+            "--port",
+            str(port),
+            "--period",
+            str(GUARD_PERIOD_SECONDS),
+        ],
+        "ports": [{"name": GUARD_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": GUARD_PORT_NAME},
+            "periodSeconds": 1,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": GUARD_PORT_NAME},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "resources": copy.deepcopy(GUARD_RESOURCES),
+        "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
+    }
+
+
+def engine_pod_template(
+    md: ModelDeployment, role: Role, revision: str, guard: Guard | None = None
+) -> Body:
     spec = md.spec
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
@@ -164,6 +256,9 @@ def engine_pod_template(md: ModelDeployment, role: Role, revision: str) -> Body:
     pod_spec: Body = {
         "containers": [container],
         "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
+        # Without a guard image (kvgate run outside its chart) there is no second key: the gate
+        # alone decides, and goes stale while the operator is down.
+        **({"initContainers": [guard_container(md, role, revision, guard)]} if guard else {}),
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "volumes": [
@@ -283,8 +378,17 @@ def router_pod_template(
 
 
 def template_hash(body: Body) -> str:
-    """Hash of a built object; stored on it so a changed builder output can be detected."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    """Hash of a built object; stored on it so a changed builder output can be detected.
+
+    The guard sidecar's image is left out: it is the operator's own image, so counting it would
+    restart every engine (and drop a one-replica role's traffic while it reloads) on each
+    operator upgrade. A revision keeps the guard image it was created with; new revisions, and
+    any builder change that alters the template, take the current one."""
+    view = copy.deepcopy(body)
+    for container in view.get("spec", {}).get("initContainers", []):
+        if container.get("name") == GUARD_CONTAINER:
+            container.pop("image", None)
+    canonical = json.dumps(view, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
@@ -296,14 +400,16 @@ def deployment(
     replicas: int,
     annotations: dict[str, str] | None = None,
     router_key_fingerprint: str | None = None,
+    guard: Guard | None = None,
 ) -> Body:
-    """The Deployment of one revision's prefill, decode or router pods."""
+    """The Deployment of one revision's prefill, decode or router pods (engine pods carry the
+    guard sidecar when ``guard`` is given)."""
     name = md.metadata.name or ""
     if component == labels.ROLE_ROUTER:
         template = router_pod_template(md, revision, router_key_fingerprint)
         strategy: Body = {"type": "RollingUpdate"}
     else:
-        template = engine_pod_template(md, Role(component), revision)
+        template = engine_pod_template(md, Role(component), revision, guard)
         # A revision's template only changes when kvgate itself is upgraded; never ask for a
         # spare GPU to surge into.
         strategy = {

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "kvgate_engine.commands:estimate_main",
     "verify": "kvgate_engine.commands:verify_main",
     "operator": "kvgate.main:run",
+    "guard": "kvgate.guard:main",
     "demo": "kvgate_e2e.demo:main",
 }
 
@@ -77,6 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, default=9443)
     p.add_argument("--tls-dir", default=None, help="directory with tls.crt and tls.key")
     p.add_argument("--no-webhook", action="store_true", help="do not serve the webhook")
+
+    p = sub.add_parser(
+        "guard",
+        help="pod-local guard beside an engine: /ready answers 200 only while the engine meets "
+        "the requirement given here (a native sidecar's readinessProbe)",
+    )
+    p.add_argument("--engine-host", default="127.0.0.1", help="the engine's address (localhost)")
+    p.add_argument("--engine-port", type=int, required=True, help="the engine's HTTP port")
+    p.add_argument("--context-length", type=int, required=True)
+    p.add_argument("--headroom", type=float, default=1.0)
+    p.add_argument("--role", choices=["prefill", "decode"], required=True)
+    p.add_argument("--min-version", required=True, help="lowest engine version (PEP 440)")
+    p.add_argument("--host", default="0.0.0.0", help="address /ready and /healthz listen on")
+    p.add_argument("--port", type=int, default=8471, help="port of /ready and /healthz")
+    p.add_argument("--period", type=float, default=2.0, help="seconds between engine reads")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="per-request deadline, s (default: period, >= 1)",
+    )
 
     p = sub.add_parser("demo", help="bring up the embedded control plane and sample deployments")
     p.add_argument("--once", action="store_true", help="exit after printing the summary")

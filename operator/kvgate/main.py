@@ -263,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
             "metrics_port": settings.metrics_port,
             "health_port": settings.health_port,
             "webhook": settings.webhook,
+            # None: KVGATE_GUARD_IMAGE unset, engine pods carry no guard sidecar (kvgate.guard)
+            "guard_image": settings.guard_image,
         },
     )
     asyncio.run(serve(settings))

@@ -82,6 +82,10 @@ class OperatorSettings:
     # KVGATE_NETWORK_POLICIES (+ KVGATE_OPERATOR_NAMESPACE/_POD_LABELS, KVGATE_ROUTER_EGRESS_*):
     # per-revision NetworkPolicies (kvgate.network_policy); None = off.
     network_policy: NetworkPolicySettings | None = None
+    # KVGATE_GUARD_IMAGE: the image of the guard sidecar every engine pod carries (kvgate.guard;
+    # the chart sets the operator's own image). Unset (kvgate run outside its chart): engine pods
+    # get no guard, and only the gate decides, which goes stale while the operator is down.
+    guard_image: str | None = None
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -107,6 +111,7 @@ class OperatorSettings:
             router_key_seed=_router_key_seed(),
             worker_audit_seconds=_env_float("KVGATE_WORKER_AUDIT_SECONDS") or 2.0,
             network_policy=network_policy_settings(os.environ),
+            guard_image=os.environ.get("KVGATE_GUARD_IMAGE") or None,
             log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
             log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
         )

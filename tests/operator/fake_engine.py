@@ -63,7 +63,7 @@ async def running(engine: FakeEngine) -> AsyncIterator[FakeEngine]:
     app.router.add_get("/health", health)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", engine.port)  # 0: any free port
     await site.start()
     engine.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:

@@ -164,3 +164,71 @@ def test_revision_changes_with_anything_that_changes_the_engines(override: dict[
 def test_revision_is_a_valid_label_value() -> None:
     rev = revision_of(make_md().spec)
     assert len(rev) == 10 and rev.isalnum() and rev == rev.lower()
+
+
+GUARD = builders.Guard("ghcr.io/kvgate/kvgate-operator:0.2.0", cluster_floor="0.5.23")
+
+
+def test_guarded_decode_deployment_matches_golden_file() -> None:
+    _check_golden(
+        "decode-deployment-guard",
+        builders.deployment(make_md(), REV, "decode", replicas=1, guard=GUARD),
+    )
+
+
+def test_engine_pods_carry_a_guard_sidecar_checking_the_operators_requirement() -> None:
+    from kvgate import cli, guard, requirements
+
+    md = make_md(safety__headroom=1.2)
+    for role in (Role.PREFILL, Role.DECODE):
+        spec = builders.deployment(md, REV, role.value, replicas=1, guard=GUARD)["spec"]
+        (sidecar,) = spec["template"]["spec"]["initContainers"]
+        assert sidecar["restartPolicy"] == "Always"  # a native sidecar, not a one-shot init
+        assert [sidecar["command"][0], sidecar["args"][0]] == ["kvgate", "guard"]
+        args = cli.build_parser().parse_args(sidecar["args"])
+        # Exactly the requirement the operator verifies this revision against.
+        assert guard.requirement_of(args) == requirements.requirement_for(
+            spec=md.spec,
+            target_revision=REV,
+            status=None,
+            revision=REV,
+            role=role.value,
+            cluster_floor="0.5.23",
+        )
+        assert (args.engine_port, args.engine_host) == (30000, "127.0.0.1")
+        probe = sidecar["readinessProbe"]
+        assert probe["httpGet"]["path"] == "/ready"
+        assert (probe["periodSeconds"], probe["failureThreshold"]) == (1, 1)
+        assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+        assert "cpu" not in sidecar["resources"]["limits"]
+
+
+def test_without_a_guard_image_no_sidecar_is_built() -> None:
+    for component in builders.COMPONENTS:
+        template = builders.deployment(make_md(), REV, component, replicas=1)["spec"]["template"]
+        assert "initContainers" not in template["spec"]
+    router = builders.deployment(make_md(), REV, "router", replicas=1, guard=GUARD)
+    assert "initContainers" not in router["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "port"),
+    [({}, 8471), ({"port": 8471}, 8472), ({"port": 8471, "bootstrapPort": 8472}, 8473)],
+)
+def test_the_guard_port_never_collides_with_the_engines(engine: dict[str, int], port: int) -> None:
+    md = make_md(**{f"engine__{k}": v for k, v in engine.items()})
+    sidecar = builders.guard_container(md, Role.PREFILL, REV, GUARD)
+    assert sidecar["ports"][0]["containerPort"] == port
+    assert sidecar["args"][sidecar["args"].index("--port") + 1] == str(port)
+
+
+def test_the_template_hash_ignores_the_guard_image_but_not_its_requirement() -> None:
+    def hashed(g: builders.Guard) -> str:
+        body = builders.deployment(make_md(), REV, "decode", replicas=1, guard=g)
+        return str(body["metadata"]["annotations"][labels.TEMPLATE_HASH])
+
+    newer = builders.Guard("ghcr.io/kvgate/kvgate-operator:0.3.0", cluster_floor="0.5.23")
+    assert hashed(newer) == hashed(GUARD)
+    assert hashed(builders.Guard(GUARD.image, cluster_floor="0.5.24")) != hashed(GUARD)
+    unguarded = builders.deployment(make_md(), REV, "decode", replicas=1)
+    assert unguarded["metadata"]["annotations"][labels.TEMPLATE_HASH] != hashed(GUARD)

@@ -491,3 +491,63 @@ async def test_network_policies_are_not_built_when_they_are_off(
     put_md(kmock)
     await Reconciler(rt, NS, "llama").reconcile()
     assert not [r for r in requests(kmock, "POST") if r.data.get("kind") == "NetworkPolicy"]
+
+
+async def test_with_a_guard_image_engine_pods_carry_the_guard_at_the_cluster_floor(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    from dataclasses import replace
+
+    rt.settings = replace(
+        rt.settings,
+        guard_image="ghcr.io/kvgate/kvgate-operator:0.2.0",
+        min_engine_version_floor="0.5.23",
+    )
+    put_md(kmock)
+    await Reconciler(rt, NS, "llama").reconcile()
+    created = {
+        r.data["metadata"]["name"].rsplit("-", 1)[-1]: r.data["spec"]["template"]["spec"]
+        for r in requests(kmock, "POST")
+        if r.data.get("kind") == "Deployment"
+    }
+    for role in ("prefill", "decode"):
+        (sidecar,) = created[role]["initContainers"]
+        assert sidecar["image"] == "ghcr.io/kvgate/kvgate-operator:0.2.0"
+        assert sidecar["restartPolicy"] == "Always"
+        args = sidecar["args"]
+        assert args[args.index("--min-version") + 1] == "0.5.23"  # the cluster floor wins
+        assert args[args.index("--role") + 1] == role
+    assert "initContainers" not in created["router"]
+
+
+async def test_an_operator_upgrade_that_only_changes_the_guard_image_restarts_no_engine(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    from dataclasses import replace
+
+    rt.settings = replace(rt.settings, guard_image="ghcr.io/kvgate/kvgate-operator:0.2.0")
+    put_md(kmock)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    deployments = kmock.resource("apps", "v1", "deployments")
+    for r in requests(kmock, "POST"):
+        if r.data.get("kind") == "Deployment":
+            kmock.objects[deployments, NS, r.data["metadata"]["name"]] = r.data
+    before = len(requests(kmock, "PATCH"))
+
+    rt.settings = replace(rt.settings, guard_image="ghcr.io/kvgate/kvgate-operator:0.3.0")
+    await reconciler.reconcile()
+    template_patches = [
+        r for r in requests(kmock, "PATCH")[before:] if "template" in (r.data.get("spec") or {})
+    ]
+    assert template_patches == []
+
+    # A changed requirement in the guard's arguments (a raised cluster floor) does roll them.
+    rt.settings = replace(rt.settings, min_engine_version_floor="0.5.23")
+    await reconciler.reconcile()
+    rolled = {
+        str(r.url.path).rsplit("/", 1)[-1]
+        for r in requests(kmock, "PATCH")[before:]
+        if "template" in (r.data.get("spec") or {})
+    }
+    assert {name.rsplit("-", 1)[-1] for name in rolled} == {"prefill", "decode"}

@@ -6,6 +6,8 @@ Environment:
 - ``KVGATE_ENGINE_VERSION`` the SGLang version to report (default 0.5.23);
 - ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.21) turns on SGLang <= 0.5.20's
   rejection path that leaked stale KV across requests;
+- ``KVGATE_REFERENCE_HOSTILE`` (``_PREFILL``, ``_DECODE``) a hostile answer to kvgate's probe
+  (tests only, ``hostile.py``);
 - ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``, ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``,
   ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT`` as in SGLang.
 """
@@ -22,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvgate_engine.reference.args import LaunchArgs, parse_launch_args
+from kvgate_engine.reference.hostile import Hostile, HostileModeError
+from kvgate_engine.reference.hostile import from_env as hostile_from_env
 from kvgate_engine.reference.sizing import (
     ALLOW_LONGER_CONTEXT_ENV,
     DEFAULT_GPU_MEMORY_GIB,
@@ -85,12 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     env = os.environ
     try:
+        hostile = hostile_from_env(env, launch["disaggregation_mode"])
         model, limits = startup_limits(launch, env)
         timeouts = (
             _env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
             _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
         )
-    except StartupError as error:
+    except (StartupError, HostileModeError) as error:
         log.error("%s", error)
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -119,8 +124,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "placeholder and still handed off; decode does not check what arrived",
             version,
         )
+    if hostile is not None:
+        log.warning(
+            "HOSTILE (%s): /server_info, /get_server_info and /v1/models answer %s; /health and "
+            "everything else are the honest engine's",
+            hostile.variable,
+            hostile.describe(),
+        )
     try:
-        return asyncio.run(serve(launch, model, limits, settings, started))
+        return asyncio.run(serve(launch, model, limits, settings, started, hostile))
     except OSError as error:
         log.error("cannot serve on %s:%s: %s", launch["host"], launch["port"], error)
         return 1
@@ -132,6 +144,7 @@ async def serve(
     limits: EngineLimits,
     settings: EngineSettings,
     started: float,
+    hostile: Hostile | None = None,
 ) -> int:
     from aiohttp import web
 
@@ -151,7 +164,7 @@ async def serve(
         bootstrap = BootstrapServer(engine.rendezvous, wait_timeout=settings.waiting_timeout)
         await bootstrap.start(launch["host"], launch["disaggregation_bootstrap_port"])
     runner = web.AppRunner(
-        build_app(state),
+        build_app(state, hostile),
         handler_cancellation=True,  # a dropped client connection aborts its request
         shutdown_timeout=SHUTDOWN_GRACE_SECONDS,
         access_log=None,

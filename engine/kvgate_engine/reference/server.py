@@ -6,7 +6,8 @@ Routes: /health, /health_generate, /ready, /server_info, /get_server_info, /v1/m
 
 Without --skip-tokenizer-init the engine tokenizes text one token per UTF-8 byte, so text in,
 text out works (the model echoes its prompt). Streams carry the whole answer in one SSE event.
-There is deliberately no /version: smg would take an engine that has one for vLLM.
+There is deliberately no /version: smg would take an engine that has one for vLLM. A hostile mode
+(``hostile.py``, tests only) replaces the three routes kvgate's probe reads.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvgate_engine.reference.engine import (
     ReferenceEngine,
     new_rid,
 )
+from kvgate_engine.reference.hostile import Handler, Hostile
 from kvgate_engine.reference.metrics import build_registry, render
 from kvgate_engine.reference.sizing import ModelConfig
 
@@ -394,15 +396,22 @@ async def handle_model_info(request: web.Request) -> web.Response:
     return web.json_response(model_info(request.app[STATE]))
 
 
-def build_app(state: ServerState) -> web.Application:
+def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Application:
+    """The app; with ``hostile`` (tests only, see ``hostile.py``) the three routes kvgate's probe
+    reads answer as an attacker would, and every other route stays the honest engine's."""
     app = web.Application(client_max_size=512 * 2**20)
     app[STATE] = state
+    server_info_handler: Handler = handle_server_info
+    models_handler: Handler = handle_models
+    if hostile is not None:
+        server_info_handler = hostile.wrap(handle_server_info)
+        models_handler = hostile.wrap(handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/health_generate", handle_health)
     app.router.add_get("/ready", handle_ready)
-    app.router.add_get("/server_info", handle_server_info)
-    app.router.add_get("/get_server_info", handle_server_info)
-    app.router.add_get("/v1/models", handle_models)
+    app.router.add_get("/server_info", server_info_handler)
+    app.router.add_get("/get_server_info", server_info_handler)
+    app.router.add_get("/v1/models", models_handler)
     app.router.add_get("/v1/models/{model}", handle_model)
     app.router.add_get("/model_info", handle_model_info)
     app.router.add_get("/get_model_info", handle_model_info)

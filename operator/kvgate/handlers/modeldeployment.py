@@ -229,6 +229,12 @@ class Reconciler:
             if conflict is not None:
                 conflicts.append(conflict)
         fingerprint = router_auth.key_fingerprint(self._router_key(md))
+        settings = self.rt.settings
+        guard = (  # engine pods' guard sidecar (kvgate.guard); none outside the chart
+            builders.Guard(settings.guard_image, settings.min_engine_version_floor)
+            if settings.guard_image
+            else None
+        )
 
         refusal_notes: dict[str, str] = {}
         if step.refusal is not None:
@@ -255,6 +261,7 @@ class Reconciler:
                     replicas=intent.replicas,
                     annotations=annotations,
                     router_key_fingerprint=fingerprint,
+                    guard=guard,
                 )
                 conflict = await self._create(desired, md.metadata.uid)
                 if conflict is not None:
@@ -273,6 +280,7 @@ class Reconciler:
                 intent.component,
                 replicas=intent.replicas,
                 router_key_fingerprint=fingerprint,
+                guard=guard,
             )
             desired_hash = desired["metadata"]["annotations"][labels.TEMPLATE_HASH]
             if ann.get(labels.TEMPLATE_HASH) != desired_hash:
