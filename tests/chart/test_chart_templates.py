@@ -36,15 +36,22 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "pods/status"): {"patch"},
     ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    # An engine pod is verified only through its controller chain (kvgate.pod_identity).
+    ("apps", "replicasets"): {"get"},
     ("", "services"): {"get", "list", "watch", "create", "patch"},
-    ("", "serviceaccounts"): {"create"},
-    ("rbac.authorization.k8s.io", "roles"): {"create"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
+    # Per-MD objects ensured every pass, never adopted (kvgate.ownership): get to check the
+    # owner, patch to restore a drift, delete to replace a binding whose roleRef changed.
+    ("", "serviceaccounts"): {"get", "create"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch", "delete"},
+    # <md>-router-control, the router's control-plane key (kvgate.router_auth).
+    ("", "secrets"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 # kopf's resource observer watches CRDs; its namespace observer lists namespaces unless it runs
 # cluster-wide (kopf/_core/reactor/observation.py).
+ROUTER_KEY_SEED = f"{FULLNAME}-router-key-seed"
 CRD_RULE = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NAMESPACE_RULE = {("", "namespaces"): {"list", "watch"}}
 
@@ -385,7 +392,7 @@ def test_cert_manager_mode_renders_a_certificate_and_the_cainjector_annotation(
     issuer = rendered.one("Issuer")
     assert issuer["spec"] == {"selfSigned": {}}
     assert certificate["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
-    assert rendered.all("Secret") == []
+    assert _names(rendered.all("Secret")) == [ROUTER_KEY_SEED]  # no webhook Secret
 
 
 def test_cert_manager_mode_uses_a_given_cluster_issuer(helm: Helm) -> None:
@@ -413,7 +420,7 @@ def test_cert_manager_mode_without_cert_manager_fails_with_the_way_out(helm: Hel
 def test_webhook_disabled_renders_no_webhook_and_tells_the_operator(helm: Helm) -> None:
     rendered = helm.template("webhook.enabled=false")
     assert rendered.all("ValidatingWebhookConfiguration") == []
-    assert rendered.all("Secret") == []
+    assert _names(rendered.all("Secret")) == [ROUTER_KEY_SEED]  # no webhook Secret
     assert "--no-webhook" in _operator_container(rendered)["args"]
 
 
@@ -545,3 +552,18 @@ def test_every_value_is_documented_in_values_yaml() -> None:
         if not previous.strip().startswith("#"):
             undocumented.append(f"line {number}: {line.strip()}")
     assert not undocumented, "values without a comment above them:\n" + "\n".join(undocumented)
+
+
+def _names(objs: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in objs)
+
+
+def test_router_key_seed_is_generated_kept_on_uninstall_and_reaches_the_operator(
+    default: Rendered,
+) -> None:
+    secret = default.one("Secret", ROUTER_KEY_SEED)
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["seed"])) == 48
+    env = {e["name"]: e for e in _operator_container(default)["env"]}
+    ref = env["KVGATE_ROUTER_KEY_SEED"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": ROUTER_KEY_SEED, "key": "seed"}
