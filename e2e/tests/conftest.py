@@ -43,6 +43,13 @@ from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.world import World
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """`make test` and `make e2e` set KVGATE_REQUIRE_E2E=1: a missing control-plane build is then
+    a failure, never a silently skipped tier (a green `make test` means the e2e tier ran)."""
+    if os.environ.get("KVGATE_REQUIRE_E2E") == "1" and find_binaries() is None:
+        pytest.exit(f"KVGATE_REQUIRE_E2E=1: {missing_binaries_reason()}", returncode=1)
+
+
 @pytest.fixture(scope="session")
 def world() -> Iterator[World]:
     if find_binaries() is None:
