@@ -353,3 +353,39 @@ def _service_event(step: RolloutStep, repair: ServiceRepair) -> Event:
 
 def _progress_needed(step: RolloutStep) -> str:
     return " and ".join(f"{p.needed} {role}" for role, p in step.progress.items())
+
+
+def invalid_spec_status(
+    previous: Mapping[str, Any] | None, problems: str, *, generation: int, now: datetime
+) -> tuple[Status | None, Event | None]:
+    """The status (and the Event) for a spec kvgate cannot parse; (None, None) when the previous
+    status already says exactly this (no rewrite, no new lastTransitionTime, no Event)."""
+    before: Mapping[str, Any] = next(
+        (c for c in (previous or {}).get("conditions") or [] if c.get("type") == READY), {}
+    )
+    if (
+        before.get("reason") == "InvalidSpec"
+        and before.get("message") == problems
+        and before.get("observedGeneration") == generation
+    ):
+        return None, None
+    transition = (
+        before["lastTransitionTime"]
+        if before.get("status") == "False" and before.get("lastTransitionTime")
+        else rfc3339(now)
+    )
+    status: Status = {
+        "observedGeneration": generation,
+        "message": f"invalid spec: {problems}",
+        "conditions": [
+            {
+                "type": READY,
+                "status": "False",
+                "observedGeneration": generation,
+                "lastTransitionTime": transition,
+                "reason": "InvalidSpec",
+                "message": problems,
+            }
+        ],
+    }
+    return status, Event("Warning", "InvalidSpec", f"invalid spec: {problems}")

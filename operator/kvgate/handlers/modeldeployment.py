@@ -25,7 +25,7 @@ from kvgate.k8s import MERGE_PATCH
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
 from kvgate.revision import revision_of
-from kvgate.status import compute_status, events_for, rollout_record
+from kvgate.status import compute_status, events_for, invalid_spec_status, rollout_record
 
 log = logging.getLogger("kvgate.modeldeployment")
 MIN_PASS_SECONDS = 0.2
@@ -408,28 +408,21 @@ class Reconciler:
         problems = "; ".join(
             f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
+        status, event = invalid_spec_status(
+            body.get("status"),
+            problems,
+            generation=int(body.get("metadata", {}).get("generation") or 0),
+            now=self.rt.clock(),
+        )
+        if status is None or event is None:
+            return  # already reported, unchanged: no rewrite, no Event
         log.error(
             "invalid spec: %s",
             problems,
             extra={"namespace": self.namespace, "deployment": self.name},
         )
-        now = gate.rfc3339(self.rt.clock())
-        generation = int(body.get("metadata", {}).get("generation") or 0)
-        status = {
-            "observedGeneration": generation,
-            "message": f"invalid spec: {problems}",
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "False",
-                    "observedGeneration": generation,
-                    "lastTransitionTime": now,
-                    "reason": "InvalidSpec",
-                    "message": problems,
-                }
-            ],
-        }
         await self.rt.api.patch_md_status(self.namespace, self.name, status)
+        await self._event(body, event.type, event.reason, event.message)
 
     async def _event(self, body: Body, type_: str, reason: str, message: str) -> None:
         try:
