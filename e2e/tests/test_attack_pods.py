@@ -522,3 +522,27 @@ def test_admission_policies_are_installed_bound_and_type_check_cleanly(world: Wo
         assert warnings == [], json.dumps(warnings, indent=1)
         binding = world.get("validatingadmissionpolicybinding", name)
         assert binding is not None and binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_edit_role_cannot_write_what_the_gate_relies_on(world: World, namespace: str) -> None:
+    """What the policies leave to RBAC, checked on the built-in ``edit`` role as this API server
+    ships it: a namespace editor cannot set a pod's conditions (the gate), write endpoints
+    behind a Service, impersonate the operator or the controllers, or add ephemeral containers;
+    it can apply ModelDeployments (the chart's aggregated roles)."""
+    tenant = make_tenant(world, namespace)
+
+    def can_i(*args: str) -> str:
+        return str(tenant.kubectl("auth", "can-i", *args).stdout.strip())
+
+    assert can_i("patch", "pods", "--subresource=status") == "no"
+    assert can_i("create", "endpointslices.discovery.k8s.io") == "no"
+    assert can_i("update", "endpoints") == "no"
+    # `edit` may impersonate the ServiceAccounts of its own namespace, never the operator's or
+    # the controllers' (install kvgate in a namespace no tenant edits).
+    assert can_i("impersonate", "serviceaccounts") == "yes"
+    for ns, account in (("kvgate-system", "kvgate"), ("kube-system", "replicaset-controller")):
+        assert can_i("impersonate", f"serviceaccounts/{account}", f"--namespace={ns}") == "no"
+    assert can_i("update", "pods", "--subresource=ephemeralcontainers") == "no"
+    assert can_i("create", "modeldeployments.kvgate.io") == "yes"
+    assert can_i("patch", "deployments.apps") == "yes"  # hence the managed-objects policy
+    assert can_i("create", "pods", "--subresource=exec") == "yes"  # see the threat model
