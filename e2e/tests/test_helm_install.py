@@ -97,8 +97,12 @@ def test_operator_runs_from_the_chart_with_its_own_service_account_and_least_pri
     assert can_i(world, "create", "deployments.apps", "--all-namespaces")
     assert can_i(world, "patch", "modeldeployments.kvgate.io", "--subresource=status", "-A")
     assert can_i(world, "create", "events", "--all-namespaces")
+    # Secrets: create and get (the router's control-plane key Secret, checked to be the MD's
+    # own) but never list or watch them.
+    assert can_i(world, "get", "secrets", "--all-namespaces")
     # ... and nothing it does not.
-    assert not can_i(world, "get", "secrets", "--all-namespaces")
+    assert not can_i(world, "list", "secrets", "--all-namespaces")
+    assert not can_i(world, "watch", "secrets", "--all-namespaces")
     assert not can_i(world, "delete", "namespaces")
     assert not can_i(world, "create", "clusterrolebindings.rbac.authorization.k8s.io")
 
