@@ -1,0 +1,263 @@
+"""Issue 11 items 1, 2 and 4, as a tenant would try them on a serving ModelDeployment: the router's
+worker API (through the ``<md>`` Service, with and without the key), a weakened requirement
+annotation on an engine pod, and objects that squat on the names kvgate derives. The invariant
+sampler watches every traffic path throughout.
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_attack_tenant.py -v -s`` (root).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import (
+    KNOWN_PROMPT_IDS,
+    World,
+    http_json,
+    is_ready,
+    known_answer_body,
+    output_ids,
+    router_key,
+)
+from scenario_helpers import (
+    GATE,
+    deadline_loop,
+    engine_pods,
+    events,
+    md_condition,
+    on_pool_without_estimate,
+    router_workers,
+    sample_md,
+)
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "llama-3.1-8b"
+ROGUE_IMAGE = "lmsysorg/sglang:v0.5.23"
+
+
+def wait_ready(world: World, name: str, ns: str, timeout: float = 180) -> None:
+    world.wait_for(
+        f"ModelDeployment {name} Ready",
+        lambda: ((md := world.get_md(name, ns)) is not None and is_ready(md)) or None,
+        timeout,
+    )
+
+
+POD_METADATA_BINDING = "kvgate-kvgate-system-pod-metadata"  # the chart's VAP binding
+
+
+@contextmanager
+def policy_lifted(world: World, binding: str) -> Iterator[None]:
+    """Delete one ValidatingAdmissionPolicyBinding for the duration, then put it back as it was
+    (and wait until the API server enforces it again)."""
+    saved = world.get("validatingadmissionpolicybinding", binding, None)
+    assert saved is not None, f"no ValidatingAdmissionPolicyBinding {binding}"
+    world.kubectl("delete", "validatingadmissionpolicybinding", binding)
+    try:
+        yield
+    finally:
+        meta = saved["metadata"]
+        saved["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+        world.apply(saved)
+
+
+def _admitted(proc: Any) -> bool | None:
+    if proc.returncode == 0:
+        return True
+    raise AssertionError(proc.stderr.strip())  # deadline_loop reports the last one
+
+
+def rogue_engine(ns: str) -> dict[str, Any]:
+    """A tenant's own engine (no kvgate labels): 1,024 tokens of context on a 692-token pool,
+    nowhere near the 131,072 the ModelDeployment advertises."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "rogue", "namespace": ns, "labels": {"app": "rogue"}},
+        "spec": {
+            "nodeSelector": {"kvgate.io/pool": "small"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": ROGUE_IMAGE,
+                    "command": ["python3", "-m", "sglang.launch_server"],
+                    "args": [
+                        *("--model-path", "tiny-llama", "--host", "0.0.0.0", "--port", "30000"),
+                        *("--context-length", "1024", "--max-total-tokens", "692"),
+                        *("--disaggregation-mode", "decode"),
+                    ],
+                    "ports": [{"name": "http", "containerPort": 30000}],
+                    "readinessProbe": {"httpGet": {"path": "/health", "port": 30000}},
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+        },
+    }
+
+
+def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_removes_injected_workers(  # noqa: E501
+    world: World, namespace: str
+) -> None:
+    ns, md = namespace, "guarded"
+    world.apply(sample_md(md), ns)
+    wait_ready(world, md, ns)
+    world.apply(rogue_engine(ns), ns)
+    rogue = world.wait_for(
+        "the tenant's rogue engine to be Ready",
+        lambda: ((p := world.get("pod", "rogue", ns)) is not None and is_ready(p) and p) or None,
+        120,
+    )
+    rogue_url = f"http://{rogue['status']['podIP']}:30000"
+    service = world.service_url(md, ns)
+    injection = {"url": rogue_url, "worker_type": "decode"}
+
+    with InvariantSampler(world.cluster, ns, name="router-api") as sampler:
+        # 1. A client of the Service (anyone who can reach it) cannot touch the worker API.
+        for method, path, body in (
+            ("POST", "/workers", injection),
+            ("GET", "/workers", None),
+            ("DELETE", "/workers/anything", None),
+        ):
+            code, answer = http_json(service + path, body, timeout=10, method=method)
+            print(f"{method} {path} through Service {md} without the key: HTTP {code} {answer}")
+            assert code == 401, (method, path, code, answer)
+
+        # 2. A namespace editor can read the Secret; the worker it injects is removed.
+        key = router_key(world, ns, md)
+        auth = {"Authorization": f"Bearer {key}"}
+        posted = time.monotonic()
+        code, answer = http_json(service + "/workers", injection, timeout=10, headers=auth)
+        print(f"POST /workers with the key: HTTP {code} {answer}")
+        assert code == 202, answer
+
+        def gone() -> float | None:
+            listed = [w.get("url") for w in router_workers(world, ns, md)]
+            removed = any(
+                e.get("reason") == "UnknownWorkerRemoved" and rogue_url in e.get("message", "")
+                for e in events(world, ns)
+            )
+            return time.monotonic() - posted if removed and rogue_url not in listed else None
+
+        took = deadline_loop("the operator to remove the injected worker", gone, 60)
+        print(f"MEASURED injected worker removed {took:.2f} s after POST /workers")
+        event = next(e for e in events(world, ns) if e.get("reason") == "UnknownWorkerRemoved")
+        print(f"Event {event['reason']}: {event['message']}")
+        assert event["involvedObject"]["kind"] == "ModelDeployment"
+        assert "not a verified engine pod of revision" in event["message"]
+        # It stays gone (the audit keeps running).
+        assert rogue_url not in [w.get("url") for w in router_workers(world, ns, md)]
+        code, answer = world.router_request(md, known_answer_body(MODEL), ns)
+        assert code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4], answer
+    assert sampler.violations == []
+
+
+def test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine(
+    world: World, namespace: str
+) -> None:
+    ns, md = namespace, "weak"
+    # 131,072 tokens advertised on 24 GiB GPUs: every engine's pool is far too small.
+    undersized = on_pool_without_estimate(sample_md(md, pool="small"), "small")
+    undersized["spec"].setdefault("rollout", {})["scaleDownRefused"] = False  # keep the pods
+    world.apply(undersized, ns)
+    pods = deadline_loop(
+        "both engines to be judged unsafe",
+        lambda: (
+            (
+                (
+                    ps := [
+                        p
+                        for p in engine_pods(world, ns, md)
+                        if any(
+                            c.get("type") == GATE and c.get("reason") == "KvPoolTooSmall"
+                            for c in p.get("status", {}).get("conditions", [])
+                        )
+                    ]
+                )
+                and len(ps) == 2
+                and ps
+            )
+            or None
+        ),
+        180,
+    )
+    weak = json.dumps({"contextLength": 1, "headroom": 1.0, "minEngineVersion": "0.0.1"})
+    with InvariantSampler(world.cluster, ns, name="weak-annotation") as sampler:
+        # The chart's admission policy denies this edit to everyone (test_attack_pods shows it);
+        # on a cluster without it (policy disabled, or a pre-1.30 API server) the operator must
+        # not care either: lift the policy's binding for the edit only.
+        with policy_lifted(world, POD_METADATA_BINDING):
+            for pod in pods:
+                annotate = (
+                    "annotate", "--overwrite", "-n", ns, "pod", pod["metadata"]["name"],
+                    f"kvgate.io/requirement={weak}",
+                )  # fmt: skip
+                deadline_loop(
+                    "the annotation to be admitted with the policy lifted",
+                    lambda annotate=annotate: _admitted(world.kubectl(*annotate, check=False)),
+                    30,
+                )
+        # Several re-verification periods (2 s in the e2e world): the gate never turns True.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for pod in engine_pods(world, ns, md):
+                gate = next(
+                    (c for c in pod["status"].get("conditions", []) if c.get("type") == GATE), {}
+                )
+                assert gate.get("status") != "True", pod["metadata"]["name"]
+                assert not is_ready(pod)
+            time.sleep(0.5)
+        gate = next(
+            c for c in engine_pods(world, ns, md)[0]["status"]["conditions"] if c["type"] == GATE
+        )
+        print(f"after the annotation: {gate['reason']}: {gate['message']}")
+        assert gate["reason"] == "KvPoolTooSmall" and "context length 131,072" in gate["message"]
+    assert sampler.violations == []
+
+
+def test_objects_squatting_on_kvgates_names_are_never_adopted_and_the_conflict_is_named(
+    world: World, namespace: str
+) -> None:
+    ns, md = namespace, "squat"
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": md, "namespace": ns},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    world.apply(theirs, ns)
+    world.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": f"{md}-router"}}, ns
+    )
+    world.apply(sample_md(md), ns)
+
+    def conflict() -> dict[str, Any] | None:
+        cond = md_condition(world, md, ns, "Degraded")
+        return cond if cond and cond.get("reason") == "Conflict" else None
+
+    cond = deadline_loop("the Conflict condition", conflict, 120)
+    print(f"Degraded: {cond['reason']}: {cond['message']}")
+    assert f"Service {md} already exists and kvgate does not own it" in cond["message"]
+    assert f"ServiceAccount {md}-router already exists" in cond["message"]
+    ready = md_condition(world, md, ns, "Ready")
+    assert ready is not None and ready["status"] == "False" and ready["reason"] == "Conflict"
+    assert any(e.get("reason") == "Conflict" for e in events(world, ns))
+
+    # Once the revision is verified, kvgate would switch traffic; it still never re-points the
+    # tenant's Service.
+    def verified() -> bool | None:
+        status = (world.get_md(md, ns) or {}).get("status") or {}
+        roles = [status.get(r, {}).get("verifiedReplicas", 0) for r in ("prefill", "decode")]
+        return all(n >= 1 for n in roles) or None
+
+    deadline_loop("both roles of the revision to be verified", verified, 180)
+    svc = world.get("service", md, ns)
+    assert svc is not None and svc["spec"]["selector"] == {"app": "theirs"}
+    assert not svc["metadata"].get("ownerReferences")
