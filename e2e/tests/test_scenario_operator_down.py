@@ -1,0 +1,336 @@
+"""Fail-safe without the operator (issue 12, mission invariant 8): with kvgate scaled to 0, an
+engine restarted on a smaller pool still never takes traffic.
+
+The readiness gate ``kvgate.io/engine-verified`` is data: with the operator gone nobody turns it
+False, so it stays True on an engine that came back with a small pool. What keeps that pod out of
+traffic is the guard sidecar (``kvgate guard``, a native sidecar in every engine pod): it reads the
+engine on the pod's localhost every 2 s against the requirement the operator wrote into the pod
+template, and its readinessProbe is 503 while the engine does not meet it. The kubelet alone then
+keeps the pod NotReady (pod Ready needs every container ready, sidecars included), so it stays out
+of the EndpointSlices and smg's workers.
+
+Each round: the operator Deployment in kvgate-system is scaled to 0 and its pod is gone; a serving
+engine (decode, prefill, decode, ...) is restarted by the kubelet on 20 GiB of simulated GPU memory
+(its new pool is far below the 131,072-token context: the restart scenario's mechanism); the pod
+must turn NotReady and leave smg's workers, the guard must reject the shrunk pool within
+2 × its period, and the pod must stay NotReady although the engine container is ready again and
+the gate still says True. No request may reach the shrunk engine (its own request counter), and
+the invariant sampler must see no traffic path to it. Then the node gets its 80 GiB back: the
+guard lets the restored engine back in (with the operator still down), and the operator returns.
+
+Measured per round: restart -> pod NotReady, -> left smg's workers; engine shrunk (first
+``/server_info`` with the small pool) -> the guard says KvPoolTooSmall, -> pod NotReady.
+
+Rounds: ``KVGATE_E2E_OPERATOR_DOWN_ROUNDS`` (default 3, what ``make test`` runs).
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_operator_down.py -v -s`` (root).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import (
+    KNOWN_PROMPT_IDS,
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    World,
+    condition,
+    http_json,
+    is_ready,
+    known_answer_body,
+    output_ids,
+)
+from scenario_helpers import (
+    GATE,
+    TrafficLoop,
+    deadline_loop,
+    engine_pods,
+    md_condition,
+    router_workers,
+    sample_md,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+MD = "opdown"
+MODEL = "llama-3.1-8b"
+CONTEXT = 131_072
+FULL_GIB = 80
+SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
+GUARD = "kvgate-guard"
+GUARD_PORT = 8471
+GUARD_PERIOD = 2.0  # builders.GUARD_PERIOD_SECONDS
+ROUNDS = int(os.environ.get("KVGATE_E2E_OPERATOR_DOWN_ROUNDS", "3"))
+ROLES = ("decode", "prefill")
+
+
+def requests_served(url: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("sglang:num_requests_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("engine /metrics has no sglang:num_requests_total")
+
+
+def pool_of(url: str) -> int | None:
+    try:
+        code, info = http_json(f"{url}/server_info", timeout=2)
+    except OSError:
+        return None
+    if code != 200 or not isinstance(info, dict):
+        return None
+    return int(info["max_total_num_tokens"])
+
+
+def guard_answer(url: str) -> tuple[int, str] | None:
+    try:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError:
+        return None
+
+
+class FirstSeen:
+    """One polling thread per named probe; records the first monotonic time each held."""
+
+    def __init__(self, probes: dict[str, Callable[[], bool]], interval: float = 0.05) -> None:
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(name, probe, interval), daemon=True)
+            for name, probe in probes.items()
+        ]
+
+    def _run(self, name: str, probe: Callable[[], bool], interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                if probe():
+                    self.seen[name] = time.monotonic()
+                    return
+            except Exception:  # a probe may race with a restart; try again
+                pass
+            self._stop.wait(interval)
+
+    def __enter__(self) -> FirstSeen:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def wait(self, name: str, timeout: float) -> float:
+        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
+
+
+@contextmanager
+def operator_down(world: World) -> Iterator[None]:
+    """kvgate's operator Deployment at 0 replicas (its pod gone) inside the block; back at 1 and
+    serving its webhook afterwards, whatever happens inside."""
+    scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
+    world.kubectl(*scale, "--replicas=0")
+    try:
+        deadline_loop(
+            "the operator pod to be gone",
+            lambda: not world.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=kvgate"),
+            120,
+        )
+        yield
+    finally:
+        world.kubectl(*scale, "--replicas=1")
+        world.wait_operator_ready()
+
+
+@dataclass(frozen=True)
+class Round:
+    role: str
+    pool: int
+    not_ready: float  # restart -> pod NotReady
+    left_workers: float  # restart -> smg no longer routes to it
+    shrunk: float  # restart -> first /server_info with the small pool
+    guard_rejects: float  # restart -> the guard's /ready says KvPoolTooSmall
+    engine_ready: float  # restart -> the engine container ready again (kubelet /health)
+    served_by_shrunk: float
+
+    @property
+    def shrunk_to_guard(self) -> float:
+        return self.guard_rejects - self.shrunk
+
+    @property
+    def shrunk_to_not_ready(self) -> float:
+        """From the engine answering with its small pool to the pod NotReady (0 when the pod
+        was already NotReady: it never was Ready with the shrunk engine)."""
+        return max(0.0, self.not_ready - self.shrunk)
+
+
+def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
+    """Restart ``role``'s engine on SHRUNK_GIB while the operator is down; measure; restore."""
+    (pod,) = engine_pods(world, ns, MD, role)
+    name, node, ip = pod["metadata"]["name"], pod["spec"]["nodeName"], pod["status"]["podIP"]
+    assert any(c["name"] == GUARD for c in pod["spec"]["initContainers"]), "no guard sidecar"
+    engine = world.engine_url(pod)
+    guard = f"http://127.0.0.1:{world.forward(ip, GUARD_PORT)}"
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(world.cluster.new_api_client())
+
+    def live() -> dict[str, Any]:
+        return dict(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns)))
+
+    def routed() -> bool:
+        return any(
+            ip in str(w.get("url")) and w.get("status") != "draining"
+            for w in router_workers(world, ns, MD)
+        )
+
+    def engine_container_ready_again() -> bool:
+        statuses = live()["status"].get("containerStatuses") or []
+        return any(
+            c["name"] == "engine" and c.get("ready") and c.get("restartCount", 0) > restarts
+            for c in statuses
+        )
+
+    restarts = int(pod["status"]["containerStatuses"][0].get("restartCount", 0))
+    gate_before = condition(pod, GATE)
+    assert gate_before is not None and gate_before["status"] == "True", gate_before
+    probes: dict[str, Callable[[], bool]] = {
+        "pod NotReady": lambda: not is_ready(live()),
+        "left smg's workers": lambda: not routed(),
+        "shrunk pool visible": lambda: (p := pool_of(engine)) is not None and p < CONTEXT,
+        "guard rejects the pool": lambda: (
+            (a := guard_answer(guard)) is not None and a[0] == 503 and "KvPoolTooSmall" in a[1]
+        ),
+        "engine container ready": engine_container_ready_again,
+    }
+    try:
+        with FirstSeen(probes) as seen:
+            restarted = time.monotonic()
+            world.kubelet.call(
+                world.kubelet.kubelet.restart_container(
+                    ns, name, "engine", gpu_memory_gib=SHRUNK_GIB
+                )
+            )
+            for probe in probes:
+                seen.wait(probe, 120)
+            # The engine container is ready and the gate (nobody left to change it) still True:
+            # only the guard holds the pod out. It must keep doing so, not just once.
+            held_since = time.monotonic()
+            while time.monotonic() - held_since < 2 * GUARD_PERIOD + 1:
+                now = live()
+                assert not is_ready(now), f"pod {name} Ready with a shrunk engine: {now['status']}"
+                time.sleep(0.1)
+        now = live()
+        ready = condition(now, "Ready") or {}
+        assert ready.get("message") == f"containers with unready status: [{GUARD}]", ready
+        gate_now = condition(now, GATE) or {}
+        assert [gate_now.get(k) for k in ("status", "reason", "message")] == [
+            gate_before.get(k) for k in ("status", "reason", "message")
+        ], f"the gate changed with the operator down: {gate_now}"
+        pool = pool_of(engine)
+        assert pool is not None and pool < CONTEXT
+        answer = guard_answer(guard)
+        assert answer is not None and answer[0] == 503, answer
+        assert f"KV pool {pool:,} tokens" in answer[1] and "131,072" in answer[1], answer
+        served = requests_served(engine)
+    finally:
+        world.kubelet.call(world.kubelet.kubelet.set_gpu_memory(node, FULL_GIB))
+
+    # Give the node its GPUs back, still without the operator: the guard lets the engine back.
+    world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
+    deadline_loop("the restored engine's pod Ready again", lambda: is_ready(live()), 120)
+    deadline_loop("smg to route to the restored engine", routed, 60)
+    t = {k: v - restarted for k, v in seen.seen.items()}
+    return Round(
+        role=role,
+        pool=pool,
+        not_ready=t["pod NotReady"],
+        left_workers=t["left smg's workers"],
+        shrunk=t["shrunk pool visible"],
+        guard_rejects=t["guard rejects the pool"],
+        engine_ready=t["engine container ready"],
+        served_by_shrunk=served,
+    )
+
+
+def test_a_shrunk_engine_leaves_traffic_while_the_operator_is_down(
+    world: World, namespace: str
+) -> None:
+    ns = namespace
+    rounds: list[Round] = []
+    with InvariantSampler(world.cluster, ns, name="operator-down") as sampler:
+        world.apply(sample_md(MD), namespace=ns)
+        deadline_loop(
+            "the safe revision to serve",
+            lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
+            300,
+        )
+
+        def known_answer() -> tuple[bool, str]:
+            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
+            ids = output_ids(answer)
+            if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
+                return False, f"WRONG TOKENS {ids}"
+            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:120]}"
+
+        deadline_loop("a known-answer request", lambda: known_answer()[0], 60)
+        with TrafficLoop(known_answer) as traffic:
+            for i in range(ROUNDS):
+                with operator_down(world):
+                    rounds.append(shrink_with_the_operator_down(world, ns, ROLES[i % 2]))
+                deadline_loop(
+                    "the MD Ready with the operator back",
+                    lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
+                    120,
+                )
+        for r in rounds:
+            print(
+                f"MEASURED operator down, {r.role} restarted at {SHRUNK_GIB} GiB (pool "
+                f"{r.pool:,}): pod NotReady {r.not_ready:.2f}s, left smg's workers "
+                f"{r.left_workers:.2f}s, shrunk pool visible {r.shrunk:.2f}s, guard rejects it "
+                f"{r.guard_rejects:.2f}s (shrunk -> guard {r.shrunk_to_guard:.2f}s, shrunk -> "
+                f"pod NotReady {r.shrunk_to_not_ready:.2f}s), engine container ready again "
+                f"{r.engine_ready:.2f}s; requests served by the shrunk engine: "
+                f"{r.served_by_shrunk:.0f}"
+            )
+
+    for r in rounds:
+        assert r.served_by_shrunk == 0, f"{r.served_by_shrunk} requests reached the shrunk engine"
+        assert r.not_ready <= 2 * GUARD_PERIOD, r
+        assert r.shrunk_to_guard <= 2 * GUARD_PERIOD, r
+        assert r.shrunk_to_not_ready <= 2 * GUARD_PERIOD, r
+        assert r.left_workers <= r.shrunk, "smg routed to the engine after its pool shrank"
+    wrong = [f for f in traffic.failures if "WRONG TOKENS" in f[2]]
+    assert wrong == [], wrong[:5]
+
+    def stats(values: list[float]) -> str:
+        return f"p50 {statistics.median(values):.2f}s max {max(values):.2f}s"
+
+    print(
+        f"MEASURED operator down, {len(rounds)} rounds (guard period {GUARD_PERIOD:g}s): "
+        f"restart -> pod NotReady {stats([r.not_ready for r in rounds])}; restart -> left smg's "
+        f"workers {stats([r.left_workers for r in rounds])}; engine shrunk -> guard rejects "
+        f"{stats([r.shrunk_to_guard for r in rounds])}; engine shrunk -> pod NotReady "
+        f"{stats([r.shrunk_to_not_ready for r in rounds])}; router requests "
+        f"{len(traffic.results)} ({len(traffic.failures)} failed while an engine was out)"
+    )
+    deadline_loop("a known-answer request after the last round", lambda: known_answer()[0], 120)
+    assert sampler.stats.samples > 0
