@@ -258,13 +258,6 @@ def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
     )
 
 
-def status_changed(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    """Whether writing ``new`` would change anything (no write when it would not)."""
-    if previous is None:
-        return True
-    return any(previous.get(k) != v for k, v in new.items())
-
-
 def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Event]:
     """Events on transitions only: a rollout starts, a revision starts serving, one is refused."""
     previous = previous or {}

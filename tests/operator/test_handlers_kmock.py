@@ -355,7 +355,10 @@ async def test_restarted_operator_refuses_a_stalled_rollout_from_cluster_state_a
         r.data for r in requests(kmock, "POST", "/events") if r.data["reason"] == "RolloutRefused"
     )
     assert "rollout.verifyTimeoutSeconds=60 s" in warning["message"]
-    assert json.dumps(warning)  # a plain JSON Event
+    assert warning["type"] == "Warning"
+    assert warning["involvedObject"]["kind"] == "ModelDeployment"
+    assert warning["involvedObject"]["name"] == "llama"
+    assert warning["involvedObject"]["uid"] == MD_UID
 
 
 @pytest.mark.usefixtures("revision_chain")
