@@ -3,28 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 
 from kvgate.network_policy_settings import NetworkPolicySettings, network_policy_settings
 
+# Every KVGATE_* variable: unset or empty means the default; any other value is parsed as written
+# (an explicit 0 is a value, never "unset") and one outside its range stops the operator with a
+# message naming the variable, the value and the range.
 
-def _env_float(name: str) -> float | None:
+# The shortest period or timeout accepted: a reconcile, re-verification or audit every 0 s is a
+# busy loop, and a 0 s probe timeout fails every probe. A grace period of 0 s is legitimate.
+MIN_PERIOD_SECONDS = 0.1
+LOG_FORMATS = ("json", "text")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_HOSTNAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def _env(name: str) -> str | None:
+    """The variable's value; None when unset or empty."""
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    return raw if raw else None
+
+
+def _env_seconds_or_none(name: str, minimum: float, unset: str) -> float | None:
+    raw = _env(name)
+    if raw is None:
         return None
     try:
-        return float(raw)
-    except ValueError as exc:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum):
         raise SystemExit(
-            f"{name}={raw!r} is not a number of seconds; unset it or use e.g. 2"
-        ) from exc
+            f"{name}={raw!r}: must be a number of seconds >= {minimum:g}; unset it for {unset}"
+        )
+    return value
+
+
+def _env_seconds(name: str, default: float, minimum: float = MIN_PERIOD_SECONDS) -> float:
+    value = _env_seconds_or_none(name, minimum, f"the default, {default:g} s")
+    return default if value is None else value
 
 
 def _env_count(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+    raw = _env(name)
+    if raw is None:
         return default
     try:
         value = int(raw)
@@ -32,14 +63,52 @@ def _env_count(name: str, default: int) -> int:
         value = 0
     if value < 1:
         raise SystemExit(
-            f"{name}={raw!r} is not a whole number >= 1; unset it or use e.g. {default}"
+            f"{name}={raw!r}: must be a whole number >= 1; unset it for the default, {default}"
         )
     return value
 
 
+def _env_choice(name: str, choices: tuple[str, ...], default: str, *, upper: bool = False) -> str:
+    raw = _env(name)
+    if raw is None:
+        return default
+    value = raw.upper() if upper else raw
+    if value not in choices:
+        raise SystemExit(
+            f"{name}={raw!r}: must be one of {', '.join(choices)}; unset it for the default, "
+            f"{default}"
+        )
+    return value
+
+
+def _bind_address() -> str:
+    raw = _env("KVGATE_BIND_ADDRESS")
+    if raw is None:
+        return "0.0.0.0"
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        if not _HOSTNAME.fullmatch(raw):
+            raise SystemExit(
+                f"KVGATE_BIND_ADDRESS={raw!r}: must be an IP address or a host name; unset it "
+                "for the default, 0.0.0.0 (every interface)"
+            ) from None
+    return raw
+
+
+def _guard_image() -> str | None:
+    raw = _env("KVGATE_GUARD_IMAGE")
+    if raw is not None and any(c.isspace() for c in raw):
+        raise SystemExit(
+            f"KVGATE_GUARD_IMAGE={raw!r}: must be an image reference without spaces, e.g. "
+            "ghcr.io/kvgate/kvgate-operator:0.1.0; unset it for engine pods without a guard"
+        )
+    return raw
+
+
 def _router_key_seed() -> bytes:
-    raw = os.environ.get("KVGATE_ROUTER_KEY_SEED", "")
-    if not raw:
+    raw = _env("KVGATE_ROUTER_KEY_SEED")
+    if raw is None:
         return secrets.token_bytes(32)
     if len(raw) < 16:
         raise SystemExit(
@@ -100,18 +169,23 @@ class OperatorSettings:
             webhook_port=int(args.webhook_port),
             tls_dir=args.tls_dir,
             webhook=not args.no_webhook,
-            bind_address=os.environ.get("KVGATE_BIND_ADDRESS", "0.0.0.0"),
-            reconcile_seconds=_env_float("KVGATE_RECONCILE_SECONDS") or 5.0,
-            steady_reconcile_seconds=_env_float("KVGATE_STEADY_RECONCILE_SECONDS") or 30.0,
-            reverify_seconds=_env_float("KVGATE_REVERIFY_SECONDS"),
-            probe_timeout_seconds=_env_float("KVGATE_PROBE_TIMEOUT_SECONDS") or 5.0,
+            bind_address=_bind_address(),
+            reconcile_seconds=_env_seconds("KVGATE_RECONCILE_SECONDS", 5.0),
+            steady_reconcile_seconds=_env_seconds("KVGATE_STEADY_RECONCILE_SECONDS", 30.0),
+            reverify_seconds=_env_seconds_or_none(
+                "KVGATE_REVERIFY_SECONDS",
+                MIN_PERIOD_SECONDS,
+                "each ModelDeployment's rollout.reverifyIntervalSeconds",
+            ),
+            probe_timeout_seconds=_env_seconds("KVGATE_PROBE_TIMEOUT_SECONDS", 5.0),
             max_concurrent_probes=_env_count("KVGATE_MAX_CONCURRENT_PROBES", 16),
-            gateway_grace_seconds=_env_float("KVGATE_GATEWAY_GRACE_SECONDS") or 15.0,
-            min_engine_version_floor=os.environ.get("KVGATE_MIN_ENGINE_VERSION_FLOOR") or None,
+            gateway_grace_seconds=_env_seconds("KVGATE_GATEWAY_GRACE_SECONDS", 15.0, minimum=0),
+            # Checked in main.run (exit 2 naming the chart value engineVersionFloor).
+            min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
             router_key_seed=_router_key_seed(),
-            worker_audit_seconds=_env_float("KVGATE_WORKER_AUDIT_SECONDS") or 2.0,
+            worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),
             network_policy=network_policy_settings(os.environ),
-            guard_image=os.environ.get("KVGATE_GUARD_IMAGE") or None,
-            log_format=os.environ.get("KVGATE_LOG_FORMAT", "json"),
-            log_level=os.environ.get("KVGATE_LOG_LEVEL", "INFO"),
+            guard_image=_guard_image(),
+            log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
+            log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
         )

@@ -1,0 +1,195 @@
+"""Every KVGATE_* variable OperatorSettings reads: unset or empty gives the default, a value is
+taken as written (an explicit 0 is a value, never "unset"), and one outside its range stops the
+operator with a message naming the variable, the value and the range.
+
+KVGATE_NETWORK_POLICIES and the variables it brings in are read by network_policy_settings
+(test_network_policy_settings.py); an unreadable KVGATE_MIN_ENGINE_VERSION_FLOOR is refused by
+`kvgate operator` itself (tests/admission/test_inputs.py, exit 2 naming engineVersionFloor).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kvgate.cli import build_parser
+from kvgate.settings import OperatorSettings
+
+UNSET = None
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("KVGATE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("KVGATE_NETWORK_POLICIES", "false")  # not what these tests are about
+
+
+def settings_with(monkeypatch: pytest.MonkeyPatch, name: str, raw: str | None) -> OperatorSettings:
+    if raw is not None:
+        monkeypatch.setenv(name, raw)
+    return OperatorSettings.from_args(build_parser().parse_args(["operator", "--no-webhook"]))
+
+
+ACCEPTED: list[tuple[str, str | None, str, Any]] = [
+    # variable, value (None: unset), attribute, what it becomes
+    ("KVGATE_RECONCILE_SECONDS", UNSET, "reconcile_seconds", 5.0),
+    ("KVGATE_RECONCILE_SECONDS", "", "reconcile_seconds", 5.0),
+    ("KVGATE_RECONCILE_SECONDS", "1", "reconcile_seconds", 1.0),
+    ("KVGATE_RECONCILE_SECONDS", "0.1", "reconcile_seconds", 0.1),
+    ("KVGATE_STEADY_RECONCILE_SECONDS", UNSET, "steady_reconcile_seconds", 30.0),
+    ("KVGATE_STEADY_RECONCILE_SECONDS", "5", "steady_reconcile_seconds", 5.0),
+    ("KVGATE_REVERIFY_SECONDS", UNSET, "reverify_seconds", None),
+    ("KVGATE_REVERIFY_SECONDS", "2", "reverify_seconds", 2.0),
+    ("KVGATE_PROBE_TIMEOUT_SECONDS", UNSET, "probe_timeout_seconds", 5.0),
+    ("KVGATE_PROBE_TIMEOUT_SECONDS", "2.5", "probe_timeout_seconds", 2.5),
+    ("KVGATE_GATEWAY_GRACE_SECONDS", UNSET, "gateway_grace_seconds", 15.0),
+    ("KVGATE_GATEWAY_GRACE_SECONDS", "3", "gateway_grace_seconds", 3.0),
+    # No grace: a pod a gateway still routes to while NotReady is deleted at once.
+    ("KVGATE_GATEWAY_GRACE_SECONDS", "0", "gateway_grace_seconds", 0.0),
+    ("KVGATE_WORKER_AUDIT_SECONDS", UNSET, "worker_audit_seconds", 2.0),
+    ("KVGATE_WORKER_AUDIT_SECONDS", "0.5", "worker_audit_seconds", 0.5),
+    ("KVGATE_MAX_CONCURRENT_PROBES", UNSET, "max_concurrent_probes", 16),
+    ("KVGATE_MAX_CONCURRENT_PROBES", "8", "max_concurrent_probes", 8),
+    ("KVGATE_BIND_ADDRESS", UNSET, "bind_address", "0.0.0.0"),
+    ("KVGATE_BIND_ADDRESS", "", "bind_address", "0.0.0.0"),
+    ("KVGATE_BIND_ADDRESS", "127.0.0.1", "bind_address", "127.0.0.1"),
+    ("KVGATE_BIND_ADDRESS", "::1", "bind_address", "::1"),
+    ("KVGATE_BIND_ADDRESS", "localhost", "bind_address", "localhost"),
+    ("KVGATE_MIN_ENGINE_VERSION_FLOOR", UNSET, "min_engine_version_floor", None),
+    ("KVGATE_MIN_ENGINE_VERSION_FLOOR", "", "min_engine_version_floor", None),
+    ("KVGATE_MIN_ENGINE_VERSION_FLOOR", "0.5.23", "min_engine_version_floor", "0.5.23"),
+    ("KVGATE_ROUTER_KEY_SEED", "0123456789abcdef", "router_key_seed", b"0123456789abcdef"),
+    ("KVGATE_GUARD_IMAGE", UNSET, "guard_image", None),
+    ("KVGATE_GUARD_IMAGE", "", "guard_image", None),
+    (
+        "KVGATE_GUARD_IMAGE",
+        "ghcr.io/kvgate/kvgate-operator:0.2.0",
+        "guard_image",
+        "ghcr.io/kvgate/kvgate-operator:0.2.0",
+    ),
+    ("KVGATE_LOG_FORMAT", UNSET, "log_format", "json"),
+    ("KVGATE_LOG_FORMAT", "text", "log_format", "text"),
+    ("KVGATE_LOG_LEVEL", UNSET, "log_level", "INFO"),
+    ("KVGATE_LOG_LEVEL", "DEBUG", "log_level", "DEBUG"),
+    ("KVGATE_LOG_LEVEL", "warning", "log_level", "WARNING"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "attribute", "expected"),
+    ACCEPTED,
+    ids=[f"{name}={'unset' if raw is None else repr(raw)}" for name, raw, *_ in ACCEPTED],
+)
+def test_an_accepted_value_is_taken_as_written(
+    monkeypatch: pytest.MonkeyPatch, name: str, raw: str | None, attribute: str, expected: Any
+) -> None:
+    assert getattr(settings_with(monkeypatch, name, raw), attribute) == expected
+
+
+def test_without_a_seed_each_process_draws_its_own() -> None:
+    args = build_parser().parse_args(["operator", "--no-webhook"])
+    first, second = OperatorSettings.from_args(args), OperatorSettings.from_args(args)
+    assert len(first.router_key_seed) == 32
+    assert first.router_key_seed != second.router_key_seed
+
+
+def _seconds(name: str, raw: str, minimum: str, unset: str) -> tuple[str, str, str]:
+    return (
+        name,
+        raw,
+        f"{name}={raw!r}: must be a number of seconds >= {minimum}; unset it for {unset}",
+    )
+
+
+PERIODS = [
+    ("KVGATE_RECONCILE_SECONDS", "the default, 5 s"),
+    ("KVGATE_STEADY_RECONCILE_SECONDS", "the default, 30 s"),
+    ("KVGATE_REVERIFY_SECONDS", "each ModelDeployment's rollout.reverifyIntervalSeconds"),
+    ("KVGATE_PROBE_TIMEOUT_SECONDS", "the default, 5 s"),
+    ("KVGATE_WORKER_AUDIT_SECONDS", "the default, 2 s"),
+]
+REFUSED: list[tuple[str, str, str]] = [
+    # A period or timeout of 0 s is a busy loop or a probe that always fails.
+    *(
+        _seconds(name, raw, "0.1", unset)
+        for name, unset in PERIODS
+        for raw in ("0", "0.05", "-1", "soon", "nan", "inf")
+    ),
+    *(
+        _seconds("KVGATE_GATEWAY_GRACE_SECONDS", raw, "0", "the default, 15 s")
+        for raw in ("-1", "-0.5", "soon", "nan", "inf")
+    ),
+    *(
+        (
+            "KVGATE_MAX_CONCURRENT_PROBES",
+            raw,
+            f"KVGATE_MAX_CONCURRENT_PROBES={raw!r}: must be a whole number >= 1; unset it for "
+            "the default, 16",
+        )
+        for raw in ("0", "-3", "many", "2.5")
+    ),
+    *(
+        (
+            "KVGATE_BIND_ADDRESS",
+            raw,
+            f"KVGATE_BIND_ADDRESS={raw!r}: must be an IP address or a host name; unset it for "
+            "the default, 0.0.0.0 (every interface)",
+        )
+        for raw in ("-1", "0.0.0.0:8080", "not an address", "http://localhost")
+    ),
+    *(
+        (
+            "KVGATE_ROUTER_KEY_SEED",
+            raw,
+            f"KVGATE_ROUTER_KEY_SEED has {len(raw)} characters; use at least 16 random ones "
+            "(the chart generates 48)",
+        )
+        for raw in ("0", "-1", "short-seed")
+    ),
+    (
+        "KVGATE_GUARD_IMAGE",
+        "kvgate operator",
+        "KVGATE_GUARD_IMAGE='kvgate operator': must be an image reference without spaces, e.g. "
+        "ghcr.io/kvgate/kvgate-operator:0.1.0; unset it for engine pods without a guard",
+    ),
+    *(
+        (
+            "KVGATE_LOG_FORMAT",
+            raw,
+            f"KVGATE_LOG_FORMAT={raw!r}: must be one of json, text; unset it for the default, json",
+        )
+        for raw in ("0", "-1", "yaml", "JSON")
+    ),
+    *(
+        (
+            "KVGATE_LOG_LEVEL",
+            raw,
+            f"KVGATE_LOG_LEVEL={raw!r}: must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL; "
+            "unset it for the default, INFO",
+        )
+        for raw in ("0", "-1", "10", "LOUD")
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"), REFUSED, ids=[f"{name}={raw!r}" for name, raw, _ in REFUSED]
+)
+def test_a_value_out_of_range_stops_the_operator_naming_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, raw: str, message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        settings_with(monkeypatch, name, raw)
+    assert str(exit_.value) == message
+
+
+def test_every_kvgate_variable_settings_reads_is_in_the_tables() -> None:
+    source = (Path(__file__).resolve().parents[2] / "operator/kvgate/settings.py").read_text()
+    read = set(re.findall(r'"(KVGATE_[A-Z_]+)"', source)) - {"KVGATE_NETWORK_POLICIES"}
+    tested = {name for name, *_ in ACCEPTED} | {name for name, *_ in REFUSED}
+    assert read == tested
