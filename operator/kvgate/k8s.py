@@ -3,13 +3,22 @@ exact content types written down (strategic-merge for pod status, merge for the 
 
 Credentials come from the in-cluster service account or the kubeconfig (via the `kubernetes`
 package's loader). Plain dicts in, plain dicts out.
+
+The two status writes (an engine pod's gate condition, a ModelDeployment's status) are retried
+on transient failures with bounded exponential backoff and jitter (RetryPolicy), so a blip of
+the API server delays them by seconds, not by a reverify interval.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+import random
 import ssl
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +27,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from kvgate import labels
+from kvgate import labels, metrics
 from kvgate.api import GROUP, PLURAL, VERSION
 
 JSON = "application/json"
@@ -28,12 +37,74 @@ RBAC = "/apis/rbac.authorization.k8s.io/v1"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 Body = dict[str, Any]
+log = logging.getLogger("kvgate.k8s")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+    def __init__(
+        self,
+        status: int,
+        method: str,
+        path: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(f"{method} {path} -> HTTP {status}: {message}")
         self.status = status
+        self.retry_after = retry_after  # seconds, from a Retry-After header (429, 503)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (the API server sends delta-seconds; an HTTP date is ignored)."""
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds >= 0 else None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff with jitter for the status writes.
+
+    Retried: connection errors, timeouts, HTTP 429 and 5xx, and 409 only where the caller says
+    a conflict is worth retrying. Never any other 4xx (403, 404, 422, ...): the same request
+    would fail the same way. The n-th retry waits a random time in [1/2, 1] of
+    min(max_delay, base * 2**(n-1)), or the server's Retry-After when longer; a Retry-After
+    above max_retry_after, or a wait that would end past budget (seconds since the first try),
+    gives up and raises the last error (the next pass writes again).
+    """
+
+    attempts: int = 5  # tries in all, the first included
+    base_seconds: float = 0.2
+    max_delay_seconds: float = 3.0
+    max_retry_after_seconds: float = 10.0
+    budget_seconds: float = 20.0
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    clock: Callable[[], float] = time.monotonic
+    jitter: Callable[[], float] = random.random  # in [0, 1)
+
+    def delay(self, retry: int, retry_after: float | None) -> float:
+        """Seconds before retry number ``retry`` (1-based)."""
+        step = min(self.max_delay_seconds, self.base_seconds * 2.0 ** (retry - 1))
+        backoff = step * (0.5 + 0.5 * self.jitter())
+        return max(backoff, retry_after or 0.0)
+
+
+def retry_reason(exc: BaseException, *, conflict_retryable: bool) -> str | None:
+    """Why ``exc`` is worth retrying (the metric's reason label), or None when it is not."""
+    if isinstance(exc, ApiError):
+        if exc.status == 429 or exc.status >= 500:
+            return f"http_{exc.status}"
+        if exc.status == 409 and conflict_retryable:
+            return "http_409"
+        return None
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError):
+        return "connection"
+    return None
 
 
 @dataclass(frozen=True)
@@ -103,8 +174,15 @@ def _selector(selector: dict[str, str]) -> str:
 class KubeApi:
     """The operator's API calls. One aiohttp session, reused."""
 
-    def __init__(self, credentials: Credentials, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.credentials = credentials
+        self.retry = retry or RetryPolicy()
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -148,7 +226,13 @@ class KubeApi:
                     message = str(json.loads(text).get("message", text))
                 except (ValueError, AttributeError):
                     message = text[:500]
-                raise ApiError(response.status, method, path, message)
+                raise ApiError(
+                    response.status,
+                    method,
+                    path,
+                    message,
+                    retry_after=_retry_after(response.headers.get("Retry-After")),
+                )
             if not text:
                 return {}
             result: Body = json.loads(text)
@@ -234,29 +318,89 @@ class KubeApi:
         return result is not None
 
     # -- the two status writes kvgate makes -------------------------------------------------
+    async def _retried(
+        self,
+        kind: str,
+        target: str,
+        write: Callable[[], Awaitable[Body | None]],
+        *,
+        conflict_retryable: bool,
+    ) -> Body | None:
+        """Run ``write``, retrying transient failures as self.retry says; each retry is logged
+        and counted (kvgate_status_write_retries_total{kind, reason})."""
+        policy = self.retry
+        started = policy.clock()
+        for attempt in range(1, policy.attempts + 1):
+            try:
+                return await write()
+            except Exception as exc:
+                reason = retry_reason(exc, conflict_retryable=conflict_retryable)
+                if reason is None or attempt == policy.attempts:
+                    raise
+                retry_after = exc.retry_after if isinstance(exc, ApiError) else None
+                if retry_after is not None and retry_after > policy.max_retry_after_seconds:
+                    raise
+                delay = policy.delay(attempt, retry_after)
+                if policy.clock() - started + delay > policy.budget_seconds:
+                    raise
+                log.warning(
+                    "status write failed (%s), retry %d of %d in %.2f s: %s",
+                    reason,
+                    attempt,
+                    policy.attempts - 1,
+                    delay,
+                    exc,
+                    extra={"kind": kind, "target": target, "reason": reason},
+                )
+                metrics.STATUS_WRITE_RETRIES.labels(kind, reason).inc()
+                await policy.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
     async def patch_pod_condition(
         self, namespace: str, name: str, uid: str, condition: dict[str, str]
     ) -> Body | None:
         """Strategic-merge patch of pods/status: conditions merge by `type` (the kubelet's own
         conditions are untouched); metadata.uid is a precondition (a recreated pod of the same
-        name gets 409, never another pod's verdict)."""
+        name gets 409, never another pod's verdict). None when the pod is gone (404) or was
+        replaced (409: never retried, it would fail the same way). Transient failures are
+        retried (RetryPolicy)."""
         patch = {"metadata": {"uid": uid}, "status": {"conditions": [condition]}}
-        return await self.request(
-            "PATCH",
-            self.path("Pod", namespace, name, "status"),
-            body=patch,
-            content_type=STRATEGIC_MERGE_PATCH,
-            missing_ok=True,
-        )
+
+        async def write() -> Body | None:
+            return await self.request(
+                "PATCH",
+                self.path("Pod", namespace, name, "status"),
+                body=patch,
+                content_type=STRATEGIC_MERGE_PATCH,
+                missing_ok=True,
+            )
+
+        try:
+            return await self._retried(
+                "pod_condition", f"{namespace}/{name}", write, conflict_retryable=False
+            )
+        except ApiError as exc:
+            if exc.status == 409:
+                log.info("pod %s/%s was replaced; its condition is not written", namespace, name)
+                return None
+            raise
 
     async def patch_md_status(self, namespace: str, name: str, status: Body) -> Body | None:
-        """Merge patch of the CR's status subresource (kvgate owns the whole status)."""
-        return await self.request(
-            "PATCH",
-            self.path("ModelDeployment", namespace, name, "status"),
-            body={"status": status},
-            content_type=MERGE_PATCH,
-            missing_ok=True,
+        """Merge patch of the CR's status subresource (kvgate owns the whole status). The patch
+        carries no resourceVersion, so a 409 is a write conflict the API server could not
+        resolve itself: retried, like other transient failures (RetryPolicy)."""
+
+        async def write() -> Body | None:
+            return await self.request(
+                "PATCH",
+                self.path("ModelDeployment", namespace, name, "status"),
+                body={"status": status},
+                content_type=MERGE_PATCH,
+                missing_ok=True,
+            )
+
+        return await self._retried(
+            "md_status", f"{namespace}/{name}", write, conflict_retryable=True
         )
 
     async def post_event(

@@ -71,6 +71,10 @@ def register_handlers() -> kopf.OperatorRegistry:
         settings.peering.clusterwide = not rt.settings.namespaces
         if rt.settings.webhook:
             _configure_webhook(settings, rt.settings)
+        # kvgate_leader (alert KvgateOperatorDown: absent, or no replica at 1): with --standalone
+        # this process is the only replica and runs every handler once kopf has started, so it
+        # reports 1 until it exits. Leader election must set it from the Lease it holds instead.
+        metrics.LEADER.set(1)
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
@@ -89,6 +93,7 @@ def register_handlers() -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        metrics.LEADER.set(0)
         rt = _rt()
         await rt.shutdown()
         await rt.api.close()

@@ -28,6 +28,39 @@ CONTEXT_LENGTH_TOKENS = Gauge(
     ("namespace", "deployment"),
     registry=REGISTRY,
 )
+LAST_VERIFIED = Gauge(
+    "kvgate_engine_last_verified_timestamp_seconds",
+    "Unix time of the engine pod's last Safe verdict; for a pod this operator process has not "
+    "verified yet, the time it started watching it (so the age is never overstated).",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+REVERIFY_INTERVAL = Gauge(
+    "kvgate_engine_reverify_interval_seconds",
+    "How often the engine pod's live engine is re-verified, seconds.",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+POD_READY = Gauge(
+    "kvgate_engine_pod_ready",
+    "1 when the engine pod's Ready condition is True (it serves: it is in its Service's "
+    "endpoints), else 0; from the pod watch, not from the verifier.",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "kvgate_leader",
+    "1 on the operator replica that runs kvgate's handlers (with --standalone: every running "
+    "operator, once kopf started), 0 on a replica that does not.",
+    registry=REGISTRY,
+)
+STATUS_WRITE_RETRIES = Counter(
+    "kvgate_status_write_retries_total",
+    "Status writes (kind: pod_condition, md_status) retried after a transient failure, by "
+    "reason (connection, timeout, http_<status>).",
+    ("kind", "reason"),
+    registry=REGISTRY,
+)
 VERIFICATIONS = Counter(
     "kvgate_verifications_total",
     "Live engine verifications by outcome (Safe, Unsafe, CannotTell) and reason.",
@@ -74,6 +107,6 @@ VERIFICATION_DURATION = Histogram(
 
 def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
     """Drop a deleted pod's series (no stale pool numbers on dashboards)."""
-    for gauge in (KV_POOL_TOKENS, HEADROOM_RATIO):
+    for gauge in (KV_POOL_TOKENS, HEADROOM_RATIO, LAST_VERIFIED, REVERIFY_INTERVAL, POD_READY):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, deployment, pod, role)

@@ -13,7 +13,7 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate import builders, labels
+from kvgate import builders, labels, metrics
 from kvgate.handlers import engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
@@ -554,3 +554,60 @@ async def test_an_operator_upgrade_that_only_changes_the_guard_image_restarts_no
         if "template" in (r.data.get("spec") or {})
     }
     assert {name.rsplit("-", 1)[-1] for name in rolled} == {"prefill", "decode"}
+
+
+def _series_value(name: str, pod: dict[str, Any]) -> float | None:
+    return metrics.REGISTRY.get_sample_value(
+        name,
+        {
+            "namespace": NS,
+            "deployment": "llama",
+            "pod": pod["metadata"]["name"],
+            "role": "decode",
+        },
+    )
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_safe_verdict_stamps_last_verified_and_an_unsafe_one_does_not(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+        pod = engine_pod(engine.port)
+        kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+        await engine_pods.check_pod(rt, pod)
+        verified = _series_value("kvgate_engine_last_verified_timestamp_seconds", pod)
+        assert verified == NOW.timestamp()
+        assert _series_value("kvgate_engine_reverify_interval_seconds", pod) == 30.0
+        engine.kv_pool_tokens = 68_128
+        rt.clock = lambda: NOW + timedelta(seconds=30)
+        cond = await engine_pods.check_pod(rt, pod)
+    assert cond is not None and cond["reason"] == "KvPoolTooSmall"
+    assert _series_value("kvgate_engine_last_verified_timestamp_seconds", pod) == verified
+
+
+async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forgets(
+    rt: Runtime,
+) -> None:
+    pod = engine_pod(9)
+    pod["status"]["conditions"].append({"type": "Ready", "status": "True"})
+    engine_pods.on_pod_event(rt, "ADDED", pod)
+    assert _series_value("kvgate_engine_pod_ready", pod) == 1.0
+    # Not verified by this process yet: the age counts from when it started watching the pod.
+    assert _series_value("kvgate_engine_last_verified_timestamp_seconds", pod) == NOW.timestamp()
+    assert _series_value("kvgate_engine_reverify_interval_seconds", pod) == 30.0
+    later = {
+        **pod,
+        "status": {**pod["status"], "conditions": [{"type": "Ready", "status": "False"}]},
+    }
+    rt.clock = lambda: NOW + timedelta(seconds=90)
+    engine_pods.on_pod_event(rt, "MODIFIED", later)
+    assert _series_value("kvgate_engine_pod_ready", pod) == 0.0
+    assert _series_value("kvgate_engine_last_verified_timestamp_seconds", pod) == NOW.timestamp()
+    engine_pods.on_pod_event(rt, "DELETED", later)
+    for name in (
+        "kvgate_engine_pod_ready",
+        "kvgate_engine_last_verified_timestamp_seconds",
+        "kvgate_engine_reverify_interval_seconds",
+    ):
+        assert _series_value(name, pod) is None

@@ -58,13 +58,13 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         return
     namespace, md_name = _md_of(pod)
     if event_type == "DELETED":
-        role = pod.get("metadata", {}).get("labels", {}).get(labels.ROLE, "")
-        metrics.forget_pod(namespace, md_name, gate.pod_name(pod), role)
+        metrics.forget_pod(*_series(pod))
         rt.forget_pod(uid)
         rt.wake_md(namespace, md_name)
         return
     previous = rt.pods.get(uid)
     rt.pods[uid] = pod
+    _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
     if task is None or task.done():
         rt.verifiers[uid] = asyncio.create_task(
@@ -78,6 +78,27 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         or (fingerprint(previous) != fingerprint(pod))
     ):
         rt.wake_md(namespace, md_name)
+
+
+def _series(pod: Pod) -> tuple[str, str, str, str]:
+    """The labels of the pod's series: namespace, deployment, pod, role."""
+    namespace, md_name = _md_of(pod)
+    return namespace, md_name, gate.pod_name(pod), gate.pod_role(pod)
+
+
+def _track(rt: Runtime, pod: Pod, *, first: bool) -> None:
+    """The series KvgateVerificationStale reads: whether the pod serves (its Ready condition,
+    from the watch, so a stuck verifier cannot hide it) and, on first sight, a start for its
+    last-verified age (the verification it came with is at least that old) and its interval."""
+    series = _series(pod)
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions", None) or []
+    )
+    metrics.POD_READY.labels(*series).set(1 if ready else 0)
+    if first:
+        metrics.LAST_VERIFIED.labels(*series).set(rt.clock().timestamp())
+        metrics.REVERIFY_INTERVAL.labels(*series).set(reverify_seconds(rt, pod))
 
 
 def reverify_seconds(rt: Runtime, pod: Pod) -> float:
@@ -100,8 +121,9 @@ def _record(rt: Runtime, pod: Pod, verdict: Verdict, requirement: Requirement) -
     pool = verdict.report.kv_pool_tokens if verdict.report else None
     rt.engines[uid] = VerifiedEngine(verdict.outcome.value, verdict.reason, pool)
     metrics.VERIFICATIONS.labels(verdict.outcome.value, verdict.reason).inc()
-    namespace, md_name = _md_of(pod)
-    series = (namespace, md_name, gate.pod_name(pod), gate.pod_role(pod))
+    series = _series(pod)
+    if verdict.outcome is Outcome.SAFE:
+        metrics.LAST_VERIFIED.labels(*series).set(rt.clock().timestamp())
     if pool is not None:
         metrics.KV_POOL_TOKENS.labels(*series).set(pool)
         metrics.HEADROOM_RATIO.labels(*series).set(pool / requirement.context_length)
@@ -218,6 +240,7 @@ async def requirement_of_pod(rt: Runtime, pod: Pod) -> Requirement | tuple[str, 
 async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     """One verification pass over one pod; returns the condition written, if any."""
     now = rt.clock()
+    metrics.REVERIFY_INTERVAL.labels(*_series(pod)).set(reverify_seconds(rt, pod))
     requirement = await requirement_of_pod(rt, pod)
     if requirement is None:
         return None
