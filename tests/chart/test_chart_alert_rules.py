@@ -7,7 +7,6 @@ Operator accept."""
 from __future__ import annotations
 
 import copy
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 import promql_parser as promql
 import pytest
-from helm_runner import MISSING_HELM, ROOT, Helm, find_helm
+from helm_runner import ROOT, Helm
 from kvgate import metrics
 
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
@@ -34,16 +33,6 @@ ACTION = re.compile(
     r"|\$externalLabels\.[a-zA-Z_][a-zA-Z0-9_]*"
     r'|\$value(?:\s*\|\s*(?:printf\s+"[^"]*"|humanize|humanizePercentage|humanizeDuration))?)\s*$'
 )
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(MISSING_HELM)
-        pytest.skip(MISSING_HELM)
-    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")

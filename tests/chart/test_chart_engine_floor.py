@@ -3,27 +3,15 @@ value that is not a version fails `helm template` before anything is installed."
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
-from helm_runner import CHART, MISSING_HELM, Helm, find_helm
+from helm_runner import CHART, Helm
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import DEFAULT_MIN_ENGINE_VERSION
 
 ENV = "KVGATE_MIN_ENGINE_VERSION_FLOOR"
 # A Kubernetes the chart fully renders for (admissionPolicy needs this API).
 APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(MISSING_HELM)
-        pytest.skip(MISSING_HELM)
-    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
 
 
 def _operator_env(helm: Helm, *sets: str) -> dict[str, object]:

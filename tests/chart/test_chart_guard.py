@@ -3,26 +3,14 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import yaml
-from helm_runner import CHART, MISSING_HELM, Helm, find_helm
+from helm_runner import CHART, Helm
 
 ENV = "KVGATE_GUARD_IMAGE"
 APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
 DIGEST = "sha256:" + "ab" * 32
 APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(MISSING_HELM)
-        pytest.skip(MISSING_HELM)
-    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.mark.parametrize(

@@ -6,26 +6,15 @@ proven on the real API server in e2e/tests/test_attack_pods.py."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
-from helm_runner import CHART, MISSING_HELM, Helm, Rendered, find_helm
+from helm_runner import CHART, Helm, Rendered
 
 NAMESPACE = "kvgate-system"
 PREFIX = f"kvgate-{NAMESPACE}"  # kvgate.clusterName
 POLICIES = ("pod-creation", "pod-metadata", "managed-objects")
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:kvgate"
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail(MISSING_HELM)
-        pytest.skip(MISSING_HELM)
-    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")

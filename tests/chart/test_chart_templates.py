@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import copy
 import datetime as dt
-import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from helm_runner import CHART, KUBE_VERSION, MISSING_HELM, ROOT, Helm, Rendered, find_helm
+from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered
 from kvgate.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
 from kvgate.cli import build_parser
 
@@ -54,16 +53,6 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
 ROUTER_KEY_SEED = f"{FULLNAME}-router-key-seed"
 CRD_RULE = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NAMESPACE_RULE = {("", "namespaces"): {"list", "watch"}}
-
-
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        if os.environ.get("CI"):  # `make test` builds helm first; in CI its absence is a failure
-            pytest.fail(MISSING_HELM)
-        pytest.skip(MISSING_HELM)
-    return Helm(binary, home=tmp_path_factory.mktemp("helm-home"))
 
 
 @pytest.fixture(scope="module")
