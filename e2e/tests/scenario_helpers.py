@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import yaml
 from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
 
 T = TypeVar("T")
@@ -191,3 +192,51 @@ class StreamAnswer:
     @property
     def errors(self) -> list[Any]:
         return [e["error"] for e in self.events if isinstance(e, dict) and "error" in e]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """``kubectl`` as ``system:serviceaccount:<ns>:tenant``, bound to the built-in ``edit`` role
+    in its namespace only, as a cluster admin would give a team its namespace."""
+
+    world: World
+    namespace: str
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:tenant"
+
+    def kubectl(self, *args: str, input: str | None = None) -> Any:
+        return self.world.kubectl(
+            f"--as={self.user}",
+            "--as-group=system:serviceaccounts",
+            f"--as-group=system:serviceaccounts:{self.namespace}",
+            f"--namespace={self.namespace}",
+            *args,
+            input=input,
+            check=False,
+        )
+
+    def create(self, obj: dict[str, Any], *flags: str) -> Any:
+        return self.kubectl("create", *flags, "-f", "-", input=yaml.safe_dump(obj))
+
+
+def make_tenant(world: World, namespace: str) -> Tenant:
+    world.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}}, namespace
+    )
+    world.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "tenant-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}],
+        },
+        namespace,
+    )
+    return Tenant(world, namespace)

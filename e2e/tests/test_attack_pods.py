@@ -30,7 +30,15 @@ from kvgate_e2e.world import (
     output_ids,
     ready_endpoints,
 )
-from scenario_helpers import GATE, TrafficLoop, deadline_loop, md_condition, sample_md
+from scenario_helpers import (
+    GATE,
+    Tenant,
+    TrafficLoop,
+    deadline_loop,
+    make_tenant,
+    md_condition,
+    sample_md,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -38,55 +46,6 @@ MD = "llama"
 MODEL = "llama-3.1-8b"
 POLICY = "kvgate-kvgate-system"  # kvgate.clusterName of the e2e release: <fullname>-<namespace>
 NOWHERE = {"kvgate.io/pool": "nowhere"}  # a tenant pod that is never scheduled
-
-
-# --------------------------------------------------------------------------------- the tenant
-@dataclass(frozen=True)
-class Tenant:
-    """``kubectl`` as ``system:serviceaccount:<ns>:tenant``, bound to the built-in ``edit`` role
-    in its namespace only, as a cluster admin would give a team its namespace."""
-
-    world: World
-    namespace: str
-
-    @property
-    def user(self) -> str:
-        return f"system:serviceaccount:{self.namespace}:tenant"
-
-    def kubectl(self, *args: str, input: str | None = None) -> Any:
-        return self.world.kubectl(
-            f"--as={self.user}",
-            "--as-group=system:serviceaccounts",
-            f"--as-group=system:serviceaccounts:{self.namespace}",
-            f"--namespace={self.namespace}",
-            *args,
-            input=input,
-            check=False,
-        )
-
-    def create(self, obj: dict[str, Any], *flags: str) -> Any:
-        return self.kubectl("create", *flags, "-f", "-", input=yaml.safe_dump(obj))
-
-
-def make_tenant(world: World, namespace: str) -> Tenant:
-    world.apply(
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}}, namespace
-    )
-    world.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}],
-        },
-        namespace,
-    )
-    return Tenant(world, namespace)
 
 
 # --------------------------------------------------------------------------------- the target

@@ -60,7 +60,16 @@ from kvgate_e2e.world import (
     is_ready,
 )
 from kvgate_engine.reference.hostile import MARKER
-from scenario_helpers import GATE, deadline_loop, engine_pods, events, md_condition, sample_md
+from scenario_helpers import (
+    GATE,
+    Tenant,
+    deadline_loop,
+    engine_pods,
+    events,
+    make_tenant,
+    md_condition,
+    sample_md,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -132,37 +141,6 @@ ATTACKS = (
 )
 
 
-# --------------------------------------------------------------------------------- the tenant
-def tenant_kubectl(world: World, ns: str, *args: str, input: str | None = None) -> Any:
-    """``kubectl`` as ``system:serviceaccount:<ns>:tenant``, bound to ``edit`` in ``ns``."""
-    return world.kubectl(
-        f"--as=system:serviceaccount:{ns}:tenant",
-        "--as-group=system:serviceaccounts",
-        f"--as-group=system:serviceaccounts:{ns}",
-        f"--namespace={ns}",
-        *args,
-        input=input,
-    )
-
-
-def make_tenant(world: World, ns: str) -> None:
-    world.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant"}}, ns)
-    world.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "edit",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}],
-        },
-        ns,
-    )
-
-
 def hostile_md(name: str, prefill: str, decode: str) -> dict[str, Any]:
     """The safe sample whose engines answer kvgate's probe as ``prefill`` / ``decode`` say
     (on the 24 GiB pool: what they would report does not matter, they never report it). A
@@ -177,7 +155,7 @@ def hostile_md(name: str, prefill: str, decode: str) -> dict[str, Any]:
 
 
 def tenant_applies(world: World, ns: str, md: Mapping[str, Any]) -> None:
-    out = tenant_kubectl(world, ns, "apply", "-f", "-", input=yaml.safe_dump(dict(md)))
+    out = Tenant(world, ns).kubectl("apply", "-f", "-", input=yaml.safe_dump(dict(md)))
     assert "created" in out.stdout, out
 
 
@@ -421,7 +399,10 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
             assert verified is not None and verified["status"] == "False", verified
             assert any(re.search(s, verified["message"]) for s in says), verified
             patch = {"spec": {"rollout": {"verifyTimeoutSeconds": GIVE_UP_SECONDS}}}
-            tenant_kubectl(world, ns, "patch", "md", md, "--type=merge", "-p", json.dumps(patch))
+            out = Tenant(world, ns).kubectl(
+                "patch", "md", md, "--type=merge", "-p", json.dumps(patch)
+            )
+            assert out.returncode == 0, out.stderr
         for md in HOSTILE_MDS:
             says = [a.says for a in ATTACKS if a.md == md]
             ready = deadline_loop(f"{md} to be refused", partial(refused, world, ns, md), 60)
