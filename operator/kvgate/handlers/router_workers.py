@@ -20,7 +20,7 @@ import aiohttp
 
 from kvgate import gate, labels, metrics, pod_identity, router_auth, worker_audit
 from kvgate.api import API_VERSION, KIND
-from kvgate.handlers.gateway_watch import read_workers, router_url
+from kvgate.handlers.gateway_watch import UNREADABLE, read_workers, router_url
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import MdKey, Runtime
 from kvgate.pod_identity import EngineIdentity
@@ -136,7 +136,7 @@ async def _remove_one(
     worker_id = worker.get("id")
     what = worker_audit.describe(worker)
     fields = {"namespace": namespace, "deployment": md_name, "pod": gate.pod_name(router)}
-    if not isinstance(worker_id, str) or worker_id == "(unreadable)":
+    if not isinstance(worker_id, str) or worker_id == UNREADABLE:
         log.warning(
             "router lists unknown %s without a usable id; cannot remove it", what, extra=fields
         )
