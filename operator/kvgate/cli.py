@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, default=9443)
     p.add_argument("--tls-dir", default=None, help="directory with tls.crt and tls.key")
     p.add_argument("--no-webhook", action="store_true", help="do not serve the webhook")
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run several replicas: only the holder of a Lease reconciles (KVGATE_LEADER_*)",
+    )
 
     p = sub.add_parser(
         "guard",

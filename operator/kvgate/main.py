@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import sys
 import threading
 from typing import Any
 
+import aiohttp.web
 import kopf
 from kvgate_engine import probe
 from kvgate_engine.verdict import Requirement, Verdict
@@ -29,6 +33,7 @@ from kvgate.api import GROUP, PLURAL, VERSION
 from kvgate.handlers import deployments, engine_pods, modeldeployment, router_workers
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi, load_credentials
+from kvgate.leader import LeaderElector
 from kvgate.settings import OperatorSettings
 
 log = logging.getLogger("kvgate.main")
@@ -71,9 +76,8 @@ def register_handlers() -> kopf.OperatorRegistry:
         settings.peering.clusterwide = not rt.settings.namespaces
         if rt.settings.webhook:
             _configure_webhook(settings, rt.settings)
-        # kvgate_leader (alert KvgateOperatorDown: absent, or no replica at 1): with --standalone
-        # this process is the only replica and runs every handler once kopf has started, so it
-        # reports 1 until it exits. Leader election must set it from the Lease it holds instead.
+        # kvgate_leader (alert KvgateOperatorDown: absent, or no replica at 1): kopf runs only in
+        # the replica that holds the Lease (or the only one, without --leader-elect).
         metrics.LEADER.set(1)
 
     @kopf.on.login(registry=registry)
@@ -191,6 +195,25 @@ def make_verify(settings: OperatorSettings) -> Any:
     return verify
 
 
+class LeadershipLost(RuntimeError):
+    """This replica could not renew its Lease in time and stopped reconciling."""
+
+
+async def _health_server(settings: OperatorSettings) -> aiohttp.web.AppRunner:
+    """``GET /healthz`` on the health port for the process's whole life (leading or standing
+    by): 200 while the event loop runs. Standbys must pass their livenessProbe too."""
+
+    async def healthz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.json_response({"ok": True})
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = aiohttp.web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, settings.bind_address, settings.health_port).start()
+    return runner
+
+
 async def serve(
     settings: OperatorSettings,
     *,
@@ -198,7 +221,8 @@ async def serve(
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Run the operator until stop_flag is set or a signal arrives."""
+    """Run the operator until stop_flag is set or a signal arrives. With leader election, run
+    kopf only while this replica holds the Lease; raise ``LeadershipLost`` if it is lost."""
     global _runtime
     if settings.webhook:
         import kvgate.admission.webhook  # noqa: F401  (before kopf reads the registry)
@@ -207,22 +231,111 @@ async def serve(
     api = KubeApi(credentials or load_credentials())
     _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
     registry = register_handlers()
-    liveness = f"http://{settings.bind_address}:{settings.health_port}/healthz"
+    health = await _health_server(settings)
+    elector = (
+        LeaderElector(api, settings.leader_election, on_change=_leading_changed)
+        if settings.leader_election is not None
+        else None
+    )
+    stop = _StopRelay(stop_flag)
     try:
-        await kopf.operator(
-            registry=registry,
-            standalone=settings.standalone,
-            namespaces=settings.namespaces,
-            clusterwide=not settings.namespaces,
-            liveness_endpoint=liveness,
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
-            # The webhook reads the cluster's admission policy from the memo.
-            memo=kopf.Memo({POLICY_MEMO_KEY: policy}),
+        if elector is not None:
+            log.info(
+                "standing by for the Lease",
+                extra={
+                    "lease": f"{elector.config.namespace}/{elector.config.name}",
+                    "identity": elector.config.identity,
+                },
+            )
+            if not await elector.acquire(stop.event):
+                return
+        kopf_stop = asyncio.Event()
+        kopf_task = asyncio.create_task(
+            kopf.operator(
+                registry=registry,
+                standalone=settings.standalone or elector is not None,
+                namespaces=settings.namespaces,
+                clusterwide=not settings.namespaces,
+                stop_flag=kopf_stop,
+                ready_flag=ready_flag,
+                # The webhook reads the cluster's admission policy from the memo.
+                memo=kopf.Memo({POLICY_MEMO_KEY: policy}),
+            )
         )
+        holder = asyncio.create_task(elector.hold(stop.event)) if elector is not None else None
+        waits: set[asyncio.Future[Any]] = {kopf_task, asyncio.ensure_future(stop.event.wait())}
+        if holder is not None:
+            waits.add(holder)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        lost = elector is not None and not elector.leading and not stop.event.is_set()
+        kopf_stop.set()
+        try:
+            # A replica that lost its Lease must stop before another may take over (lease
+            # duration - renew deadline); a clean stop gets kopf's own shutdown time.
+            budget = _stop_budget(settings)
+            await asyncio.wait_for(asyncio.shield(kopf_task), timeout=budget if lost else None)
+        except TimeoutError:
+            log.error("kopf did not stop within %.1fs after losing the Lease: exiting", budget)
+            os._exit(1)
+        finally:
+            for task in waits:
+                task.cancel()
+        if lost:
+            raise LeadershipLost("lost the leader Lease; restarting to stand by again")
     finally:
+        stop.close()
+        if elector is not None:
+            await elector.release()
+        await health.cleanup()
         await _runtime.shutdown()
         await api.close()
+
+
+def _stop_budget(settings: OperatorSettings) -> float:
+    config = settings.leader_election
+    if config is None:
+        return 30.0
+    return max(0.5, config.lease_duration_seconds - config.renew_deadline_seconds - 0.5)
+
+
+def _leading_changed(leading: bool) -> None:
+    metrics.LEADER.set(1 if leading else 0)
+
+
+class _StopRelay:
+    """One asyncio.Event set by SIGTERM/SIGINT (while kopf is not running: kopf installs its
+    own) or by the caller's stop flag (threading or asyncio)."""
+
+    def __init__(self, flag: asyncio.Event | threading.Event | None) -> None:
+        self.event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._signals: list[int] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    self._loop.add_signal_handler(sig, self.event.set)
+                    self._signals.append(sig)
+        self._task: asyncio.Task[None] | None = None
+        if isinstance(flag, asyncio.Event):
+            self._task = asyncio.create_task(self._relay_async(flag))
+        elif flag is not None:
+            self._task = asyncio.create_task(self._relay_thread(flag))
+
+    async def _relay_async(self, flag: asyncio.Event) -> None:
+        await flag.wait()
+        self.event.set()
+
+    async def _relay_thread(self, flag: threading.Event) -> None:
+        while not flag.is_set():  # polled: a thread blocked in wait() would outlive the loop
+            await asyncio.sleep(0.1)
+        self.event.set()
+
+    def close(self) -> None:
+        for sig in self._signals:
+            with contextlib.suppress(Exception):
+                self._loop.remove_signal_handler(sig)
+        if self._task is not None:
+            self._task.cancel()
 
 
 def configure_logging(settings: OperatorSettings) -> None:
@@ -272,7 +385,11 @@ def run(args: argparse.Namespace) -> int:
             "guard_image": settings.guard_image,
         },
     )
-    asyncio.run(serve(settings))
+    try:
+        asyncio.run(serve(settings))
+    except LeadershipLost as lost:
+        log.error("%s", lost)
+        return 1
     return 0
 
 

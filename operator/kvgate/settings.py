@@ -8,8 +8,10 @@ import math
 import os
 import re
 import secrets
+import socket
 from dataclasses import dataclass, field
 
+from kvgate.leader import LeaderConfig
 from kvgate.network_policy_settings import NetworkPolicySettings, network_policy_settings
 
 # Every KVGATE_* variable: unset or empty means the default; any other value is parsed as written
@@ -118,6 +120,31 @@ def _router_key_seed() -> bytes:
     return raw.encode()
 
 
+def leader_config(enabled: bool) -> LeaderConfig | None:
+    """`--leader-elect`: the Lease this replica competes for (KVGATE_LEADER_* and POD_*)."""
+    if not enabled:
+        return None
+    namespace = _env("KVGATE_LEADER_ELECTION_NAMESPACE") or _env("POD_NAMESPACE")
+    if namespace is None:
+        raise SystemExit(
+            "--leader-elect needs the namespace of its Lease: set KVGATE_LEADER_ELECTION_NAMESPACE "
+            "or POD_NAMESPACE (the chart sets POD_NAMESPACE from the pod's own namespace)"
+        )
+    identity = _env("POD_NAME") or f"{socket.gethostname()}_{secrets.token_hex(4)}"
+    config = LeaderConfig(
+        namespace=namespace,
+        name=_env("KVGATE_LEADER_ELECTION_LEASE") or "kvgate-operator",
+        identity=identity,
+        lease_duration_seconds=_env_seconds("KVGATE_LEADER_LEASE_DURATION_SECONDS", 10.0),
+        renew_deadline_seconds=_env_seconds("KVGATE_LEADER_RENEW_DEADLINE_SECONDS", 7.0),
+        retry_period_seconds=_env_seconds("KVGATE_LEADER_RETRY_PERIOD_SECONDS", 2.0),
+    )
+    problems = config.problems()
+    if problems:
+        raise SystemExit("leader election: " + "; ".join(problems))
+    return config
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     namespaces: tuple[str, ...] = ()  # empty: cluster-wide
@@ -155,6 +182,9 @@ class OperatorSettings:
     # the chart sets the operator's own image). Unset (kvgate run outside its chart): engine pods
     # get no guard, and only the gate decides, which goes stale while the operator is down.
     guard_image: str | None = None
+    # --leader-elect: run kopf only while holding this Lease (kvgate.leader); None = always run
+    # (one replica, or tests).
+    leader_election: LeaderConfig | None = None
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
     extra: dict[str, str] = field(default_factory=dict)
@@ -186,6 +216,7 @@ class OperatorSettings:
             worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),
             network_policy=network_policy_settings(os.environ),
             guard_image=_guard_image(),
+            leader_election=leader_config(bool(getattr(args, "leader_elect", False))),
             log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
             log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
         )

@@ -188,8 +188,88 @@ def test_a_value_out_of_range_stops_the_operator_naming_it(
     assert str(exit_.value) == message
 
 
+LEADER: list[tuple[str, str | None, str, Any]] = [
+    # --leader-elect: variable, value (None: unset), LeaderConfig attribute, what it becomes
+    ("KVGATE_LEADER_ELECTION_NAMESPACE", UNSET, "namespace", "from-pod-namespace"),
+    ("KVGATE_LEADER_ELECTION_NAMESPACE", "ops", "namespace", "ops"),
+    ("KVGATE_LEADER_ELECTION_LEASE", UNSET, "name", "kvgate-operator"),
+    ("KVGATE_LEADER_ELECTION_LEASE", "kvgate-a", "name", "kvgate-a"),
+    ("KVGATE_LEADER_LEASE_DURATION_SECONDS", UNSET, "lease_duration_seconds", 10.0),
+    ("KVGATE_LEADER_LEASE_DURATION_SECONDS", "15", "lease_duration_seconds", 15.0),
+    ("KVGATE_LEADER_RENEW_DEADLINE_SECONDS", UNSET, "renew_deadline_seconds", 7.0),
+    ("KVGATE_LEADER_RENEW_DEADLINE_SECONDS", "5", "renew_deadline_seconds", 5.0),
+    ("KVGATE_LEADER_RETRY_PERIOD_SECONDS", UNSET, "retry_period_seconds", 2.0),
+    ("KVGATE_LEADER_RETRY_PERIOD_SECONDS", "1", "retry_period_seconds", 1.0),
+]
+
+
+def leader_settings(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> OperatorSettings:
+    monkeypatch.setenv("POD_NAMESPACE", "from-pod-namespace")
+    monkeypatch.setenv("POD_NAME", "kvgate-7d9f-abcde")
+    for name, raw in env.items():
+        monkeypatch.setenv(name, raw)
+    args = build_parser().parse_args(["operator", "--no-webhook", "--leader-elect"])
+    return OperatorSettings.from_args(args)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "attribute", "expected"),
+    LEADER,
+    ids=[f"{name}={raw!r}" for name, raw, *_ in LEADER],
+)
+def test_leader_election_reads_its_lease_and_timings_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, name: str, raw: str | None, attribute: str, expected: Any
+) -> None:
+    config = leader_settings(monkeypatch, {} if raw is None else {name: raw}).leader_election
+    assert config is not None and config.identity == "kvgate-7d9f-abcde"
+    assert getattr(config, attribute) == expected
+
+
+def test_without_leader_elect_no_lease_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_with(monkeypatch, "KVGATE_LOG_LEVEL", None).leader_election is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"KVGATE_LEADER_RENEW_DEADLINE_SECONDS": "10"},
+            "leader election: KVGATE_LEADER_LEASE_DURATION_SECONDS=10 must be greater than "
+            "KVGATE_LEADER_RENEW_DEADLINE_SECONDS=10: a leader that cannot renew must stop "
+            "before another replica may take over",
+        ),
+        (
+            {"KVGATE_LEADER_RETRY_PERIOD_SECONDS": "0"},
+            "KVGATE_LEADER_RETRY_PERIOD_SECONDS='0': must be a number of seconds >= 0.1; unset "
+            "it for the default, 2 s",
+        ),
+    ],
+)
+def test_leader_timings_that_could_overlap_two_leaders_stop_the_operator(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        leader_settings(monkeypatch, env)
+    assert str(exit_.value) == message
+
+
+def test_leader_election_without_a_namespace_says_which_variable_to_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit) as exit_:
+        OperatorSettings.from_args(
+            build_parser().parse_args(["operator", "--no-webhook", "--leader-elect"])
+        )
+    assert "KVGATE_LEADER_ELECTION_NAMESPACE or POD_NAMESPACE" in str(exit_.value)
+
+
 def test_every_kvgate_variable_settings_reads_is_in_the_tables() -> None:
     source = (Path(__file__).resolve().parents[2] / "operator/kvgate/settings.py").read_text()
     read = set(re.findall(r'"(KVGATE_[A-Z_]+)"', source)) - {"KVGATE_NETWORK_POLICIES"}
-    tested = {name for name, *_ in ACCEPTED} | {name for name, *_ in REFUSED}
+    tested = (
+        {name for name, *_ in ACCEPTED}
+        | {name for name, *_ in REFUSED}
+        | {name for name, *_ in LEADER}
+    )
     assert read == tested
