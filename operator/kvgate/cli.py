@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "kvgate_engine.commands:estimate_main",
     "verify": "kvgate_engine.commands:verify_main",
     "operator": "kvgate.main:run",
+    "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.guard:main",
     "demo": "kvgate_e2e.demo:main",
 }
@@ -82,6 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--leader-elect",
         action="store_true",
         help="run several replicas: only the holder of a Lease reconciles (KVGATE_LEADER_*)",
+    )
+
+    p = sub.add_parser(
+        "webhook",
+        help="serve the validating webhook for ModelDeployments on its own (HTTPS, with "
+        "/healthz, /readyz and /metrics)",
+    )
+    p.add_argument("--port", type=int, default=9443, help="HTTPS port of the webhook")
+    p.add_argument("--health-port", type=int, default=8081, help="/healthz and /readyz")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics")
+    p.add_argument("--tls-dir", required=True, help="directory with tls.crt and tls.key")
+    p.add_argument(
+        "--shutdown-delay-seconds",
+        type=float,
+        default=5.0,
+        help="after SIGTERM, seconds to keep answering while /readyz fails (default 5)",
     )
 
     p = sub.add_parser(

@@ -28,7 +28,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 from prometheus_client import start_http_server
 
 from kvgate import labels, metrics
-from kvgate.admission.policy import POLICY_MEMO_KEY, ClusterPolicy
+from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
 from kvgate.handlers import deployments, engine_pods, modeldeployment, router_workers
 from kvgate.handlers.runtime import Runtime
@@ -168,19 +168,17 @@ def register_handlers() -> kopf.OperatorRegistry:
 
 
 def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
-    try:
-        import kvgate.admission.webhook  # noqa: F401  (registers the validating handler)
-        from kvgate.admission.server import configure_webhook_server
-    except ImportError as exc:
-        log.error("admission webhook NOT served: kvgate.admission is not importable (%s)", exc)
-        return
+    # The same lean server as `kvgate webhook`; kopf only starts and stops it.
+    from kvgate.admission.operator_webhook import OperatorWebhookServer
+
     assert settings.tls_dir is not None  # checked in run()
-    configure_webhook_server(
-        kopf_settings,
-        port=settings.webhook_port,
+    kopf_settings.admission.server = OperatorWebhookServer(
         tls_dir=settings.tls_dir,
+        port=settings.webhook_port,
         addr=settings.bind_address,
+        policy=ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor),
     )
+    kopf_settings.admission.managed = None
 
 
 def make_verify(settings: OperatorSettings) -> Any:
@@ -224,10 +222,8 @@ async def serve(
     """Run the operator until stop_flag is set or a signal arrives. With leader election, run
     kopf only while this replica holds the Lease; raise ``LeadershipLost`` if it is lost."""
     global _runtime
-    if settings.webhook:
-        import kvgate.admission.webhook  # noqa: F401  (before kopf reads the registry)
     # Raises ValueError naming the chart value when the floor is not a version.
-    policy = ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
+    ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
     api = KubeApi(credentials or load_credentials())
     _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
     registry = register_handlers()
@@ -258,8 +254,6 @@ async def serve(
                 clusterwide=not settings.namespaces,
                 stop_flag=kopf_stop,
                 ready_flag=ready_flag,
-                # The webhook reads the cluster's admission policy from the memo.
-                memo=kopf.Memo({POLICY_MEMO_KEY: policy}),
             )
         )
         holder = asyncio.create_task(elector.hold(stop.event)) if elector is not None else None

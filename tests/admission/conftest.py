@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate.admission.server import build_webhook_server
-from kvgate.admission.standalone import free_loopback_port, serve_webhook
-from kvgate.admission.webhook import WEBHOOK_PATH
+from kvgate.admission.answer import WEBHOOK_PATH
+from kvgate.admission.app import serving
 from kvgate.tls import make_ca, make_serving_cert, write_tls_dir
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
@@ -87,11 +86,15 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+def live(base_url: str, tls_dir: Path) -> LiveWebhook:
+    """How a test reaches the webhook at `base_url` (``https://127.0.0.1:<port>``): its URLs and
+    a client trusting the CA in `tls_dir`."""
+    client_ssl = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
+    return LiveWebhook(base_url=base_url, url=base_url + WEBHOOK_PATH, client_ssl=client_ssl)
+
+
 @pytest.fixture
 async def live_webhook(tls_dir: Path) -> AsyncIterator[LiveWebhook]:
-    """kopf's admission machinery and our guarded server on 127.0.0.1, over HTTPS."""
-    server = build_webhook_server(tls_dir=tls_dir, port=free_loopback_port(), addr="127.0.0.1")
-    async with serve_webhook(server) as client_config:
-        base_url = client_config["url"].rstrip("/")
-        client_ssl = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-        yield LiveWebhook(base_url=base_url, url=base_url + WEBHOOK_PATH, client_ssl=client_ssl)
+    """The webhook's HTTPS server (as `kvgate webhook` runs it) on 127.0.0.1."""
+    async with serving(tls_dir) as server:
+        yield live(server.url, tls_dir)

@@ -23,9 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvgate.admission import check_document
-from kvgate.admission.server import build_webhook_server
-from kvgate.admission.standalone import free_loopback_port, serve_webhook
-from kvgate.admission.webhook import WEBHOOK_PATH
+from kvgate.admission.answer import WEBHOOK_PATH
+from kvgate.admission.app import serving
 from kvgate.api import ModelDeployment
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
 
@@ -193,8 +192,8 @@ class ThreadedWebhook:
     it; a keep-alive HTTPS connection keeps each example cheap."""
 
     def __init__(self, tls_dir: Path) -> None:
-        self.port = free_loopback_port()
-        self._server = build_webhook_server(tls_dir=tls_dir, port=self.port, addr="127.0.0.1")
+        self.tls_dir = tls_dir
+        self.port = 0
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
@@ -207,7 +206,8 @@ class ThreadedWebhook:
         async def main() -> None:
             self._stop = asyncio.Event()
             try:
-                async with serve_webhook(self._server):
+                async with serving(self.tls_dir) as server:
+                    self.port = server.port
                     self._started.set()
                     await self._stop.wait()
             except BaseException as error:

@@ -10,23 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 import yaml
 from kvgate import builders, network_policy
 from kvgate.admission import check_document, check_update
+from kvgate.admission.app import serving
 from kvgate.admission.limits import MAX_SPEC_BYTES, _spec_schema, spec_bytes, with_defaults
 from kvgate.admission.names import DNS_1035_LABEL, derived_names, max_name_length
-from kvgate.admission.policy import POLICY_MEMO_KEY, ClusterPolicy
+from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.router_args import DENIED_ROUTER_FLAGS, denied_flag
-from kvgate.admission.server import build_webhook_server
-from kvgate.admission.standalone import free_loopback_port, serve_webhook
-from kvgate.admission.webhook import WEBHOOK_PATH
 from kvgate.api import (
     MAX_ARG_LENGTH,
     MAX_ARGS,
@@ -38,7 +34,7 @@ from kvgate.api import (
 from kvgate.cli import main
 from kvgate.revision import REVISION_LENGTH
 
-from .conftest import DELETE, SAMPLE, LiveWebhook, mutated, review, sample
+from .conftest import DELETE, SAMPLE, LiveWebhook, live, mutated, review, sample
 from .test_webhook_https import post
 
 # ---------------------------------------------------------------------------------- names
@@ -432,12 +428,8 @@ def test_size_is_measured_after_the_api_servers_defaults_so_validate_and_webhook
 @pytest.fixture
 async def floored_webhook(tls_dir: Path) -> AsyncIterator[LiveWebhook]:
     """The webhook as the operator serves it with the chart's engineVersionFloor 0.5.23."""
-    server = build_webhook_server(tls_dir=tls_dir, port=free_loopback_port(), addr="127.0.0.1")
-    memo = kopf.Memo({POLICY_MEMO_KEY: FLOOR})
-    async with serve_webhook(server, memo=memo) as client_config:
-        base_url = client_config["url"].rstrip("/")
-        client_ssl = ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-        yield LiveWebhook(base_url=base_url, url=base_url + WEBHOOK_PATH, client_ssl=client_ssl)
+    async with serving(tls_dir, policy=FLOOR) as server:
+        yield live(server.url, tls_dir)
 
 
 INPUT_CASES: list[tuple[str, dict[str, Any]]] = [

@@ -1,5 +1,5 @@
-"""The webhook answers AdmissionReview v1 over real HTTPS on loopback, through kopf's own
-admission machinery: allowed, denied with code and message, warnings, and bad input refused."""
+"""The webhook answers AdmissionReview v1 over real HTTPS on loopback, through the server
+`kvgate webhook` runs: allowed, denied with code and message, warnings, and bad input refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kvgate.admission.webhook import DENIAL_CODE
+from kvgate.admission.answer import DENIAL_CODE
 
 from .conftest import LiveWebhook, mutated, review, sample
 

@@ -1,7 +1,8 @@
 """Admission: the checks that deny unsafe ModelDeployments before any GPU is spent.
 
 `checks` is pure and shared by `kvgate validate` (`command`) and the validating webhook
-(`webhook`, served by `server`). Importing this package does not import kopf.
+(`answer`, served by `app`: `kvgate webhook`, or inside `kvgate operator`). Importing this package
+does not import kopf.
 """
 
 from kvgate.admission.checks import check_document, check_update

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_VERSION_FLOOR)
-# The key under which the operator puts its ClusterPolicy in kopf's memo, for the webhook.
-POLICY_MEMO_KEY = "kvgate_admission_policy"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kvgate.admission.webhook import HANDLER_ID, WEBHOOK_PATH
+from kvgate.admission.answer import HANDLER_ID, WEBHOOK_PATH
 from kvgate.api import GROUP, PLURAL, VERSION
 
 CONFIGURATION_NAME = "kvgate.io"

@@ -98,3 +98,17 @@ def check_review(
         raise RejectedReview(400, f"request.object is required for {operation}")
     if request.get("object") is None and request.get("oldObject") is None:
         raise RejectedReview(400, "request.object or request.oldObject is required")
+
+
+def check_resource(data: Mapping[str, Any], group: str, version: str, plural: str) -> None:
+    """Raise RejectedReview(404) unless the review is for `group`/`version` `plural` (call after
+    `check_review`): a webhook registered for another resource must not allow it unchecked."""
+    resource = data["request"]["resource"]
+    got = (resource["group"], resource["version"], resource["resource"])
+    if got != (group, version, plural):
+        raise RejectedReview(
+            404,
+            f"no handlers for resource {'/'.join(got)}: this webhook checks "
+            f"{group}/{version}/{plural} only; send only those (the "
+            "ValidatingWebhookConfiguration's rules)",
+        )
