@@ -409,6 +409,37 @@ class Cluster:
             raise ClusterError("; ".join(errors))
 
     # ----------------------------------------------------------------- helpers for tests
+    def restart_apiserver(self, *, down_seconds: float = 0.0, timeout: float = 90.0) -> float:
+        """Stop kube-apiserver (SIGTERM, as a rolling control-plane upgrade does), keep it down
+        ``down_seconds``, start it again with the same flags and wait for /readyz. Every client
+        (operator watches, kubelet, controllers) sees its connections drop. Returns the seconds
+        from the stop until /readyz answered again."""
+        with self._lock:
+            comp = next(c for c in self._components if c.name == "kube-apiserver")
+        began = time.monotonic()
+        self._terminate(comp, self.config.stop_grace)
+        if down_seconds > 0:
+            time.sleep(down_seconds)  # the outage itself is what is being simulated
+        comp.log_file.write(b"\n===== kvgate-e2e: kube-apiserver restarted by a test =====\n")
+        comp.log_file.flush()
+        with self._lock:
+            comp.popen = subprocess.Popen(
+                comp.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=comp.log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.run_dir,
+                env=self._env(),
+                start_new_session=True,
+            )
+            comp.restarts += 1
+        self._wait(
+            "kube-apiserver /readyz after its restart",
+            _Deadline(timeout),
+            lambda: self._apiserver_ok("/readyz"),
+        )
+        return time.monotonic() - began
+
     def popen_in_netns(
         self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
     ) -> subprocess.Popen[Any]:

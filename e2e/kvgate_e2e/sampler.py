@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -321,6 +323,7 @@ class ClusterLike(Protocol):
 class SamplerStats:
     samples: int = 0
     failed: int = 0  # ticks whose reads failed (apiserver error, timeout)
+    outage_failed: int = 0  # ... during a declared API server outage (``api_outage``)
     paths: int = 0
     unreadable: int = 0
     unjudged: int = 0
@@ -369,6 +372,7 @@ class InvariantSampler:
         self._crash: BaseException | None = None
         self._first_sample = threading.Event()
         self._keys: dict[str, str | None] = {}  # MD name -> its routers' control-plane key
+        self._outage_until = 0.0  # monotonic time until which failed reads are the outage's
         self.started_at = 0.0
         self.stopped_at = 0.0
 
@@ -404,6 +408,18 @@ class InvariantSampler:
             self._thread.join(30)
         self.stopped_at = time.monotonic()
 
+    @contextlib.contextmanager
+    def api_outage(self, settle: float = 10.0) -> Iterator[None]:
+        """Inside the block (and ``settle`` seconds after it) the test takes the API server
+        away on purpose: ticks that cannot read the cluster then are counted apart (reported,
+        not failures), since nothing can be sampled, nor changed, without the API server.
+        Ticks that do read are still judged."""
+        self._outage_until = math.inf
+        try:
+            yield
+        finally:
+            self._outage_until = time.monotonic() + settle
+
     def violation_windows(self) -> list[Window]:
         with self._lock:
             return windows(list(self.violations), list(self.sample_times))
@@ -428,6 +444,7 @@ class InvariantSampler:
             f"MEASURED sampler[{self.name}]: {s.samples} samples in {wall:.1f}s "
             f"(tick p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms), {s.paths} traffic paths "
             f"checked, {len(self.violations)} violations, {s.failed} failed ticks, "
+            f"{s.outage_failed} ticks unread during a declared API server outage, "
             f"{s.unreadable} unreadable-engine paths, {s.unjudged} unjudged, "
             f"{s.router_errors} router read errors"
         ]
@@ -485,7 +502,10 @@ class InvariantSampler:
                 try:
                     await self._tick(api, http)
                 except Exception as exc:
-                    self.stats.failed += 1
+                    if time.monotonic() <= self._outage_until:
+                        self.stats.outage_failed += 1
+                    else:
+                        self.stats.failed += 1
                     self.stats.last_error = f"{type(exc).__name__}: {exc}"
                 finally:
                     self._first_sample.set()

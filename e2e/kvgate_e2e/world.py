@@ -40,7 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvgate"
 SAMPLES = REPO / "crds" / "samples"
 OPERATOR_NAMESPACE = "kvgate-system"
-RELEASE = "kvgate"
+RELEASE = "kvgate"  # also the controller Deployment and its leader Lease
+WEBHOOK_DEPLOYMENT = f"{RELEASE}-webhook"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=operator"
+WEBHOOK_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=webhook"
 BIG_POOL, SMALL_POOL = "big", "small"
 SMALL_NODE = "kvgate-small-0"
 GATE = "kvgate.io/engine-verified"
@@ -79,6 +82,8 @@ def chart_values(config: WorldConfig) -> dict[str, Any]:
     ]
     values: dict[str, Any] = {
         "extraEnv": env,
+        # The webhook pods bind to their pod IP too.
+        "webhook": {"extraEnv": env[:1]},
         # Probe quickly so the world starts fast; the chart's defaults suit a real cluster.
         "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 1},
         "logFormat": "text",
@@ -202,29 +207,53 @@ class World:
             f"--values={values_file}",
         )
 
+    def operator_pods(self) -> list[dict[str, Any]]:
+        """The controller's live (not terminating) pods: the leader and its standbys."""
+        pods = self.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR)
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def webhook_pods(self) -> list[dict[str, Any]]:
+        """The webhook Deployment's live pods."""
+        pods = self.list("pods", OPERATOR_NAMESPACE, WEBHOOK_SELECTOR)
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def leader_name(self) -> str | None:
+        """The pod that holds the controller's Lease (``kvgate.leader``), if any holds it."""
+        lease = self.get("leases.coordination.k8s.io", RELEASE, OPERATOR_NAMESPACE)
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        return str(holder) if holder else None
+
     def operator_pod(self) -> dict[str, Any] | None:
-        pods = self.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=kvgate")
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        """The leading controller pod (the one reconciling); without a leader, any live one."""
+        live = self.operator_pods()
+        leader = self.leader_name()
+        for pod in live:
+            if pod["metadata"]["name"] == leader:
+                return pod
         return live[0] if live else None
 
     def wait_operator_ready(self, timeout: float | None = None) -> None:
         """Operator pod Ready, and the API server gets answers from the webhook (a server-side
         dry run of an unsafe ModelDeployment is denied by ``kvgate``)."""
         limit = timeout or self.config.start_timeout
-        # The Deployment's rollout first: after an upgrade the old pod may still look Ready.
-        self.kubectl(
-            "rollout",
-            "status",
-            f"deployment/{RELEASE}",
-            f"--namespace={OPERATOR_NAMESPACE}",
-            f"--timeout={int(limit)}s",
-        )
+        # The Deployments' rollouts first: after an upgrade the old pods may still look Ready.
+        for deployment in (RELEASE, WEBHOOK_DEPLOYMENT):
+            self.kubectl(
+                "rollout",
+                "status",
+                f"deployment/{deployment}",
+                f"--namespace={OPERATOR_NAMESPACE}",
+                f"--timeout={int(limit)}s",
+            )
 
-        def pod_ready() -> bool:
-            pod = self.operator_pod()
-            return pod is not None and is_ready(pod)
+        def leader_ready() -> bool:
+            # The Lease is held by a live, Ready controller pod of the current rollout.
+            leader = self.leader_name()
+            return any(
+                p["metadata"]["name"] == leader and is_ready(p) for p in self.operator_pods()
+            )
 
-        self.wait_for("the kvgate operator pod to be Ready", pod_ready, limit)
+        self.wait_for("a Ready kvgate controller pod to hold the leader Lease", leader_ready, limit)
         probe = unsafe_probe_md()
 
         def webhook_answers() -> bool:

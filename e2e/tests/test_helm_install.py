@@ -1,7 +1,8 @@
-"""Issue 7 on the real control plane: ``helm install kvgate charts/kvgate`` gives a running
-operator with its own ServiceAccount and RBAC that serves the webhook and manages a
-ModelDeployment to Ready; ``helm upgrade`` keeps the webhook's CA valid; ``helm uninstall``
-leaves users' ModelDeployments (and the CRD) in place.
+"""Issues 7 and 12 on the real control plane: ``helm install kvgate charts/kvgate`` gives two
+leader-elected controller pods with their own ServiceAccount and RBAC and a separate two-pod
+webhook Deployment with no API access, managing a ModelDeployment to Ready; ``helm upgrade``
+keeps the webhook's CA valid, never leaves the API server without an admission answer and
+leaves no engine unverified; ``helm uninstall`` leaves users' ModelDeployments (and the CRD).
 
 The session's ``world`` installed the release; the lifecycle test upgrades, uninstalls and
 reinstalls it, and leaves it installed with the world's values.
@@ -12,6 +13,10 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_helm_install.py -v -s`` (root).
 from __future__ import annotations
 
 import copy
+import re
+import threading
+import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -23,6 +28,7 @@ from kvgate_e2e.world import (
     World,
     is_ready,
     load_sample,
+    unsafe_probe_md,
 )
 
 pytestmark = pytest.mark.e2e
@@ -105,6 +111,98 @@ def test_operator_runs_from_the_chart_with_its_own_service_account_and_least_pri
     assert not can_i(world, "watch", "secrets", "--all-namespaces")
     assert not can_i(world, "delete", "namespaces")
     assert not can_i(world, "create", "clusterrolebindings.rbac.authorization.k8s.io")
+    # Leader election: its Lease only, by name, in the release namespace.
+    lease = ("leases.coordination.k8s.io", f"--namespace={OPERATOR_NAMESPACE}")
+    assert can_i(world, "update", f"{lease[0]}/{RELEASE}", *lease[1:])
+    assert not can_i(world, "update", f"{lease[0]}/someone-elses", *lease[1:])
+    assert not can_i(world, "list", "leases.coordination.k8s.io", "--all-namespaces")
+
+
+def test_two_controller_replicas_elect_one_leader_and_two_webhook_pods_serve_admission(
+    world: World,
+) -> None:
+    controllers = world.operator_pods()
+    assert len(controllers) == 2 and all(is_ready(p) for p in controllers)
+    leader = world.leader_name()
+    assert leader in {p["metadata"]["name"] for p in controllers}
+    # Only the leader says so on its metrics (kvgate_leader feeds the KvgateOperatorDown alert).
+    for pod in controllers:
+        expected = 1.0 if pod["metadata"]["name"] == leader else 0.0
+        assert leader_gauge(world, pod) == expected, pod["metadata"]["name"]
+    webhooks = world.webhook_pods()
+    assert len(webhooks) == 2 and all(is_ready(p) for p in webhooks)
+    for pod in webhooks:
+        assert pod["spec"]["serviceAccountName"] == f"{RELEASE}-webhook"
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        (container,) = pod["spec"]["containers"]
+        assert container["command"] == ["kvgate", "webhook"]
+    # The webhook's ServiceAccount may do nothing at all.
+    webhook_sa = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}-webhook"
+    for verb, resource in (("get", "pods"), ("list", "modeldeployments.kvgate.io")):
+        proc = world.kubectl(
+            "auth", "can-i", verb, resource, f"--as={webhook_sa}", "-A", check=False
+        )
+        assert proc.stdout.strip() == "no", (verb, resource)
+
+
+def metrics_of(world: World, pod: dict[str, Any]) -> str:
+    url = f"http://127.0.0.1:{world.forward(pod['status']['podIP'], 8080)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def leader_gauge(world: World, pod: dict[str, Any]) -> float:
+    match = re.search(r"^kvgate_leader(?:\{[^}]*\})? (\S+)$", metrics_of(world, pod), re.M)
+    assert match, "no kvgate_leader on the controller's metrics"
+    return float(match.group(1))
+
+
+class AdmissionLoop:
+    """Server-side dry runs of an unsafe ModelDeployment, one after another, from a thread: each
+    must be denied by kvgate's webhook; an error calling the webhook is a gap in admission."""
+
+    def __init__(self, world: World, namespace: str) -> None:
+        doc = unsafe_probe_md()
+        doc["metadata"]["namespace"] = namespace
+        self.world, self.manifest = world, yaml.safe_dump(doc)
+        self.answers: list[tuple[float, bool, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            proc = self.world.kubectl(
+                "apply", "--dry-run=server", "-f", "-", input=self.manifest, check=False
+            )
+            denied = proc.returncode != 0 and "denied the request" in proc.stderr
+            self.answers.append((time.monotonic(), denied, proc.stderr[:300]))
+
+    def __enter__(self) -> AdmissionLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    @property
+    def gaps(self) -> list[str]:
+        return [detail for _, denied, detail in self.answers if not denied]
+
+
+def engines_verified_within(world: World, namespace: str, seconds: float) -> dict[str, float]:
+    """Per engine pod of ``namespace``: seconds since the leader last verified it (from its
+    kvgate_engine_last_verified_timestamp_seconds, what KvgateVerificationStale reads)."""
+    leader = world.operator_pod()
+    assert leader is not None
+    text = metrics_of(world, leader)
+    pattern = r"^kvgate_engine_last_verified_timestamp_seconds\{([^}]*)\} (\S+)$"
+    ages: dict[str, float] = {}
+    for labels, value in re.findall(pattern, text, re.M):
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if fields.get("namespace") == namespace:
+            ages[fields["pod"]] = time.time() - float(value)
+    return ages if ages and all(age <= seconds for age in ages.values()) else {}
 
 
 def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_deployments(
@@ -121,14 +219,29 @@ def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_dep
         timeout=240,
     )
 
-    # upgrade with a changed value: a new operator pod, the same CA and serving certificate.
+    # upgrade with a changed value: every controller and webhook pod is replaced (rolling), the
+    # same CA and serving certificate; admission answers throughout (a dry run of an unsafe MD
+    # back to back: every one denied by kvgate, none failing to reach the webhook).
     ca_before = webhook_ca(world)
-    old_pod = world.operator_pod()
-    assert old_pod is not None
-    world.upgrade({"logLevel": "DEBUG"})
-    new_pod = world.operator_pod()
-    assert new_pod is not None and new_pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+    old_pods = {p["metadata"]["uid"] for p in world.operator_pods() + world.webhook_pods()}
+    with AdmissionLoop(world, namespace) as admission:
+        world.upgrade({"logLevel": "DEBUG"})
+    new_pods = {p["metadata"]["uid"] for p in world.operator_pods() + world.webhook_pods()}
+    assert len(new_pods) == 4 and not new_pods & old_pods
+    print(
+        f"MEASURED helm upgrade: {len(admission.answers)} admissions during the rollout, "
+        f"{len(admission.gaps)} not answered by kvgate"
+    )
+    assert len(admission.answers) >= 10 and admission.gaps == [], admission.gaps[:3]
     assert webhook_ca(world) == ca_before
+    # No gate stale: the new leader verifies every engine within 3 x the e2e reverify interval
+    # (2 s), the bound the KvgateVerificationStale alert holds it to.
+    ages = world.wait_for(
+        "the new leader to have verified every engine pod within 6 s",
+        lambda: engines_verified_within(world, namespace, 6.0),
+        timeout=60,
+    )
+    print(f"MEASURED after the upgrade, seconds since each engine was verified: {ages}")
     history = world.helm("history", RELEASE, f"--namespace={OPERATOR_NAMESPACE}")
     assert "upgrade complete" in history.lower(), history
     assert_denies_bad_and_admits_good(world, namespace)

@@ -45,6 +45,7 @@ from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
+    OPERATOR_SELECTOR,
     RELEASE,
     World,
     condition,
@@ -144,19 +145,23 @@ class FirstSeen:
 
 @contextmanager
 def operator_down(world: World) -> Iterator[None]:
-    """kvgate's operator Deployment at 0 replicas (its pod gone) inside the block; back at 1 and
-    serving its webhook afterwards, whatever happens inside."""
+    """kvgate's controller Deployment at 0 replicas (every controller pod gone: no leader, no
+    standby) inside the block; back at its replicas, with a leader, afterwards, whatever happens
+    inside. The webhook Deployment keeps running (it is not what this scenario takes away)."""
+    deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)
+    assert deployment is not None
+    replicas = int(deployment["spec"]["replicas"])
     scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
     world.kubectl(*scale, "--replicas=0")
     try:
         deadline_loop(
-            "the operator pod to be gone",
-            lambda: not world.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=kvgate"),
+            "every controller pod to be gone",
+            lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
             120,
         )
         yield
     finally:
-        world.kubectl(*scale, "--replicas=1")
+        world.kubectl(*scale, f"--replicas={replicas}")
         world.wait_operator_ready()
 
 

@@ -61,6 +61,25 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
         return found[0]
 
+    def component(self, kind: str, component: str) -> dict[str, Any]:
+        """The one object of ``kind`` labelled app.kubernetes.io/component=<component>
+        (``operator``: the controller; ``webhook``: the admission webhook)."""
+        found = [
+            d
+            for d in self.all(kind)
+            if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == component
+        ]
+        assert len(found) == 1, f"expected one {kind} of component {component}, found {len(found)}"
+        return found[0]
+
+    def controller(self) -> dict[str, Any]:
+        """The controller (operator) Deployment."""
+        return self.component("Deployment", "operator")
+
+    def webhook(self) -> dict[str, Any]:
+        """The admission webhook's Deployment."""
+        return self.component("Deployment", "webhook")
+
 
 @dataclass(frozen=True)
 class Helm:

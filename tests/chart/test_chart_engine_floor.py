@@ -15,7 +15,7 @@ APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
 
 
 def _operator_env(helm: Helm, *sets: str) -> dict[str, object]:
-    deployment = helm.template(*sets, api_versions=APIS).one("Deployment")
+    deployment = helm.template(*sets, api_versions=APIS).controller()
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e.get("value") for e in container["env"]}
 

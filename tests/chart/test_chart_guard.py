@@ -27,7 +27,7 @@ APP_VERSION = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion
 def test_the_guard_image_is_the_operators_own_image(
     helm: Helm, sets: tuple[str, ...], image: str
 ) -> None:
-    deployment = helm.template(*sets, api_versions=APIS).one("Deployment")
+    deployment = helm.template(*sets, api_versions=APIS).controller()
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env[ENV] == container["image"] == image

@@ -31,7 +31,7 @@ def _expressions(policy: dict[str, Any]) -> str:
 
 
 def _env(rendered: Rendered) -> dict[str, dict[str, Any]]:
-    (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = rendered.controller()["spec"]["template"]["spec"]["containers"]
     return {e["name"]: e for e in container["env"]}
 
 
@@ -180,7 +180,7 @@ def test_the_operator_gets_its_network_policy_identity_and_switches(helm: Helm) 
         "metadata.namespace"
     )
     labels = json.loads(env["KVGATE_OPERATOR_POD_LABELS"]["value"])
-    pod_labels = default.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = default.controller()["spec"]["template"]["metadata"]["labels"]
     assert labels and labels.items() <= pod_labels.items()  # selects the operator's own pods
     assert "KVGATE_ROUTER_EGRESS_POLICY" not in env
 

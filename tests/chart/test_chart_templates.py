@@ -132,12 +132,16 @@ def test_operator_runs_non_root_read_only_without_privileges(default: Rendered) 
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_operator_deployment_is_one_replica_recreated_with_graceful_shutdown(
+def test_operator_deployment_is_two_leader_elected_replicas_rolled_with_graceful_shutdown(
     default: Rendered,
 ) -> None:
     spec = default.one("Deployment", FULLNAME)["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert "--leader-elect" in _operator_container(default)["args"]
     assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 10
     assert spec["template"]["spec"]["serviceAccountName"] == FULLNAME
     resources = _operator_container(default)["resources"]
@@ -150,14 +154,13 @@ def test_operator_arguments_are_accepted_by_the_kvgate_cli(default: Rendered) ->
     assert container["image"] == "ghcr.io/kvgate/kvgate-operator:" + _app_version()
     args = build_parser().parse_args(["operator", *container["args"]])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081, "webhook": 9443}
-    assert (args.metrics_port, args.health_port, args.webhook_port) == (8080, 8081, 9443)
-    assert args.tls_dir == "/tls"
-    assert args.standalone is True
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert (args.metrics_port, args.health_port) == (8080, 8081)
+    # The webhook is its own Deployment (test_chart_ha.py); the controller serves none.
+    assert args.no_webhook is True and args.tls_dir is None
+    assert args.standalone is True and args.leader_elect is True
     assert args.namespace == []
-    mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["webhook-tls"]["mountPath"] == "/tls"
-    assert mounts["webhook-tls"]["readOnly"] is True
+    assert {m["name"] for m in container["volumeMounts"]} == {"tmp"}
 
 
 def test_liveness_and_readiness_probe_healthz_on_the_health_port(default: Rendered) -> None:
@@ -196,7 +199,10 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses(default: Render
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
     ]
-    assert default.all("Role") == []
+    # The only Role: the Lease of leader election, in the release namespace.
+    (lease_role,) = default.all("Role")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert _rules(lease_role) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
     assert default.one("ServiceAccount", FULLNAME)
 
 
@@ -227,11 +233,19 @@ def test_rbac_is_what_operator_rbac_md_lists_plus_the_documented_additions(
 
 def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm: Helm) -> None:
     rendered = helm.template("watchNamespaces={team-a,team-b}")
-    roles = {r["metadata"]["namespace"]: r for r in rendered.all("Role")}
+    roles = {
+        r["metadata"]["namespace"]: r
+        for r in rendered.all("Role")
+        if not r["metadata"]["name"].endswith("-leader-election")
+    }
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         assert _rules(role) == NAMESPACED_RULES
-    bindings = {b["metadata"]["namespace"] for b in rendered.all("RoleBinding")}
+    bindings = {
+        b["metadata"]["namespace"]
+        for b in rendered.all("RoleBinding")
+        if not b["metadata"]["name"].endswith("-leader-election")
+    }
     assert bindings == {"team-a", "team-b"}
     assert _rules(rendered.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == {
         **CRD_RULE,
@@ -361,7 +375,7 @@ def test_default_mode_ca_bundle_signs_the_mounted_serving_certificate(default: R
     assert "cert-manager.io/inject-ca-from" not in default.one("ValidatingWebhookConfiguration")[
         "metadata"
     ].get("annotations", {})
-    annotations = default.one("Deployment", FULLNAME)["spec"]["template"]["metadata"]
+    annotations = default.webhook()["spec"]["template"]["metadata"]
     assert "checksum/webhook-tls" in annotations["annotations"]
     assert default.all("Certificate") == []
 
@@ -438,10 +452,16 @@ def test_service_monitor_and_alerts_for_refused_rollouts_and_low_headroom(helm: 
 
 
 def test_network_policy_opens_webhook_and_metrics_only(helm: Helm) -> None:
-    policy = helm.template("networkPolicy.enabled=true").one("NetworkPolicy")
-    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
-    assert ports == ["webhook", "metrics"]
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rendered = helm.template("networkPolicy.enabled=true")
+    controller = rendered.component("NetworkPolicy", "operator")
+    webhook = rendered.component("NetworkPolicy", "webhook")
+    for policy, expected in ((controller, ["metrics"]), (webhook, ["webhook", "metrics"])):
+        ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+        assert ports == expected
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert webhook["spec"]["podSelector"]["matchLabels"].items() <= (
+        rendered.webhook()["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 # --- values schema ----------------------------------------------------------------------------
@@ -451,7 +471,9 @@ def test_network_policy_opens_webhook_and_metrics_only(helm: Helm) -> None:
     ("value", "message"),
     [
         ("replicas=-1", "'/replicas': minimum: got -1, want 0"),
-        ("replicas=2", "'/replicas': maximum: got 2, want 1"),
+        ("replicas=11", "'/replicas': maximum: got 11, want 10"),
+        ("webhook.replicas=0", "'/webhook/replicas': minimum: got 0, want 1"),
+        ("leaderElection.retryPeriodSeconds=0", "'/leaderElection/retryPeriodSeconds'"),
         ("image.tag=5", "'/image/tag': got number, want string"),
         ("webhook.failurePolicy=Maybe", "'/webhook/failurePolicy': value must be one of"),
         ("webhook.timeoutSeconds=31", "'/webhook/timeoutSeconds'"),
@@ -476,7 +498,7 @@ def test_extra_env_reaches_the_operator_container_after_the_charts_own(helm: Hel
         "extraEnv[1].name=KVGATE_BIND_ADDRESS",
         "extraEnv[1].valueFrom.fieldRef.fieldPath=status.podIP",
     )
-    (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = rendered.controller()["spec"]["template"]["spec"]["containers"]
     env = container["env"]
     assert env[-2:] == [
         {"name": "NO_PROXY", "value": ".svc"},
@@ -527,15 +549,20 @@ def test_chart_notes_tell_the_user_what_to_apply_next(helm: Helm, tmp_path: Path
 def test_every_value_is_documented_in_values_yaml() -> None:
     lines = (CHART / "values.yaml").read_text().splitlines()
     undocumented = []
-    free_form_parent = False  # children of `resources:` are Kubernetes' own ResourceRequirements
+    # Children of a `resources:` key (at any depth) are Kubernetes' own ResourceRequirements.
+    free_form_indent: int | None = None
     for number, line in enumerate(lines, start=1):
         match = re.match(r"^(\s*)([A-Za-z][\w.-]*):\s*(.*)$", line)
         if not match:
             continue
         indent, key, value = match.groups()
-        if not indent:
-            free_form_parent = key == "resources"
-        if value == "" or (indent and free_form_parent):
+        if free_form_indent is not None and len(indent) <= free_form_indent:
+            free_form_indent = None
+        if free_form_indent is not None:
+            continue
+        if key == "resources":
+            free_form_indent = len(indent)
+        if value == "":
             continue
         previous = next(p for p in reversed(lines[: number - 1]) if p.strip())
         if not previous.strip().startswith("#"):

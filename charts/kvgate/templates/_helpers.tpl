@@ -36,9 +36,31 @@ app.kubernetes.io/component: operator
 {{- define "kvgate.labels" -}}
 helm.sh/chart: {{ include "kvgate.chart" . }}
 {{ include "kvgate.selectorLabels" . }}
+{{ include "kvgate.commonLabels" . }}
+{{- end }}
+
+{{- define "kvgate.commonLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: kvgate
+{{- end }}
+
+{{/* The webhook's own pods (Deployment <fullname>-webhook): the controller's selector, with
+component "operator", never matches them. */}}
+{{- define "kvgate.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end }}
+
+{{- define "kvgate.webhookLabels" -}}
+helm.sh/chart: {{ include "kvgate.chart" . }}
+{{ include "kvgate.webhookSelectorLabels" . }}
+{{ include "kvgate.commonLabels" . }}
+{{- end }}
+
+{{- define "kvgate.webhookName" -}}
+{{- printf "%s-webhook" (include "kvgate.fullname" .) }}
 {{- end }}
 
 {{- define "kvgate.serviceAccountName" -}}

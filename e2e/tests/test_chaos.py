@@ -1,0 +1,379 @@
+"""Chaos on the real control plane (issue 12): kvgate keeps its promises while its own parts and
+the API server fail under it. The invariant sampler runs through every scenario.
+
+1. **Leader killed mid-rollout.** The controller runs 2 leader-elected replicas. In each round one
+   ModelDeployment goes through its life — create, a safe update, an update the live check must
+   refuse, delete — and during each step the leading pod is killed (``kubectl delete pod
+   --grace-period=0 --force``: SIGKILL, no Lease release) at a random point. Every step must end
+   as it would without the kill: served, served by the new revision, refused with the old one
+   still serving, everything gone. Measured per kill: kill -> another replica holds the Lease,
+   and kill -> a ModelDeployment change made right after the kill is reconciled
+   (``status.observedGeneration``) — the failover a user sees.
+2. **Webhook pods lost during 50 concurrent applies.** 50 ``kubectl apply --dry-run=server``
+   (the whole admission chain; nothing is persisted) run at once, repeatedly, while a webhook pod
+   is deleted (as a drain or rollout does) and while the webhook Deployment is restarted: every
+   apply gets kvgate's own answer, none fails because admission was unavailable.
+3. **The API server restarted mid-rollout.** kube-apiserver is stopped for 3 s while a new
+   ModelDeployment's engines start; the rollout completes and serves known answers.
+
+Rounds: ``KVGATE_E2E_CHAOS_ROUNDS`` (default 1 = 4 leader kills, what ``make test`` runs;
+``make chaos`` runs 5 = 20 kills). The random points come from ``KVGATE_E2E_CHAOS_SEED``
+(printed, so a failure can be replayed).
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_chaos.py -v -s`` (root).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import (
+    KNOWN_PROMPT_IDS,
+    OPERATOR_NAMESPACE,
+    WEBHOOK_DEPLOYMENT,
+    World,
+    is_ready,
+    known_answer_body,
+    output_ids,
+    unsafe_probe_md,
+)
+from scenario_helpers import deadline_loop, on_pool_without_estimate, sample_md
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+MODEL = "llama-3.1-8b"
+ROUNDS = int(os.environ.get("KVGATE_E2E_CHAOS_ROUNDS", "1"))
+SEED = int(os.environ.get("KVGATE_E2E_CHAOS_SEED", str(int(time.time()))))
+KILL_WITHIN_SECONDS = 6.0  # each step's kill lands at a uniform random point of this window
+CONCURRENT_APPLIES = 50
+
+
+# ---------------------------------------------------------------------------------- helpers
+def serving(world: World, name: str, ns: str, revision_not: str | None = None) -> Any:
+    md = world.get_md(name, ns)
+    status = (md or {}).get("status") or {}
+    revision = status.get("servingRevision")
+    if not revision or revision == revision_not:
+        return None
+    return md if is_ready({"status": {"conditions": status.get("conditions")}}) else None
+
+
+def known_answer(world: World, name: str, ns: str) -> bool:
+    code, answer = world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
+    return code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4]
+
+
+@dataclass
+class Failovers:
+    to_new_holder: list[float] = field(default_factory=list)
+    to_reconciled: list[float] = field(default_factory=list)
+
+    def summary(self) -> str:
+        def fmt(values: list[float]) -> str:
+            if not values:
+                return "n/a"
+            return f"p50 {statistics.median(values):.1f}s max {max(values):.1f}s"
+
+        return (
+            f"{len(self.to_new_holder)} leader kills: kill -> new Lease holder "
+            f"{fmt(self.to_new_holder)}; kill -> a change reconciled by the new leader "
+            f"{fmt(self.to_reconciled)}"
+        )
+
+
+def kill_leader(world: World) -> tuple[str, float]:
+    """SIGKILL the leading controller pod (force delete, grace 0): no Lease release."""
+    leader = world.leader_name()
+    assert leader, "no replica holds the controller Lease"
+    world.kubectl(
+        "delete",
+        "pod",
+        leader,
+        f"--namespace={OPERATOR_NAMESPACE}",
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+        check=False,
+    )
+    return leader, time.monotonic()
+
+
+def failover(
+    world: World, ns: str, name: str | None, killed: str, at: float, out: Failovers
+) -> None:
+    """Right after a kill: change the ModelDeployment (a rollout setting: a new generation, no
+    new revision) and time how long until another replica holds the Lease and has reconciled
+    that generation."""
+    md = world.get_md(name, ns) if name else None
+    if md is not None and name:
+        timeout = int(md["spec"]["rollout"].get("verifyTimeoutSeconds", 900))
+        world.kubectl(
+            "patch",
+            "md",
+            name,
+            f"--namespace={ns}",
+            "--type=merge",
+            "-p",
+            yaml.safe_dump({"spec": {"rollout": {"verifyTimeoutSeconds": timeout + 1}}}),
+        )
+    deadline_loop(
+        "another controller replica to hold the Lease",
+        lambda: (h := world.leader_name()) is not None and h != killed,
+        90,
+    )
+    out.to_new_holder.append(time.monotonic() - at)
+    if md is None or not name:
+        return
+    latest = world.get_md(name, ns)
+    assert latest is not None
+    generation = int(latest["metadata"]["generation"])
+
+    def reconciled() -> bool:
+        status = (world.get_md(name, ns) or {}).get("status") or {}
+        return int(status.get("observedGeneration") or 0) >= generation
+
+    deadline_loop("the new leader to reconcile the change", reconciled, 90)
+    out.to_reconciled.append(time.monotonic() - at)
+
+
+def kill_during(
+    world: World, ns: str, name: str, rng: random.Random, out: Failovers, step: str
+) -> threading.Thread:
+    """Kill the leader at a random point of the next KILL_WITHIN_SECONDS, from a thread, and
+    time the failover; the step under test runs meanwhile."""
+    delay = rng.uniform(0, KILL_WITHIN_SECONDS)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            time.sleep(delay)  # the random point of the step at which the leader dies
+            killed, at = kill_leader(world)
+            print(f"chaos: {step}: killed leader {killed} {delay:.1f}s into the step")
+            failover(world, ns, None if step == "delete" else name, killed, at, out)
+        except BaseException as exc:  # reported by join_kill
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=f"kill-{step}", daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread
+
+
+def join_kill(thread: threading.Thread) -> None:
+    thread.join(180)
+    assert not thread.is_alive(), "the leader kill did not finish"
+    errors: list[BaseException] = thread.errors  # type: ignore[attr-defined]
+    if errors:
+        raise errors[0]
+
+
+# ------------------------------------------------------------------------- 1. leader killed
+def lifecycle_with_kills(
+    world: World, ns: str, name: str, rng: random.Random, out: Failovers
+) -> None:
+    """create, safe update, refused update, delete: the leader is killed during each."""
+    # create: served although the leader died on the way
+    world.apply(sample_md(name), namespace=ns)
+    kill = kill_during(world, ns, name, rng, out, "create")
+    first = deadline_loop("the created revision to serve", lambda: serving(world, name, ns), 300)
+    join_kill(kill)
+    first_revision = first["status"]["servingRevision"]
+    assert known_answer(world, name, ns)
+
+    # safe update: the new revision takes over
+    update = sample_md(name)
+    update["spec"]["decode"]["memFractionStatic"] = 0.84
+    world.apply(update, namespace=ns)
+    kill = kill_during(world, ns, name, rng, out, "update")
+    second = deadline_loop(
+        "the updated revision to serve",
+        lambda: serving(world, name, ns, revision_not=first_revision),
+        300,
+    )
+    join_kill(kill)
+    second_revision = second["status"]["servingRevision"]
+    assert known_answer(world, name, ns)
+
+    # unsafe update (only the live check can tell): refused, the old revision keeps serving
+    world.apply(on_pool_without_estimate(sample_md(name), "small"), namespace=ns)
+    kill = kill_during(world, ns, name, rng, out, "refused-update")
+
+    def refused() -> dict[str, Any] | None:
+        md = world.get_md(name, ns)
+        status = (md or {}).get("status") or {}
+        return md if status.get("refusedRevision") not in (None, second_revision) else None
+
+    refusal = deadline_loop("the unsafe revision to be refused", refused, 300)
+    join_kill(kill)
+    assert refusal["status"]["servingRevision"] == second_revision
+    assert known_answer(world, name, ns)
+
+    # delete: everything it owned goes
+    world.kubectl("delete", "md", name, f"--namespace={ns}", "--wait=false")
+    kill = kill_during(world, ns, name, rng, out, "delete")
+    deadline_loop(
+        "the ModelDeployment and everything it owned to be gone",
+        lambda: (
+            world.get_md(name, ns) is None
+            and not world.list("pods", ns, f"kvgate.io/deployment={name}")
+            and not world.list("deployments", ns, f"kvgate.io/deployment={name}")
+        ),
+        180,
+    )
+    join_kill(kill)
+
+
+def test_killing_the_leader_at_random_points_of_rollouts_changes_no_outcome(
+    world: World, namespace: str
+) -> None:
+    rng = random.Random(SEED)
+    print(f"\nchaos seed {SEED} (KVGATE_E2E_CHAOS_SEED), {ROUNDS} round(s) of 4 kills")
+    out = Failovers()
+    with InvariantSampler(world.cluster, namespace, name="chaos-leader"):
+        for round_ in range(ROUNDS):
+            lifecycle_with_kills(world, namespace, f"chaos-{round_}", rng, out)
+    print(f"MEASURED failover: {out.summary()}")
+    assert len(out.to_new_holder) == 4 * ROUNDS
+
+
+# ------------------------------------------------------------------- 2. webhook pods lost
+def apply_dry_run(world: World, manifest: str) -> subprocess.CompletedProcess[str]:
+    result: subprocess.CompletedProcess[str] = world.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=manifest, check=False
+    )
+    return result
+
+
+def wave(world: World, safe: str, unsafe: str) -> list[str]:
+    """50 dry-run applies at once, every other one unsafe; what was not kvgate's answer."""
+    results: list[tuple[bool, subprocess.CompletedProcess[str]]] = []
+    lock = threading.Lock()
+
+    def one(expect_denied: bool) -> None:
+        result = apply_dry_run(world, unsafe if expect_denied else safe)
+        with lock:
+            results.append((expect_denied, result))
+
+    threads = [threading.Thread(target=one, args=(i % 2 == 1,)) for i in range(CONCURRENT_APPLIES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == CONCURRENT_APPLIES
+    bad = []
+    for expect_denied, result in results:
+        if expect_denied:
+            ok = result.returncode != 0 and "denied the request" in result.stderr
+        else:
+            ok = result.returncode == 0
+        if not ok:
+            bad.append(f"rc={result.returncode}: {(result.stderr or result.stdout)[:300]}")
+    return bad
+
+
+def concurrent_applies(world: World, ns: str, stop: threading.Event) -> list[str]:
+    """Waves of 50 concurrent dry-run applies (half safe, half unsafe) until ``stop``; returns
+    every outcome that was not kvgate's own answer (allowed, or denied by kvgate)."""
+    safe = yaml.safe_dump({**sample_md("admit-me"), "metadata": {"name": "admit-me"}})
+    unsafe_doc = unsafe_probe_md()
+    unsafe_doc["metadata"]["namespace"] = ns
+    unsafe = yaml.safe_dump(unsafe_doc)
+    safe_doc = yaml.safe_load(safe)
+    safe_doc["metadata"]["namespace"] = ns
+    safe = yaml.safe_dump(safe_doc)
+    bad: list[str] = []
+    waves = 0
+    while not stop.is_set() or waves == 0:
+        bad.extend(wave(world, safe, unsafe))
+        waves += 1
+    print(f"MEASURED {waves} waves of {CONCURRENT_APPLIES} concurrent applies, {len(bad)} failed")
+    return bad
+
+
+def during_applies(world: World, ns: str, disruption: Callable[[], None]) -> list[str]:
+    stop = threading.Event()
+    bad: list[str] = []
+    thread = threading.Thread(
+        target=lambda: bad.extend(concurrent_applies(world, ns, stop)), daemon=True
+    )
+    thread.start()
+    try:
+        disruption()
+    finally:
+        stop.set()
+        thread.join(300)
+    assert not thread.is_alive()
+    return bad
+
+
+def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
+    world: World, namespace: str
+) -> None:
+    ns = namespace
+    assert len(world.webhook_pods()) == 2
+
+    def delete_one_webhook_pod() -> None:
+        time.sleep(1.0)
+        victim = world.webhook_pods()[0]["metadata"]["name"]
+        world.kubectl("delete", "pod", victim, f"--namespace={OPERATOR_NAMESPACE}", "--wait=true")
+        deadline_loop(
+            "2 Ready webhook pods again",
+            lambda: len([p for p in world.webhook_pods() if is_ready(p)]) == 2,
+            120,
+        )
+
+    bad = during_applies(world, ns, delete_one_webhook_pod)
+    assert bad == [], bad[:5]
+
+    def restart_the_webhook_deployment() -> None:
+        world.kubectl(
+            "rollout",
+            "restart",
+            f"deployment/{WEBHOOK_DEPLOYMENT}",
+            f"--namespace={OPERATOR_NAMESPACE}",
+        )
+        world.kubectl(
+            "rollout",
+            "status",
+            f"deployment/{WEBHOOK_DEPLOYMENT}",
+            f"--namespace={OPERATOR_NAMESPACE}",
+            "--timeout=180s",
+        )
+
+    bad = during_applies(world, ns, restart_the_webhook_deployment)
+    assert bad == [], bad[:5]
+
+
+# ----------------------------------------------------------------- 3. API server restarted
+def test_a_rollout_completes_when_the_api_server_restarts_in_the_middle_of_it(
+    world: World, namespace: str
+) -> None:
+    ns = namespace
+    name = "apiserver"
+    with InvariantSampler(world.cluster, ns, name="chaos-apiserver") as sampler:
+        world.apply(sample_md(name), namespace=ns)
+        deadline_loop(
+            "the engine pods to be created",
+            lambda: len(world.list("pods", ns, f"kvgate.io/deployment={name}")) >= 2,
+            120,
+        )
+        with sampler.api_outage():
+            outage = world.cluster.restart_apiserver(down_seconds=3.0)
+        print(f"MEASURED kube-apiserver down (stop -> /readyz) {outage:.1f}s")
+        md = deadline_loop("the rollout to serve", lambda: serving(world, name, ns), 300)
+        assert md["status"]["servingRevision"]
+        deadline_loop("a known answer", lambda: known_answer(world, name, ns), 60)
