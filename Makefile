@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo lint typecheck unit conformance e2e e2e-deps crds venv clean
+.PHONY: test demo lint typecheck unit conformance e2e e2e-deps chaos crds venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,12 @@ e2e-deps: $(STAMP)
 # KVGATE_REQUIRE_E2E=1: a missing control-plane build fails the tier instead of skipping it.
 e2e: e2e-deps
 	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q e2e/tests
+
+# The chaos loops at full length (issue 12): 20 leader kills (5 lifecycles of create, update,
+# refused update, delete) and 20 operator-down rounds; `make test` runs 4 and 3 of them.
+chaos: e2e-deps
+	KVGATE_REQUIRE_E2E=1 KVGATE_E2E_CHAOS_ROUNDS=5 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=20 \
+	  $(BIN)/pytest -q -s e2e/tests/test_chaos.py e2e/tests/test_scenario_operator_down.py
 
 # e2e-deps first: it builds helm, which the chart tests in `unit` run for real.
 test: lint typecheck e2e-deps unit conformance e2e

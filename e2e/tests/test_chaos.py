@@ -357,6 +357,22 @@ def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
     bad = during_applies(world, ns, restart_the_webhook_deployment)
     assert bad == [], bad[:5]
 
+    def crash_one_webhook_container() -> None:
+        time.sleep(1.0)
+        victim = world.webhook_pods()[0]["metadata"]["name"]
+        kubelet = world.kubelet
+        kubelet.call(kubelet.kubelet.restart_container(OPERATOR_NAMESPACE, victim, "webhook"))
+        deadline_loop(
+            "2 Ready webhook pods after the crash",
+            lambda: len([p for p in world.webhook_pods() if is_ready(p)]) == 2,
+            120,
+        )
+        time.sleep(1.0)
+
+    bad = during_applies(world, ns, crash_one_webhook_container)
+    print(f"MEASURED webhook container SIGKILLed during applies: {len(bad)} failed: {bad[:3]}")
+    assert bad == [], bad[:5]
+
 
 # ----------------------------------------------------------------- 3. API server restarted
 def test_a_rollout_completes_when_the_api_server_restarts_in_the_middle_of_it(
