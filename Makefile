@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,reference]'
+	$(BIN)/pip install --quiet -e '.[test,reference,plot]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 venv: $(STAMP)

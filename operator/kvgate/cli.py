@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "validate": "kvgate.admission.command:main",
     "estimate": "kvgate_engine.commands:estimate_main",
     "verify": "kvgate_engine.commands:verify_main",
+    "plan": "kvgate.plan_command:main",
     "operator": "kvgate.main:run",
     "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.guard:main",
@@ -58,6 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-gib", type=float, default=None, help="weights of one replica, GiB")
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser(
+        "plan",
+        help="which context a GPU shape safely holds, and the cheapest shape for a context",
+        description="Exit 0: a shape holds the context; 1: nothing searched holds it (or the "
+        "weights fit nowhere; with -f: a role does not hold its contextLength); 2: usage or "
+        "input error. Lists take commas or repeated values: --tp 1,2,4,8.",
+    )
+    p.add_argument("-f", "--file", default=None, help="plan an existing ModelDeployment YAML")
+    p.add_argument("--config", default=None, help="the model's config.json (a search)")
+    p.add_argument("--weights-gib", type=float, default=None, help="weights of one replica, GiB")
+    p.add_argument("--gpu-memory-gib", nargs="+", default=None, metavar="G", help="GPU sizes")
+    p.add_argument("--tp", nargs="+", default=None, metavar="N", help="default 1,2,4,8")
+    p.add_argument("--kv-cache-dtype", nargs="+", default=None, help="default auto,fp8_e4m3")
+    p.add_argument("--mem-fraction-static", nargs="+", default=None, help="default 0.85")
+    p.add_argument("--headroom", type=float, default=None, help="pool / context, default 1.0")
+    p.add_argument("--context-length", type=int, default=None, help="the context to hold")
+    p.add_argument("--page-size", type=int, default=None, help="default 1")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the plan (needs [plot])")
 
     p = sub.add_parser("verify", help="verify a live engine (or its saved /server_info)")
     src = p.add_mutually_exclusive_group(required=True)

@@ -1,0 +1,72 @@
+"""Public model configs (trimmed to what the estimator reads) for the planner's tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan"
+LLAMA_70B_CONFIG = GOLDEN / "llama-3.1-70b-config.json"
+LLAMA_31_70B: dict[str, Any] = json.loads(LLAMA_70B_CONFIG.read_text())
+LLAMA_70B_WEIGHTS_GIB = 131.5  # 70.6 B parameters in bfloat16
+
+LLAMA_31_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "factor": 8.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "torch_dtype": "bfloat16",
+}
+
+QWEN3_4B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "head_dim": 128,
+    "intermediate_size": 9728,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 36,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+# MLA: the latent is replicated on every rank, so TP only adds room for it.
+DEEPSEEK_V3: dict[str, Any] = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_hidden_layers": 61,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "max_position_embeddings": 163840,
+    "rope_scaling": {"factor": 40, "original_max_position_embeddings": 4096, "type": "yarn"},
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"},
+    "torch_dtype": "bfloat16",
+}
+DEEPSEEK_V3_WEIGHTS_GIB = 642.0
+
+# No attention shape the estimator knows: a state-space model.
+MAMBA: dict[str, Any] = {
+    "architectures": ["MambaForCausalLM"],
+    "model_type": "mamba",
+    "d_model": 2560,
+    "n_layer": 64,
+    "vocab_size": 50280,
+    "torch_dtype": "bfloat16",
+}
