@@ -60,6 +60,11 @@ class _Model(BaseModel):
     )
 
 
+# The CUDA context (~0.5 GiB on Hopper) and NCCL buffers exist before SGLang measures free
+# memory; kvgate_engine.estimator.DEFAULT_GPU_RESERVED_GIB is the same figure.
+DEFAULT_GPU_RESERVED_GIB = 1.0
+
+
 class KvCacheDtype(StrEnum):
     AUTO = "auto"
     FP8_E4M3 = "fp8_e4m3"
@@ -281,6 +286,16 @@ class RoleSpec(_Model):
         gt=0,
         description="Memory of one GPU in GiB; enables the admission-time pool estimate.",
     )
+    gpu_reserved_gi_b: float = Field(
+        default=DEFAULT_GPU_RESERVED_GIB,
+        alias="gpuReservedGiB",
+        ge=0,
+        description=(
+            "GPU memory in GiB the engine never sees as free: the CUDA context, NCCL buffers "
+            "and other tenants. The admission estimate applies memFractionStatic to "
+            "gpuMemoryGiB minus this, as SGLang applies it to the free memory it measures."
+        ),
+    )
     resources: Resources = Field(
         default_factory=Resources, description="CPU/memory requests and limits."
     )
@@ -350,6 +365,16 @@ class RolloutSpec(_Model):
         ge=1,
         le=MAX_REVERIFY_INTERVAL_SECONDS,
         description="How often every engine pod is re-verified against its live engine.",
+    )
+    revision_history_limit: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description=(
+            "How many revisions that served keep their full spec in status.history, so "
+            "`kubectl annotate md <name> kvgate.io/rollback=<revision>` can bring one back "
+            "(re-created and verified before it takes traffic) without its objects running."
+        ),
     )
 
 
@@ -436,6 +461,20 @@ class RolloutStatus(_Model):
     )
 
 
+class HistoryEntry(_Model):
+    """A revision that served, with the spec it was rolled out from (for kvgate.io/rollback)."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    served_at: str | None = Field(default=None, description="When it first served (RFC 3339).")
+    spec: dict[str, Any] = Field(
+        description=(
+            "The spec of that revision, as applied (kept as written: it is validated again, by "
+            "the webhook too, when restored)."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
 class ModelDeploymentStatus(_Model):
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation this status reflects."
@@ -472,6 +511,17 @@ class ModelDeploymentStatus(_Model):
         max_length=10,
         description="Requirements of the revisions kvgate runs (the target first). Written by "
         "the operator; engine pods are verified against these, never against pod annotations.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
+    )
+    history: list[HistoryEntry] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The last spec.rollout.revisionHistoryLimit revisions that served, newest "
+        "first, with their specs: what kvgate.io/rollback=<revision> can restore. Written by "
+        "the operator.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["revision"],

@@ -18,7 +18,7 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +32,7 @@ from kvgate.api import GROUP, PLURAL, VERSION
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -52,6 +53,7 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(f"{method} {path} -> HTTP {status}: {message}")
         self.status = status
+        self.message = message
         self.retry_after = retry_after  # seconds, from a Retry-After header (429, 503)
 
 
@@ -202,7 +204,7 @@ class KubeApi:
         method: str,
         path: str,
         *,
-        body: Body | None = None,
+        body: Body | Sequence[Body] | None = None,
         content_type: str = JSON,
         params: dict[str, str] | None = None,
         missing_ok: bool = False,
@@ -283,7 +285,13 @@ class KubeApi:
             raise
 
     async def patch(
-        self, kind: str, namespace: str, name: str, patch: Body, *, content_type: str = MERGE_PATCH
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: Body | Sequence[Body],
+        *,
+        content_type: str = MERGE_PATCH,
     ) -> Body | None:
         return await self.request(
             "PATCH", self.path(kind, namespace, name), body=patch, content_type=content_type

@@ -16,12 +16,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvgate import builders, gate, labels, metrics, network_policy, requirements, router_auth
+from kvgate import (
+    builders,
+    gate,
+    labels,
+    metrics,
+    network_policy,
+    requirements,
+    rollback,
+    router_auth,
+)
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.conflict_status import conflict_events, with_conflicts
 from kvgate.handlers.router_workers import audit_loop
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
-from kvgate.k8s import MERGE_PATCH
+from kvgate.k8s import JSON_PATCH, MERGE_PATCH, ApiError
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
 from kvgate.revision import revision_of
@@ -137,6 +146,18 @@ class Reconciler:
         )
         target = revision_of(spec)
         metrics.CONTEXT_LENGTH_TOKENS.labels(ns, name).set(spec.model.context_length)
+        requested = (meta.get("annotations") or {}).get(rollback.ROLLBACK_ANNOTATION)
+        decision = rollback.decide_rollback(
+            requested,
+            rollback.history_in(body.get("status")),
+            target_revision=target,
+            revision_of=_revision_of_raw,
+        )
+        if decision is not None:
+            # The patched ModelDeployment comes back as a watch event and wakes the next pass,
+            # which rolls out the restored spec like any other.
+            await self._rollback(body, decision)
+            return None
 
         # gather
         selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
@@ -191,6 +212,16 @@ class Reconciler:
             previous,
             requirements.record_of(spec, target),
             keep={w.revision for w in workloads} | {step.serving_revision or ""},
+        )
+        # The spec of every revision that served (the last revisionHistoryLimit), so
+        # kvgate.io/rollback=<revision> never depends on its objects still running.
+        status["history"] = rollback.updated_history(
+            previous,
+            serving_revision=step.serving_revision,
+            target_revision=target,
+            spec=body.get("spec") or {},
+            served_at=self.rt.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+            limit=spec.rollout.revision_history_limit,
         )
         status = with_conflicts(
             status,
@@ -424,6 +455,45 @@ class Reconciler:
         await self.rt.api.patch_md_status(self.namespace, self.name, status)
         await self._event(body, event.type, event.reason, event.message)
 
+    async def _rollback(self, body: Body, decision: rollback.RollbackDecision) -> None:
+        """Apply a kvgate.io/rollback decision: restore the recorded spec (the API server's
+        admission, kvgate's webhook included, checks it as any update) and drop the annotation;
+        a refused restore still drops it and says why."""
+        api, ns, name = self.rt.api, self.namespace, self.name
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        event = (decision.event_type, decision.reason, decision.message)
+        try:
+            await api.patch(
+                "ModelDeployment",
+                ns,
+                name,
+                rollback.rollback_patch(decision, version),
+                content_type=JSON_PATCH,
+            )
+        except ApiError as exc:
+            denied = "denied the request" in exc.message or exc.status in (400, 403)
+            if decision.spec is None or not denied:
+                # 404/409, or the resourceVersion test failed (422): changed or deleted
+                # meanwhile; the next pass decides again.
+                if exc.status in (404, 409, 422):
+                    return
+                raise
+            refused = rollback.RollbackDecision(None, "Warning", "RollbackRefused", "")
+            await api.patch(
+                "ModelDeployment",
+                ns,
+                name,
+                rollback.rollback_patch(refused, version),
+                content_type=JSON_PATCH,
+            )
+            event = (
+                "Warning",
+                "RollbackRefused",
+                f"restoring the recorded spec was refused by the API server (HTTP {exc.status}): "
+                f"{exc.message}",
+            )
+        await self._event(body, *event)
+
     async def _event(self, body: Body, type_: str, reason: str, message: str) -> None:
         try:
             await self.rt.api.post_event(
@@ -469,6 +539,14 @@ def _pods_of(deployments: list[Body], pods: list[Body]) -> list[Body]:
 
 def _key(body: Body) -> str:
     return str(body.get("metadata", {}).get("name", ""))
+
+
+def _revision_of_raw(raw: Any) -> str | None:
+    """The revision this operator computes for a recorded spec; None if it no longer parses."""
+    try:
+        return revision_of(ModelDeploymentSpec.model_validate(raw))
+    except ValidationError:
+        return None
 
 
 def next_interval(rt: Runtime, step: RolloutStep | None) -> float:
