@@ -31,7 +31,7 @@ from kvgate_engine.probe import (
 )
 from kvgate_engine.report import EngineReport
 from kvgate_engine.untrusted import BodyLimits, Unreadable, count_values, decode_json
-from kvgate_engine.verdict import Outcome, Requirement, Verdict
+from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine"
 CTX = 131_072
@@ -949,3 +949,89 @@ async def test_a_compressed_body_is_not_inflated(engine: EngineStub) -> None:
     assert seen == ["identity"]  # kvgate asks for the bytes as they are
     assert verdict.outcome is Outcome.CANNOT_TELL and verdict.reason == "ReportUnreadable"
     assert f"not JSON ({len(bomb_body):,} bytes)" in verdict.message
+
+
+# --- DP attention (SGLang 0.5.23, sglang/srt/arg_groups/parallel_hook.py
+# handle_deprecated_dp_attention: `--dp-size N --enable-dp-attention` -> attn_dp_size N, dp_size 1;
+# one scheduler, so one KV pool, per rank of dp_size × attn_dp_size:
+# sglang/srt/runtime_context.py num_dp_ranks_of)
+
+
+def _dp_attention(
+    ranks: int, reported: int, pools: tuple[int, ...] | None = None
+) -> dict[str, Any]:
+    info = load("server_info_0.5.23_decode.json")
+    rank0 = info["internal_states"][0]
+    states = []
+    for index in range(reported):
+        state = json.loads(json.dumps(rank0))
+        if pools is not None:
+            state["memory_usage"]["token_capacity"] = pools[index]
+        states.append(state)
+    return info | {
+        "dp_size": 1,
+        "attn_dp_size": ranks,
+        "enable_dp_attention": ranks > 1,
+        "internal_states": states,
+    }
+
+
+def test_dp_attention_pool_is_the_minimum_over_all_attention_dp_ranks() -> None:
+    info = _dp_attention(4, 4, pools=(500_000, 412_345, 300_000, 450_000))
+    report = parse_report(info, load("models_131072.json"))
+    assert report.kv_pool_tokens == 300_000
+    assert report.kv_pool_tokens_per_rank == (500_000, 412_345, 300_000, 450_000)
+
+
+def test_dp_attention_engine_reporting_fewer_ranks_than_attn_dp_size_cannot_tell() -> None:
+    # dp_size stays 1 under DP attention: counting dp_size alone would take rank 0's pool for all.
+    report = parse_report(_dp_attention(4, 1), load("models_131072.json"))
+    assert report.kv_pool_tokens is None
+    assert report.problems[0] == (
+        "dp_size 1 × attn_dp_size 4 = 4 DP ranks but internal_states reports 1 rank(s); the "
+        "smallest pool is unknown"
+    )
+    assert verify_offline(report).outcome is Outcome.CANNOT_TELL
+
+
+def test_max_total_num_tokens_is_not_trusted_under_dp_attention() -> None:
+    info = load("server_info_flat_no_memory_usage.json") | {"dp_size": 1, "attn_dp_size": 8}
+    report = parse_report(info, None)
+    assert report.kv_pool_tokens is None
+    assert report.problems[1].startswith(
+        "dp_size 1 × attn_dp_size 8 = 8 DP ranks but no DP rank reports"
+    )
+
+
+def test_the_projection_keeps_attn_dp_size() -> None:
+    info = _dp_attention(4, 1)
+    assert project_server_info(info)["attn_dp_size"] == 4  # type: ignore[index]
+    assert parse_report(project_server_info(info), None) == parse_report(info, None)
+
+
+# --- --enable-pd-role-switch: the live role is per rank
+# (sglang/srt/managers/scheduler_components/internal_state.py _add_disaggregation writes the
+# scheduler's current mode into each rank's internal state; the top level is the start-up flag)
+
+
+def test_the_live_rank_role_wins_over_the_start_up_role() -> None:
+    info = _dp_attention(2, 2)
+    for state in info["internal_states"]:
+        state["disaggregation_mode"] = "prefill"  # flipped at run time via /pd_role_switch
+    report = parse_report(info | {"disaggregation_mode": "decode"}, load("models_131072.json"))
+    assert report.role == "prefill"
+    verdict = judge(report, Requirement(CTX, role="decode"))
+    assert verdict.outcome is Outcome.UNSAFE
+    assert verdict.reason == "RoleMismatch"
+
+
+def test_ranks_in_different_roles_leave_the_role_unknown_and_never_safe() -> None:
+    info = _dp_attention(2, 2)
+    info["internal_states"][1]["disaggregation_mode"] = "prefill"
+    report = parse_report(info, load("models_131072.json"))
+    assert report.role is None
+    assert report.problems == (
+        'DP ranks run different disaggregation_mode ("decode" on 1 rank(s), "prefill" on 1 '
+        "rank(s)); with --enable-pd-role-switch the live role is per rank",
+    )
+    assert judge(report, Requirement(CTX, role="decode")).outcome is Outcome.CANNOT_TELL

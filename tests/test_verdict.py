@@ -302,6 +302,38 @@ REPORT_TABLE = [
         ["EngineVersionTooOld"],
     ),
     ("a post release passes", healthy(version="0.5.22.post1"), Outcome.SAFE, []),
+    # sglang/version.py: a build without package metadata or a reachable tag says 0.0.0.devN
+    # (setuptools-scm adds +g<sha>); its number says nothing about the code: cannot tell.
+    (
+        "a source build's 0.0.0.dev1+g version cannot tell (sglang/version.py fallback)",
+        healthy(version="0.0.0.dev1+g1a2b3c4"),
+        Outcome.CANNOT_TELL,
+        ["EngineVersionUnknown"],
+    ),
+    (
+        "sglang/version.py's bare 0.0.0.dev0 fallback cannot tell",
+        healthy(version="0.0.0.dev0"),
+        Outcome.CANNOT_TELL,
+        ["EngineVersionUnknown"],
+    ),
+    (
+        "setuptools-scm's untagged guess 0.1.dev5+g cannot tell",
+        healthy(version="0.1.dev5+gdeadbee"),
+        Outcome.CANNOT_TELL,
+        ["EngineVersionUnknown"],
+    ),
+    (
+        "a dev build numbered after a release tag is judged by its number",
+        healthy(version="0.5.24.dev3+gdeadbee"),
+        Outcome.SAFE,
+        [],
+    ),
+    (
+        "a dev build numbered before the floor is too old",
+        healthy(version="0.5.21.dev7+gdeadbee"),
+        Outcome.UNSAFE,
+        ["EngineVersionTooOld"],
+    ),
     ("role missing but not required", healthy(role=None), Outcome.SAFE, []),
     (
         "unsafe wins over unknown",
@@ -363,3 +395,13 @@ def test_cannot_tell_helper_has_no_report() -> None:
     assert verdict.reason == "EngineUnreachable"
     assert verdict.message == "engine unreachable: connection refused"
     assert verdict.report is None
+
+
+def test_source_build_version_message_names_the_version_the_floor_and_the_way_out() -> None:
+    verdict = judge(healthy(version="0.0.0.dev1+g1a2b3c4"), Requirement(CTX, min_version="0.5.22"))
+    assert verdict.message == (
+        "engine version 0.0.0.dev1+g1a2b3c4 is a source build without a release number (SGLang "
+        "reports 0.0.0.devN when built outside a release tag, sglang/version.py), so whether it "
+        "is at or above minimum 0.5.22 cannot be told; run a released image (e.g. "
+        "lmsysorg/sglang:v0.5.23) or build from a release tag"
+    )

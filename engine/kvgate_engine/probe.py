@@ -8,8 +8,13 @@ made is CANNOT_TELL, never SAFE.
 Where the numbers come from (SGLang's own keys, stable across releases):
 
 - KV pool: ``internal_states[i].memory_usage.token_capacity``, one per DP rank, minimum taken.
-  When no rank reports it (older engines), the top-level ``max_total_num_tokens``, but only when
-  ``dp_size`` is 1: with DP that number is rank 0's alone.
+  The ranks are ``dp_size × attn_dp_size``: SGLang 0.5.23 turns ``--dp-size N
+  --enable-dp-attention`` into ``attn_dp_size = N, dp_size = 1``
+  (sglang/srt/arg_groups/parallel_hook.py ``handle_deprecated_dp_attention``) and runs one
+  scheduler per rank of both (``num_dp_ranks_of``, sglang/srt/runtime_context.py); releases
+  without ``attn_dp_size`` count attention-DP ranks in ``dp_size``. When no rank reports a pool
+  (older engines), the top-level ``max_total_num_tokens``, but only with one rank: with DP that
+  number is rank 0's alone.
 - ``max_req_input_len``: top level (scheduler handshake, DP rank 0).
 - Effective context length, first that is present:
   1. ``/v1/models`` ``data[0].max_model_len`` (the engine's ``model_config.context_len``);
@@ -17,7 +22,10 @@ Where the numbers come from (SGLang's own keys, stable across releases):
      SGLang uses as given (it refuses to start when it exceeds the model's own limit);
   3. ``max_req_input_len + 6``: SGLang sets ``max_req_input_len = min(ctx - 1, pool - 1) - 5``,
      so this is ``min(ctx, pool)``, a lower bound of the context, never an overstatement.
-- Role: ``disaggregation_mode`` (top level, else from DP rank 0's internal state).
+- Role: the live ``disaggregation_mode`` of every DP rank's internal state (SGLang writes the
+  scheduler's current mode there, sglang/srt/managers/scheduler_components/internal_state.py, so
+  it follows a ``--enable-pd-role-switch`` flip); ranks that disagree leave the role unknown. The
+  top level (the start-up argument) only when no rank reports one.
 
 The engine is whoever answers at the pod's address, so nothing it sends is echoed: problems show
 numbers, short plain tokens (``"both"``) and otherwise only the kind of value (``a string of 40
@@ -155,24 +163,62 @@ def _ranks(server_info: Mapping[str, Any], problems: list[str]) -> tuple[int, ..
     return tuple(pools)
 
 
-def _dp_size(server_info: Mapping[str, Any]) -> int:
-    value = server_info.get("dp_size")
+def _width(server_info: Mapping[str, Any], key: str) -> int:
+    value = server_info.get(key)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     return 1
 
 
+def _dp_ranks(server_info: Mapping[str, Any]) -> int:
+    """Schedulers with a KV pool of their own: ``dp_size × attn_dp_size`` (SGLang 0.5.23
+    ``num_dp_ranks_of``, sglang/srt/runtime_context.py; older releases have no attn_dp_size)."""
+    return _width(server_info, "dp_size") * _width(server_info, "attn_dp_size")
+
+
+def _ranks_text(server_info: Mapping[str, Any]) -> str:
+    dp, attn_dp = _width(server_info, "dp_size"), _width(server_info, "attn_dp_size")
+    if attn_dp == 1:
+        return f"dp_size is {dp:,}"
+    return f"dp_size {dp:,} × attn_dp_size {attn_dp:,} = {dp * attn_dp:,} DP ranks"
+
+
+def _rank_roles(server_info: Mapping[str, Any]) -> list[tuple[int, object]]:
+    states = server_info.get("internal_states")
+    if not isinstance(states, Sequence) or isinstance(states, str | bytes):
+        return []
+    return [
+        (rank, state["disaggregation_mode"])
+        for rank, state in enumerate(states)
+        if isinstance(state, Mapping) and state.get("disaggregation_mode") is not None
+    ]
+
+
 def _role(server_info: Mapping[str, Any], problems: list[str]) -> str | None:
-    mode = server_info.get("disaggregation_mode")
-    if mode is None:
-        states = server_info.get("internal_states")
-        if isinstance(states, Sequence) and states and isinstance(states[0], Mapping):
-            mode = states[0].get("disaggregation_mode")
+    """The engine's live role: every DP rank's, when they report one and agree."""
+    rank_roles = _rank_roles(server_info)
+    counts: dict[str, int] = {}
+    for _, mode in rank_roles:
+        counts[_show(mode)] = counts.get(_show(mode), 0) + 1
+    if len(counts) > 1:
+        by_mode = ", ".join(f"{shown} on {n:,} rank(s)" for shown, n in sorted(counts.items()))
+        problems.append(
+            f"DP ranks run different disaggregation_mode ({by_mode}); with "
+            "--enable-pd-role-switch the live role is per rank"
+        )
+        return None
+    started_as = server_info.get("disaggregation_mode")
+    checked = [("disaggregation_mode", started_as)]
+    if rank_roles:
+        rank, live = rank_roles[0]
+        checked.append((f"internal_states[{rank}].disaggregation_mode", live))
+    for where, mode in checked:
+        if mode is not None and mode not in ROLES:
+            problems.append(f"{where} is not one of prefill, decode, null: {_show(mode)}")
+            return None
+    mode = rank_roles[0][1] if rank_roles else started_as
     if mode is None:
         problems.append("disaggregation_mode is missing")
-        return None
-    if mode not in ROLES:
-        problems.append(f"disaggregation_mode is not one of prefill, decode, null: {_show(mode)}")
         return None
     return str(mode)
 
@@ -223,11 +269,11 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
         total = _read_tokens(
             server_info.get("max_total_num_tokens"), "max_total_num_tokens", fallback_problems
         )
-        dp = _dp_size(server_info)
+        dp = _dp_ranks(server_info)
         if total is not None and dp > 1:
             problems.append(
-                f"dp_size is {dp} but no DP rank reports memory_usage.token_capacity; "
-                f"max_total_num_tokens {total:,} covers rank 0 only"
+                f"{_ranks_text(server_info)} but no DP rank reports "
+                f"memory_usage.token_capacity; max_total_num_tokens {total:,} covers rank 0 only"
             )
             total = None
         elif total is None:
@@ -240,11 +286,11 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
     elif not per_rank:
         kv_pool = None
     else:
-        dp = _dp_size(server_info)
+        dp = _dp_ranks(server_info)
         if len(per_rank) < dp:
             problems.append(
-                f"dp_size is {dp} but internal_states reports {len(per_rank)} rank(s); the "
-                f"smallest pool is unknown"
+                f"{_ranks_text(server_info)} but internal_states reports {len(per_rank)} "
+                f"rank(s); the smallest pool is unknown"
             )
             kv_pool = None
         else:
@@ -310,6 +356,7 @@ _INFO_KEYS = (
     "max_req_input_len",
     "context_length",
     "dp_size",
+    "attn_dp_size",
     "served_model_name",
 )
 

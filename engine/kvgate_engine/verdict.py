@@ -23,6 +23,7 @@ CONTEXT_TOO_SHORT = "ContextTooShort"
 MAX_INPUT_TOO_SHORT = "MaxInputTooShort"
 ROLE_MISMATCH = "RoleMismatch"
 ENGINE_VERSION_TOO_OLD = "EngineVersionTooOld"
+ENGINE_VERSION_UNKNOWN = "EngineVersionUnknown"
 ENGINE_UNREACHABLE = "EngineUnreachable"
 REPORT_UNREADABLE = "ReportUnreadable"
 ENGINE_VERIFIED = "EngineVerified"
@@ -174,6 +175,14 @@ def _check_version(reported: str | None, floor: str) -> Finding | None:
         version = Version(reported)
     except InvalidVersion:
         return Finding(REPORT_UNREADABLE, f"engine version {reported!r} is not a PEP 440 version")
+    if is_unreleased_build(version):
+        return Finding(
+            ENGINE_VERSION_UNKNOWN,
+            f"engine version {reported} is a source build without a release number (SGLang "
+            f"reports 0.0.0.devN when built outside a release tag, sglang/version.py), so "
+            f"whether it is at or above minimum {floor} cannot be told; run a released image "
+            f"(e.g. lmsysorg/sglang:v0.5.23) or build from a release tag",
+        )
     if version < minimum:
         return Finding(
             ENGINE_VERSION_TOO_OLD,
@@ -181,6 +190,16 @@ def _check_version(reported: str | None, floor: str) -> Finding | None:
             f"{floor}, or lower safety.minEngineVersion)",
         )
     return None
+
+
+def is_unreleased_build(version: Version) -> bool:
+    """A version number that says nothing about the code: SGLang's fallback when built without
+    package metadata or tags (``0.0.0.dev0``, ``0.0.0.dev1+g<sha>``; sglang/version.py) and
+    setuptools-scm's guess for a checkout with no tag reachable (``0.1.devN+g<sha>``). A dev
+    build numbered after a real tag (``0.5.24.dev3+g<sha>``) is judged by its number."""
+    release = version.release
+    major_minor = (*release, 0, 0)[:2]
+    return major_minor == (0, 0) or (version.is_devrelease and major_minor == (0, 1))
 
 
 def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:
