@@ -54,13 +54,14 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_json_has_pool_bytes_per_token_and_context(
     capsys: pytest.CaptureFixture[str], llama: str
 ) -> None:
-    """80 GiB × 0.85 − 15 GiB = 53 GiB; 53 × 2^30 / 131,072 bytes = 434,176 tokens."""
+    """(81 GiB − 1 GiB reserved by default) × 0.85 − 15 GiB = 53 GiB;
+    53 × 2^30 / 131,072 bytes = 434,176 tokens."""
     code, out, _ = run(
         capsys,
         "--config",
         llama,
         "--gpu-memory-gib",
-        "80",
+        "81",
         "--tp",
         "1",
         "--weights-gib",
@@ -82,7 +83,7 @@ def test_weights_are_computed_from_a_llama_config(
     capsys: pytest.CaptureFixture[str], llama: str
 ) -> None:
     """8,030,261,248 params × 2 bytes = 14.96 GiB; (68 × 2^30 − 16,060,522,496) // 131,072."""
-    code, out, _ = run(capsys, "--config", llama, "--gpu-memory-gib", "80", "--tp", "1")
+    code, out, _ = run(capsys, "--config", llama, "--gpu-memory-gib", "81", "--tp", "1")
     assert code == 0
     assert out.splitlines()[0] == "KV pool: 434,523 tokens per engine (estimate; verify live)"
     assert "weights 14.96 GiB / TP 1" in out
@@ -93,7 +94,7 @@ def test_human_output_warns_when_the_pool_is_below_the_models_context(
 ) -> None:
     """24 GiB × 0.85 − 15 GiB = 5.4 GiB → 44,236 tokens (5.4 × 8,192 = 44,236.8)."""
     code, out, _ = run(
-        capsys, "--config", llama, "--gpu-memory-gib", "24", "--tp", "1", "--weights-gib", "15"
+        capsys, "--config", llama, "--gpu-memory-gib", "25", "--tp", "1", "--weights-gib", "15"
     )
     assert code == 0
     assert "KV pool: 44,236 tokens" in out
@@ -104,10 +105,11 @@ def test_weights_that_leave_no_room_exit_1_with_numbers(
     capsys: pytest.CaptureFixture[str], llama: str
 ) -> None:
     code, _, err = run(
-        capsys, "--config", llama, "--gpu-memory-gib", "16", "--tp", "1", "--weights-gib", "15"
+        capsys, "--config", llama, "--gpu-memory-gib", "17", "--tp", "1", "--weights-gib", "15"
     )
     assert code == 1
-    assert "weights leave no room for the KV cache: 16.0 GiB × mem-fraction-static 0.85" in err
+    budget = "(17.0 GiB − reserved 1 GiB) × mem-fraction-static 0.85"
+    assert f"weights leave no room for the KV cache: {budget}" in err
     assert "leaving -1.40 GiB" in err
 
 
@@ -117,7 +119,7 @@ def test_no_room_json_exits_1(capsys: pytest.CaptureFixture[str], llama: str) ->
         "--config",
         llama,
         "--gpu-memory-gib",
-        "16",
+        "17",
         "--tp",
         "1",
         "--weights-gib",
@@ -139,7 +141,7 @@ def test_mla_without_weights_asks_for_the_flag(
 
 
 def test_mla_with_fp8_kv_and_weights(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """(512 + 64) × 61 × 1 byte = 35,136 bytes; usable 141 × 0.88 − 640 / 8 = 44.08 GiB
+    """(512 + 64) × 61 × 1 byte = 35,136 bytes; usable (142 − 1) × 0.88 − 640 / 8 = 44.08 GiB
     → 1,347,066 tokens."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(DEEPSEEK_V3_MLA))
@@ -148,7 +150,7 @@ def test_mla_with_fp8_kv_and_weights(capsys: pytest.CaptureFixture[str], tmp_pat
         "--config",
         str(path),
         "--gpu-memory-gib",
-        "141",
+        "142",
         "--tp",
         "8",
         "--mem-fraction-static",
@@ -182,7 +184,7 @@ def test_unreadable_config_exits_2(
     path = tmp_path / "config.json"
     if content is not None:
         path.write_text(content)
-    code, _, err = run(capsys, "--config", str(path), "--gpu-memory-gib", "80", "--tp", "1")
+    code, _, err = run(capsys, "--config", str(path), "--gpu-memory-gib", "81", "--tp", "1")
     assert code == 2
     assert message in err
 
@@ -193,7 +195,7 @@ def test_page_size_and_cap_are_applied(capsys: pytest.CaptureFixture[str], llama
         "--config",
         llama,
         "--gpu-memory-gib",
-        "80",
+        "81",
         "--tp",
         "1",
         "--weights-gib",

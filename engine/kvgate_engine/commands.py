@@ -214,6 +214,9 @@ def estimate_main(args: argparse.Namespace) -> int:
             page_size=args.page_size,
             weights_gib=args.weights_gib,
             max_total_tokens=args.max_total_tokens,
+            gpu_reserved_gib=getattr(args, "gpu_reserved_gib", 0.0),
+            gpu_arch=getattr(args, "gpu_arch", None),
+            engine_args=getattr(args, "engine_arg", None) or (),
         )
     except EstimateError as exc:
         no_room = isinstance(exc, NoRoomForKvCache)
@@ -224,11 +227,18 @@ def estimate_main(args: argparse.Namespace) -> int:
     print(f"KV pool: {estimate.kv_pool_tokens:,} tokens per engine (estimate; verify live)")
     print(
         f"  {estimate.attention} attention, {estimate.bytes_per_token:,} bytes per token per GPU "
-        f"(TP {args.tp}, kv-cache-dtype {args.kv_cache_dtype}, page size {args.page_size:,})"
+        f"(TP {args.tp}, kv-cache-dtype {estimate.kv_cache_dtype or args.kv_cache_dtype}, "
+        f"page size {estimate.page_size:,})"
     )
     print(
-        f"  usable {estimate.usable_gib:,.2f} GiB per GPU = {args.gpu_memory_gib:g} GiB × "
-        f"{args.mem_fraction_static:g} − weights {estimate.weights_gib:,.2f} GiB / TP {args.tp}"
+        f"  usable {estimate.usable_gib:,.2f} GiB per GPU = ({args.gpu_memory_gib:g} − reserved "
+        f"{estimate.gpu_reserved_gib:g}) GiB × {args.mem_fraction_static:g} − weights "
+        f"{estimate.weights_gib:,.2f} GiB / TP {args.tp}"
+        + (
+            f" − linear-attention state {estimate.mamba_state_gib:,.2f} GiB"
+            if estimate.mamba_state_gib
+            else ""
+        )
     )
     print(f"  model context length (derived from config.json): {estimate.context_length:,} tokens")
     if estimate.kv_pool_tokens < estimate.context_length:

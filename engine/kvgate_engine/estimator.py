@@ -1,28 +1,29 @@
 """Predict one engine's KV pool before any GPU is spent, with SGLang's own arithmetic.
 
-The formulas follow SGLang 0.5.23 (research/sglang.md §2), reimplemented, not imported:
+The formulas follow SGLang 0.5.23 (research/sglang.md §2), reimplemented, not imported; each
+rule below names the SGLang file it comes from. :func:`layout_of` sorts a config into:
 
-- bytes per token per GPU rank:
-  - MHA/GQA: ``max(1, kv_heads // tp) × (head_dim + v_head_dim) × layers × dtype_bytes``,
-    ``head_dim`` = config ``head_dim``, else ``hidden_size // num_attention_heads``;
-    ``v_head_dim`` = ``head_dim``;
-  - MLA (config has ``kv_lora_rank``): ``(kv_lora_rank + qk_rope_head_dim) × layers ×
-    dtype_bytes``, not divided by TP (the latent is replicated on every rank);
-- ``dtype_bytes``: kv dtype ``auto`` = the model dtype (2 bytes: SGLang serves float32
-  checkpoints in 16 bits), or 1 when the checkpoint's ``quantization_config`` says
-  ``kv_cache_quant_algo: FP8``; ``fp8_e4m3``/``fp8_e5m2`` = 1; ``bfloat16``/``float16`` = 2;
-- usable GiB per rank = ``gpu_memory_gib × mem_fraction_static − weights_gib / tp``;
-- tokens = ``floor(usable × 2^30 / bytes_per_token)``, rounded down to a multiple of the page size;
-  ``max_total_tokens`` can only lower it.
+- MHA/GQA: ``max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × layers × dtype_bytes``
+  (+ a scale byte per 32 elements for ``mxfp8``), ``attn_tp = tp // attention-DP size``;
+- MLA: ``(kv_lora_rank + qk_rope_head_dim) × layers × dtype_bytes`` on every rank;
+- DSA (DeepSeek-V3.2, GLM-5): the latent as SGLang stores it (bf16; fp8 raw or with scales and
+  a bf16 rope part) plus a uint8 indexer K cache per layer, page size forced to 64;
+- SWA (gpt-oss): full layers plus ``swa_full_tokens_ratio`` × the sliding layers per token;
+- LINEAR (Qwen3-Next, Qwen3.5): the gated-delta-net state takes its share of memory first, the
+  full-attention layers bound the pool.
 
-This is an estimate: the CUDA context, NCCL buffers, activations and other tenants take memory
-the formula does not see. The live probe is the authority.
+kvgate's memory convention: usable GiB per rank = ``(gpu_memory_gib − gpu_reserved_gib) ×
+mem_fraction_static − weights_gib / tp`` (SGLang applies the fraction to the free memory it
+measures after the CUDA context and NCCL exist); tokens = ``floor(usable × 2^30 / bytes)``
+rounded down to the page; ``max_total_tokens`` can only lower it. Layouts it does not model
+raise :class:`EstimateError` instead of guessing. The live probe is the authority.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,13 @@ class Estimate:
     context_length: int
     usable_gib: float
     weights_gib: float
-    attention: str  # "MHA" | "MLA"
+    attention: str  # layout_of(): "MHA" | "MLA" | "DSA" | "SWA" | "LINEAR"
+    page_size: int = 1  # the page the pool was rounded to (SGLang may force one)
+    kv_cache_dtype: str = ""  # as SGLang resolves it ("auto" made concrete)
+    gpu_reserved_gib: float = 0.0
+    swa_pool_tokens: int | None = None  # sliding-window layers' pool (SWA hybrids)
+    mamba_state_gib: float = 0.0  # linear-attention state taken before the KV pool
+    draft_layers: int = 0  # speculative-decoding draft layers sharing the pool
 
 
 class EstimateError(ValueError):
@@ -135,7 +142,8 @@ def _kv_heads(text: Mapping[str, Any]) -> int:
     # SGLang's ModelConfig.get_total_num_kv_heads attribute order; MQA configs have one.
     if text.get("multi_query"):
         return 1
-    for key in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
+    keys = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+    for key in (*keys, "num_attention_groups"):  # Step3's name for its KV heads
         value = _int(text, key)
         if value is not None and value > 0:
             return value
@@ -170,19 +178,482 @@ def kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
     return KV_DTYPE_BYTES[kv_cache_dtype]
 
 
-def bytes_per_token(config: Mapping[str, Any], *, tp: int, kv_cache_dtype: str = "auto") -> int:
-    """KV cache bytes one token takes on one GPU rank."""
+# --- What SGLang 0.5.23 does per model family (each rule cites the file it comes from) ---
+
+# srt/configs/model_config.py is_deepseek_dsa: these architectures with an ``index_topk`` key
+# run DeepSeek Sparse Attention (MLA latent + a per-layer indexer K cache).
+DSA_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "MistralLarge3ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "Dots3NoteForCausalLM",
+        "HYV4ForCausalLM",
+    }
+)
+# mem_cache/memory_pool.py DSATokenToKVPool: fp8 latent scales per 128 elements (4-byte
+# float each), the rope part kept in bf16, the indexer K cache in uint8 with the same scales.
+DSA_QUANT_BLOCK = 128
+# configs/model_config.py SWA_SINK_ARCHS: hybrid sliding-window models whose layer_types
+# list says which layers are sliding; SGLang gives those a smaller SWA pool.
+SWA_SINK_ARCHITECTURES = frozenset(
+    {"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
+)
+# Other hybrid-SWA architectures SGLang sizes with pool splits kvgate does not model
+# (configs/model_config.py is_hybrid_swa_model): refused, never guessed.
+UNMODELLED_SWA_ARCHITECTURES = frozenset(
+    {
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "DeepseekV4ForCausalLM",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "InklingForConditionalGeneration",
+        "IQuestQ1ForCausalLM",
+    }
+)
+# arg_groups/model_overrides/gemma2_gemma3.py sets disable_hybrid_swa_memory: SGLang 0.5.23
+# stores every Gemma 2/3 layer in the full pool, sliding or not.
+FULL_POOL_SWA_ARCHITECTURES = frozenset(
+    {
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+        "Gemma3nForCausalLM",
+        "Gemma3nForConditionalGeneration",
+    }
+)
+# configs/hybrid_arch.py hybrid_gdn_config: gated-delta-net (linear attention) hybrids.
+LINEAR_HYBRID_ARCHITECTURES = frozenset(
+    {
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    }
+)
+SWA_FULL_TOKENS_RATIO = 0.8  # arg_groups/fields/schedule.py swa_full_tokens_ratio fallback
+MAMBA_FULL_MEMORY_RATIO = 0.9  # arg_groups/fields/schedule.py mamba_full_memory_ratio fallback
+# environ.py SGLANG_VLM_CACHE_SIZE_MB: multimodal models reserve it out of the KV budget
+# (mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb).
+VLM_CACHE_GIB = 100 / 1024
+# The CUDA context, cuBLAS workspaces and NCCL buffers exist before SGLang measures the free
+# memory its --mem-fraction-static applies to (distributed/bootstrap.py
+# measure_pre_model_load_memory), so a GPU's nameplate memory overstates the budget. ~0.5 GiB
+# of context on Hopper plus NCCL's buffers under TP: 1 GiB is the documented default.
+DEFAULT_GPU_RESERVED_GIB = 1.0
+# Speculative algorithms whose draft layers add KV to the target's pool
+# (model_executor/pool_configurator.py DefaultPoolConfigurator: is_eagle / is_standalone).
+EAGLE_FAMILY = frozenset({"EAGLE", "EAGLE3", "NEXTN", "MTP", "FROZEN_KV_MTP", "STANDALONE"})
+# Flags that change pool sizing in ways kvgate does not model: with any of them set, refuse.
+UNMODELLED_FLAGS = (
+    "--enable-unified-memory",
+    "--enable-hisparse",
+    "--enable-kv-cache-sharding",
+    "--dcp-size",
+    "--max-mamba-cache-size",
+)
+
+
+@dataclass(frozen=True)
+class SizingFlags:
+    """The engine flags (beyond kvgate's own) that change how SGLang sizes the pool."""
+
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO
+    mamba_full_memory_ratio: float = MAMBA_FULL_MEMORY_RATIO
+    disable_hybrid_swa_memory: bool = False
+    disable_radix_cache: bool = False
+    max_running_requests_set: bool = False
+    attention_dp: int = 1
+    unmodelled: tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: Sequence[str]) -> SizingFlags:
+        """Read the sizing flags out of extra ``sglang.launch_server`` arguments."""
+        values: dict[str, str | None] = {}
+        items = list(args)
+        for i, item in enumerate(items):
+            if not item.startswith("--"):
+                continue
+            name, eq, value = item.partition("=")
+            if eq:
+                values[name] = value
+            elif i + 1 < len(items) and not items[i + 1].startswith("--"):
+                values[name] = items[i + 1]
+            else:
+                values[name] = None
+        unmodelled = tuple(flag for flag in UNMODELLED_FLAGS if flag in values)
+        dp = 1
+        if "--enable-dp-attention" in values:
+            raw_dp = values.get("--dp-size") or values.get("--dp")
+            dp = int(raw_dp) if raw_dp and raw_dp.isdigit() else 0
+        algorithm = values.get("--speculative-algorithm")
+        return cls(
+            speculative_algorithm=algorithm.upper() if algorithm else None,
+            speculative_draft_model_path=values.get("--speculative-draft-model-path"),
+            swa_full_tokens_ratio=_flag_float(
+                values, "--swa-full-tokens-ratio", SWA_FULL_TOKENS_RATIO
+            ),
+            mamba_full_memory_ratio=_flag_float(
+                values, "--mamba-full-memory-ratio", MAMBA_FULL_MEMORY_RATIO
+            ),
+            disable_hybrid_swa_memory="--disable-hybrid-swa-memory" in values,
+            disable_radix_cache="--disable-radix-cache" in values,
+            max_running_requests_set="--max-running-requests" in values,
+            attention_dp=dp,
+            unmodelled=unmodelled,
+        )
+
+
+def _flag_float(values: Mapping[str, str | None], flag: str, default: float) -> float:
+    raw = values.get(flag)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise EstimateError(f"engine flag {flag} {raw!r} is not a number") from None
+
+
+def _architecture(config: Mapping[str, Any]) -> str:
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    return ""
+
+
+def _gpu_major(gpu_arch: str | None) -> int | None:
+    """``sm90`` -> 9, ``sm100`` -> 10, ``sm120`` -> 12; None when unknown."""
+    if gpu_arch is None:
+        return None
+    match = re.fullmatch(r"sm_?(\d{2,3})", gpu_arch.strip().lower())
+    if match is None:
+        raise EstimateError(
+            f"GPU architecture {gpu_arch!r} is not an SM version like sm90 (Hopper) or sm100 "
+            f"(Blackwell); leave it unset for the conservative estimate"
+        )
+    return int(match.group(1)) // 10
+
+
+def layout_of(config: Mapping[str, Any]) -> str:
+    """How SGLang 0.5.23 lays out this model's KV cache: MHA, MLA, DSA, SWA or LINEAR.
+
+    Raises EstimateError for layouts kvgate does not model, so nobody gets a guess.
+    """
     text = _text_config(config)
-    dtype_bytes = kv_dtype_bytes(config, kv_cache_dtype)
+    arch = _architecture(config)
+    unmodelled = (
+        f"cannot estimate {arch or 'this model'}: SGLang sizes its KV cache with a layout "
+        f"kvgate does not model"
+    )
+    if arch in UNMODELLED_SWA_ARCHITECTURES or text.get("is_hybrid_swa") is True:
+        raise EstimateError(f"{unmodelled} (sliding-window pool split); verify a live engine")
+    if text.get("compress_ratios") is not None:
+        raise EstimateError(f"{unmodelled} (compressed attention); verify a live engine")
+    if arch in LINEAR_HYBRID_ARCHITECTURES:
+        return "LINEAR"
+    if any(key in text for key in ("linear_num_value_heads", "ssm_state_size", "mamba_d_state")):
+        raise EstimateError(f"{unmodelled} (linear-attention or mamba state); verify a live engine")
+    if text.get("index_topk") is not None:
+        if arch in DSA_ARCHITECTURES and text.get("kv_lora_rank") is not None:
+            return "DSA"
+        raise EstimateError(f"{unmodelled} (sparse-attention indexer); verify a live engine")
+    if arch in SWA_SINK_ARCHITECTURES:
+        return "SWA"
+    layer_types = text.get("layer_types")
+    if (
+        isinstance(layer_types, list)
+        and any(kind != "full_attention" for kind in layer_types)
+        and arch not in FULL_POOL_SWA_ARCHITECTURES
+    ):
+        kinds = sorted({str(kind) for kind in layer_types})
+        raise EstimateError(f"{unmodelled} (layer types {', '.join(kinds)}); verify a live engine")
+    return "MLA" if is_mla(config) else "MHA"
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """Bytes one pool token costs on one GPU rank, and what SGLang forces around it."""
+
+    layout: str
+    bytes: float  # per token of max_total_num_tokens (SWA: full + ratio × SWA share)
+    kv_cache_dtype: str  # as resolved
+    forced_page: int = 1  # page sizes are rounded down to a multiple of this as well
+    mamba_bytes_per_request: int = 0
+    swa_ratio: float = 0.0
+    sliding_window: int | None = None
+    draft_layers: int = 0
+
+
+def _kv_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> tuple[int, str]:
+    """Element size and resolved name of the KV dtype (mem_cache/kv_cache_dtype.py)."""
+    size = kv_dtype_bytes(config, kv_cache_dtype)
+    if kv_cache_dtype != "auto":
+        return size, kv_cache_dtype
+    return size, "fp8_e4m3" if size == 1 else "bfloat16"
+
+
+def _dsa_indexer_layers(text: Mapping[str, Any], layers: int) -> int:
+    """Layers with their own indexer K cache (configs/model_config.py dsa_layer_skips_topk)."""
+
+    def skips(layer: int) -> bool:
+        indexer_types = text.get("indexer_types")
+        if isinstance(indexer_types, list):
+            return 0 <= layer < len(indexer_types) and indexer_types[layer] == "shared"
+        cli_factor = _int(text, "cli_factor") or 1
+        if cli_factor > 1:
+            return layer % cli_factor != 0
+        pattern = text.get("index_topk_pattern")
+        if isinstance(pattern, list | str):
+            return layer < len(pattern) and pattern[layer] == "S"
+        freq = _int(text, "index_topk_freq") or 1
+        offset = _int(text, "index_skip_topk_offset")
+        if offset is not None and offset > 0:
+            return max(layer - offset + 1, 0) % freq != 0
+        return max(layer - 1, 0) % freq != 0
+
+    return sum(not skips(layer) for layer in range(layers))
+
+
+def _dsa_cell(
+    config: Mapping[str, Any], kv_cache_dtype: str, gpu_major: int | None, draft_layers: int
+) -> _Cell:
+    """DSA (DeepSeek-V3.2, GLM-5): mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim
+    and model_executor/pool_configurator.py _compute_dsa_indexer_cell_size.
+
+    ``auto`` is fp8 on SM >= 10 and bf16 below (arg_groups/overrides.py
+    _dsa_kv_cache_dtype_default); unknown GPU: bf16, the larger cell. fp8 rows are raw on the
+    Blackwell trtllm backend and scaled (latent + 4-byte scale per 128 + bf16 rope) on Hopper's
+    flashmla_kv (overrides.py _dsa_split_backend_resolution); unknown GPU: scaled, the larger.
+    """
+    text = _text_config(config)
+    arch = _architecture(config)
     layers = _layers(text)
-    if is_mla(config):
-        kv_lora_rank = _require(text, "kv_lora_rank")
-        rope_dim = _require(text, "qk_rope_head_dim")
-        return (kv_lora_rank + rope_dim) * layers * dtype_bytes
+    rank = _require(text, "kv_lora_rank")
+    rope = _require(text, "qk_rope_head_dim")
+    sinks = bool(text.get("learnable_sink"))
+    if kv_cache_dtype == "auto":
+        dtype = (
+            "fp8_e4m3" if gpu_major is not None and gpu_major >= 10 and not sinks else "bfloat16"
+        )
+    elif kv_cache_dtype in ("bf16", "bfloat16"):
+        dtype = "bfloat16"
+    elif kv_cache_dtype == "fp8_e4m3" and not sinks:
+        dtype = "fp8_e4m3"
+    else:
+        raise EstimateError(
+            f"SGLang serves {arch} (DeepSeek sparse attention) only with kvCacheDtype auto, "
+            f"bfloat16{'' if sinks else ' or fp8_e4m3'}, not {kv_cache_dtype!r}"
+        )
+    if dtype == "bfloat16":
+        per_layer = (rank + rope) * 2
+    elif (
+        gpu_major is not None
+        and gpu_major >= 10
+        and not (arch == "GlmMoeDsaForCausalLM" and gpu_major == 12)
+    ):
+        per_layer = rank + rope  # trtllm: raw fp8 rows
+    else:
+        if rank % DSA_QUANT_BLOCK:
+            raise EstimateError(f"kv_lora_rank {rank} is not a multiple of {DSA_QUANT_BLOCK}")
+        per_layer = rank + rank // DSA_QUANT_BLOCK * 4 + rope * 2
+    index_head_dim = _require(text, "index_head_dim")
+    index_kpool = _int(text, "index_kpool") or 1
+    indexer_per_layer = -(-(index_head_dim + index_head_dim // DSA_QUANT_BLOCK * 4) // index_kpool)
+    target_kv = per_layer * layers
+    cell = target_kv + indexer_per_layer * _dsa_indexer_layers(text, layers)
+    if draft_layers:
+        # pool_configurator.py: the draft's KV scaled from the target's, its indexer on every
+        # draft layer (allocate_all_layers).
+        cell += int(target_kv * draft_layers / layers) + indexer_per_layer * draft_layers
+    return _Cell(
+        layout="DSA",
+        bytes=cell,
+        kv_cache_dtype=dtype,
+        # arg_groups/model_overrides/deepseek_v2.py: page_size = 64 × index_kpool on CUDA.
+        forced_page=64 * index_kpool,
+        draft_layers=draft_layers,
+    )
+
+
+def _cell(
+    config: Mapping[str, Any],
+    *,
+    tp: int,
+    kv_cache_dtype: str,
+    gpu_major: int | None,
+    draft_layers: int,
+    flags: SizingFlags,
+) -> _Cell:
+    text = _text_config(config)
+    layout = layout_of(config)
+    if flags.attention_dp < 1 or tp % flags.attention_dp:
+        raise EstimateError(
+            f"attention data-parallel size {flags.attention_dp} must divide the tensor-parallel "
+            f"size {tp} (--dp-size with --enable-dp-attention)"
+        )
+    attn_tp = tp // flags.attention_dp
+    if layout == "DSA":
+        return _dsa_cell(config, kv_cache_dtype, gpu_major, draft_layers)
+    dtype_bytes, dtype = _kv_bytes(config, kv_cache_dtype)
+    mxfp8 = kv_cache_dtype == "mxfp8"
+    layers = _layers(text)
+    if layout == "MLA":
+        cell: float = (
+            (_require(text, "kv_lora_rank") + _require(text, "qk_rope_head_dim"))
+            * layers
+            * dtype_bytes
+        )
+        if draft_layers:
+            cell += int(cell * draft_layers / layers)
+        return _Cell(layout="MLA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
     head_dim = _head_dim(text)
-    v_head_dim = head_dim
-    kv_heads_per_rank = max(1, _kv_heads(text) // tp)
-    return kv_heads_per_rank * (head_dim + v_head_dim) * layers * dtype_bytes
+    v_head_dim = _int(text, "v_head_dim") or head_dim  # configs/model_config.py
+    heads = max(1, _kv_heads(text) // attn_tp)
+    elements = heads * (head_dim + v_head_dim)
+    per_layer = elements * dtype_bytes
+    scale_per_layer = elements / 32 if mxfp8 else 0  # one scale byte per 32 elements
+    if layout == "MHA":
+        cell = per_layer * layers + (int(elements * layers) // 32 if mxfp8 else 0)
+        if draft_layers:
+            cell += int(cell * draft_layers / layers)
+        return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
+    layer_types = text.get("layer_types")
+    if layout == "SWA":
+        if flags.disable_hybrid_swa_memory:
+            cell = per_layer * layers + (int(elements * layers) // 32 if mxfp8 else 0)
+            return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
+        if not isinstance(layer_types, list) or len(layer_types) != layers:
+            raise EstimateError(
+                f"config.json layer_types must list all {layers} layers to size the sliding-window "
+                f"pool of {_architecture(config)}"
+            )
+        if flags.disable_radix_cache and flags.max_running_requests_set:
+            raise EstimateError(
+                "--disable-radix-cache with --max-running-requests sizes the SWA pool from the "
+                "request cap (pool_configurator.py SWARequestCapPoolConfigurator), which kvgate "
+                "does not model; verify a live engine"
+            )
+        swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
+        full_layers = layers - swa_layers
+        full_token = per_layer + int(scale_per_layer)
+        ratio = flags.swa_full_tokens_ratio
+        if not 0 < ratio <= 1:
+            raise EstimateError(f"--swa-full-tokens-ratio {ratio:g} must be in (0, 1]")
+        if full_layers == 0:
+            raise EstimateError("an all-sliding-window model is not modelled; verify a live engine")
+        # pool_configurator.py HybridSWAPoolConfigurator._recompute_cell_size
+        cell = full_token * (full_layers + draft_layers) + ratio * full_token * swa_layers
+        return _Cell(
+            layout="SWA",
+            bytes=cell,
+            kv_cache_dtype=dtype,
+            swa_ratio=ratio,
+            sliding_window=_int(text, "sliding_window"),
+            draft_layers=draft_layers,
+        )
+    # LINEAR: gated-delta-net hybrids (configs/qwen3_next.py)
+    if draft_layers:
+        raise EstimateError(
+            "speculative decoding on a linear-attention hybrid reserves intermediate mamba "
+            "state kvgate does not model; verify a live engine"
+        )
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        full_layers = sum(kind == "full_attention" for kind in layer_types)
+    else:
+        interval = _require(text, "full_attention_interval")
+        full_layers = sum((layer + 1) % interval == 0 for layer in range(layers))
+    linear_layers = layers - full_layers
+    cell = (per_layer + int(scale_per_layer)) * full_layers
+    return _Cell(
+        layout="LINEAR",
+        bytes=cell,
+        kv_cache_dtype=dtype,
+        mamba_bytes_per_request=_gdn_state_bytes(text, attn_tp) * linear_layers,
+        # arg_groups/model_overrides/qwen3_5.py forces page 64 on SM100 with trtllm_mha.
+        forced_page=64 if gpu_major is None or gpu_major == 10 else 1,
+    )
+
+
+def _gdn_state_bytes(text: Mapping[str, Any], attn_tp: int) -> int:
+    """One linear layer's state per request on one rank (configs/qwen3_next.py
+    mamba2_cache_params, configs/mamba_utils.py Mamba2StateShape.create): conv state
+    (conv_dim / tp) × (kernel − 1) in bf16 + temporal (v_heads / tp) × v_dim × k_dim in the
+    SSM dtype (config mamba_ssm_dtype, default float32)."""
+    k_heads = _require(text, "linear_num_key_heads")
+    v_heads = _require(text, "linear_num_value_heads")
+    k_dim = _require(text, "linear_key_head_dim")
+    v_dim = _require(text, "linear_value_head_dim")
+    kernel = _require(text, "linear_conv_kernel_dim")
+    if k_heads % attn_tp or v_heads % attn_tp:
+        raise EstimateError(
+            f"linear-attention heads ({k_heads} key, {v_heads} value) do not divide by the "
+            f"attention TP size {attn_tp}; SGLang pads them in a way kvgate does not model"
+        )
+    conv_dim = v_heads * v_dim + 2 * k_heads * k_dim
+    ssm_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(
+        str(text.get("mamba_ssm_dtype") or "float32"), 4
+    )
+    conv = conv_dim // attn_tp * (kernel - 1) * 2
+    temporal = v_heads // attn_tp * v_dim * k_dim * ssm_bytes
+    return conv + temporal
+
+
+def speculative_draft_layers(config: Mapping[str, Any], flags: SizingFlags) -> int:
+    """Draft layers whose KV shares the target's pool (model_runner_components/
+    spec_aux_hidden_state.py): a path-less NEXTN/MTP/EAGLE draft is the checkpoint's own
+    ``num_nextn_predict_layers``. A separate draft model's config is not in the spec: refuse."""
+    algorithm = flags.speculative_algorithm
+    if algorithm is None or algorithm == "NGRAM":
+        return 0
+    if algorithm not in EAGLE_FAMILY:
+        raise EstimateError(
+            f"--speculative-algorithm {algorithm} sizes a draft pool kvgate does not model; "
+            f"verify a live engine"
+        )
+    if flags.speculative_draft_model_path is not None:
+        raise EstimateError(
+            f"--speculative-draft-model-path {flags.speculative_draft_model_path}: the draft "
+            f"model's KV shares the pool and its config is not in the spec; verify a live engine"
+        )
+    layers = _int(_text_config(config), "num_nextn_predict_layers")
+    if layers is None or layers <= 0:
+        raise EstimateError(
+            f"--speculative-algorithm {algorithm} without a draft model needs the config's "
+            f"num_nextn_predict_layers, which this config.json does not have"
+        )
+    return layers
+
+
+def bytes_per_token(
+    config: Mapping[str, Any],
+    *,
+    tp: int,
+    kv_cache_dtype: str = "auto",
+    gpu_arch: str | None = None,
+    draft_layers: int = 0,
+    engine_args: Sequence[str] = (),
+) -> int:
+    """KV cache bytes one pool token takes on one GPU rank (rounded up; for sliding-window
+    hybrids this includes the SWA layers' share, for linear hybrids only the full layers)."""
+    cell = _cell(
+        config,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_major=_gpu_major(gpu_arch),
+        draft_layers=draft_layers,
+        flags=SizingFlags.from_args(engine_args),
+    )
+    return math.ceil(cell.bytes)
 
 
 def _weight_bytes_per_param(config: Mapping[str, Any]) -> int | None:
@@ -247,10 +718,27 @@ def estimate_pool(
     page_size: int = 1,
     weights_gib: float | None = None,
     max_total_tokens: int | None = None,
+    gpu_reserved_gib: float = 0.0,
+    gpu_arch: str | None = None,
+    engine_args: Sequence[str] = (),
+    draft_layers: int | None = None,
 ) -> Estimate:
-    """Predicted KV pool tokens of one engine (per GPU rank; every rank holds the same count)."""
+    """Predicted KV pool tokens of one engine (per GPU rank; every rank holds the same count).
+
+    kvgate's memory convention: SGLang's KV budget per rank is
+    ``free_before_load × mem_fraction_static − weights_per_rank`` (mem_cache/
+    kv_cache_configurator.py _profile_available_bytes); kvgate takes ``free_before_load =
+    gpu_memory_gib − gpu_reserved_gib`` and ``weights_per_rank = weights_gib / tp``.
+    ``engine_args`` are the extra launch flags (speculative decoding, DP attention, SWA and
+    mamba ratios); ``draft_layers`` overrides the draft layer count they imply.
+    """
     if gpu_memory_gib <= 0:
         raise EstimateError(f"GPU memory {gpu_memory_gib:g} GiB must be > 0")
+    if not 0 <= gpu_reserved_gib < gpu_memory_gib:
+        raise EstimateError(
+            f"reserved GPU memory {gpu_reserved_gib:g} GiB must be >= 0 and below the GPU's "
+            f"{gpu_memory_gib:g} GiB"
+        )
     if tp < 1:
         raise EstimateError(f"tensor-parallel size {tp} must be >= 1")
     if not 0 < mem_fraction_static < 1:
@@ -259,6 +747,23 @@ def estimate_pool(
         )
     if page_size < 1:
         raise EstimateError(f"page size {page_size} must be >= 1")
+    flags = SizingFlags.from_args(engine_args)
+    if flags.unmodelled:
+        raise EstimateError(
+            f"engine flags {', '.join(flags.unmodelled)} change how SGLang sizes the KV pool in "
+            f"ways kvgate does not model; verify a live engine"
+        )
+    gpu_major = _gpu_major(gpu_arch)
+    if draft_layers is None:
+        draft_layers = speculative_draft_layers(config, flags)
+    cell = _cell(
+        config,
+        tp=tp,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_major=gpu_major,
+        draft_layers=draft_layers,
+        flags=flags,
+    )
     if weights_gib is None:
         weights_gib = estimate_weights_gib(config)
         if weights_gib is None:
@@ -268,28 +773,70 @@ def estimate_pool(
                 f"custom layers); pass the weight size of one replica with --weights-gib "
                 f"(spec.model.weightsGiB)"
             )
-    per_token = bytes_per_token(config, tp=tp, kv_cache_dtype=kv_cache_dtype)
-    budget_gib = gpu_memory_gib * mem_fraction_static
+    # SGLang overrides the page size for some families; rounding to a multiple of both the
+    # requested and the forced page is never above either.
+    page = math.lcm(page_size, cell.forced_page)
+    multimodal_gib = VLM_CACHE_GIB if "vision_config" in config else 0.0
+    budget_gib = (gpu_memory_gib - gpu_reserved_gib) * mem_fraction_static
     weights_per_rank = weights_gib / tp
-    usable_gib = budget_gib - weights_per_rank
-    tokens = math.floor(usable_gib * GIB / per_token) if usable_gib > 0 else 0
-    tokens = tokens // page_size * page_size
+    usable_gib = budget_gib - weights_per_rank - multimodal_gib
+    mamba_state_gib = 0.0
+    if cell.mamba_bytes_per_request and usable_gib > 0:
+        # kv_cache_configurator.py _handle_max_mamba_cache: ratio/(1+ratio) of the budget goes
+        # to mamba state slots first (+1 padding slot); the rest is the KV pool's.
+        per_request = cell.mamba_bytes_per_request
+        ratio = flags.mamba_full_memory_ratio
+        mamba_budget = usable_gib * ratio / (1 + ratio) * GIB
+        slots = int((mamba_budget - per_request) // per_request)
+        if slots <= 0:
+            raise NoRoomForKvCache(
+                f"no room for the linear-attention state: {usable_gib:,.2f} GiB usable per GPU "
+                f"gives {slots} state slots of {per_request:,} bytes; raise --tp, "
+                f"--mem-fraction-static or use GPUs with more memory"
+            )
+        mamba_state_gib = (slots + 1) * per_request / GIB
+        usable_gib -= mamba_state_gib
+    available_bytes = int(usable_gib * GIB) if usable_gib > 0 else 0
+    tokens = int(available_bytes // cell.bytes) // page * page
     if tokens <= 0:
+        memory = (
+            f"({gpu_memory_gib:,.1f} GiB − reserved {gpu_reserved_gib:g} GiB)"
+            if gpu_reserved_gib
+            else f"{gpu_memory_gib:,.1f} GiB"
+        )
         raise NoRoomForKvCache(
-            f"weights leave no room for the KV cache: {gpu_memory_gib:,.1f} GiB × "
-            f"mem-fraction-static {mem_fraction_static:g} = {budget_gib:,.2f} GiB per GPU, "
-            f"weights {weights_gib:,.2f} GiB / TP {tp} = {weights_per_rank:,.2f} GiB per GPU, "
-            f"leaving {usable_gib:,.2f} GiB (one {page_size:,}-token page needs "
-            f"{per_token * page_size:,} bytes); raise --tp, --mem-fraction-static or use "
-            f"GPUs with more memory"
+            f"weights leave no room for the KV cache: {memory} × mem-fraction-static "
+            f"{mem_fraction_static:g} = {budget_gib:,.2f} GiB per GPU, weights "
+            f"{weights_gib:,.2f} GiB / TP {tp} = {weights_per_rank:,.2f} GiB per GPU, leaving "
+            f"{usable_gib:,.2f} GiB (one {page:,}-token page needs "
+            f"{math.ceil(cell.bytes * page):,} bytes); raise --tp, --mem-fraction-static or "
+            f"use GPUs with more memory"
         )
     if max_total_tokens is not None and max_total_tokens < tokens:
-        tokens = max_total_tokens  # SGLang: --max-total-tokens only lowers the pool
+        # SGLang: --max-total-tokens only lowers the pool, then the configurator rounds it
+        # down to the page size (pool_configurator.py calculate_pool_sizes_from_max_tokens).
+        tokens = max_total_tokens // page * page
+    swa_tokens = None
+    if cell.layout == "SWA":
+        swa_tokens = int(tokens * cell.swa_ratio) // page * page
+        window = cell.sliding_window
+        if window is not None and window + page >= swa_tokens:
+            raise NoRoomForKvCache(
+                f"the sliding-window pool ({swa_tokens:,} tokens) cannot hold one request's "
+                f"window {window:,} + page {page:,} (SGLang refuses to start); raise the memory "
+                f"or --swa-full-tokens-ratio"
+            )
     return Estimate(
         kv_pool_tokens=tokens,
-        bytes_per_token=per_token,
+        bytes_per_token=math.ceil(cell.bytes),
         context_length=derive_context_length(config),
         usable_gib=usable_gib,
         weights_gib=weights_gib,
-        attention="MLA" if is_mla(config) else "MHA",
+        attention=cell.layout,
+        page_size=page,
+        kv_cache_dtype=cell.kv_cache_dtype,
+        gpu_reserved_gib=gpu_reserved_gib,
+        swa_pool_tokens=swa_tokens,
+        mamba_state_gib=mamba_state_gib,
+        draft_layers=cell.draft_layers,
     )

@@ -58,6 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--weights-gib", type=float, default=None, help="weights of one replica, GiB")
     p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument(
+        "--gpu-reserved-gib",
+        type=float,
+        default=1.0,
+        help="GPU memory the engine never sees free (CUDA context, NCCL, other tenants), GiB",
+    )
+    p.add_argument(
+        "--gpu-arch",
+        default=None,
+        help="GPU SM version (sm90, sm100): picks SGLang's DSA KV dtype; unset = conservative",
+    )
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="an extra sglang.launch_server flag that changes sizing (repeat; e.g. "
+        "--engine-arg=--speculative-algorithm --engine-arg=NEXTN)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser(
