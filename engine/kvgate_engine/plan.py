@@ -267,6 +267,7 @@ def plan_shape(
     context_length: int | None = None,
     page_size: int = 1,
     max_total_tokens: int | None = None,
+    estimator_options: Mapping[str, Any] | None = None,
 ) -> ShapePlan:
     """One shape under the estimator: its pool and the largest context it safely holds."""
     model_limit = derive_context_length(config)
@@ -281,6 +282,7 @@ def plan_shape(
             page_size=page_size,
             weights_gib=weights_gib,
             max_total_tokens=max_total_tokens,
+            **(estimator_options or {}),
         )
     except NoRoomForKvCache:
         usable = shape.gpu_memory_gib * shape.mem_fraction_static - weights_gib / shape.tp
@@ -376,11 +378,18 @@ class Fix:
     gpus: int
     new_hardware: bool  # a different GPU model, not just settings or more of the same GPU
 
-    def describe(self, prefix: str = "") -> str:
+    def spec_field(self, role: str) -> str:
+        """The ModelDeployment field this changes: the KV dtype is the engine's, the rest the
+        role's."""
+        return f"engine.{self.field}" if self.field == "kvCacheDtype" else f"{role}.{self.field}"
+
+    def describe(self, role: str) -> str:
+        """e.g. ``decode.tensorParallel 2 (estimated pool 211,353 tokens)``."""
         value = f"{self.value:g}" if isinstance(self.value, float) else str(self.value)
         if isinstance(self.value, int):
             value = f"{self.value:,}"
-        return f"{prefix}{self.field} {value} (estimated pool {self.kv_pool_tokens:,} tokens)"
+        pool = f"estimated pool {self.kv_pool_tokens:,} tokens"
+        return f"{self.spec_field(role)} {value} ({pool})"
 
 
 @dataclass(frozen=True)
@@ -411,6 +420,7 @@ def _pool(
     weights_gib: float,
     page_size: int,
     max_total_tokens: int | None,
+    estimator_options: Mapping[str, Any],
 ) -> int:
     try:
         return estimate_pool(
@@ -422,6 +432,7 @@ def _pool(
             page_size=page_size,
             weights_gib=weights_gib,
             max_total_tokens=max_total_tokens,
+            **estimator_options,
         ).kv_pool_tokens
     except NoRoomForKvCache:
         return 0
@@ -441,21 +452,27 @@ def fit_role(
     headroom: float = 1.0,
     page_size: int = 1,
     max_total_tokens: int | None = None,
+    estimator_options: Mapping[str, Any] | None = None,
 ) -> RoleFit:
-    """Can this shape hold the context, and if not, which single change would (each verified)."""
+    """Can this shape hold the context, and if not, which single change would (each verified).
+
+    ``estimator_options`` go to every :func:`estimate_pool` call unchanged (whatever else the
+    caller's estimate takes besides the shape), so a fix is judged exactly as admission judges.
+    """
+    options = dict(estimator_options or {})
     required = required_pool_tokens(context_length, headroom)
     model_limit = derive_context_length(config)
-    pool = _pool(config, shape, weights_gib, page_size, max_total_tokens)
+    pool = _pool(config, shape, weights_gib, page_size, max_total_tokens, options)
     largest = largest_safe_context(pool, headroom, max(model_limit, context_length))
     fixes: list[Fix] = []
     if pool < required:
         if max_total_tokens is not None and max_total_tokens < required:
-            uncapped = _pool(config, shape, weights_gib, page_size, None)
+            uncapped = _pool(config, shape, weights_gib, page_size, None, options)
             if uncapped >= required:
                 fixes.append(Fix("maxTotalTokens", required, required, shape.gpus, False))
 
         def holds(candidate: Shape) -> int | None:
-            got = _pool(config, candidate, weights_gib, page_size, max_total_tokens)
+            got = _pool(config, candidate, weights_gib, page_size, max_total_tokens, options)
             return got if got >= required else None
 
         if shape.kv_cache_dtype in SIXTEEN_BIT_KV_DTYPES:

@@ -32,14 +32,13 @@ from kvgate_engine.plan import (
     PlanError,
     PlanRequest,
     RoleFit,
-    Shape,
     ShapePlan,
-    fit_role,
     make_plan,
     required_pool_tokens,
 )
 
 from kvgate.admission.command import load_documents
+from kvgate.admission.plan_hint import fit_spec_role
 from kvgate.admission.schema import parse_model
 from kvgate.api import ModelDeploymentSpec, Role
 from kvgate.plan_plot import Bar, PlotUnavailable, render
@@ -341,21 +340,7 @@ def _fit_spec(spec: ModelDeploymentSpec, weights_flag: float | None) -> dict[str
                 f"spec.{role.value}.gpuMemoryGiB is not set: the plan needs the memory of one "
                 f"GPU; set it (e.g. 80 for an H100)"
             )
-        shape = Shape(
-            role_spec.gpu_memory_gi_b,
-            role_spec.tensor_parallel,
-            spec.engine.kv_cache_dtype.value,
-            role_spec.mem_fraction_static,
-        )
-        fits[role.value] = fit_role(
-            config,
-            shape,
-            weights_gib=plan.weights_gib,
-            context_length=spec.model.context_length,
-            headroom=spec.safety.headroom,
-            page_size=spec.engine.page_size,
-            max_total_tokens=role_spec.max_total_tokens,
-        )
+        fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib)
     return fits
 
 
@@ -398,9 +383,9 @@ def print_role(role: str, fit: RoleFit, out: TextIO) -> None:
     if fit.holds:
         return
     if fit.fixes:
-        print(f"    fix: {fit.fixes[0].describe(f'{role}.')}", file=out)
+        print(f"    fix: {fit.fixes[0].describe(role)}", file=out)
         for fix in fit.fixes[1:]:
-            print(f"    or:  {fix.describe(f'{role}.')}", file=out)
+            print(f"    or:  {fix.describe(role)}", file=out)
     else:
         print(f"    no single change to {role}'s shape holds it", file=out)
     if fit.largest_safe_context:

@@ -105,12 +105,13 @@ def render(bars: Sequence[Bar], required_pool_tokens: int, title: str, path: Pat
             matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:,.0f}")
         )
         axes.set_title(title, fontsize=10)
-        handles = [
-            matplotlib.patches.Patch(color=SAFE_COLOUR, label="holds the context"),
-            matplotlib.patches.Patch(
-                facecolor=UNSAFE_COLOUR, hatch="//", label="unsafe: pool < context × headroom"
-            ),
-        ]
+        handles = [matplotlib.patches.Patch(color=SAFE_COLOUR, label="holds the context")]
+        if not all(bar.safe for bar in bars):  # red appears only where a shape is unsafe
+            handles.append(
+                matplotlib.patches.Patch(
+                    facecolor=UNSAFE_COLOUR, hatch="//", label="unsafe: pool < context × headroom"
+                )
+            )
         axes.legend(handles=handles, loc="upper left", fontsize=8)
         figure.tight_layout()
         # No timestamp in the file: the same plan draws the same bytes.

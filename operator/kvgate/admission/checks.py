@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate.admission import names
 from kvgate.admission.limits import size_message
+from kvgate.admission.plan_hint import pool_hint
 from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
@@ -372,7 +373,8 @@ def check_estimated_pool(
                     f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
                     f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
                     f"{weights_gib / role_spec.tensor_parallel:,.2f} GiB per GPU; raise "
-                    f"{role}.tensorParallel, {role}.memFractionStatic or {role}.gpuMemoryGiB",
+                    f"{role}.tensorParallel, {role}.memFractionStatic or {role}.gpuMemoryGiB"
+                    + pool_hint(spec, role, role_spec, weights_gib),
                 )
             )
             continue
@@ -395,7 +397,9 @@ def check_estimated_pool(
             denials.append(
                 Problem(
                     f"spec.{role}",
-                    f"estimated KV pool {_n(pool)} tokens < {needed}; " + ", ".join(ways),
+                    f"estimated KV pool {_n(pool)} tokens < {needed}; "
+                    + ", ".join(ways)
+                    + pool_hint(spec, role, role_spec, weights_gib),
                 )
             )
         elif pool < required * (1 + MARGIN_WARNING):
