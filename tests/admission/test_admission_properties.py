@@ -14,8 +14,8 @@ import json
 import math
 import ssl
 import threading
-from collections import Counter
-from collections.abc import Iterator
+from collections import ChainMap, Counter
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,9 @@ from hypothesis import strategies as st
 from kvgate.admission import check_document
 from kvgate.admission.answer import WEBHOOK_PATH
 from kvgate.admission.app import serving
+from kvgate.admission.limits import _spec_schema, spec_bytes, with_defaults
+from kvgate.admission.names import binding_names, derived_names
+from kvgate.admission.schema import _bad_numbers, number_problems
 from kvgate.api import ModelDeployment
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
 
@@ -296,3 +299,68 @@ def test_every_admission_review_gets_a_decision_over_https(
     if request["operation"] == "CREATE":
         # The webhook decides exactly as the pure checks do: no allow by accident.
         assert answer["allowed"] == check_document(request["object"]).allowed
+
+
+# ------------------------------------------- the webhook's fast paths equal their definitions
+
+
+def _as_stored_by_definition(value: Any) -> Any:
+    """Numbers as the API server writes them (1.0 -> 1): the rule, written plainly."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return int(value)
+    if isinstance(value, Mapping):
+        return {str(k): _as_stored_by_definition(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_stored_by_definition(v) for v in value]
+    return value
+
+
+def _spec_bytes_by_definition(spec: Any) -> int:
+    stored = _as_stored_by_definition(with_defaults(spec, _spec_schema()))
+    return len(json.dumps(stored, separators=(",", ":"), default=str))
+
+
+NUMBERS = (
+    st.sampled_from(
+        [math.nan, math.inf, -math.inf, 2**63, -(2**63) - 1, 2**63 - 1, 1e16, 1e20, 1e21, 3.0]
+    )
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(min_value=-1e22, max_value=1e22).map(float.__round__).map(float)
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.booleans()
+)
+
+
+@st.composite
+def documents_with_odd_numbers(draw: st.DrawFn) -> dict[str, Any]:
+    """The sample with 1-3 values replaced by a number (or a list of them): non-finite,
+    integral floats on both sides of 1e21 (Go writes those below it as integers), beyond 64
+    bits, booleans."""
+    doc = draw(mutated_documents())
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        path = draw(st.sampled_from(_paths(doc) or [("spec",)]))
+        parent: Any = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict):
+            parent[path[-1]] = draw(NUMBERS | st.lists(NUMBERS, min_size=1, max_size=3))
+    return doc
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents_with_odd_numbers() | mutated_documents() | numeric_specs())
+def test_fast_paths_of_the_checks_measure_and_find_exactly_what_their_definitions_do(
+    document: dict[str, Any],
+) -> None:
+    spec = document.get("spec")
+    # The spec size: one walk instead of defaults, then numbers, then JSON.
+    assert spec_bytes(spec) == _spec_bytes_by_definition(spec)
+    # Numbers beyond 64 bits or not finite: a cheap walk first, locations only when needed.
+    # (A Mapping that is not a dict takes the original walk.)
+    assert number_problems(document) == number_problems(ChainMap(document))
+    assert bool(number_problems(document)) == any(True for _ in _bad_numbers(document))
+    # The names a ModelDeployment name makes too long: cached per name.
+    metadata = document.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if isinstance(name, str):
+        assert binding_names(name) == [d for d in derived_names(name) if len(d.name) > d.max_length]

@@ -59,6 +59,9 @@ def with_defaults(value: Any, schema: Mapping[str, Any]) -> Any:
 
 def _as_stored(value: Any) -> Any:
     """Numbers as the API server writes them (1.0 -> 1), so every reader measures alike."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value  # the common leaves first: this runs on every node of every request
     if isinstance(value, float) and value.is_integer() and abs(value) < _GO_PLAIN_FLOAT_LIMIT:
         return int(value)
     if isinstance(value, Mapping):
@@ -68,15 +71,85 @@ def _as_stored(value: Any) -> Any:
     return value
 
 
+class _Defaults:
+    """One schema node, reduced to what `with_defaults` reads (built once, walked per request).
+    `properties`: (name, has a default, the default, the property's node or None when nothing
+    below it has defaults: `with_defaults` returns such a value as it is)."""
+
+    __slots__ = ("additional", "items", "names", "properties")
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        properties = schema.get("properties") if "properties" in schema else None
+        self.properties = (
+            tuple(
+                (name, "default" in sub, sub.get("default"), _Defaults.of(sub))
+                for name, sub in properties.items()
+            )
+            if properties is not None
+            else None
+        )
+        self.names = frozenset(properties) if properties is not None else frozenset()
+        additional = schema.get("additionalProperties")
+        self.additional = _Defaults.of(additional) if isinstance(additional, Mapping) else None
+        items = schema.get("items")
+        self.items = _Defaults.of(items) if isinstance(items, Mapping) else None
+
+    @staticmethod
+    def of(schema: Mapping[str, Any]) -> _Defaults | None:
+        node = _Defaults(schema)
+        if node.properties is None and node.additional is None and node.items is None:
+            return None
+        return node
+
+
+@functools.cache
+def _spec_defaults() -> _Defaults:
+    return _Defaults(_spec_schema())
+
+
+def _stored_with_defaults(value: Any, node: _Defaults | None) -> Any:
+    """`_as_stored(with_defaults(value, schema))` in one walk: the same value, less work."""
+    if node is None:
+        return _as_stored(value)
+    is_mapping = type(value) is dict or isinstance(value, Mapping)
+    if node.properties is not None:
+        if not is_mapping:
+            return _as_stored(value)
+        out = dict(value)
+        for name, has_default, default, sub in node.properties:
+            if has_default and out.get(name) is None:
+                out[name] = default  # rebuilt below: the schema's value is never shared
+            if name in out:
+                found = out[name]
+                kind = type(found)
+                if kind is str or kind is int or kind is bool or found is None:
+                    continue  # stored as it is
+                out[name] = _as_stored(found) if sub is None else _stored_with_defaults(found, sub)
+        names = node.names
+        # Properties are stored already; `_as_stored` of a stored value is that value.
+        return {str(k): (v if k in names else _as_stored(v)) for k, v in out.items()}
+    if node.additional is not None and is_mapping:
+        additional = node.additional
+        return {str(k): _stored_with_defaults(v, additional) for k, v in value.items()}
+    if node.items is not None and isinstance(value, list):
+        items = node.items
+        return [_stored_with_defaults(item, items) for item in value]
+    return _as_stored(value)
+
+
+def _compact_size(stored: object) -> int:
+    return len(json.dumps(stored, separators=(",", ":"), default=str))
+
+
 def _json_size(value: object) -> int:
     """Compact JSON with non-ASCII escaped (how kopf stores it), numbers as the API server's."""
-    return len(json.dumps(_as_stored(value), separators=(",", ":"), default=str))
+    return _compact_size(_as_stored(value))
 
 
 def spec_bytes(spec: object) -> int:
     """The spec's size as the webhook sees it, after the API server's defaulting; `kvgate
     validate` measures the same number from the file."""
-    return _json_size(with_defaults(spec, _spec_schema()))
+    return _compact_size(_stored_with_defaults(spec, _spec_defaults()))
 
 
 def _kib(size: int) -> str:
@@ -96,8 +169,8 @@ def largest_parts(spec: Mapping[str, Any], limit: int = 2) -> list[tuple[str, in
 
 def size_message(spec: Mapping[str, Any]) -> str | None:
     """Why the spec is too large, with the numbers and the way out; None when it fits."""
-    stored = with_defaults(spec, _spec_schema())
-    size = _json_size(stored)
+    stored = _stored_with_defaults(spec, _spec_defaults())
+    size = _compact_size(stored)
     if size <= MAX_SPEC_BYTES:
         return None
     largest = largest_parts(stored)

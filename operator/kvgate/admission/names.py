@@ -9,6 +9,7 @@ must be a DNS-1035 label, and short enough that every name derived from it (list
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -73,6 +74,7 @@ def _room(derived: DerivedName, md_name: str) -> int:
     return derived.max_length - (len(derived.name) - len(md_name))
 
 
+@functools.cache
 def max_name_length() -> int:
     """The longest ModelDeployment name for which every derived name fits (63: the Service)."""
     return min(_room(d, "x") for d in derived_names("x"))
@@ -80,7 +82,15 @@ def max_name_length() -> int:
 
 def binding_names(md_name: str) -> list[DerivedName]:
     """The derived names that `md_name` makes too long."""
+    if len(md_name) <= DNS_1123_SUBDOMAIN_MAX:  # the names the API server lets through
+        return list(_binding_names_of(md_name))
     return [d for d in derived_names(md_name) if len(d.name) > d.max_length]
+
+
+# The webhook sees the same few names again and again (every update of a ModelDeployment).
+@functools.lru_cache(maxsize=1024)
+def _binding_names_of(md_name: str) -> tuple[DerivedName, ...]:
+    return tuple(d for d in derived_names(md_name) if len(d.name) > d.max_length)
 
 
 def suggest_name(name: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
@@ -21,7 +22,7 @@ class ClusterPolicy:
         if self.min_engine_version_floor is not None:
             parse_floor(self.min_engine_version_floor)
 
-    @property
+    @functools.cached_property
     def floor(self) -> Version | None:
         """The cluster floor as a version (validated at construction)."""
         if self.min_engine_version_floor is None:

@@ -30,6 +30,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
+import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -219,5 +220,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvgate webhook: {error}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings)
-    asyncio.run(serve(settings, certificate))
+    # uvloop: a third less CPU per admission than asyncio's loop and TLS (README, Measured).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(settings, certificate))
     return EXIT_OK
