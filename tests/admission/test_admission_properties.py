@@ -28,7 +28,7 @@ from kvgate.admission.app import serving
 from kvgate.admission.limits import _spec_schema, spec_bytes, with_defaults
 from kvgate.admission.names import binding_names, derived_names
 from kvgate.admission.schema import _bad_numbers, number_problems
-from kvgate.api import ModelDeployment
+from kvgate.api import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
 
 from .conftest import review, sample
@@ -147,6 +147,7 @@ def _estimated_pool(document: dict[str, Any], role: str) -> int:
             page_size=spec["engine"]["pageSize"],
             weights_gib=spec["model"]["weightsGiB"],
             max_total_tokens=spec[role].get("maxTotalTokens"),
+            gpu_reserved_gib=spec[role].get("gpuReservedGiB", DEFAULT_GPU_RESERVED_GIB),
         )
     except NoRoomForKvCache:
         return 0

@@ -66,16 +66,16 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "spec.model.contextLength",
         ["262,144", "131,072"],
     ),
-    ("pool too small", {"spec.decode.gpuMemoryGiB": 24}, "spec.decode", ["44,236", "131,072"]),
+    ("pool too small", {"spec.decode.gpuMemoryGiB": 25}, "spec.decode", ["44,236", "131,072"]),
     (
         "pool too small for headroom",
-        {"spec.prefill.gpuMemoryGiB": 37, "spec.safety.headroom": 1.2},
+        {"spec.prefill.gpuMemoryGiB": 38, "spec.safety.headroom": 1.2},
         "spec.prefill",
         ["157,287", "1.2"],
     ),
     (
         "weights fill the GPU",
-        {"spec.decode.gpuMemoryGiB": 16},
+        {"spec.decode.gpuMemoryGiB": 17},
         "spec.decode",
         ["no room", "13.60 GiB", "15.00 GiB"],
     ),
@@ -149,11 +149,11 @@ EXACT: list[tuple[dict[str, Any], str]] = [
         "e.g. 0.85",
     ),
     (
-        {"spec.decode.gpuMemoryGiB": 24},
+        {"spec.decode.gpuMemoryGiB": 25},
         "spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072 × headroom 1.0; "
         "raise decode.gpuMemoryGiB or decode.memFractionStatic, use kvCacheDtype fp8_e4m3, "
         "or lower contextLength; this shape holds at most contextLength 44,236; the smallest "
-        "change that holds 131,072: decode.gpuMemoryGiB 40 (estimated pool 155,648 tokens)",
+        "change that holds 131,072: decode.gpuMemoryGiB 40 (estimated pool 148,684 tokens)",
     ),
     (
         {"spec.prefill.maxTotalTokens": 100_000},
@@ -185,7 +185,7 @@ def test_denial_message_is_exactly_what_the_user_reads(
 
 def test_fp8_cache_is_not_suggested_when_already_fp8() -> None:
     result = check_document(
-        mutated({"spec.decode.gpuMemoryGiB": 18, "spec.engine.kvCacheDtype": "fp8_e4m3"})
+        mutated({"spec.decode.gpuMemoryGiB": 19, "spec.engine.kvCacheDtype": "fp8_e4m3"})
     )
     assert not result.allowed
     assert "kvCacheDtype" not in result.message
@@ -197,7 +197,7 @@ def test_every_problem_is_reported_at_once() -> None:
         mutated(
             {
                 "spec.engine.image": "lmsysorg/sglang:v0.5.20",
-                "spec.decode.gpuMemoryGiB": 24,
+                "spec.decode.gpuMemoryGiB": 25,
                 "spec.prefill.maxTotalTokens": 1_000,
             }
         )
@@ -239,7 +239,7 @@ def test_missing_weights_size_falls_back_to_the_config_or_warns() -> None:
 
 
 def test_margin_under_ten_percent_is_allowed_with_a_warning() -> None:
-    warnings = _warning_fields({"spec.decode.gpuMemoryGiB": 37})
+    warnings = _warning_fields({"spec.decode.gpuMemoryGiB": 38})
     assert "only" in warnings["spec.decode"]
     assert "% above contextLength 131,072" in warnings["spec.decode"]
 
@@ -252,7 +252,7 @@ def test_longer_context_with_the_sglang_override_is_allowed_with_a_warning() -> 
 
 def test_update_that_changes_the_spec_is_checked_like_create() -> None:
     old = sample()
-    new = mutated({"spec.decode.gpuMemoryGiB": 24})
+    new = mutated({"spec.decode.gpuMemoryGiB": 25})
     result = check_update(new, old)
     assert not result.allowed
     assert "44,236" in result.message
@@ -265,7 +265,7 @@ def test_update_raising_context_length_is_allowed_when_it_fits() -> None:
 
 
 def test_update_leaving_a_bad_spec_unchanged_is_allowed_so_it_stays_deletable() -> None:
-    old = mutated({"spec.decode.gpuMemoryGiB": 24})
+    old = mutated({"spec.decode.gpuMemoryGiB": 25})
     new = mutated({"metadata.finalizers": []}, base=old)
     result = check_update(new, old)
     assert result.allowed

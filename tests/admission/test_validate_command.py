@@ -26,7 +26,7 @@ def test_safe_sample_validates_with_exit_zero(capsys: pytest.CaptureFixture[str]
 def test_unsafe_file_exits_one_and_prints_every_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    doc = mutated({"spec.decode.gpuMemoryGiB": 24, "spec.engine.image": "lmsysorg/sglang:v0.5.20"})
+    doc = mutated({"spec.decode.gpuMemoryGiB": 25, "spec.engine.image": "lmsysorg/sglang:v0.5.20"})
     assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
     out = capsys.readouterr().out
     assert "ModelDeployment/llama-8b: denied" in out

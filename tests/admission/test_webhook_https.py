@@ -46,7 +46,7 @@ async def test_safe_model_deployment_is_allowed(live_webhook: LiveWebhook) -> No
 async def test_unsafe_model_deployment_is_denied_with_code_and_numbers(
     live_webhook: LiveWebhook,
 ) -> None:
-    doc = mutated({"spec.decode.gpuMemoryGiB": 24})
+    doc = mutated({"spec.decode.gpuMemoryGiB": 25})
     status, answer = await post(live_webhook, review(doc))
     assert status == 200
     assert answer["response"]["allowed"] is False
@@ -55,7 +55,7 @@ async def test_unsafe_model_deployment_is_denied_with_code_and_numbers(
         "spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072 × headroom 1.0; "
         "raise decode.gpuMemoryGiB or decode.memFractionStatic, use kvCacheDtype fp8_e4m3, "
         "or lower contextLength; this shape holds at most contextLength 44,236; the smallest "
-        "change that holds 131,072: decode.gpuMemoryGiB 40 (estimated pool 155,648 tokens)"
+        "change that holds 131,072: decode.gpuMemoryGiB 40 (estimated pool 148,684 tokens)"
     )
 
 
@@ -69,7 +69,7 @@ async def test_schema_violation_is_denied_naming_the_field(live_webhook: LiveWeb
 
 
 async def test_warnings_reach_the_user_on_an_allowed_request(live_webhook: LiveWebhook) -> None:
-    doc = mutated({"spec.engine.image": "lmsysorg/sglang:latest", "spec.decode.gpuMemoryGiB": 37})
+    doc = mutated({"spec.engine.image": "lmsysorg/sglang:latest", "spec.decode.gpuMemoryGiB": 38})
     _, answer = await post(live_webhook, review(doc))
     assert answer["response"]["allowed"] is True
     warnings = answer["response"]["warnings"]
@@ -87,7 +87,7 @@ async def test_update_is_checked_like_create(live_webhook: LiveWebhook) -> None:
 
 
 async def test_update_of_metadata_only_is_not_blocked(live_webhook: LiveWebhook) -> None:
-    old = mutated({"spec.decode.gpuMemoryGiB": 24})
+    old = mutated({"spec.decode.gpuMemoryGiB": 25})
     new = mutated({"metadata.finalizers": []}, base=old)
     _, answer = await post(live_webhook, review(new, operation="UPDATE", old=old))
     assert answer["response"]["allowed"] is True
@@ -108,7 +108,7 @@ async def test_update_of_metadata_only_is_not_blocked(live_webhook: LiveWebhook)
 async def test_odd_objects_get_a_denial_with_a_message(
     live_webhook: LiveWebhook, changes: dict[str, Any], words: str
 ) -> None:
-    doc = mutated({"spec.decode.gpuMemoryGiB": 24, **changes})
+    doc = mutated({"spec.decode.gpuMemoryGiB": 25, **changes})
     status, answer = await post(live_webhook, review(doc))
     assert status == 200
     assert answer["response"]["allowed"] is False

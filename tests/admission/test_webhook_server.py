@@ -231,7 +231,7 @@ async def test_sigterm_fails_readiness_first_answers_through_the_delay_then_exit
             aiohttp.ClientSession() as session,
             session.post(
                 webhook.url,
-                json=review(mutated({"spec.decode.gpuMemoryGiB": 24})),
+                json=review(mutated({"spec.decode.gpuMemoryGiB": 25})),
                 ssl=webhook.client_ssl(),
             ) as response,
         ):
@@ -276,7 +276,7 @@ async def test_metrics_count_each_answer_by_operation_and_result(own_tls_dir: Pa
         target = live(f"https://127.0.0.1:{webhook.port}", webhook.tls_dir)
         await post(target, review(sample()))
         await post(target, review(sample()))
-        await post(target, review(mutated({"spec.decode.gpuMemoryGiB": 24}), operation="UPDATE"))
+        await post(target, review(mutated({"spec.decode.gpuMemoryGiB": 25}), operation="UPDATE"))
         await post(target, b"{not json", raw=True)
         status, text = await webhook.get(webhook.metrics_port, "/metrics")
     assert status == 200

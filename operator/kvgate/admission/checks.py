@@ -362,14 +362,18 @@ def check_estimated_pool(
                 page_size=spec.engine.page_size,
                 weights_gib=weights_gib,
                 max_total_tokens=role_spec.max_total_tokens,
+                gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
+                engine_args=spec.engine.args,
             )
         except NoRoomForKvCache:
-            budget = role_spec.gpu_memory_gi_b * role_spec.mem_fraction_static
+            reserved = role_spec.gpu_reserved_gi_b
+            budget = (role_spec.gpu_memory_gi_b - reserved) * role_spec.mem_fraction_static
             denials.append(
                 Problem(
                     f"spec.{role}",
-                    f"the weights leave no room for a KV pool: gpuMemoryGiB "
-                    f"{_gib(role_spec.gpu_memory_gi_b)} × memFractionStatic "
+                    f"the weights leave no room for a KV pool: (gpuMemoryGiB "
+                    f"{_gib(role_spec.gpu_memory_gi_b)} − gpuReservedGiB {_gib(reserved)}) × "
+                    f"memFractionStatic "
                     f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
                     f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
                     f"{weights_gib / role_spec.tensor_parallel:,.2f} GiB per GPU; raise "
