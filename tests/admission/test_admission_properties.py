@@ -25,7 +25,13 @@ from hypothesis import strategies as st
 from kvgate.admission import check_document
 from kvgate.admission.answer import WEBHOOK_PATH
 from kvgate.admission.app import serving
-from kvgate.admission.limits import _spec_schema, spec_bytes, with_defaults
+from kvgate.admission.limits import (
+    MAX_SPEC_BYTES,
+    _spec_schema,
+    size_message,
+    spec_bytes,
+    with_defaults,
+)
 from kvgate.admission.names import binding_names, derived_names
 from kvgate.admission.schema import _bad_numbers, number_problems
 from kvgate.api import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
@@ -348,14 +354,41 @@ def documents_with_odd_numbers(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
+@st.composite
+def specs_near_the_size_limit(draw: st.DrawFn) -> dict[str, Any]:
+    """Odd documents whose spec is padded to within a few KiB of the size limit, either side:
+    ASCII or not (escaped: one character, six bytes), and numbers that Go writes longer than
+    Python (1e+20: 21 digits)."""
+    doc = draw(documents_with_odd_numbers())
+    spec = doc.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        return doc
+    config = spec["model"].get("config")
+    config = spec["model"]["config"] = dict(config) if isinstance(config, dict) else {}
+    config["rope_scaling_factors"] = [1e20] * draw(st.sampled_from([0, 1, 50, 300]))
+    padding = draw(st.sampled_from(["x", "é", "x\n"]))
+    target = MAX_SPEC_BYTES - spec_bytes(spec) + draw(st.integers(min_value=-3000, max_value=300))
+    config["padding"] = padding * max(0, target // len(json.dumps(padding)[1:-1]))
+    return doc
+
+
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(documents_with_odd_numbers() | mutated_documents() | numeric_specs())
+@given(
+    documents_with_odd_numbers()
+    | mutated_documents()
+    | numeric_specs()
+    | specs_near_the_size_limit()
+)
 def test_fast_paths_of_the_checks_measure_and_find_exactly_what_their_definitions_do(
     document: dict[str, Any],
 ) -> None:
     spec = document.get("spec")
-    # The spec size: one walk instead of defaults, then numbers, then JSON.
-    assert spec_bytes(spec) == _spec_bytes_by_definition(spec)
+    # The spec size: one walk instead of defaults, then numbers, then JSON; and no walk at all
+    # when the spec, as it came, is far enough below the limit.
+    size = _spec_bytes_by_definition(spec)
+    assert spec_bytes(spec) == size
+    if isinstance(spec, Mapping):
+        assert (size_message(spec) is None) == (size <= MAX_SPEC_BYTES), size
     # Numbers beyond 64 bits or not finite: a cheap walk first, locations only when needed.
     # (A Mapping that is not a dict takes the original walk.)
     assert number_problems(document) == number_problems(ChainMap(document))

@@ -167,8 +167,63 @@ def largest_parts(spec: Mapping[str, Any], limit: int = 2) -> list[tuple[str, in
     return sorted(parts, key=lambda part: -part[1])[:limit]
 
 
+def _defaults_below(node: _Defaults | None) -> bool:
+    if node is None:
+        return False
+    return (
+        any(has_default or _defaults_below(sub) for _, has_default, _, sub in node.properties or ())
+        or _defaults_below(node.additional)
+        or _defaults_below(node.items)
+    )
+
+
+def _most_added(node: _Defaults | None) -> int | None:
+    """The most bytes the defaults under `node` can add to a value's JSON; None when that has no
+    bound (a default inside a list item or a map value applies once per element)."""
+    if node is None:
+        return 0
+    if _defaults_below(node.additional) or _defaults_below(node.items):
+        return None
+    total = 0
+    for name, has_default, default, sub in node.properties or ():
+        if has_default:  # `"name":<the default, defaulted itself>,` where it was absent
+            total += len(json.dumps(name)) + 2 + _compact_size(_stored_with_defaults(default, sub))
+        below = _most_added(sub)
+        if below is None:
+            return None
+        total += below
+    return total
+
+
+@functools.cache
+def _room_for_defaults() -> int | None:
+    return _most_added(_spec_defaults())
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"not a JSON type: {type(value).__name__}")
+
+
+def _fits_for_sure(spec: object) -> bool:
+    """A cheap sufficient test for `spec_bytes(spec) <= MAX_SPEC_BYTES`, true for every spec of
+    a normal size: the compact JSON of the spec as it came, plus the most the defaults can add,
+    is within the limit, and no number in it is written with an exponent (the one case where
+    Go's form of a number is longer than Python's: 1e+20 -> 100000000000000000000; in every
+    other case the stored form is as long or shorter). Anything but plain JSON types: False."""
+    room = _room_for_defaults()
+    if room is None:
+        return False
+    try:
+        text = json.dumps(spec, separators=(",", ":"), default=_refuse)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return len(text) + room <= MAX_SPEC_BYTES and "e+" not in text
+
+
 def size_message(spec: Mapping[str, Any]) -> str | None:
     """Why the spec is too large, with the numbers and the way out; None when it fits."""
+    if _fits_for_sure(spec):
+        return None
     stored = _stored_with_defaults(spec, _spec_defaults())
     size = _compact_size(stored)
     if size <= MAX_SPEC_BYTES:
