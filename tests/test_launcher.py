@@ -138,3 +138,57 @@ def test_safety_flags_off_when_not_asked() -> None:
 )
 def test_image_version(image: str, version: str | None) -> None:
     assert image_version(image) == version
+
+
+# (transfer section, expected flags) — sglang/srt/arg_groups/fields/disagg.py
+TRANSFER_ARGV = [
+    ({}, ["--disaggregation-transfer-backend", "mooncake"]),
+    (
+        {
+            "rdma": {"resourceName": "rdma/hca_shared_devices_a"},
+            "ibDevices": ["mlx5_0", "mlx5_1"],
+        },
+        [
+            "--disaggregation-transfer-backend",
+            "mooncake",
+            "--disaggregation-ib-device",
+            "mlx5_0,mlx5_1",
+        ],
+    ),
+    ({"backend": "mooncake_tcp"}, ["--disaggregation-transfer-backend", "mooncake_tcp"]),
+    (
+        {"backend": "nixl", "rdma": {"hostPath": "/dev/infiniband"}, "ibDevices": ["mlx5_2"]},
+        ["--disaggregation-transfer-backend", "nixl", "--disaggregation-ib-device", "mlx5_2"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("transfer", "flags"), TRANSFER_ARGV)
+def test_transfer_section_gives_the_backend_and_ib_device_flags(
+    transfer: dict[str, Any], flags: list[str]
+) -> None:
+    for role in Role:
+        argv = engine_argv(
+            spec_of(engine={"image": "lmsysorg/sglang:v0.5.23", "transfer": transfer}), role
+        )
+        start = argv.index("--disaggregation-transfer-backend")
+        assert argv[start : start + len(flags)] == flags
+        assert argv.count("--disaggregation-ib-device") == flags.count("--disaggregation-ib-device")
+
+
+def test_deprecated_transfer_backend_still_selects_the_backend() -> None:
+    spec = spec_of(engine={"image": "lmsysorg/sglang:v0.5.23", "transferBackend": "nixl"})
+    assert flag_value(engine_argv(spec, Role.DECODE), "--disaggregation-transfer-backend") == "nixl"
+
+
+def test_api_key_is_an_environment_reference_never_the_key() -> None:
+    spec = spec_of(
+        engine={
+            "image": "lmsysorg/sglang:v0.5.23",
+            "apiKeySecretRef": {"name": "engine-key", "key": "token"},
+        }
+    )
+    for role in Role:
+        argv = engine_argv(spec, role)
+        assert flag_value(argv, "--api-key") == "$(KVGATE_ENGINE_API_KEY)"
+    assert "--api-key" not in engine_argv(spec_of(), Role.DECODE)

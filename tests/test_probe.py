@@ -629,9 +629,16 @@ async def test_persistent_500_gives_up_after_the_retries(engine: EngineStub) -> 
 
 
 async def test_a_400_is_not_retried(engine: EngineStub) -> None:
+    engine.text("/server_info", "nope", status=400, content_type="text/plain")
+    verdict = await verify(engine.url, Requirement(CTX), retries=2)
+    assert verdict.reason == "ReportUnreadable" and "HTTP 400" in verdict.message
+    assert engine.hits["/server_info"] == 1
+
+
+async def test_a_403_is_not_retried_and_asks_for_the_api_key(engine: EngineStub) -> None:
     engine.text("/server_info", "nope", status=403, content_type="text/plain")
     verdict = await verify(engine.url, Requirement(CTX), retries=2)
-    assert verdict.reason == "ReportUnreadable" and "HTTP 403" in verdict.message
+    assert verdict.reason == "EngineUnauthorized" and "HTTP 403" in verdict.message
     assert engine.hits["/server_info"] == 1
 
 
@@ -1035,3 +1042,50 @@ def test_ranks_in_different_roles_leave_the_role_unknown_and_never_safe() -> Non
         "rank(s)); with --enable-pd-role-switch the live role is per rank",
     )
     assert judge(report, Requirement(CTX, role="decode")).outcome is Outcome.CANNOT_TELL
+
+
+# --- Engines started with --api-key (sglang/srt/utils/auth.py decide_request_auth: /server_info
+# and /v1/models are NORMAL endpoints; with --api-key they need `Authorization: Bearer <key>`)
+
+
+def serve_keyed_engine(stub: EngineStub, key: str) -> None:
+    """The 0.5.23 decode engine behind SGLang's API-key middleware."""
+    for path, name in (
+        ("/server_info", "server_info_0.5.23_decode.json"),
+        ("/v1/models", "models_131072.json"),
+    ):
+        payload = load(name)
+
+        async def handler(request: web.Request, payload: object = payload) -> web.StreamResponse:
+            if request.headers.get("Authorization") != f"Bearer {key}":
+                return web.json_response({"error": "Unauthorized"}, status=401)
+            return web.json_response(payload)
+
+        stub.routes[path] = handler
+
+
+async def test_an_engine_with_an_api_key_is_verified_with_that_key(engine: EngineStub) -> None:
+    serve_keyed_engine(engine, "s3cret")
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"), api_key="s3cret")
+    assert verdict.outcome is Outcome.SAFE, verdict.message
+
+
+async def test_an_engine_with_an_api_key_probed_without_one_names_apikeysecretref(
+    engine: EngineStub,
+) -> None:
+    serve_keyed_engine(engine, "s3cret")
+    verdict = await verify(engine.url, Requirement(CTX, role="decode"), retries=0)
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert verdict.reason == "EngineUnauthorized"
+    assert "HTTP 401" in verdict.message
+    assert "spec.engine.apiKeySecretRef" in verdict.message
+    assert engine.hits["/server_info"] == 1  # a 401 is final, not retried
+
+
+async def test_a_wrong_api_key_is_refused_and_says_the_secret_is_wrong(engine: EngineStub) -> None:
+    serve_keyed_engine(engine, "s3cret")
+    verdict = await verify(engine.url, Requirement(CTX), api_key="stale", retries=0)
+    assert verdict.outcome is Outcome.CANNOT_TELL
+    assert verdict.reason == "EngineUnauthorized"
+    assert "is not the engine's --api-key" in verdict.message
+    assert "stale" not in verdict.message and "s3cret" not in verdict.message

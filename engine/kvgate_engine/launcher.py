@@ -13,6 +13,10 @@ Version-gated flags (the version is read from the image tag):
   (0.5.19: the oldest release we test, whose parser already accepts it — the research notes
   called it new in 0.5.23, the released wheels say otherwise).
 
+The engine API key (``engine.apiKeySecretRef``) is passed as ``--api-key $(KVGATE_ENGINE_API_KEY)``:
+Kubernetes expands the reference from the container's environment, which the pod template fills
+from the Secret, so the key itself never appears in the Deployment.
+
 When the tag names no version (``latest``, a digest), both are passed when asked for: every
 release that can pass the live version gate (default floor 0.5.22) accepts both flags, and an
 engine that does not would exit at start-up with the flag named, rather than run silently
@@ -28,6 +32,9 @@ from packaging.version import InvalidVersion, Version
 
 KV_CHECKSUM_MIN_VERSION = Version("0.5.21")
 KV_CANARY_MIN_VERSION = Version("0.5.19")
+# The container environment variable holding the engine API key (kvgate.builders fills it from
+# spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
+API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
 # "v0.5.23", "0.5.23", "v0.5.19-cu129", "v0.5.23.post1", "v0.6.0rc1-cu130"
 _TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|(?:a|b|rc)\d+)?)(?:[-_+].*)?$")
@@ -91,8 +98,14 @@ def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
         "--disaggregation-mode",
         str(role),
         "--disaggregation-transfer-backend",
-        str(engine.transfer_backend),
+        str(engine.transfer.backend),
     ]
+    if engine.transfer.ib_devices:
+        # sglang/srt/arg_groups/fields/disagg.py: one device or a comma-separated list, used by
+        # mooncake and NIXL UCX alike.
+        argv += ["--disaggregation-ib-device", ",".join(engine.transfer.ib_devices)]
+    if engine.api_key_secret_ref is not None:
+        argv += ["--api-key", f"$({API_KEY_ENV})"]
     if role is Role.PREFILL:
         argv += ["--disaggregation-bootstrap-port", str(engine.bootstrap_port)]
     if role_spec.max_total_tokens is not None:

@@ -47,8 +47,17 @@ from typing import Any
 import aiohttp
 
 from kvgate_engine.report import EngineReport
-from kvgate_engine.untrusted import BodyLimits, MiB, NotFound, Unreachable, Unreadable, get_json
+from kvgate_engine.untrusted import (
+    BodyLimits,
+    MiB,
+    NotFound,
+    Unauthorized,
+    Unreachable,
+    Unreadable,
+    get_json,
+)
 from kvgate_engine.verdict import (
+    ENGINE_UNAUTHORIZED,
     ENGINE_UNREACHABLE,
     REPORT_UNREADABLE,
     Requirement,
@@ -336,6 +345,20 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
 # ---------------------------------------------------------------------------------------------
 
 
+def unauthorized_message(error: Exception, api_key: str | None) -> str:
+    """Why the engine refused the probe, and the way out."""
+    if api_key:
+        return (
+            f"engine refused kvgate's API key: {error}; the key in the Secret named by "
+            "spec.engine.apiKeySecretRef is not the engine's --api-key"
+        )
+    return (
+        f"engine requires an API key: {error}; it was started with --api-key, so put the key in a "
+        "Secret and set spec.engine.apiKeySecretRef (kvgate passes it to the engine, its probe "
+        "and the gateway) instead of --api-key in spec.engine.args"
+    )
+
+
 def _kind_only(value: object) -> object:
     """A scalar as is; a container emptied (its kind still shows in a problem)."""
     if isinstance(value, Mapping):
@@ -401,6 +424,13 @@ def project_models(doc: object) -> object:
     return {"data": [first]}
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer <key>``, as SGLang's ``--api-key`` middleware checks it
+    (sglang/srt/utils/auth.py ``decide_request_auth``: /server_info and /v1/models are NORMAL
+    endpoints, open without a key only when the engine has no ``--api-key``)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 async def _get_json(
     session: aiohttp.ClientSession,
     url: str,
@@ -408,12 +438,15 @@ async def _get_json(
     retries: int,
     limits: BodyLimits,
     project: Callable[[object], object],
+    headers: Mapping[str, str],
 ) -> object:
     """GET with bounded retries on transport failures and 5xx; 404 and garbage are final."""
     attempt = 0
     while True:
         try:
-            return await get_json(session, url, timeout=timeout, limits=limits, project=project)
+            return await get_json(
+                session, url, timeout=timeout, limits=limits, headers=headers, project=project
+            )
         except Unreachable:
             if attempt >= retries:
                 raise
@@ -422,16 +455,22 @@ async def _get_json(
 
 
 async def _server_info(
-    session: aiohttp.ClientSession, base: str, timeout: float, retries: int
+    session: aiohttp.ClientSession,
+    base: str,
+    timeout: float,
+    retries: int,
+    headers: Mapping[str, str],
 ) -> object:
     limits, project = SERVER_INFO_LIMITS, project_server_info
     try:
-        return await _get_json(session, f"{base}/server_info", timeout, retries, limits, project)
+        return await _get_json(
+            session, f"{base}/server_info", timeout, retries, limits, project, headers
+        )
     except NotFound:
         # SGLang releases before /server_info existed only have the deprecated alias.
         try:
             return await _get_json(
-                session, f"{base}/get_server_info", timeout, retries, limits, project
+                session, f"{base}/get_server_info", timeout, retries, limits, project, headers
             )
         except NotFound as exc:
             raise Unreadable(
@@ -441,11 +480,18 @@ async def _server_info(
 
 
 async def _models(
-    session: aiohttp.ClientSession, base: str, timeout: float, retries: int
+    session: aiohttp.ClientSession,
+    base: str,
+    timeout: float,
+    retries: int,
+    headers: Mapping[str, str],
 ) -> tuple[object | None, str | None]:
     url = f"{base}/v1/models"
     try:
-        return await _get_json(session, url, timeout, retries, MODELS_LIMITS, project_models), None
+        models = await _get_json(
+            session, url, timeout, retries, MODELS_LIMITS, project_models, headers
+        )
+        return models, None
     except NotFound:
         return None, f"{url}: HTTP 404"
     except (Unreachable, Unreadable) as exc:
@@ -458,14 +504,17 @@ async def fetch_report(
     timeout: float = 5.0,
     retries: int = 2,
     session: aiohttp.ClientSession | None = None,
+    api_key: str | None = None,
 ) -> EngineReport | Verdict:
-    """Read one engine. A CANNOT_TELL Verdict when it is unreachable or its answer unreadable."""
+    """Read one engine (with ``api_key`` as a Bearer token when it has one). A CANNOT_TELL
+    Verdict when it is unreachable or its answer unreadable."""
     base = base_url.rstrip("/")
     owned = session is None
     client = session if session is not None else aiohttp.ClientSession()
+    headers = auth_headers(api_key)
     try:
-        info_task = asyncio.ensure_future(_server_info(client, base, timeout, retries))
-        models_task = asyncio.ensure_future(_models(client, base, timeout, retries))
+        info_task = asyncio.ensure_future(_server_info(client, base, timeout, retries, headers))
+        models_task = asyncio.ensure_future(_models(client, base, timeout, retries, headers))
         try:
             info = await info_task
         except (Unreachable, Unreadable) as exc:
@@ -473,6 +522,8 @@ async def fetch_report(
             await asyncio.gather(models_task, return_exceptions=True)
             if isinstance(exc, Unreachable):
                 return cannot_tell(ENGINE_UNREACHABLE, f"engine unreachable: {exc}")
+            if isinstance(exc, Unauthorized):
+                return cannot_tell(ENGINE_UNAUTHORIZED, unauthorized_message(exc, api_key))
             return cannot_tell(REPORT_UNREADABLE, f"engine report unreadable: {exc}")
         models, models_problem = await models_task
     except Exception as exc:  # a bad engine must never crash the caller
@@ -494,9 +545,12 @@ async def verify(
     timeout: float = 5.0,
     retries: int = 2,
     session: aiohttp.ClientSession | None = None,
+    api_key: str | None = None,
 ) -> Verdict:
     """Read one engine and judge it against the requirement."""
-    report = await fetch_report(base_url, timeout=timeout, retries=retries, session=session)
+    report = await fetch_report(
+        base_url, timeout=timeout, retries=retries, session=session, api_key=api_key
+    )
     if isinstance(report, Verdict):
         return report
     return judge(report, requirement)

@@ -60,6 +60,10 @@ class Unreadable(FetchError):
     """An answer kvgate cannot use: a redirect, a 4xx, over a cap, or not JSON (final)."""
 
 
+class Unauthorized(Unreadable):
+    """HTTP 401/403: the engine wants credentials kvgate did not send, or refused them."""
+
+
 class NotFound(FetchError):
     """HTTP 404: the route does not exist on this server."""
 
@@ -130,6 +134,8 @@ def _status_error(where: str, status: int) -> FetchError:
         return Unreadable(f"{where}: HTTP {status} redirect, not followed (kvgate follows none)")
     if status >= 500:
         return Unreachable(f"{where}: HTTP {status}")
+    if status in (401, 403):
+        return Unauthorized(f"{where}: HTTP {status}")
     return Unreadable(f"{where}: HTTP {status}")
 
 

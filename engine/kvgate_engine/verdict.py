@@ -25,6 +25,7 @@ ROLE_MISMATCH = "RoleMismatch"
 ENGINE_VERSION_TOO_OLD = "EngineVersionTooOld"
 ENGINE_VERSION_UNKNOWN = "EngineVersionUnknown"
 ENGINE_UNREACHABLE = "EngineUnreachable"
+ENGINE_UNAUTHORIZED = "EngineUnauthorized"
 REPORT_UNREADABLE = "ReportUnreadable"
 ENGINE_VERIFIED = "EngineVerified"
 

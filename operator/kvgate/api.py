@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvgate.io"
@@ -24,6 +24,19 @@ DEFAULT_MIN_ENGINE_VERSION = "0.5.22"
 DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
+DEFAULT_SHM_SIZE = "16Gi"  # NCCL, SGLang's TP workers and the KV transfer staging use /dev/shm
+INFINIBAND_DEVICE_DIR = "/dev/infiniband"
+MAX_RDMA_DEVICES = 64
+MAX_IB_DEVICES = 32
+# A Kubernetes resource quantity as kvgate accepts it for sizes (binary or decimal suffix).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+# An RDMA HCA name as SGLang's --disaggregation-ib-device takes it (mlx5_0, mlx5_bond_0, ionic_3).
+IB_DEVICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+# A device-plugin resource <domain>/<name> (rdma/hca_shared_devices_a, nvidia.com/hostdev).
+RESOURCE_NAME_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 # Input limits (README "Input limits"). Each is far above what a real deployment writes and low
 # enough that everything kvgate builds from the spec stays within what Kubernetes accepts.
@@ -75,6 +88,7 @@ class KvCacheDtype(StrEnum):
 
 class TransferBackend(StrEnum):
     MOONCAKE = "mooncake"
+    MOONCAKE_TCP = "mooncake_tcp"
     NIXL = "nixl"
 
 
@@ -130,6 +144,116 @@ class EnvVar(_Model):
     )
 
 
+class SecretKeyRef(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of a Secret in the ModelDeployment's namespace.",
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key in that Secret.")
+
+
+class RdmaSpec(_Model):
+    """Where the engine container gets its RDMA device from: a device-plugin resource (preferred)
+    or the node's /dev/infiniband."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.resourceName) != has(self.hostPath)",
+                    "message": "set exactly one of transfer.rdma.resourceName (a device plugin "
+                    "resource) and transfer.rdma.hostPath (/dev/infiniband)",
+                }
+            ]
+        }
+    )
+
+    resource_name: str | None = Field(
+        default=None,
+        max_length=QUALIFIED_NAME_MAX,
+        pattern=RESOURCE_NAME_PATTERN,
+        description=(
+            "Device-plugin resource that gives the pod RDMA devices, requested as a limit, e.g. "
+            "rdma/hca_shared_devices_a (k8s-rdma-shared-dev-plugin) or nvidia.com/hostdev "
+            "(NVIDIA Network Operator). The engine keeps a non-privileged container."
+        ),
+    )
+    count: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RDMA_DEVICES,
+        description="How many of resourceName each engine pod requests.",
+    )
+    host_path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^/",
+        description=(
+            "The node's InfiniBand device directory (usually /dev/infiniband), mounted at "
+            "/dev/infiniband. Device nodes from a hostPath work only in a privileged container, "
+            "so the engine container runs privileged: use resourceName where a device plugin "
+            "is installed."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RdmaSpec:
+        if (self.resource_name is None) == (self.host_path is None):
+            raise ValueError(
+                "set exactly one of resourceName (a device plugin resource, e.g. "
+                "rdma/hca_shared_devices_a) and hostPath (/dev/infiniband)"
+            )
+        return self
+
+
+class TransferSpec(_Model):
+    """How prefill hands KV to decode, and what the engine pods need for it."""
+
+    backend: TransferBackend = Field(
+        default=TransferBackend.MOONCAKE,
+        description=(
+            "--disaggregation-transfer-backend. mooncake (SGLang's default) moves KV over RDMA "
+            "and needs rdma and ibDevices on RDMA nodes; mooncake_tcp is mooncake over TCP "
+            "(no device, no capability); nixl uses UCX, over RDMA when rdma is set, else TCP."
+        ),
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None,
+        description=(
+            "The RDMA device for mooncake or nixl. With it the engine container gets the "
+            "device and the IPC_LOCK capability (RDMA pins memory), and runs as root, because "
+            "Kubernetes gives added capabilities to root processes only."
+        ),
+    )
+    ib_devices: list[Annotated[str, Field(pattern=IB_DEVICE_PATTERN, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_IB_DEVICES,
+        description=(
+            "HCA names for --disaggregation-ib-device, e.g. [mlx5_0, mlx5_1] (joined with "
+            "commas). Empty: the backend picks devices itself. Needs rdma."
+        ),
+    )
+    shm_size: str = Field(
+        default=DEFAULT_SHM_SIZE,
+        max_length=32,
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Size of the in-memory /dev/shm (emptyDir, medium Memory) of engine pods; it counts "
+            "against the pod's memory."
+        ),
+    )
+    host_network: bool = Field(
+        default=False,
+        description=(
+            "Run engine pods in the node's network namespace (as SGLang's own RDMA examples "
+            "do, for RoCE setups that need the host's interfaces). Engine NetworkPolicies do "
+            "not apply to such pods, and the engine and bootstrap ports must be free on the "
+            "node."
+        ),
+    )
+
+
 class EngineSpec(_Model):
     image: str = Field(
         min_length=1,
@@ -146,9 +270,22 @@ class EngineSpec(_Model):
     page_size: int = Field(
         default=1, ge=1, description="KV cache page size in tokens (--page-size)."
     )
-    transfer_backend: TransferBackend = Field(
-        default=TransferBackend.MOONCAKE,
-        description="KV transfer backend for the prefill->decode handoff.",
+    transfer_backend: TransferBackend | None = Field(
+        default=None,
+        description="Deprecated: use transfer.backend (read when transfer.backend is not set).",
+    )
+    transfer: TransferSpec = Field(
+        default_factory=TransferSpec,
+        description="The prefill->decode KV transfer: backend, RDMA device, /dev/shm.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "A Secret key holding the engine API key. kvgate passes it to the engine "
+            "(--api-key, from the Secret via an environment variable), to its own probe and "
+            "guard (Authorization: Bearer) and to the gateway (smg --api-key, which then also "
+            "requires it from clients). Never put --api-key in args."
+        ),
     )
     port: int = Field(
         default=DEFAULT_ENGINE_PORT, ge=1, le=65535, description="Engine HTTP port (--port)."
@@ -169,6 +306,19 @@ class EngineSpec(_Model):
         max_length=MAX_ARGS,
         description="Extra environment variables for engine containers.",
     )
+
+    @model_validator(mode="after")
+    def _deprecated_transfer_backend(self) -> EngineSpec:
+        old = self.transfer_backend
+        if old is None:
+            return self
+        if "backend" in self.transfer.model_fields_set and self.transfer.backend != old:
+            raise ValueError(
+                f"transferBackend {old.value} and transfer.backend {self.transfer.backend.value} "
+                "disagree; remove the deprecated transferBackend"
+            )
+        self.transfer = self.transfer.model_copy(update={"backend": old})
+        return self
 
 
 class SafetySpec(_Model):

@@ -16,17 +16,22 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate_engine.launcher import engine_argv
+from kvgate_engine.launcher import API_KEY_ENV, engine_argv
 
 from kvgate import labels, requirements, router_auth
-from kvgate.api import EngineSpec, ModelDeployment, Role, RoleSpec
+from kvgate.api import (
+    INFINIBAND_DEVICE_DIR,
+    EngineSpec,
+    ModelDeployment,
+    Role,
+    RoleSpec,
+)
 
 # Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
 # /dev/nvidia* device nodes world read-writable, so CUDA works without root; the image's own
 # HOME (often /root) is not writable by this UID, so HOME points at /tmp (HF, Triton and
 # FlashInfer caches land there).
 RUN_AS_USER = 1000
-ENGINE_SHM_SIZE = "16Gi"  # NCCL and SGLang's TP workers need a large /dev/shm.
 TERMINATION_GRACE_SECONDS = 60
 
 Body = dict[str, Any]
@@ -126,8 +131,50 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _quantities(values: dict[str, int | str], gpus: int) -> dict[str, int | str]:
-    return {**values, "nvidia.com/gpu": gpus}
+def _quantities(
+    values: dict[str, int | str], gpus: int, engine: EngineSpec
+) -> dict[str, int | str]:
+    quantities: dict[str, int | str] = {**values, "nvidia.com/gpu": gpus}
+    rdma = engine.transfer.rdma
+    if rdma is not None and rdma.resource_name is not None:
+        quantities[rdma.resource_name] = rdma.count
+    return quantities
+
+
+def _engine_security(engine: EngineSpec) -> Body:
+    """The engine container's securityContext for its transfer backend.
+
+    Without RDMA (mooncake_tcp, nixl over TCP): the restricted profile. With an RDMA device from
+    a device plugin: IPC_LOCK (RDMA registers, so pins, the KV pool's memory) and nothing else;
+    the container runs as root because Kubernetes puts added capabilities in the effective set
+    of root processes only (no ambient capabilities). With /dev/infiniband from a hostPath:
+    privileged, as in SGLang's own PD examples
+    (docs/references/multi_node_deployment/lws_pd/lws-examples/p.yaml), because the device
+    cgroup admits hostPath device nodes only to privileged containers."""
+    rdma = engine.transfer.rdma
+    if rdma is None:
+        return _restricted_container_security()
+    if rdma.host_path is not None:
+        return {"privileged": True, "runAsUser": 0, "runAsNonRoot": False}
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+    }
+
+
+def api_key_env(engine: EngineSpec) -> list[Body]:
+    """``KVGATE_ENGINE_API_KEY`` from spec.engine.apiKeySecretRef (empty without one)."""
+    ref = engine.api_key_secret_ref
+    if ref is None:
+        return []
+    return [
+        {
+            "name": API_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+        }
+    ]
 
 
 def _restricted_container_security() -> Body:
@@ -213,6 +260,7 @@ def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard
         },
         "resources": copy.deepcopy(GUARD_RESOURCES),
         "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
+        **({"env": api_key_env(md.spec.engine)} if md.spec.engine.api_key_secret_ref else {}),
     }
 
 
@@ -226,6 +274,8 @@ def engine_pod_template(
     env: list[Body] = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
     if not any(e["name"] == "HOME" for e in env):
         env.append({"name": "HOME", "value": "/tmp"})
+    env += api_key_env(spec.engine)
+    transfer = spec.engine.transfer
     ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
     annotations = {labels.REQUIREMENT: requirement_annotation(md, role)}
     if role is Role.PREFILL:
@@ -241,8 +291,12 @@ def engine_pod_template(
         "env": env,
         "ports": ports,
         "resources": {
-            "limits": _quantities(role_spec.resources.limits, role_spec.tensor_parallel),
-            "requests": _quantities(role_spec.resources.requests, role_spec.tensor_parallel),
+            "limits": _quantities(
+                role_spec.resources.limits, role_spec.tensor_parallel, spec.engine
+            ),
+            "requests": _quantities(
+                role_spec.resources.requests, role_spec.tensor_parallel, spec.engine
+            ),
         },
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": spec.engine.port},
@@ -250,9 +304,20 @@ def engine_pod_template(
             "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
-        "securityContext": _restricted_container_security(),
+        "securityContext": _engine_security(spec.engine),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    volumes: list[Body] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
+    ]
+    if transfer.rdma is not None and transfer.rdma.host_path is not None:
+        container["volumeMounts"].append({"name": "infiniband", "mountPath": INFINIBAND_DEVICE_DIR})
+        volumes.append(
+            {
+                "name": "infiniband",
+                "hostPath": {"path": transfer.rdma.host_path, "type": "Directory"},
+            }
+        )
     pod_spec: Body = {
         "containers": [container],
         "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
@@ -261,12 +326,15 @@ def engine_pod_template(
         **({"initContainers": [guard_container(md, role, revision, guard)]} if guard else {}),
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": ENGINE_SHM_SIZE}}
-        ],
+        "volumes": volumes,
         # The engine needs no API access; only the router (smg discovery) does.
         "automountServiceAccountToken": False,
     }
+    if transfer.host_network:
+        # As SGLang's RDMA examples run (RoCE over the host's interfaces); the cluster DNS stays
+        # reachable only with this dnsPolicy.
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     if role_spec.node_selector:
         pod_spec["nodeSelector"] = dict(role_spec.node_selector)
     if role_spec.tolerations:
@@ -320,6 +388,9 @@ def router_argv(md: ModelDeployment, revision: str) -> list[str]:
         # Service can add an engine kvgate did not verify (router_auth).
         "--control-plane-api-keys",
         router_auth.smg_key_argument(),
+        # smg sends it as a Bearer token to the engines (registration reads /server_info and
+        # /v1/models) and then also requires it from clients on the data path.
+        *(["--api-key", f"$({API_KEY_ENV})"] if spec.engine.api_key_secret_ref else []),
         *spec.router.args,
     ]
 
@@ -344,7 +415,8 @@ def router_pod_template(
                         "key": router_auth.SECRET_KEY,
                     }
                 },
-            }
+            },
+            *api_key_env(spec.engine),
         ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         # /readiness is 503 unless the router holds a ready prefill AND a ready decode worker,

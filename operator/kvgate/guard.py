@@ -26,6 +26,10 @@ aiohttp (already the probe's client) serves the two endpoints. Existing revision
 image they were created with across operator upgrades (see ``kvgate.builders.template_hash``), so
 the argument contract below only ever grows: never rename or drop a flag.
 
+An engine started with ``--api-key`` (``spec.engine.apiKeySecretRef``) is read with
+``Authorization: Bearer`` and the key from ``$KVGATE_ENGINE_API_KEY``, which the pod template fills
+from that Secret (never an argument: arguments show in the pod spec and ``ps``).
+
 The decision (``readiness``) is pure; ``Guard`` is the loop and ``main`` the thin I/O around it.
 """
 
@@ -35,10 +39,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -56,6 +61,8 @@ FRESH_PERIODS = 2
 # Reasons are one line; a verdict with many findings is cut here.
 MAX_REASON_CHARS = 600
 MIN_PERIOD_SECONDS = 0.1
+# The engine API key, from the Secret named by spec.engine.apiKeySecretRef (kvgate.builders).
+API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +159,10 @@ class Guard:
         period: float,
         timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ) -> None:
         self.engine_url = engine_url
+        self.api_key = api_key
         self.requirement = requirement
         self.period = period
         self.timeout = timeout
@@ -181,7 +190,12 @@ class Guard:
         # One quick retry absorbs a dropped connection; a slow or failing engine is reported at
         # once (the verdict is CANNOT_TELL, never SAFE).
         verdict = await verify(
-            self.engine_url, self.requirement, timeout=self.timeout, retries=1, session=session
+            self.engine_url,
+            self.requirement,
+            timeout=self.timeout,
+            retries=1,
+            session=session,
+            api_key=self.api_key,
         )
         self.last = Observation(started, verdict)
         self.reads += 1
@@ -254,6 +268,11 @@ def requirement_of(args: argparse.Namespace) -> Requirement:
     )
 
 
+def engine_api_key(environ: Mapping[str, str]) -> str | None:
+    """The engine API key the pod template put in the environment, if any."""
+    return environ.get(API_KEY_ENV) or None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -264,6 +283,7 @@ async def serve(args: argparse.Namespace, requirement: Requirement) -> None:
         requirement,
         period=args.period,
         timeout=args.timeout if args.timeout is not None else max(1.0, args.period),
+        api_key=engine_api_key(os.environ),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

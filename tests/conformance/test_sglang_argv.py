@@ -61,7 +61,8 @@ from sglang.srt.server_args import prepare_server_args
 FIELDS = ["model_path", "served_model_name", "host", "port", "context_length",
           "mem_fraction_static", "tp_size", "page_size", "kv_cache_dtype", "disaggregation_mode",
           "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "max_total_tokens",
-          "enable_metrics", "disaggregation_enable_kv_checksum", "kv_canary"]
+          "enable_metrics", "disaggregation_enable_kv_checksum", "kv_canary", "api_key",
+          "disaggregation_ib_device"]
 results = []
 for argv in json.load(sys.stdin):
     try:
@@ -86,7 +87,7 @@ def specs(version: str, model_dir: Path) -> list[tuple[str, ModelDeploymentSpec,
             "image": image,
             "kvCacheDtype": "fp8_e4m3",
             "pageSize": 16,
-            "transferBackend": "nixl",
+            "transfer": {"backend": "nixl"},
             "port": 31000,
             "bootstrapPort": 9001,
             "args": ["--log-level", "warning"],
@@ -96,11 +97,43 @@ def specs(version: str, model_dir: Path) -> list[tuple[str, ModelDeploymentSpec,
         "decode": {"memFractionStatic": 0.8, "maxTotalTokens": 400000},
     }
     defaults: dict[str, Any] = {"model": model, "engine": {"image": image}}
+    # The engine API key: `--api-key $(KVGATE_ENGINE_API_KEY)` (Kubernetes expands it).
+    api_key: dict[str, Any] = {
+        "model": model,
+        "engine": {"image": image, "apiKeySecretRef": {"name": "engine-key", "key": "token"}},
+    }
+    # mooncake over TCP: SGLang later resolves it to mooncake with MC_FORCE_TCP=1
+    # (sglang/srt/arg_groups/pd_disaggregation_hook.py).
+    mooncake_tcp: dict[str, Any] = {
+        "model": model,
+        "engine": {"image": image, "transfer": {"backend": "mooncake_tcp"}},
+    }
     return [
         (f"{label}-{role}", ModelDeploymentSpec.model_validate(spec), role)
-        for label, spec in (("everything", everything), ("defaults", defaults))
+        for label, spec in (
+            ("everything", everything),
+            ("defaults", defaults),
+            ("api-key", api_key),
+            ("mooncake-tcp", mooncake_tcp),
+        )
         for role in (Role.PREFILL, Role.DECODE)
     ]
+
+
+def rdma_spec(version: str, model_dir: Path) -> ModelDeploymentSpec:
+    """mooncake over RDMA from a device plugin, with --disaggregation-ib-device."""
+    return ModelDeploymentSpec.model_validate(
+        {
+            "model": {"name": "llama-3.1-8b", "path": str(model_dir), "contextLength": 131072},
+            "engine": {
+                "image": f"lmsysorg/sglang:v{version}",
+                "transfer": {
+                    "rdma": {"resourceName": "rdma/hca_shared_devices_a"},
+                    "ibDevices": ["mlx5_0", "mlx5_1"],
+                },
+            },
+        }
+    )
 
 
 def expected_values(spec: ModelDeploymentSpec, role: Role, argv: list[str]) -> dict[str, Any]:
@@ -115,7 +148,7 @@ def expected_values(spec: ModelDeploymentSpec, role: Role, argv: list[str]) -> d
         "page_size": spec.engine.page_size,
         "kv_cache_dtype": str(spec.engine.kv_cache_dtype),
         "disaggregation_mode": str(role),
-        "disaggregation_transfer_backend": str(spec.engine.transfer_backend),
+        "disaggregation_transfer_backend": str(spec.engine.transfer.backend),
         "max_total_tokens": role_spec.max_total_tokens,
         "enable_metrics": True,
         "tp_size": role_spec.tensor_parallel,
@@ -126,6 +159,8 @@ def expected_values(spec: ModelDeploymentSpec, role: Role, argv: list[str]) -> d
         values["disaggregation_enable_kv_checksum"] = True
     if "--kv-canary" in argv:
         values["kv_canary"] = "log"
+    if "--api-key" in argv:
+        values["api_key"] = "$(KVGATE_ENGINE_API_KEY)"
     return values
 
 
@@ -183,7 +218,21 @@ def test_launcher_argv_parses_with_sglang(
     inputs = [argv[3:] for argv in argvs]
     # The control: the same argv plus a flag SGLang does not know must fail (exit 2).
     inputs.append([*argvs[0][3:], UNKNOWN_FLAG])
+    # --disaggregation-ib-device: the parser accepts it, then SGLang checks the names against
+    # /sys/class/infiniband (sglang/srt/arg_groups/validation_hook.py), which a machine without
+    # RDMA lacks: reaching that check proves the flag and its value were read.
+    rdma_argv = engine_argv(rdma_spec(version, model_dir), Role.PREFILL)
+    inputs.append(rdma_argv[3:])
     results = parse_with_sglang(sglang_envs[version], inputs, tmp_path)
+    rdma_result = results.pop()
+    assert rdma_result["exit"] != 2, f"sglang {version} rejected {rdma_argv}: {rdma_result}"
+    if rdma_result["exit"] == 0:
+        assert rdma_result["values"]["disaggregation_ib_device"] == "mlx5_0,mlx5_1"
+    else:
+        assert "nfiniband" in rdma_result["error"] or "IB device" in rdma_result["error"], (
+            rdma_result
+        )
+    inputs.pop()
 
     assert len(results) == len(inputs)
     for (name, spec, role), argv, result in zip(cases, argvs, results, strict=False):

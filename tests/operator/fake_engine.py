@@ -16,6 +16,14 @@ class FakeEngine:
     kv_pool_tokens: int
     version: str = "0.5.23"
     port: int = 0
+    # Started with --api-key: /server_info and /v1/models want `Authorization: Bearer <key>`,
+    # /health stays open (sglang/srt/utils/auth.py decide_request_auth).
+    api_key: str | None = None
+
+    def authorized(self, request: web.Request) -> bool:
+        return self.api_key is None or request.headers.get("Authorization") == (
+            f"Bearer {self.api_key}"
+        )
 
     @property
     def url(self) -> str:
@@ -48,10 +56,14 @@ class FakeEngine:
 
 @asynccontextmanager
 async def running(engine: FakeEngine) -> AsyncIterator[FakeEngine]:
-    async def server_info(_: web.Request) -> web.Response:
+    async def server_info(request: web.Request) -> web.Response:
+        if not engine.authorized(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
         return web.json_response(engine.server_info())
 
-    async def models(_: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
+        if not engine.authorized(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
         return web.json_response(engine.models())
 
     async def health(_: web.Request) -> web.Response:

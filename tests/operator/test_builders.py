@@ -232,3 +232,163 @@ def test_the_template_hash_ignores_the_guard_image_but_not_its_requirement() -> 
     assert hashed(builders.Guard(GUARD.image, cluster_floor="0.5.24")) != hashed(GUARD)
     unguarded = builders.deployment(make_md(), REV, "decode", replicas=1)
     assert unguarded["metadata"]["annotations"][labels.TEMPLATE_HASH] != hashed(GUARD)
+
+
+# --- engine.transfer: what each KV transfer backend gets in the engine pod ---
+
+RDMA_PLUGIN = {
+    "backend": "mooncake",
+    "rdma": {"resourceName": "rdma/hca_shared_devices_a", "count": 1},
+    "ibDevices": ["mlx5_0", "mlx5_1"],
+    "shmSize": "32Gi",
+    "hostNetwork": True,
+}
+RDMA_HOSTPATH = {
+    "backend": "mooncake",
+    "rdma": {"hostPath": "/dev/infiniband"},
+    "ibDevices": ["mlx5_bond_0"],
+}
+API_KEY = {"name": "engine-api-key", "key": "token"}
+
+
+def _engine(template: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = template["spec"]["containers"][0]
+    return container
+
+
+def _template(md: Any, role: str = "prefill", guard: Any = None) -> dict[str, Any]:
+    body = builders.deployment(md, REV, role, replicas=1, guard=guard)
+    template: dict[str, Any] = body["spec"]["template"]
+    return template
+
+
+def test_mooncake_over_rdma_prefill_deployment_matches_golden_file() -> None:
+    _check_golden(
+        "prefill-deployment-mooncake-rdma",
+        builders.deployment(
+            make_md(engine__transfer=RDMA_PLUGIN), REV, "prefill", replicas=1, guard=GUARD
+        ),
+    )
+
+
+def test_rdma_from_a_hostpath_decode_deployment_matches_golden_file() -> None:
+    _check_golden(
+        "decode-deployment-rdma-hostpath",
+        builders.deployment(make_md(engine__transfer=RDMA_HOSTPATH), REV, "decode", replicas=1),
+    )
+
+
+@pytest.mark.parametrize(
+    "transfer",
+    [{}, {"backend": "mooncake_tcp"}, {"backend": "nixl"}, {"shmSize": "64Gi"}],
+    ids=["default mooncake", "mooncake_tcp", "nixl over tcp", "bigger shm"],
+)
+def test_backends_without_rdma_keep_the_restricted_profile(transfer: dict[str, Any]) -> None:
+    for role in ("prefill", "decode"):
+        template = _template(make_md(engine__transfer=transfer), role)
+        engine = _engine(template)
+        assert engine["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        }
+        assert set(engine["resources"]["limits"]) == {"nvidia.com/gpu"}
+        assert "hostNetwork" not in template["spec"]
+        assert [v["name"] for v in template["spec"]["volumes"]] == ["dshm"]
+
+
+def test_rdma_from_a_device_plugin_adds_only_ipc_lock_and_the_device() -> None:
+    template = _template(make_md(engine__transfer=RDMA_PLUGIN, prefill__tensorParallel=8))
+    engine = _engine(template)
+    assert engine["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+    }
+    for kind in ("limits", "requests"):
+        assert engine["resources"][kind] == {"nvidia.com/gpu": 8, "rdma/hca_shared_devices_a": 1}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in template[
+        "spec"
+    ]["volumes"]
+
+
+def test_a_hostpath_rdma_device_runs_privileged_with_dev_infiniband_mounted() -> None:
+    template = _template(make_md(engine__transfer=RDMA_HOSTPATH))
+    engine = _engine(template)
+    assert engine["securityContext"] == {"privileged": True, "runAsUser": 0, "runAsNonRoot": False}
+    assert {"name": "infiniband", "mountPath": "/dev/infiniband"} in engine["volumeMounts"]
+    assert {
+        "name": "infiniband",
+        "hostPath": {"path": "/dev/infiniband", "type": "Directory"},
+    } in template["spec"]["volumes"]
+
+
+def test_the_guard_sidecar_stays_restricted_whatever_the_engine_needs() -> None:
+    template = _template(make_md(engine__transfer=RDMA_HOSTPATH), guard=GUARD)
+    (sidecar,) = template["spec"]["initContainers"]
+    assert sidecar["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+    }
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_mooncake_rdma_pod_has_what_sglangs_own_kubernetes_pd_example_has() -> None:
+    # SGLang's PD example (docs/references/multi_node_deployment/lws_pd/lws-examples/p.yaml and
+    # d.yaml): IPC_LOCK, the RDMA devices, /dev/shm as a memory emptyDir, hostNetwork with
+    # ClusterFirstWithHostNet, --disaggregation-ib-device. kvgate takes the device from a device
+    # plugin instead of privileged + hostPath, and leaves out hostIPC (DeepEP/NVSHMEM, not KV
+    # transfer) and the model-specific flags.
+    template = _template(make_md(engine__transfer=RDMA_PLUGIN), "prefill")
+    engine, pod = _engine(template), template["spec"]
+    assert "IPC_LOCK" in engine["securityContext"]["capabilities"]["add"]
+    assert engine["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    args = engine["args"]
+    assert args[args.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
+    assert args[args.index("--disaggregation-transfer-backend") + 1] == "mooncake"
+
+
+# --- engine.apiKeySecretRef: the key reaches engine, guard and router only through the Secret ---
+
+
+def test_api_key_decode_deployment_and_router_match_golden_files() -> None:
+    md = make_md(engine__apiKeySecretRef=API_KEY)
+    _check_golden(
+        "decode-deployment-api-key",
+        builders.deployment(md, REV, "decode", replicas=1, guard=GUARD),
+    )
+    _check_golden("router-deployment-api-key", builders.deployment(md, REV, "router", replicas=1))
+
+
+def test_api_key_goes_to_engine_guard_and_router_from_the_secret() -> None:
+    md = make_md(engine__apiKeySecretRef=API_KEY)
+    from_secret = {
+        "name": "KVGATE_ENGINE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "engine-api-key", "key": "token"}},
+    }
+    template = _template(md, "decode", guard=GUARD)
+    engine, (sidecar,) = _engine(template), template["spec"]["initContainers"]
+    assert from_secret in engine["env"] and sidecar["env"] == [from_secret]
+    args = engine["args"]
+    assert args[args.index("--api-key") + 1] == "$(KVGATE_ENGINE_API_KEY)"
+    router = builders.deployment(md, REV, "router", replicas=1)["spec"]["template"]
+    (container,) = router["spec"]["containers"]
+    assert from_secret in container["env"]
+    assert container["args"][container["args"].index("--api-key") + 1] == (
+        "$(KVGATE_ENGINE_API_KEY)"
+    )
+
+
+def test_without_an_api_key_nobody_gets_one() -> None:
+    md = make_md()
+    text = json.dumps(
+        [builders.deployment(md, REV, c, replicas=1, guard=GUARD) for c in builders.COMPONENTS]
+    )
+    assert "--api-key" not in text and "KVGATE_ENGINE_API_KEY" not in text

@@ -96,9 +96,18 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def guarding(
-    engine: FakeEngine, period: float = 0.2, requirement: Requirement = REQ
+    engine: FakeEngine,
+    period: float = 0.2,
+    requirement: Requirement = REQ,
+    api_key: str | None = None,
 ) -> AsyncIterator[tuple[Guard, str]]:
-    g = Guard(f"http://127.0.0.1:{engine.port}", requirement, period=period, timeout=1.0)
+    g = Guard(
+        f"http://127.0.0.1:{engine.port}",
+        requirement,
+        period=period,
+        timeout=1.0,
+        api_key=api_key,
+    )
     runner = web.AppRunner(guard.app_for(g))
     await runner.setup()
     port = free_port()
@@ -250,3 +259,29 @@ def test_the_guard_imports_no_kopf() -> None:
     code = "import sys, kvgate.guard; print('kopf' in sys.modules, 'kubernetes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+async def test_an_engine_behind_an_api_key_is_guarded_with_the_key_from_the_environment() -> None:
+    engine = FakeEngine(
+        "decode", context_length=131_072, kv_pool_tokens=200_000, port=free_port(), api_key="k"
+    )
+    key = guard.engine_api_key({guard.API_KEY_ENV: "k"})
+    async with running(engine), guarding(engine, period=0.2, api_key=key) as (_, url):
+        await until("ready", lambda: _status_is(url, 200), 5)
+
+
+async def test_without_the_key_an_engine_behind_an_api_key_never_gets_ready() -> None:
+    engine = FakeEngine(
+        "decode", context_length=131_072, kv_pool_tokens=200_000, port=free_port(), api_key="k"
+    )
+    assert guard.engine_api_key({}) is None
+    assert guard.engine_api_key({guard.API_KEY_ENV: ""}) is None
+    async with running(engine), guarding(engine, period=0.2) as (g, url):
+        await until("a first read", lambda: _read(g), 5)
+        status, text = await get(f"{url}/ready")
+        assert status == 503
+        assert "EngineUnauthorized" in text and "spec.engine.apiKeySecretRef" in text, text
+
+
+async def _read(g: Guard) -> bool:
+    return g.last is not None

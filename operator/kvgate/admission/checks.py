@@ -21,6 +21,7 @@ from kvgate_engine.launcher import image_version
 from packaging.version import InvalidVersion, Version
 
 from kvgate.admission import names
+from kvgate.admission.engine_args import check_engine
 from kvgate.admission.limits import size_message
 from kvgate.admission.plan_hint import pool_hint
 from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
@@ -426,6 +427,7 @@ CHECKS: tuple[Check, ...] = (
     check_context_length,
     check_estimated_pool,
     check_router_args,
+    check_engine,
 )
 
 
