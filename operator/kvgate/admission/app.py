@@ -27,9 +27,10 @@ from aiohttp import web
 from kvgate.admission import metrics
 from kvgate.admission.answer import HANDLER_ID, WEBHOOK_PATH, Answer, answer_review, internal_error
 from kvgate.admission.certificates import CHECK_INTERVAL_SECONDS, ReloadingCertificate
+from kvgate.admission.checks import check_document
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.review import RejectedReview, check_resource, check_review, parse_review
-from kvgate.api import GROUP, PLURAL, VERSION
+from kvgate.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger("kvgate.admission")
 
@@ -40,6 +41,7 @@ SHUTDOWN_TIMEOUT_SECONDS = 30.0
 # kopf's (aiohttp's) limit, kept: a larger body is answered 413.
 MAX_BODY_BYTES = 1024**2
 _JSON = "application/json"
+_WARM_UP = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "warm-up"}, "spec": {}}
 
 
 def _json_response(payload: dict[str, Any], status: int = 200) -> web.Response:
@@ -102,6 +104,9 @@ class AdmissionServer:
 
     async def start(self) -> None:
         """Listen; certificate changes are picked up from now on."""
+        # The first check builds what later ones reuse (the CRD schema the size limit reads,
+        # pydantic's validators): ~0.1 s, spent here rather than on the first admission.
+        check_document(_WARM_UP, self.policy)
         await self._runner.setup()
         self._site = web.TCPSite(
             self._runner, self.host, self.port, ssl_context=self.certificate.context
