@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate_engine.estimator import (
+    DEFAULT_GPU_RESERVED_GIB,
     EstimateError,
     NoRoomForKvCache,
     bytes_per_token,
@@ -113,6 +114,8 @@ class PlanRequest:
     headroom: float = 1.0
     context_length: int | None = None
     page_size: int = 1
+    # Taken off each GPU before memFractionStatic, as admission does (spec.<role>.gpuReservedGiB).
+    gpu_reserved_gib: float = DEFAULT_GPU_RESERVED_GIB
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,13 @@ def _check_request(request: PlanRequest) -> None:
         raise PlanError("--context-length", f"{request.context_length} must be >= 1")
     if request.page_size < 1:
         raise PlanError("--page-size", f"{request.page_size} must be >= 1")
+    smallest = min(request.gpu_memory_gib)
+    if not (0 <= request.gpu_reserved_gib < smallest and math.isfinite(request.gpu_reserved_gib)):
+        raise PlanError(
+            "--gpu-reserved-gib",
+            f"{request.gpu_reserved_gib:g} GiB must be >= 0 and below the smallest GPU searched "
+            f"({smallest:g} GiB); admission's default is {DEFAULT_GPU_RESERVED_GIB:g}",
+        )
 
 
 def _check_config(config: Mapping[str, Any], kv_cache_dtypes: Sequence[str]) -> None:
@@ -285,7 +295,10 @@ def plan_shape(
             **(estimator_options or {}),
         )
     except NoRoomForKvCache:
-        usable = shape.gpu_memory_gib * shape.mem_fraction_static - weights_gib / shape.tp
+        reserved = float((estimator_options or {}).get("gpu_reserved_gib", 0.0))
+        usable = (
+            shape.gpu_memory_gib - reserved
+        ) * shape.mem_fraction_static - weights_gib / shape.tp
         per_token = bytes_per_token(config, tp=shape.tp, kv_cache_dtype=shape.kv_cache_dtype)
         holds = None if context_length is None else False
         return ShapePlan(shape, 0, per_token, usable, 0, LIMITED_BY_NO_ROOM, required, holds)
@@ -345,6 +358,7 @@ def make_plan(request: PlanRequest) -> Plan:
             headroom=request.headroom,
             context_length=request.context_length,
             page_size=request.page_size,
+            estimator_options={"gpu_reserved_gib": request.gpu_reserved_gib},
         )
         for tp in tps
         for gib in sorted(set(request.gpu_memory_gib))

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--headroom", type=float, default=None, help="pool / context, default 1.0")
     p.add_argument("--context-length", type=int, default=None, help="the context to hold")
     p.add_argument("--page-size", type=int, default=None, help="default 1")
+    p.add_argument(
+        "--gpu-reserved-gib",
+        type=float,
+        default=None,
+        help="GiB per GPU kept for the CUDA context and others, as admission's gpuReservedGiB "
+        "(default 1)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the plan (needs [plot])")
 

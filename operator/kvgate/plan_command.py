@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
+from kvgate_engine.estimator import DEFAULT_GPU_RESERVED_GIB
 from kvgate_engine.plan import (
     LIMITED_BY_MODEL,
     LIMITED_BY_NO_ROOM,
@@ -120,6 +121,9 @@ def _request(args: argparse.Namespace) -> PlanRequest:
         headroom=1.0 if args.headroom is None else args.headroom,
         context_length=args.context_length,
         page_size=1 if args.page_size is None else args.page_size,
+        gpu_reserved_gib=(
+            DEFAULT_GPU_RESERVED_GIB if args.gpu_reserved_gib is None else args.gpu_reserved_gib
+        ),
         **fields,
     )
 

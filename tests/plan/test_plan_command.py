@@ -233,9 +233,9 @@ def test_a_context_no_shape_holds_exits_1_with_the_best_and_the_way_out(
     assert "80 GiB" not in err.split("no shape")[0]
     assert (
         "kvgate plan: --context-length: no shape searched holds contextLength 100,000 × "
-        "headroom 1.0 = 100,000 pool tokens; the most any holds is 30,038 "
+        "headroom 1.0 = 100,000 pool tokens; the most any holds is 18,897 "
         "(80 GiB × TP 2, fp8_e4m3, mem 0.85); add larger --tp values or bigger "
-        "--gpu-memory-gib, try --kv-cache-dtype fp8_e4m3, or advertise at most 30,038"
+        "--gpu-memory-gib, try --kv-cache-dtype fp8_e4m3, or advertise at most 18,897"
     ) in err
     assert "no " in out  # the table is still printed, each row saying it does not hold
 
@@ -478,3 +478,22 @@ def test_plot_to_an_unwritable_path_exits_2(
         capsys, "--config", LLAMA_70B, "--plot", str(tmp_path / "no" / "such" / "dir.png")
     )
     assert code == 2 and "--plot: cannot write" in err
+
+
+def test_the_search_keeps_the_gpu_memory_admission_keeps_and_says_when_it_cannot(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ("--config", LLAMA_70B, "--weights-gib", "131.5", "--gpu-memory-gib", "80")
+    common += ("--tp", "4", "--kv-cache-dtype", "auto")
+    _, default = run_json(capsys, *common)
+    _, none_kept = run_json(capsys, *common, "--gpu-reserved-gib", "0")
+    _, more_kept = run_json(capsys, *common, "--gpu-reserved-gib", "4")
+    pools = [p["shapes"][0]["kv_pool_tokens"] for p in (none_kept, default, more_kept)]
+    # Admission's default (1 GiB per GPU) is what the search takes off unless told otherwise.
+    assert pools[0] > pools[1] > pools[2], pools
+    code, _, err = run(capsys, *common, "--gpu-reserved-gib", "80")
+    assert code == 2
+    assert (
+        "--gpu-reserved-gib: 80 GiB must be >= 0 and below the smallest GPU searched (80 GiB)"
+        in err
+    )

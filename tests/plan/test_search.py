@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
+from kvgate_engine.estimator import DEFAULT_GPU_RESERVED_GIB, NoRoomForKvCache, estimate_pool
 from kvgate_engine.plan import (
     LIMITED_BY_MODEL,
     LIMITED_BY_NO_ROOM,
@@ -44,7 +44,12 @@ FRACTIONS = (0.7, 0.85, 0.9)
 DTYPES_WIDE_TO_NARROW = ("bfloat16", "fp8_e4m3")
 
 
-def _estimated_pool(config: dict[str, Any], shape: Shape, weights_gib: float) -> int:
+def _estimated_pool(
+    config: dict[str, Any],
+    shape: Shape,
+    weights_gib: float,
+    reserved: float = DEFAULT_GPU_RESERVED_GIB,  # what make_plan takes off, as admission does
+) -> int:
     """The estimator's pool, independently of the planner; 0 when the weights leave no room."""
     try:
         return estimate_pool(
@@ -54,6 +59,7 @@ def _estimated_pool(config: dict[str, Any], shape: Shape, weights_gib: float) ->
             mem_fraction_static=shape.mem_fraction_static,
             kv_cache_dtype=shape.kv_cache_dtype,
             weights_gib=weights_gib,
+            gpu_reserved_gib=reserved,
         ).kv_pool_tokens
     except NoRoomForKvCache:
         return 0
@@ -285,7 +291,8 @@ def test_every_proposed_fix_holds_the_context_under_the_estimator(
                 | {field_names[fix.field]: fix.value}
             )
         )
-        assert _estimated_pool(config, changed, weights) == fix.kv_pool_tokens >= required
+        # fit_role got no estimator options here: nothing reserved.
+        assert _estimated_pool(config, changed, weights, 0.0) == fix.kv_pool_tokens >= required
     # The largest context of this shape is what the gate accepts on its pool.
     assert required_pool_tokens(fit.largest_safe_context, headroom) <= max(fit.kv_pool_tokens, 0)
 
