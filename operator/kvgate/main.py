@@ -186,9 +186,11 @@ def make_verify(settings: OperatorSettings) -> Any:
     every pod, so the bodies in flight stay bounded however many pods (or tenants) there are."""
     slots = asyncio.Semaphore(settings.max_concurrent_probes)
 
-    async def verify(url: str, requirement: Requirement) -> Verdict:
+    async def verify(url: str, requirement: Requirement, *, api_key: str | None = None) -> Verdict:
         async with slots:
-            return await probe.verify(url, requirement, timeout=settings.probe_timeout_seconds)
+            return await probe.verify(
+                url, requirement, timeout=settings.probe_timeout_seconds, api_key=api_key
+            )
 
     return verify
 

@@ -12,12 +12,14 @@ smg drops the worker.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from kvgate_engine.verdict import Outcome, Requirement, Verdict
+from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
 from kvgate import gate, labels, metrics, requirements
@@ -237,6 +239,39 @@ async def requirement_of_pod(rt: Runtime, pod: Pod) -> Requirement | tuple[str, 
     return requirement
 
 
+async def engine_api_key(rt: Runtime, pod: Pod) -> str | tuple[str, str] | None:
+    """The engine API key the probe must send (spec.engine.apiKeySecretRef of the pod's
+    ModelDeployment, read from its Secret each pass, so a rotated key is picked up); None when
+    the engine has none; (reason, message) when the Secret cannot give it (never verified then:
+    the probe could not read the engine anyway)."""
+    namespace, md_name = _md_of(pod)
+    md = rt.mds.get((namespace, md_name)) or {}
+    try:
+        ref = ModelDeploymentSpec.model_validate(md.get("spec", {})).engine.api_key_secret_ref
+    except ValidationError:
+        return None  # requirement_of_pod already reported the invalid spec
+    if ref is None:
+        return None
+    where = f"spec.engine.apiKeySecretRef: Secret {namespace}/{ref.name}"
+    secret = await rt.api.get("Secret", namespace, ref.name)
+    if secret is None:
+        return ENGINE_UNAUTHORIZED, (
+            f"{where} does not exist, so kvgate cannot authenticate to the engine; create it "
+            f"with the engine's API key under the key {ref.key!r}"
+        )
+    raw = (secret.get("data") or {}).get(ref.key)
+    try:
+        key = base64.b64decode(raw, validate=True).decode().strip() if raw else ""
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        key = ""
+    if not key:
+        return ENGINE_UNAUTHORIZED, (
+            f"{where} has no non-empty UTF-8 value under the key {ref.key!r}; put the engine's "
+            "API key there"
+        )
+    return key
+
+
 async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     """One verification pass over one pod; returns the condition written, if any."""
     now = rt.clock()
@@ -244,15 +279,22 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     requirement = await requirement_of_pod(rt, pod)
     if requirement is None:
         return None
+    api_key = None if isinstance(requirement, tuple) else await engine_api_key(rt, pod)
     if isinstance(requirement, tuple):
         condition = gate.condition_for_unverifiable(pod, *requirement, now)
+    elif isinstance(api_key, tuple):
+        condition = gate.condition_for_unverifiable(pod, *api_key, now)
     else:
         url = gate.engine_url(pod)
         if url is None:
             condition = gate.condition_for_engine_down(pod, now)
         else:
             started = time.perf_counter()
-            verdict = await rt.verify(url, requirement)
+            verdict = await (
+                rt.verify(url, requirement, api_key=api_key)
+                if api_key
+                else rt.verify(url, requirement)
+            )
             metrics.VERIFICATION_DURATION.observe(time.perf_counter() - started)
             _record(rt, pod, verdict, requirement)
             if verdict.outcome is not Outcome.SAFE:

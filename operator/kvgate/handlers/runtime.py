@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kvgate_engine.verdict import Requirement, Verdict
 
@@ -15,7 +15,15 @@ from kvgate.api import API_VERSION, KIND
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
-VerifyFn = Callable[[str, Requirement], Awaitable[Verdict]]
+
+class VerifyFn(Protocol):
+    """Read the engine at a URL and judge it (``api_key``: sent as a Bearer token)."""
+
+    def __call__(
+        self, url: str, requirement: Requirement, *, api_key: str | None = None
+    ) -> Awaitable[Verdict]: ...
+
+
 MdKey = tuple[str, str]  # (namespace, name)
 
 
