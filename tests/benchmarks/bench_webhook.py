@@ -356,9 +356,13 @@ def main() -> int:
                 f"unmeasured; {os.cpu_count()} cores shared by the webhooks and the Go client"
             )
             for run in range(1, args.runs + 1):
+                load = Path("/proc/loadavg").read_text().split()[0]
                 result = one_run(binary, servers, files.ca_file, bodies, args)
                 results.append(result)
-                print(f"run {run}: {describe(result)}; answers {result['answers']}")
+                print(
+                    f"run {run}: {describe(result)}; answers {result['answers']}; load "
+                    f"average before the run {load}"
+                )
     median = {
         key: statistics.median(r[key] for r in results)
         for key in (
