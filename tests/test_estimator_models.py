@@ -26,6 +26,7 @@ from kvgate_engine.estimator import (
     NoRoomForKvCache,
     SizingFlags,
     bytes_per_token,
+    derive_context_length,
     estimate_pool,
     layout_of,
 )
@@ -297,3 +298,13 @@ def test_a_swa_pool_too_small_for_one_window_is_no_room() -> None:
 def test_sizing_flags_parse_both_spellings() -> None:
     flags = SizingFlags.from_args(["--speculative-algorithm=nextn", "--dp-size", "2"])
     assert (flags.speculative_algorithm, flags.attention_dp) == ("NEXTN", 1)
+
+
+def test_gemma3_context_comes_from_its_config_class_default_times_the_rope_factor() -> None:
+    """sglang/srt/utils/hf_transformers/common.py get_context_length reads max_position_embeddings
+    with getattr on the transformers config, where Gemma3TextConfig defaults it to 131,072 (the
+    published config.json leaves it out); rope_scaling {factor 8, linear} multiplies it."""
+    assert derive_context_length(GEMMA3) == 131_072 * 8
+    # Without the model type kvgate knows no class default: SGLang's last resort, 2,048.
+    anonymous = {**GEMMA3, "text_config": {**GEMMA3["text_config"], "model_type": "unknown"}}
+    assert derive_context_length(anonymous) == 2_048

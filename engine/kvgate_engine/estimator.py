@@ -38,6 +38,13 @@ CONTEXT_LENGTH_KEYS = (
     "max_position_embeddings",
 )
 DEFAULT_CONTEXT_LENGTH = 2048
+# SGLang reads these keys with getattr on the transformers config object, so a key a published
+# config.json leaves out takes its config class's default. The model types whose published
+# configs rely on that (transformers as installed with SGLang 0.5.23):
+# transformers/models/gemma3/configuration_gemma3.py, Gemma3TextConfig.max_position_embeddings.
+CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {"max_position_embeddings": 131_072},
+}
 
 KV_DTYPE_BYTES = {
     "fp8_e4m3": 1,
@@ -107,7 +114,9 @@ def derive_context_length(config: Mapping[str, Any]) -> int:
 
     First of CONTEXT_LENGTH_KEYS times ``rope_scaling.factor``; the factor counts as 1 when
     ``rope_scaling`` has ``original_max_position_embeddings`` or ``rope_type == "llama3"``
-    (those configs already state the extended window). No key at all: 2,048.
+    (those configs already state the extended window). A key the config leaves out takes its
+    transformers config class's default where kvgate knows it (CONFIG_CLASS_DEFAULTS); no key
+    at all: 2,048.
     """
     text = _text_config(config)
     factor: float = 1
@@ -119,8 +128,9 @@ def derive_context_length(config: Mapping[str, Any]) -> int:
             factor = 1
         if rope_scaling.get("rope_type") == "llama3":
             factor = 1
+    defaults = CONFIG_CLASS_DEFAULTS.get(str(text.get("model_type") or ""), {})
     for key in CONTEXT_LENGTH_KEYS:
-        value = text.get(key)
+        value = text.get(key, defaults.get(key))
         if value is not None and isinstance(value, int | float) and not isinstance(value, bool):
             return int(factor * value)
     return DEFAULT_CONTEXT_LENGTH
