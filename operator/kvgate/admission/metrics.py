@@ -23,7 +23,8 @@ REQUESTS = Counter(
 )
 DURATION = Histogram(
     "kvgate_admission_duration_seconds",
-    "Time from reading an admission request's body to its answer, seconds.",
+    "Time to read, check and answer one AdmissionReview (allowed, denied or error; a request "
+    "refused with a 4xx is not timed), seconds.",
     registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 2.5),
 )
