@@ -420,19 +420,8 @@ class Cluster:
         self._terminate(comp, self.config.stop_grace)
         if down_seconds > 0:
             time.sleep(down_seconds)  # the outage itself is what is being simulated
-        comp.log_file.write(b"\n===== kvgate-e2e: kube-apiserver restarted by a test =====\n")
-        comp.log_file.flush()
         with self._lock:
-            comp.popen = subprocess.Popen(
-                comp.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=comp.log_file,
-                stderr=subprocess.STDOUT,
-                cwd=self.run_dir,
-                env=self._env(),
-                start_new_session=True,
-            )
-            comp.restarts += 1
+            self._respawn(comp, "kube-apiserver restarted by a test")
         self._wait(
             "kube-apiserver /readyz after its restart",
             _Deadline(timeout),
@@ -740,24 +729,26 @@ class Cluster:
             if self._stopping.wait(backoff):
                 return
             code = comp.popen.returncode
-            comp.log_file.write(
-                f"\n===== kvgate-e2e: kube-proxy exited with {code}; restarting =====\n".encode()
-            )
-            comp.log_file.flush()
             with self._lock:
                 if self._stopping.is_set():
                     return
-                comp.popen = subprocess.Popen(
-                    comp.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=comp.log_file,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.run_dir,
-                    env=self._env(),
-                    start_new_session=True,
-                )
-                comp.restarts += 1
+                self._respawn(comp, f"kube-proxy exited with {code}; restarting")
             backoff = min(backoff * 2, 10.0)
+
+    def _respawn(self, comp: _Component, why: str) -> None:
+        """Start a stopped component again with its own argv and log (caller holds the lock)."""
+        comp.log_file.write(f"\n===== kvgate-e2e: {why} =====\n".encode())
+        comp.log_file.flush()
+        comp.popen = subprocess.Popen(
+            comp.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=comp.log_file,
+            stderr=subprocess.STDOUT,
+            cwd=self.run_dir,
+            env=self._env(),
+            start_new_session=True,
+        )
+        comp.restarts += 1
 
     @staticmethod
     def _terminate(comp: _Component, grace: float) -> None:
