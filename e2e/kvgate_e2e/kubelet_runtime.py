@@ -14,7 +14,10 @@ init container starts once it has started (its startupProbe passed, when it has 
 probed like regular containers, restarted whenever they exit (with the crash-loop back-off, also
 under a pod restartPolicy of Never), their readiness counts toward ContainersReady and Ready, and
 on termination they are stopped after every regular container, in reverse order, within what is
-left of the grace period (at least 2 s), as ``kuberuntime_termination_order.go`` does.
+left of the grace period (at least 2 s), as ``kuberuntime_termination_order.go`` does. A process
+that exits on SIGTERM is reported at once; a later deletion with a shorter grace period (``kubectl
+delete --grace-period=1`` of a terminating pod) moves the SIGKILL of every process still running to
+that many seconds from then, as the kubelet's pod workers do (a grace period only ever decreases).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -270,6 +274,10 @@ class PodWorker:
         self._dirty = asyncio.Event()
         self._terminate = asyncio.Event()
         self._grace: float = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        # A later, shorter grace period: every process still running is killed by then
+        # (monotonic seconds); _grace_cut is set (and replaced) each time it moves earlier.
+        self._kill_by = math.inf
+        self._grace_cut = asyncio.Event()
         self._force = False
         self._initialized = False
         self._last_patch: str | None = None
@@ -299,20 +307,38 @@ class PodWorker:
         meta = pod["metadata"]
         if not _older(meta.get("resourceVersion"), self.pod["metadata"].get("resourceVersion")):
             self.pod = pod
+        grace = meta.get("deletionGracePeriodSeconds")
         if meta.get("deletionTimestamp") and not self._terminate.is_set():
-            grace = meta.get("deletionGracePeriodSeconds")
             if grace is not None:
                 self._grace = float(grace)
             log.info("pod %s: deletion requested (grace %.0fs)", self.key, self._grace)
             self._terminate.set()
+        elif meta.get("deletionTimestamp") and grace is not None:
+            self._shorten_grace(float(grace))
         self._dirty.set()
 
     def deleted(self, grace: float = 0.0) -> None:
         """The pod object is gone (force delete) or the kubelet shuts down: stop the processes
-        (SIGKILL after ``grace`` seconds) and write nothing more to the API."""
+        (SIGKILL after ``grace`` seconds, or sooner if a shorter grace is already running) and
+        write nothing more to the API."""
         self._force = True
-        self._grace = grace
+        if self._terminate.is_set():
+            self._shorten_grace(grace)
+        else:
+            self._grace = grace
         self._terminate.set()
+
+    def _shorten_grace(self, grace: float) -> None:
+        """A deletion with a shorter grace period while the pod is terminating: as the kubelet's
+        pod workers do (a grace period can only decrease), every process still running gets
+        SIGKILL ``grace`` seconds from now, however long its first grace period was."""
+        if grace >= self._grace:
+            return
+        log.info("pod %s: grace period shortened to %.0fs", self.key, grace)
+        self._grace = grace
+        self._kill_by = min(self._kill_by, time.monotonic() + max(grace, 0.0))
+        cut, self._grace_cut = self._grace_cut, asyncio.Event()
+        cut.set()
 
     def kill_container(self, name: str, sig: int = signal.SIGKILL) -> int | None:
         """Signal one container's process group (tests use it to simulate an engine crash)."""
@@ -667,12 +693,22 @@ class PodWorker:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.popen.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(proc.exited), timeout=max(grace, 0.0))
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, signal.SIGKILL)
-            await proc.exited
+        deadline = time.monotonic() + max(grace, 0.0)
+        while not proc.exited.done():
+            cut = self._grace_cut
+            left = min(deadline, self._kill_by) - time.monotonic()
+            if left <= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                await proc.exited
+                break
+            # Until the process exits (reported at once), the grace runs out, or is shortened.
+            shortened = asyncio.ensure_future(cut.wait())
+            either: list[asyncio.Future[Any]] = [proc.exited, shortened]
+            try:
+                await asyncio.wait(either, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                shortened.cancel()
         # The group may hold children that outlived the leader.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.popen.pid, signal.SIGKILL)

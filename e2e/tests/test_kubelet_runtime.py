@@ -252,6 +252,84 @@ async def test_killed_container_restarts_with_last_state_and_deletion_is_finishe
     assert "terminated" in cs["state"] and not cs["ready"]
 
 
+# One container exits on SIGTERM (Python's default); the other ignores it, as a process that
+# drains slowly does (smg waits drain_settle_secs): only SIGKILL stops that one.
+POLITE = "import time; print('up', flush=True); time.sleep(3600)"
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('up', flush=True); time.sleep(3600)"
+)
+
+
+@pytest.mark.parametrize("cut", ["a shorter grace period", "the pod object gone"])
+async def test_a_process_that_exits_on_sigterm_is_reported_at_once_and_a_cut_grace_kills_the_rest(
+    tmp_path: Path, session: aiohttp.ClientSession, cut: str
+) -> None:
+    host = FakeHost(web_pod(0), tmp_path, session)
+    pod = web_pod(0, gates=False)
+    pod["spec"]["terminationGracePeriodSeconds"] = 60
+    pod["spec"]["containers"] = [
+        {"name": name, "image": "python:3.11", "command": [sys.executable, "-c", code]}
+        for name, code in (("polite", POLITE), ("stubborn", STUBBORN))
+    ]
+    host.fake_api.pod = pod
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    loop = asyncio.get_running_loop()
+    try:
+        await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+        deadline = loop.time() + 20
+        # A line of its own: the log's header line quotes the command, 'up' included.
+        while not all(
+            "up" in worker.log_path(c).read_text().splitlines() for c in ("polite", "stubborn")
+        ):
+            assert loop.time() < deadline, "the containers never started"
+            await asyncio.sleep(0.05)
+        stubborn = worker.procs["stubborn"].popen.pid
+
+        def deletion(grace: int, rv: str) -> dict[str, Any]:
+            pod = copy.deepcopy(host.fake_api.pod)
+            pod["metadata"] |= {
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "deletionGracePeriodSeconds": grace,
+                "resourceVersion": rv,
+            }
+            return pod
+
+        def state(p: dict[str, Any], name: str) -> dict[str, Any]:
+            (cs,) = [c for c in p["status"]["containerStatuses"] if c["name"] == name]
+            return dict(cs["state"])
+
+        asked = loop.time()
+        worker.update(deletion(60, "200"))
+        await until(host, "polite terminated", lambda p: "terminated" in state(p, "polite"))
+        assert loop.time() - asked < 3, "a process that exited on SIGTERM was not reported"
+        assert state(host.fake_api.pod, "polite")["terminated"]["exitCode"] == 143
+        await asyncio.sleep(1)
+        assert not task.done(), "stopped before its 60 s grace period or a shorter one"
+        os.kill(stubborn, 0)  # still running: it ignores SIGTERM
+
+        cut_at = loop.time()
+        if cut == "a shorter grace period":
+            worker.update(deletion(1, "201"))
+        else:
+            worker.deleted()
+        await asyncio.wait_for(task, 10)
+        took = loop.time() - cut_at
+    finally:
+        worker.deleted()
+        await asyncio.wait_for(task, 20)
+    with pytest.raises(ProcessLookupError):
+        os.kill(stubborn, 0)
+    if cut == "a shorter grace period":
+        assert 0.9 < took < 5, f"SIGKILL {took:.1f}s after a 1 s grace period"
+        assert state(host.fake_api.pod, "stubborn")["terminated"]["exitCode"] == 137
+        assert len(host.fake_api.deletes) == 1
+    else:
+        assert took < 4, f"SIGKILL {took:.1f}s after the pod object was deleted"
+        assert host.fake_api.deletes == []  # a gone pod is neither written nor deleted
+
+
 def test_mount_points_are_removed_only_when_the_last_kubelet_leaves(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
     target = tmp_path / "run" / "secrets" / "kubernetes.io" / "serviceaccount"
