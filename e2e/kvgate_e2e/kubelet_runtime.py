@@ -334,7 +334,8 @@ class PodWorker:
         SIGKILL ``grace`` seconds from now, however long its first grace period was."""
         if grace >= self._grace:
             return
-        log.info("pod %s: grace period shortened to %.0fs", self.key, grace)
+        if any(not proc.exited.done() for proc in self.procs.values()):
+            log.info("pod %s: grace period shortened to %.0fs", self.key, grace)
         self._grace = grace
         self._kill_by = min(self._kill_by, time.monotonic() + max(grace, 0.0))
         cut, self._grace_cut = self._grace_cut, asyncio.Event()

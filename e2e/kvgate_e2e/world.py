@@ -111,6 +111,7 @@ class World:
         self._kubelet: KubeletThread | None = None
         self._installed = False
         self._forwards: dict[tuple[str, int], int] = {}
+        self._deleting: set[str] = set()  # namespaces delete_namespace(wait=False) left going
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Self:
@@ -306,34 +307,57 @@ class World:
     def create_namespace(self, name: str) -> None:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
-    def delete_namespace(self, name: str, timeout: float = 180.0) -> None:
-        """Delete a namespace and wait until it is gone (its pods stopped by the kubelet).
+    def delete_namespace(self, name: str, timeout: float = 180.0, *, wait: bool = True) -> None:
+        """Stop everything a namespace runs, then delete it (with ``wait``, until it is gone).
 
-        ModelDeployments and pods go first: the namespace controller, finding pods still
-        terminating, re-checks only after their grace period (60 s for kvgate's pods), while
-        deleting them first and then an empty namespace takes a few seconds."""
-        self.kubectl(
-            "delete",
-            "modeldeployments.kvgate.io,deployments.apps",
-            "--all",
-            f"--namespace={name}",
-            "--ignore-not-found",
-            "--wait=true",
-            "--timeout=120s",
-            check=False,
-        )
-        self.kubectl("delete", "pods", "--all", f"--namespace={name}", "--wait=false", check=False)
+        ModelDeployments go first (kvgate's finalizer: the operator stops reconciling them), then
+        Deployments and ReplicaSets (nothing recreates a pod after that), then the pods with a
+        1 s grace period (this is clean-up; smg alone drains 5 s on SIGTERM, and the namespace
+        controller, finding pods still terminating, re-checks only after their grace period).
+        Returns once the kubelet has stopped every process of the namespace. The namespace
+        controller starts on the Namespace itself only 5 s after it is deleted (a fixed delay in
+        kube-controller-manager): with ``wait=False`` that part runs on in the background, and
+        ``wait_namespaces_deleted`` waits for all such namespaces."""
+        ns = f"--namespace={name}"
+        for kinds in ("modeldeployments.kvgate.io", "deployments.apps,replicasets.apps"):
+            self.kubectl(
+                "delete", kinds, "--all", ns, "--ignore-not-found", "--timeout=120s", check=False
+            )
+        self.kubectl("delete", "pods", "--all", ns, "--wait=false", "--grace-period=1", check=False)
         self.wait_for(
             f"the pods of namespace {name} to be stopped",
             lambda: not self.list("pods", name),
             timeout,
         )
         self.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+        if not wait:
+            self._deleting.add(name)
+            return
         self.wait_for(
             f"namespace {name} to be deleted",
             lambda: self.get("namespace", name) is None,
             timeout,
         )
+
+    def wait_namespaces_deleted(self, timeout: float = 120.0) -> None:
+        """Wait until every namespace ``delete_namespace(wait=False)`` left going is gone; on the
+        deadline raise ``WorldError`` naming each one left and what the namespace controller
+        says remains in it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            items = json.loads(self.kubectl("get", "namespaces", "-o", "json").stdout)["items"]
+            left = [ns for ns in items if ns["metadata"]["name"] in self._deleting]
+            if not left:
+                self._deleting.clear()
+                return
+            if time.monotonic() > deadline:
+                raise WorldError(
+                    f"{len(left)} deleted test namespace(s) still exist after {timeout:.0f}s: "
+                    + "; ".join(namespace_remains(ns) for ns in left)
+                    + "; see `kubectl get all,events --namespace=<name>` and the "
+                    "kube-controller-manager log (KVGATE_E2E_KEEP_RUN_DIR=1 keeps it)"
+                )
+            time.sleep(0.5)
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, what: str, predicate: Callable[[], T | None], timeout: float = 120.0) -> T:
@@ -434,6 +458,17 @@ def router_key(world: World, namespace: str, md: str) -> str:
     if secret is None:
         raise WorldError(f"no Secret {md}-router-control in {namespace}")
     return base64.b64decode(secret["data"]["admin-key"]).decode()
+
+
+def namespace_remains(ns: Mapping[str, Any]) -> str:
+    """``name (phase: what the namespace controller says remains)`` of a namespace (pure)."""
+    status = ns.get("status") or {}
+    problems = [
+        f"{c.get('type')}: {c.get('message')}"
+        for c in status.get("conditions") or []
+        if c.get("status") == "True"
+    ]
+    return f"{ns['metadata']['name']} ({'; '.join([status.get('phase', '?'), *problems])})"
 
 
 def condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any] | None:

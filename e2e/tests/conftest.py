@@ -23,10 +23,15 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     ``condition``, ``is_ready``, ``ready_endpoints``, ``PodTimeline``.
 
 ``namespace`` (function scope)
-    A fresh namespace named after the test, deleted (and waited for: the kubelet stops its
-    pods) afterwards, so each test cleans up every object it created there. Prints the test's
-    wall time as ``MEASURED wall time <test>: <s>``. Tests must not leave cluster-scoped
-    objects behind and must restore the release if they change it (see test_helm_install.py).
+    A fresh namespace named after the test, deleted afterwards, so each test cleans up every
+    object it created there: its ModelDeployments, Deployments and pods are deleted and waited
+    for (the kubelet has stopped every process before the next test starts); the Namespace
+    object goes on in the background (the namespace controller starts only 5 s after the
+    request), and the session waits for all of them before the world stops (a namespace left
+    after that deadline fails the run). Prints the test's wall time as
+    ``MEASURED wall time <test>: <s>`` and the clean-up's as ``MEASURED clean-up <test>: <s>``.
+    Tests must not leave cluster-scoped objects behind and must restore the release if they
+    change it (see test_helm_install.py).
 
 A test that fails prints the operator's log tail (``world.operator_log()``).
 """
@@ -66,6 +71,13 @@ def world() -> Iterator[World]:
             f"{time.monotonic() - started:.1f}s"
         )
         yield w
+        # The namespace fixture leaves each Namespace object to the namespace controller (its
+        # pods are stopped by then); a namespace still there after the deadline fails the run.
+        started = time.monotonic()
+        w.wait_namespaces_deleted()
+        print(
+            f"\nMEASURED test namespaces gone {time.monotonic() - started:.1f}s after the last test"
+        )
 
 
 @pytest.fixture
@@ -77,7 +89,9 @@ def namespace(world: World, request: pytest.FixtureRequest) -> Iterator[str]:
         yield name
     finally:
         print(f"\nMEASURED wall time {request.node.name}: {time.monotonic() - started:.1f}s")
-        world.delete_namespace(name)
+        started = time.monotonic()
+        world.delete_namespace(name, wait=False)
+        print(f"MEASURED clean-up {request.node.name}: {time.monotonic() - started:.1f}s")
 
 
 @pytest.hookimpl(wrapper=True)
