@@ -60,6 +60,7 @@ ROUNDS = int(os.environ.get("KVGATE_E2E_CHAOS_ROUNDS", "1"))
 SEED = int(os.environ.get("KVGATE_E2E_CHAOS_SEED", str(int(time.time()))))
 KILL_WITHIN_SECONDS = 6.0  # each step's kill lands at a uniform random point of this window
 CONCURRENT_APPLIES = 50
+CRASH_NOTICED_SECONDS = 2.0
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -281,35 +282,43 @@ def wave(world: World, safe: str, unsafe: str) -> list[str]:
         else:
             ok = result.returncode == 0
         if not ok:
-            bad.append(f"rc={result.returncode}: {(result.stderr or result.stdout)[:300]}")
+            bad.append(f"rc={result.returncode}: {(result.stderr or result.stdout)[:1000]}")
     return bad
 
 
-def concurrent_applies(world: World, ns: str, stop: threading.Event) -> list[str]:
-    """Waves of 50 concurrent dry-run applies (half safe, half unsafe) until ``stop``; returns
-    every outcome that was not kvgate's own answer (allowed, or denied by kvgate)."""
-    safe = yaml.safe_dump({**sample_md("admit-me"), "metadata": {"name": "admit-me"}})
+@dataclass
+class Wave:
+    started: float
+    bad: list[str]
+
+
+def concurrent_applies(
+    world: World, ns: str, stop: threading.Event, waves: list[Wave]
+) -> list[Wave]:
+    """Waves of 50 concurrent dry-run applies (half safe, half unsafe) until ``stop`` (at least
+    two); per wave, every outcome that was not kvgate's own answer (allowed, or denied by it)."""
+    safe_doc = sample_md("admit-me")
+    safe_doc["metadata"]["namespace"] = ns
     unsafe_doc = unsafe_probe_md()
     unsafe_doc["metadata"]["namespace"] = ns
-    unsafe = yaml.safe_dump(unsafe_doc)
-    safe_doc = yaml.safe_load(safe)
-    safe_doc["metadata"]["namespace"] = ns
-    safe = yaml.safe_dump(safe_doc)
-    bad: list[str] = []
-    waves = 0
-    while not stop.is_set() or waves == 0:
-        bad.extend(wave(world, safe, unsafe))
-        waves += 1
-    print(f"MEASURED {waves} waves of {CONCURRENT_APPLIES} concurrent applies, {len(bad)} failed")
-    return bad
-
-
-def during_applies(world: World, ns: str, disruption: Callable[[], None]) -> list[str]:
-    stop = threading.Event()
-    bad: list[str] = []
-    thread = threading.Thread(
-        target=lambda: bad.extend(concurrent_applies(world, ns, stop)), daemon=True
+    safe, unsafe = yaml.safe_dump(safe_doc), yaml.safe_dump(unsafe_doc)
+    while not stop.is_set() or len(waves) < 2:
+        current = Wave(time.monotonic(), [])
+        waves.append(current)  # visible to the disruption while it runs
+        current.bad.extend(wave(world, safe, unsafe))
+    failed = sum(len(w.bad) for w in waves)
+    print(
+        f"MEASURED {len(waves)} waves of {CONCURRENT_APPLIES} concurrent applies, {failed} failed"
     )
+    return waves
+
+
+def during_applies(
+    world: World, ns: str, disruption: Callable[[], None], waves: list[Wave] | None = None
+) -> list[Wave]:
+    stop = threading.Event()
+    waves = [] if waves is None else waves
+    thread = threading.Thread(target=concurrent_applies, args=(world, ns, stop, waves), daemon=True)
     thread.start()
     try:
         disruption()
@@ -317,7 +326,11 @@ def during_applies(world: World, ns: str, disruption: Callable[[], None]) -> lis
         stop.set()
         thread.join(300)
     assert not thread.is_alive()
-    return bad
+    return waves
+
+
+def failures(waves: list[Wave]) -> list[str]:
+    return [bad for w in waves for bad in w.bad]
 
 
 def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
@@ -336,7 +349,7 @@ def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
             120,
         )
 
-    bad = during_applies(world, ns, delete_one_webhook_pod)
+    bad = failures(during_applies(world, ns, delete_one_webhook_pod))
     assert bad == [], bad[:5]
 
     def restart_the_webhook_deployment() -> None:
@@ -354,24 +367,48 @@ def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
             "--timeout=180s",
         )
 
-    bad = during_applies(world, ns, restart_the_webhook_deployment)
+    bad = failures(during_applies(world, ns, restart_the_webhook_deployment))
     assert bad == [], bad[:5]
+
+    # A crash (SIGKILL, no drain) is different: the requests in flight to the dead process, and
+    # the API server's pooled connections to it, fail (it retries no POST whose connection
+    # broke). Nothing else may: the other replica answers every later admission, also while the
+    # container restarts.
+    crashed: list[float] = []
+    live: list[Wave] = []
 
     def crash_one_webhook_container() -> None:
         time.sleep(1.0)
         victim = world.webhook_pods()[0]["metadata"]["name"]
         kubelet = world.kubelet
+        crashed.append(time.monotonic())
         kubelet.call(kubelet.kubelet.restart_container(OPERATOR_NAMESPACE, victim, "webhook"))
         deadline_loop(
             "2 Ready webhook pods after the crash",
             lambda: len([p for p in world.webhook_pods() if is_ready(p)]) == 2,
             120,
         )
-        time.sleep(1.0)
+        # ... and one more wave, started once the crash was noticed, completes.
+        noticed = crashed[0] + CRASH_NOTICED_SECONDS
+        deadline_loop(
+            "a wave of applies started after the crash was noticed",
+            lambda: sum(1 for w in live if w.started > noticed) >= 2,
+            120,
+        )
 
-    bad = during_applies(world, ns, crash_one_webhook_container)
-    print(f"MEASURED webhook container SIGKILLed during applies: {len(bad)} failed: {bad[:3]}")
-    assert bad == [], bad[:5]
+    waves = during_applies(world, ns, crash_one_webhook_container, live)
+    bad = failures(waves)
+    # Waves that start once the kubelet has seen the crash (the pod NotReady, out of the Service).
+    after = [w for w in waves if w.started > crashed[0] + CRASH_NOTICED_SECONDS]
+    print(
+        f"MEASURED webhook container SIGKILLed during applies: {len(bad)} of "
+        f"{len(waves) * CONCURRENT_APPLIES} failed; waves started ≥ {CRASH_NOTICED_SECONDS:g} s "
+        f"after it: {sum(len(w.bad) for w in after)} failed of {len(after) * CONCURRENT_APPLIES}"
+    )
+    transport = ("EOF", "connection reset", "broken pipe", "closed idle connection", "refused")
+    assert all("failed calling webhook" in b and any(t in b for t in transport) for b in bad), bad
+    assert after and all(w.bad == [] for w in after), [w.bad[:2] for w in after]
+    assert len(bad) < CONCURRENT_APPLIES
 
 
 # ----------------------------------------------------------------- 3. API server restarted

@@ -40,6 +40,14 @@ HANDLER_IDS = frozenset({HANDLER_ID})
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 # kopf's (aiohttp's) limit, kept: a larger body is answered 413.
 MAX_BODY_BYTES = 1024**2
+# kube-apiserver's webhook client (Go's http.Transport) drops idle keep-alive connections after
+# 90 s; a server that closes them first (aiohttp's default: 75 s) races the client's next POST,
+# which Go does not retry ("EOF"). Idle connections are left for the client to close.
+KEEPALIVE_TIMEOUT_SECONDS = 120.0
+# After the shutdown delay: how long open connections may still bring one more request (answered
+# with `Connection: close`) before the rest are closed. Each close of an idle connection can race
+# a request the API server is sending on it; the fewer, the better.
+LINGER_SECONDS = 10.0
 _JSON = "application/json"
 _WARM_UP = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "warm-up"}, "spec": {}}
 
@@ -78,13 +86,20 @@ class AdmissionServer:
         host: str = "0.0.0.0",
         port: int = 9443,
         shutdown_timeout: float = SHUTDOWN_TIMEOUT_SECONDS,
+        linger_seconds: float = LINGER_SECONDS,
     ) -> None:
         self.certificate = certificate
         self.policy = policy if policy is not None else ClusterPolicy()
         self.host = host
         self.port = port
         self.draining = False
-        self._server = web.Server(self._handle, access_log=None, handler_cancellation=False)
+        self.linger_seconds = linger_seconds
+        self._server = web.Server(
+            self._handle,
+            access_log=None,
+            handler_cancellation=False,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS,
+        )
         self._runner = web.ServerRunner(self._server, shutdown_timeout=shutdown_timeout)
         self.shutdown_timeout = shutdown_timeout
         self._watcher: asyncio.Task[None] | None = None
@@ -132,6 +147,12 @@ class AdmissionServer:
                 await self._watcher
         if self._site is not None:
             await self._site.stop()  # no new connections; open ones are answered and closed
+        # Connections still open may carry one more request each (answered, then closed in
+        # band); only those still idle after the linger are closed under the client.
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.linger_seconds
+        while self._server.connections and loop.time() < until:
+            await asyncio.sleep(0.05)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), self.shutdown_timeout)
         await self._runner.cleanup()
