@@ -11,8 +11,9 @@ after a failed start.
 
 Helpers read like a user's session: ``apply(yaml)``, ``get_md(name, ns)``, ``wait_for(...)``,
 ``router_request(md, body, ns)``. Everything runs as the cluster admin through the built kubectl,
-inside the namespace; the router is reached through its Service ClusterIP (kube-proxy) via a
-relay from the test process.
+inside the namespace, except ``get``/``list``, which read the same JSON in-process (see
+``api_reader``: they run in every wait loop); the router is reached through its Service ClusterIP
+(kube-proxy) via a relay from the test process.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import IO, Any, Protocol, Self, TypeVar
 
 import yaml
 
-from kvgate_e2e.cluster import Cluster, ClusterError
+from kvgate_e2e.api_reader import ApiReader
+from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet import KubeletThread
 
 REPO = Path(__file__).resolve().parents[2]
@@ -112,6 +114,7 @@ class World:
         self._installed = False
         self._forwards: dict[tuple[str, int], int] = {}
         self._deleting: set[str] = set()  # namespaces delete_namespace(wait=False) left going
+        self._reader: ApiReader | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Self:
@@ -160,6 +163,7 @@ class World:
             self._installed = False
         self._stack.close()
         self._cluster = None
+        self._reader = None
         self._kubelet = None
 
     # ------------------------------------------------------------------ parts
@@ -288,18 +292,19 @@ class World:
         return str(self.kubectl("apply", *ns, "-f", "-", input=text).stdout)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
-        ns = [f"--namespace={namespace}"] if namespace else []
-        proc = self.kubectl("get", kind, name, *ns, "-o", "json", check=False)
-        if proc.returncode != 0:
-            if "NotFound" in proc.stderr or "not found" in proc.stderr:
-                return None
-            raise ClusterError(f"kubectl get {kind} {name}: {proc.stderr}")
-        return dict(json.loads(proc.stdout))
+        """``kubectl get <kind> <name> -o json``, or None if it does not exist (read in-process:
+        ``kvgate_e2e.api_reader``; a ``ClusterError`` for any other failure)."""
+        return self.reader.get(kind, name, namespace)
 
     def list(self, kind: str, namespace: str, selector: str = "") -> list[dict[str, Any]]:
-        sel = [f"--selector={selector}"] if selector else []
-        out = self.kubectl("get", kind, f"--namespace={namespace}", *sel, "-o", "json").stdout
-        return list(json.loads(out)["items"])
+        """The items of ``kubectl get <kind> --namespace=<namespace> [--selector=...] -o json``."""
+        return self.reader.list(kind, namespace, selector)
+
+    @property
+    def reader(self) -> ApiReader:
+        if self._reader is None:
+            self._reader = ApiReader.for_cluster(self.cluster)
+        return self._reader
 
     def get_md(self, name: str, namespace: str) -> dict[str, Any] | None:
         return self.get("modeldeployments.kvgate.io", name, namespace)
@@ -345,7 +350,7 @@ class World:
         says remains in it."""
         deadline = time.monotonic() + timeout
         while True:
-            items = json.loads(self.kubectl("get", "namespaces", "-o", "json").stdout)["items"]
+            items = self.reader.list("namespaces", None)
             left = [ns for ns in items if ns["metadata"]["name"] in self._deleting]
             if not left:
                 self._deleting.clear()
