@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.cluster import Cluster
+from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.world import condition, is_ready, ready_endpoints
@@ -86,23 +87,25 @@ def kubelet(cluster: Cluster) -> Iterator[KubeletThread]:
 
 
 class Kube:
-    """kubectl as the admin, with JSON in and out."""
+    """kubectl as the admin, with JSON in and out (reads in-process, as ``World`` reads)."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.reader = ApiReader.for_cluster(cluster)
 
     def apply(self, *objects: dict[str, Any]) -> None:
         doc = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
         self.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> Any:
-        ns = [f"--namespace={namespace}"] if namespace else []
-        return json.loads(self.cluster.kubectl("get", kind, name, *ns, "-o", "json").stdout)
+        """``kubectl get <kind> <name> -o json``; a ``ClusterError`` if it does not exist."""
+        obj = self.reader.get(kind, name, namespace)
+        if obj is None:
+            raise ClusterError(f'{kind} "{name}" not found in namespace {namespace}')
+        return obj
 
     def list(self, kind: str, namespace: str, selector: str = "") -> list[Any]:
-        sel = [f"--selector={selector}"] if selector else []
-        out = self.cluster.kubectl("get", kind, f"--namespace={namespace}", *sel, "-o", "json")
-        return list(json.loads(out.stdout)["items"])
+        return self.reader.list(kind, namespace, selector)
 
     def patch_gate(self, namespace: str, pod: str, status: str) -> None:
         patch = {"status": {"conditions": [{"type": GATE, "status": status, "reason": "Test"}]}}
