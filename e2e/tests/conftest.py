@@ -38,7 +38,9 @@ A test that fails prints the operator's log tail (``world.operator_log()``).
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 from collections.abc import Iterator
 
@@ -82,7 +84,12 @@ def world() -> Iterator[World]:
 
 @pytest.fixture
 def namespace(world: World, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    # Unique per test (parametrized ones too): a namespace is deleted in the background, so a
+    # later test must never ask for a name whose namespace is still terminating.
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    stem = request.node.name.removeprefix("test_").replace("_", "-")
+    stem = re.sub(r"[^a-z0-9-]", "-", stem.lower())[:40].rstrip("-")
+    name = f"t-{stem}-{digest}"
     world.create_namespace(name)
     started = time.monotonic()
     try:

@@ -30,6 +30,7 @@ from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
+    RELEASE,
     World,
     known_answer_body,
     output_ids,
@@ -70,7 +71,8 @@ def padded(md: dict[str, Any], spec_size: int) -> dict[str, Any]:
 
 def chart_floor(world: World) -> str:
     """The engine version floor the chart gave the operator pod (engineVersionFloor)."""
-    (deployment,) = world.list("deployments", OPERATOR_NAMESPACE)
+    deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)  # the controller's
+    assert deployment is not None
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     return str(env["KVGATE_MIN_ENGINE_VERSION_FLOOR"])

@@ -236,7 +236,11 @@ class RssWatch:
 
 def metrics_service(world: World) -> tuple[str, int]:
     """The operator's metrics Service: (ClusterIP, port)."""
-    services = world.list("services", OPERATOR_NAMESPACE, "app.kubernetes.io/service=metrics")
+    services = world.list(
+        "services",
+        OPERATOR_NAMESPACE,
+        "app.kubernetes.io/service=metrics,app.kubernetes.io/component=operator",
+    )
     assert len(services) == 1, [s["metadata"]["name"] for s in services]
     spec = services[0]["spec"]
     return str(spec["clusterIP"]), int(spec["ports"][0]["port"])

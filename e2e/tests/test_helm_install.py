@@ -82,7 +82,7 @@ def assert_denies_bad_and_admits_good(world: World, namespace: str) -> None:
     denied = apply(world, bad_md("bad"), namespace, "--dry-run=server")
     assert denied.returncode != 0
     assert "denied the request" in denied.stderr
-    assert "spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072" in denied.stderr
+    assert "spec.decode: estimated KV pool 37,273 tokens < contextLength 131,072" in denied.stderr
     admitted = apply(world, good_md("good-probe"), namespace, "--dry-run=server")
     assert admitted.returncode == 0, admitted.stderr
 

@@ -141,7 +141,10 @@ def test_chart_network_policy_renders_and_is_accepted_by_the_api_server(world: W
         "--set=networkPolicy.enabled=true",
         "--show-only=templates/networkpolicy.yaml",
     )
-    (policy,) = [d for d in yaml.safe_load_all(rendered) if d]
-    assert policy["kind"] == "NetworkPolicy"
-    accepted = server_dry_run(world, [policy])
+    policies = [d for d in yaml.safe_load_all(rendered) if d]
+    # The controller's and the webhook Deployment's.
+    assert [p["kind"] for p in policies] == ["NetworkPolicy"] * 2
+    components = {p["metadata"]["labels"]["app.kubernetes.io/component"] for p in policies}
+    assert components == {"operator", "webhook"}
+    accepted = server_dry_run(world, policies)
     assert accepted.returncode == 0, accepted.stderr

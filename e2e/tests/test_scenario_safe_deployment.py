@@ -134,7 +134,7 @@ def test_kubectl_apply_of_an_unsafe_deployment_is_denied_with_its_numbers_and_a_
     assert denied.returncode != 0
     assert 'admission webhook "' in denied.stderr and "denied the request" in denied.stderr
     # The field, the numbers and the way out.
-    assert "spec.prefill: estimated KV pool 44,236 tokens < contextLength 131,072" in denied.stderr
+    assert "spec.prefill: estimated KV pool 37,273 tokens < contextLength 131,072" in denied.stderr
     assert "raise prefill.gpuMemoryGiB" in denied.stderr
     assert world.get_md("too-small", namespace) is None
 

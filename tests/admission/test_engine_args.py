@@ -190,8 +190,15 @@ ALLOWED: list[tuple[str, dict[str, Any], str | None]] = [
         None,
     ),
     (
-        "mooncake asked for by name without a device warns",
+        # The API server writes transfer.backend: mooncake (its default) into every
+        # ModelDeployment: no warning on it, or every apply would get one.
+        "transfer.backend mooncake, as the API server defaults it, does not warn",
         {"spec.engine.transfer": {"backend": "mooncake"}},
+        None,
+    ),
+    (
+        "mooncake asked for by name (deprecated transferBackend) without a device warns",
+        {"spec.engine.transferBackend": "mooncake"},
         "spec.engine.transfer",
     ),
     (

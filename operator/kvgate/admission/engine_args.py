@@ -155,9 +155,11 @@ def check_transfer(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Probl
                 "rdma/hca_shared_devices_a) or transfer.rdma.hostPath (/dev/infiniband)",
             )
         )
-    # Only when asked for by name: the default (kept for specs written before engine.transfer)
-    # also serves clusters whose engines never leave one RDMA-less node.
-    explicit = "backend" in transfer.model_fields_set or spec.engine.transfer_backend is not None
+    # Only when asked for by name in the deprecated engine.transferBackend: the API server fills
+    # transfer.backend with its default (mooncake) on every ModelDeployment, so a warning on it
+    # would greet every apply; the default also serves clusters whose engines never leave one
+    # RDMA-less node.
+    explicit = spec.engine.transfer_backend is not None
     if backend is TransferBackend.MOONCAKE and transfer.rdma is None and explicit:
         warnings.append(
             Problem(
