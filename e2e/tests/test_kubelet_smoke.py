@@ -27,7 +27,7 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
-from kvgate_e2e.world import condition, is_ready, ready_endpoints
+from kvgate_e2e.world import condition, is_ready, namespace_remains, ready_endpoints
 
 pytestmark = [
     pytest.mark.e2e,
@@ -125,13 +125,33 @@ def kube(cluster: Cluster, kubelet: KubeletThread) -> Kube:
     return Kube(cluster)
 
 
+@pytest.fixture(scope="module")
+def deleted_namespaces(cluster: Cluster, kubelet: KubeletThread) -> Iterator[set[str]]:
+    """The test namespaces deleted so far. Deleting a namespace deletes its pods: the kubelet must
+    stop them and finish their deletion before the namespace can go. That takes 5 s and more per
+    namespace (the namespace controller starts 5 s after the request), so it runs on while the
+    next test runs (no test here reads another's namespace or labels), and every one of them must
+    be gone, within a deadline, before the kubelet and the cluster stop."""
+    names: set[str] = set()
+    yield names
+    reader = ApiReader.for_cluster(cluster)
+    deadline = time.monotonic() + 120
+    while left := [n for n in reader.list("namespaces", None) if n["metadata"]["name"] in names]:
+        assert time.monotonic() < deadline, "namespaces not deleted after 120 s: " + "; ".join(
+            namespace_remains(n) for n in left
+        )
+        time.sleep(0.5)
+
+
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, kube: Kube) -> Iterator[str]:
+def namespace(
+    request: pytest.FixtureRequest, kube: Kube, deleted_namespaces: set[str]
+) -> Iterator[str]:
     name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
-    # Deleting the namespace deletes its pods: the kubelet must stop them and finish the deletion.
-    kube.cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s")
+    kube.cluster.kubectl("delete", "namespace", name, "--wait=false")
+    deleted_namespaces.add(name)
 
 
 def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
