@@ -148,6 +148,10 @@ def namespace(
     request: pytest.FixtureRequest, kube: Kube, deleted_namespaces: set[str]
 ) -> Iterator[str]:
     name = "t-" + request.node.name.removeprefix("test_").replace("_", "-")[:40].rstrip("-")
+    assert name not in deleted_namespaces, (
+        f"namespace {name} of an earlier test may still be terminating: give this test a name "
+        "whose first 40 characters differ"
+    )
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     kube.cluster.kubectl("delete", "namespace", name, "--wait=false")
