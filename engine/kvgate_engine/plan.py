@@ -23,6 +23,7 @@ from typing import Any
 
 from kvgate_engine.estimator import (
     DEFAULT_GPU_RESERVED_GIB,
+    Estimate,
     EstimateError,
     NoRoomForKvCache,
     bytes_per_token,
@@ -283,16 +284,8 @@ def plan_shape(
     model_limit = derive_context_length(config)
     required = None if context_length is None else required_pool_tokens(context_length, headroom)
     try:
-        estimate = estimate_pool(
-            config,
-            gpu_memory_gib=shape.gpu_memory_gib,
-            tp=shape.tp,
-            mem_fraction_static=shape.mem_fraction_static,
-            kv_cache_dtype=shape.kv_cache_dtype,
-            page_size=page_size,
-            weights_gib=weights_gib,
-            max_total_tokens=max_total_tokens,
-            **(estimator_options or {}),
+        estimate = _estimate(
+            config, shape, weights_gib, page_size, max_total_tokens, estimator_options or {}
         )
     except NoRoomForKvCache:
         reserved = float((estimator_options or {}).get("gpu_reserved_gib", 0.0))
@@ -437,19 +430,33 @@ def _pool(
     estimator_options: Mapping[str, Any],
 ) -> int:
     try:
-        return estimate_pool(
-            config,
-            gpu_memory_gib=shape.gpu_memory_gib,
-            tp=shape.tp,
-            mem_fraction_static=shape.mem_fraction_static,
-            kv_cache_dtype=shape.kv_cache_dtype,
-            page_size=page_size,
-            weights_gib=weights_gib,
-            max_total_tokens=max_total_tokens,
-            **estimator_options,
+        return _estimate(
+            config, shape, weights_gib, page_size, max_total_tokens, estimator_options
         ).kv_pool_tokens
     except NoRoomForKvCache:
         return 0
+
+
+def _estimate(
+    config: Mapping[str, Any],
+    shape: Shape,
+    weights_gib: float,
+    page_size: int,
+    max_total_tokens: int | None,
+    estimator_options: Mapping[str, Any],
+) -> Estimate:
+    """The estimator's answer for one shape (raises NoRoomForKvCache)."""
+    return estimate_pool(
+        config,
+        gpu_memory_gib=shape.gpu_memory_gib,
+        tp=shape.tp,
+        mem_fraction_static=shape.mem_fraction_static,
+        kv_cache_dtype=shape.kv_cache_dtype,
+        page_size=page_size,
+        weights_gib=weights_gib,
+        max_total_tokens=max_total_tokens,
+        **estimator_options,
+    )
 
 
 def fix_order(fix: Fix) -> tuple[int, bool, int]:
