@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,17 @@ def missing_binaries_reason() -> str:
         f"build them with `{BUILD_SCRIPT}` (first build ~15-40 min into {cache_root()}, then "
         f"cached and shared by every clone) or point {BIN_DIR_ENV} at a directory holding them"
     )
+
+
+def e2e_required_by(env: Mapping[str, str]) -> str | None:
+    """Why a missing build must fail the e2e tier rather than skip it (None: it may skip): under
+    CI (``CI`` set, as CI services and ``.ci/run`` do) and in ``make test``/``make e2e``
+    (``KVGATE_REQUIRE_E2E=1``), a green run must mean the tier ran."""
+    if env.get("CI"):
+        return f"CI={env['CI']!r} is set"
+    if env.get("KVGATE_REQUIRE_E2E") == "1":
+        return "KVGATE_REQUIRE_E2E=1 is set"
+    return None
 
 
 def require_binaries() -> Binaries:
