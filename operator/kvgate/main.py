@@ -1,8 +1,9 @@
 """`kvgate operator`: kopf start-up settings and the wiring of triggers to handlers.
 
-Triggers (kopf watches): ModelDeployments (one reconcile loop each, as a kopf daemon, which also
-gives the CR the kvgate.io/finalizer), engine pods (watch events start/stop each pod's
-verifier task; no finalizer on pods) and kvgate-managed Deployments (wake their MD).
+Triggers (kopf watches): ModelDeployments (one reconcile loop each, an asyncio task started and
+cancelled by the CR's watch events: no finalizer, see handlers.md_loops), engine pods (watch
+events start/stop each pod's verifier task; no finalizer on pods) and kvgate-managed
+Deployments (wake their MD).
 
 Peering: with --standalone kopf does not look for KopfPeering objects; run ONE replica
 (Deployment strategy Recreate). Without it, kopf uses peering objects named "kvgate" (the chart
@@ -30,7 +31,7 @@ from prometheus_client import start_http_server
 from kvgate import labels, metrics
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
-from kvgate.handlers import deployments, engine_pods, modeldeployment, router_workers
+from kvgate.handlers import deployments, engine_pods, md_loops, router_workers
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi, load_credentials
 from kvgate.leader import LeaderElector
@@ -102,36 +103,14 @@ def register_handlers() -> kopf.OperatorRegistry:
         await rt.shutdown()
         await rt.api.close()
 
-    # On MD deletion the stop flag wakes the loop, which exits between passes; cancel (and
-    # log a warning) only if a pass is still running after the back-off.
-    @kopf.daemon(
-        GROUP,
-        VERSION,
-        PLURAL,
-        registry=registry,
-        cancellation_backoff=3.0,
-        cancellation_timeout=5.0,
-    )
-    async def reconcile_modeldeployment(
-        name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
-    ) -> None:
-        rt = _rt()
-        key = (namespace or "", name)
-        wake = rt.md_wake(key)
-
-        async def relay_stop() -> None:
-            await stopped.wait()
-            wake.set()
-
-        relay = asyncio.create_task(relay_stop())
-        try:
-            await modeldeployment.run_reconciler(rt, key, lambda: bool(stopped))
-        finally:
-            relay.cancel()
-
+    # One reconcile loop per ModelDeployment (handlers.md_loops), started and stopped by these
+    # events: no kopf daemon, so no finalizer and no operator round trip on deletion.
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def modeldeployment_event(event: kopf.RawEvent, **_: Any) -> None:
-        modeldeployment.on_md_event(_rt(), event.get("type"), dict(event["object"]))
+        body = dict(event["object"])
+        md_loops.on_md_event(_rt(), event.get("type"), body)
+        if event.get("type") != "DELETED":
+            await md_loops.release_legacy_finalizer(_rt(), body)
 
     @kopf.on.event(
         "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ENGINE}, registry=registry

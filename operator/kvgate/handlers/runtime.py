@@ -50,6 +50,8 @@ class Runtime:
     mds: dict[MdKey, dict[str, Any]] = field(default_factory=dict)  # latest MD bodies
     engines: dict[str, VerifiedEngine] = field(default_factory=dict)  # uid -> last verdict
     verifiers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> loop
+    # (namespace, name) -> (uid, reconcile loop); see handlers.md_loops
+    md_loops: dict[MdKey, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
     routers: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> router pod body
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
@@ -96,9 +98,10 @@ class Runtime:
         self._md_wakes.pop(key, None)
 
     async def shutdown(self) -> None:
-        """Stop every verifier loop (operator exit)."""
-        tasks = list(self.verifiers.values())
+        """Stop every verifier and reconcile loop (operator exit)."""
+        tasks = [*self.verifiers.values(), *(task for _, task in self.md_loops.values())]
         self.verifiers.clear()
+        self.md_loops.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
