@@ -1,4 +1,5 @@
-"""The launcher: a ModelDeployment role -> the exact sglang.launch_server argv (golden files)."""
+"""The launcher: a ModelDeployment role -> its EngineLaunch -> the exact sglang.launch_server argv
+(golden files)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ from typing import Any
 
 import pytest
 from kvgate.api import ModelDeploymentSpec, Role
-from kvgate_engine.launcher import engine_argv, image_version
+from kvgate.engine_launch import engine_launch
+from kvgate_engine.launcher import engine_argv as launcher_argv
+from kvgate_engine.launcher import image_version
 
 GOLDEN = Path(__file__).parent / "golden" / "launcher"
 CASES = sorted(GOLDEN.glob("*.json"))
+
+
+def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
+    """The argv the operator puts in the pod: the spec mapped to the launcher's input, launched."""
+    return launcher_argv(engine_launch(spec, role))
 
 
 def spec_of(**overrides: Any) -> ModelDeploymentSpec:

@@ -18,16 +18,20 @@ Kubernetes expands the reference from the container's environment, which the pod
 from the Secret, so the key itself never appears in the Deployment.
 
 When the tag names no version (``latest``, a digest), both are passed when asked for: every
-release that can pass the live version gate (default floor 0.5.22) accepts both flags, and an
-engine that does not would exit at start-up with the flag named, rather than run silently
-without the protection the user asked for.
+release that can pass the live version gate (default floor ``DEFAULT_MIN_ENGINE_VERSION``)
+accepts both flags, and an engine that does not would exit at start-up with the flag named,
+rather than run silently without the protection the user asked for.
+
+The input is :class:`EngineLaunch`, plain values for one container: this package never imports
+the operator's API models (``kvgate.engine_launch`` maps a ModelDeployment role to it).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Literal
 
-from kvgate.api import ModelDeploymentSpec, Role
 from packaging.version import InvalidVersion, Version
 
 KV_CHECKSUM_MIN_VERSION = Version("0.5.21")
@@ -35,6 +39,35 @@ KV_CANARY_MIN_VERSION = Version("0.5.19")
 # The container environment variable holding the engine API key (kvgate.builders fills it from
 # spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
+
+EngineRole = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """What one engine container's command line is made of, as plain values."""
+
+    role: EngineRole
+    image: str  # only its tag is read: the version that gates the safety flags
+    model_path: str
+    served_model_name: str
+    port: int
+    context_length: int
+    mem_fraction_static: float
+    tensor_parallel: int
+    page_size: int
+    kv_cache_dtype: str
+    transfer_backend: str
+    bootstrap_port: int  # passed to prefill only
+    ib_devices: tuple[str, ...] = ()
+    # --api-key $(API_KEY_ENV): the key comes from the container's environment, never the argv.
+    api_key_from_env: bool = False
+    max_total_tokens: int | None = None
+    kv_checksum: bool = False
+    kv_canary: bool = False
+    # The user's engine.args, last so that they can override anything above.
+    extra_args: tuple[str, ...] = ()
+
 
 # "v0.5.23", "0.5.23", "v0.5.19-cu129", "v0.5.23.post1", "v0.6.0rc1-cu130"
 _TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+(?:\.post\d+|(?:a|b|rc)\d+)?)(?:[-_+].*)?$")
@@ -67,53 +100,51 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
-    """The full command line of one engine container of ``role``."""
-    role_spec = spec.prefill if role is Role.PREFILL else spec.decode
-    engine = spec.engine
-    version = image_version(engine.image)
+def engine_argv(launch: EngineLaunch) -> list[str]:
+    """The full command line of one engine container."""
+    version = image_version(launch.image)
 
     argv = [
         "python3",
         "-m",
         "sglang.launch_server",
         "--model-path",
-        spec.model.path,
+        launch.model_path,
         "--served-model-name",
-        spec.model.name,
+        launch.served_model_name,
         "--host",
         "0.0.0.0",
         "--port",
-        str(engine.port),
+        str(launch.port),
         "--context-length",
-        str(spec.model.context_length),
+        str(launch.context_length),
         "--mem-fraction-static",
-        _number(role_spec.mem_fraction_static),
+        _number(launch.mem_fraction_static),
         "--tp-size",
-        str(role_spec.tensor_parallel),
+        str(launch.tensor_parallel),
         "--page-size",
-        str(engine.page_size),
+        str(launch.page_size),
         "--kv-cache-dtype",
-        str(engine.kv_cache_dtype),
+        launch.kv_cache_dtype,
         "--disaggregation-mode",
-        str(role),
+        launch.role,
         "--disaggregation-transfer-backend",
-        str(engine.transfer.backend),
+        launch.transfer_backend,
     ]
-    if engine.transfer.ib_devices:
+    if launch.ib_devices:
         # sglang/srt/arg_groups/fields/disagg.py: one device or a comma-separated list, used by
         # mooncake and NIXL UCX alike.
-        argv += ["--disaggregation-ib-device", ",".join(engine.transfer.ib_devices)]
-    if engine.api_key_secret_ref is not None:
+        argv += ["--disaggregation-ib-device", ",".join(launch.ib_devices)]
+    if launch.api_key_from_env:
         argv += ["--api-key", f"$({API_KEY_ENV})"]
-    if role is Role.PREFILL:
-        argv += ["--disaggregation-bootstrap-port", str(engine.bootstrap_port)]
-    if role_spec.max_total_tokens is not None:
-        argv += ["--max-total-tokens", str(role_spec.max_total_tokens)]
+    if launch.role == "prefill":
+        argv += ["--disaggregation-bootstrap-port", str(launch.bootstrap_port)]
+    if launch.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(launch.max_total_tokens)]
     argv.append("--enable-metrics")
-    if spec.safety.kv_checksum and _at_least(version, KV_CHECKSUM_MIN_VERSION):
+    if launch.kv_checksum and _at_least(version, KV_CHECKSUM_MIN_VERSION):
         argv.append("--disaggregation-enable-kv-checksum")
-    if spec.safety.kv_canary and _at_least(version, KV_CANARY_MIN_VERSION):
+    if launch.kv_canary and _at_least(version, KV_CANARY_MIN_VERSION):
         argv += ["--kv-canary", "log"]
-    argv += engine.args
+    argv += launch.extra_args
     return argv

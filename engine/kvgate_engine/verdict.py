@@ -14,6 +14,10 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate_engine.report import EngineReport
 
+# The engine version floor when neither the spec nor the cluster sets one: disaggregated SGLang
+# before it can hand stale KV pages to decode on an over-length prompt.
+DEFAULT_MIN_ENGINE_VERSION = "0.5.22"
+
 # SGLang's max_req_input_len = min(context_len - 1, pool - 1) - 5 (managers/tp_worker.py), so an
 # engine whose pool holds the context reports exactly context_len - 6.
 MAX_INPUT_MARGIN = 6
@@ -43,7 +47,7 @@ class Requirement:
     context_length: int
     headroom: float = 1.0
     role: str | None = None
-    min_version: str = "0.5.22"
+    min_version: str = DEFAULT_MIN_ENGINE_VERSION
 
     @property
     def required_pool_tokens(self) -> int:

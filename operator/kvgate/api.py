@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
+# Re-exported: the API's default, defined once in the engine package (Requirement's default too).
+from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION as DEFAULT_MIN_ENGINE_VERSION
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -20,7 +22,6 @@ SINGULAR = "modeldeployment"
 SHORT_NAMES = ["md"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-DEFAULT_MIN_ENGINE_VERSION = "0.5.22"
 DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"

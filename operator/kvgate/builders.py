@@ -26,6 +26,7 @@ from kvgate.api import (
     Role,
     RoleSpec,
 )
+from kvgate.engine_launch import engine_launch
 
 # Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
 # /dev/nvidia* device nodes world read-writable, so CUDA works without root; the image's own
@@ -270,7 +271,7 @@ def engine_pod_template(
     spec = md.spec
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
-    command, args = split_command(engine_argv(spec, role))
+    command, args = split_command(engine_argv(engine_launch(spec, role)))
     env: list[Body] = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
     if not any(e["name"] == "HOME" for e in env):
         env.append({"name": "HOME", "value": "/tmp"})

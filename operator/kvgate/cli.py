@@ -10,6 +10,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION
+
 # subcommand -> "module:function"; the function takes the parsed namespace, returns an exit code.
 COMMANDS: dict[str, str] = {
     "crd": "kvgate.crd_command:main",
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, required=True)
     p.add_argument("--headroom", type=float, default=1.0)
     p.add_argument("--role", choices=["prefill", "decode"], default=None)
-    p.add_argument("--min-version", default="0.5.22")
+    p.add_argument("--min-version", default=DEFAULT_MIN_ENGINE_VERSION)
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     p.add_argument("--json", action="store_true")
 

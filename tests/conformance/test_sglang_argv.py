@@ -18,9 +18,15 @@ from typing import Any
 
 import pytest
 from kvgate.api import ModelDeploymentSpec, Role
-from kvgate_engine.launcher import engine_argv
+from kvgate.engine_launch import engine_launch
+from kvgate_engine.launcher import engine_argv as launcher_argv
 
 pytestmark = pytest.mark.conformance
+
+
+def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
+    return launcher_argv(engine_launch(spec, role))
+
 
 HERE = Path(__file__).parent
 SETUP = HERE / "setup_env.sh"
