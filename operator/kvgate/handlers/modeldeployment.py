@@ -25,6 +25,7 @@ from kvgate import (
     requirements,
     rollback,
     router_auth,
+    workload_writes,
 )
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.conflict_status import conflict_events, with_conflicts
@@ -252,7 +253,6 @@ class Reconciler:
         service: Body | None,
     ) -> list[OwnershipConflict]:
         """Write the step; returns the objects kvgate needed but may not touch (not its own)."""
-        api, ns, name = self.rt.api, self.namespace, self.name
         conflicts: list[OwnershipConflict] = []
         # Every pass, so a deleted or edited object comes back (never only once per lifetime).
         for obj in self._per_md_objects(md):
@@ -267,85 +267,44 @@ class Reconciler:
             else None
         )
 
-        refusal_notes: dict[str, str] = {}
-        if step.refusal is not None:
-            refusal_notes = {
-                labels.REFUSED_REASON: step.refusal.reason,
-                labels.REFUSED_MESSAGE: step.refusal.message,
-            }
-        for intent in step.workloads:
-            dname = builders.component_name(name, intent.revision, intent.component)
-            current = existing.get(dname)
-            if current is None:
-                annotations = (
-                    {
-                        labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at),
-                        **refusal_notes,
-                    }
-                    if intent.revision == step.target_revision
-                    else {}  # a serving revision's rebuilt router: the target's notes aren't its
-                )
-                desired = builders.deployment(
-                    md,
-                    intent.revision,
-                    intent.component,
-                    replicas=intent.replicas,
-                    annotations=annotations,
-                    router_key_fingerprint=fingerprint,
-                    guard=guard,
-                )
-                conflict = await self._create(desired, md.metadata.uid)
-                if conflict is not None:
-                    conflicts.append(conflict)
-                continue
-            patch: Body = {}
-            if int(current.get("spec", {}).get("replicas", 0) or 0) != intent.replicas:
-                patch.setdefault("spec", {})["replicas"] = intent.replicas
-            ann = current.get("metadata", {}).get("annotations", {}) or {}
-            missing_notes = {k: v for k, v in refusal_notes.items() if ann.get(k) != v}
-            if missing_notes and step.new_refusal:
-                patch.setdefault("metadata", {})["annotations"] = missing_notes
-            desired = builders.deployment(
-                md,
-                intent.revision,
-                intent.component,
-                replicas=intent.replicas,
-                router_key_fingerprint=fingerprint,
-                guard=guard,
-            )
-            desired_hash = desired["metadata"]["annotations"][labels.TEMPLATE_HASH]
-            if ann.get(labels.TEMPLATE_HASH) != desired_hash:
-                patch.setdefault("spec", {})["template"] = desired["spec"]["template"]
-                patch.setdefault("metadata", {}).setdefault("annotations", {})[
-                    labels.TEMPLATE_HASH
-                ] = desired_hash
-            if patch:
-                await api.patch("Deployment", ns, dname, patch, content_type=MERGE_PATCH)
-
-        for revision in step.delete_revisions:
-            for component in builders.COMPONENTS:
-                dname = builders.component_name(name, revision, component)
-                if dname in existing:
-                    await api.delete("Deployment", ns, dname)
+        for write in workload_writes.revision_writes(
+            md, step, existing, workload_writes.BuildInputs(fingerprint, guard)
+        ):
+            conflict = await self._write(write, md.metadata.uid)
+            if conflict is not None:
+                conflicts.append(conflict)
         conflicts += await self._network_policies(
             md, {i.revision for i in step.workloads}, set(step.delete_revisions)
         )
 
-        if service is not None and (conflict := conflict_for(service, md.metadata.uid)):
-            conflicts.append(conflict)  # someone else's Service: never adopt or re-point it
-        elif step.service_revision is not None:
-            desired_svc = builders.service(md, step.service_revision)
-            if service is None:
-                await api.create(desired_svc)
-            elif service.get("spec", {}).get("selector") != desired_svc["spec"]["selector"]:
-                await api.patch(
-                    "Service",
-                    ns,
-                    name,
-                    {"spec": {"selector": desired_svc["spec"]["selector"]}},
-                    content_type=MERGE_PATCH,
-                )
+        service_conflict = conflict_for(service, md.metadata.uid) if service is not None else None
+        if service_conflict is not None:
+            conflicts.append(service_conflict)  # someone else's: never adopt or re-point it
+        for write in workload_writes.service_writes(
+            service,
+            builders.service(md, step.service_revision) if step.service_revision else None,
+            foreign=service_conflict is not None,
+        ):
+            await self._write(write, None)
         return conflicts
+
+    async def _write(
+        self, write: workload_writes.PlannedWrite, owner_uid: str | None
+    ) -> OwnershipConflict | None:
+        """Perform one planned write; a create checks ownership when ``owner_uid`` is given."""
+        api, ns = self.rt.api, self.namespace
+        if isinstance(write, workload_writes.Create):
+            if owner_uid is None:
+                await api.create(write.body)
+                return None
+            return await self._create(write.body, owner_uid)
+        if isinstance(write, workload_writes.Patch):
+            await api.patch(
+                write.kind, ns, write.name, write.patch, content_type=write.content_type
+            )
+        else:
+            await api.delete(write.kind, ns, write.name)
+        return None
 
     async def _network_policies(
         self, md: ModelDeployment, revisions: set[str], deleted: set[str]
