@@ -200,7 +200,7 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
         ("safety.minEngineVersion", "0.5.21", ["engine version floor"]),
         # The CRD's schema refuses these before the webhook runs.
         ("decode.replicas", 1025, ["spec.decode.replicas", "less than or equal to 1024"]),
-        ("decode.tensorParallel", 17, ["spec.decode.tensorParallel", "less than or equal to 16"]),
+        ("decode.tensorParallel", 513, ["spec.decode.tensorParallel", "less than or equal to 512"]),
         ("model.config.padding", "x" * (MAX_SPEC_BYTES + 1), ["bytes", "model.config"]),
     ]
     with (

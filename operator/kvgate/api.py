@@ -43,7 +43,10 @@ RESOURCE_NAME_PATTERN = (
 # enough that everything kvgate builds from the spec stays within what Kubernetes accepts.
 MAX_ENGINE_REPLICAS = 1024  # engine pods per role
 MAX_ROUTER_REPLICAS = 64
-MAX_TENSOR_PARALLEL = 16  # one engine runs in one pod on one node; no node has more GPUs
+MAX_GPUS_PER_NODE = 16  # GPUs one engine pod asks for: no node has more
+MAX_ENGINE_NODES = 32  # pods (nodes) of one multi-node engine: a LeaderWorkerSet group's size
+# GPUs of one engine (--tp-size) across all its nodes.
+MAX_TENSOR_PARALLEL = MAX_GPUS_PER_NODE * MAX_ENGINE_NODES
 MAX_ARGS = 128  # items in engine.args, router.args and engine.env
 MAX_ARG_LENGTH = 4096  # characters in one argument or environment value
 MAX_NAME_LENGTH = 256  # model.name, env names
@@ -401,6 +404,16 @@ class RoleSpec(_Model):
                     "message": "memFractionStatic must be between 0 and 1 (exclusive)",
                 },
                 {"rule": "self.replicas >= 0", "message": "replicas must be >= 0"},
+                {
+                    "rule": "self.tensorParallel % self.nodes == 0",
+                    "message": "tensorParallel (GPUs per engine) must be a multiple of nodes: "
+                    "each of an engine's nodes pods gets tensorParallel / nodes GPUs",
+                },
+                {
+                    "rule": f"self.tensorParallel <= {MAX_GPUS_PER_NODE} * self.nodes",
+                    "message": f"tensorParallel / nodes (GPUs per node) must be at most "
+                    f"{MAX_GPUS_PER_NODE}: no node has more; raise nodes",
+                },
             ]
         }
     )
@@ -413,8 +426,22 @@ class RoleSpec(_Model):
         ge=1,
         le=MAX_TENSOR_PARALLEL,
         description=(
-            "GPUs per engine (--tp-size); requested as nvidia.com/gpu. One engine runs in one "
-            "pod on one node."
+            "GPUs per engine, across all its nodes (--tp-size). Each of the engine's `nodes` "
+            f"pods requests tensorParallel / nodes nvidia.com/gpu (at most {MAX_GPUS_PER_NODE}), "
+            "so it must be a multiple of nodes: 16 on 2 nodes of 8 GPUs."
+        ),
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ENGINE_NODES,
+        description=(
+            "Pods (one per node) per engine. 1: each engine is one pod of a Deployment. More: "
+            "each engine is one LeaderWorkerSet group (leaderworkerset.x-k8s.io/v1, which must "
+            "be installed) whose leader runs rank 0 and serves HTTP and whose workers run ranks "
+            "1..nodes-1 (--nnodes, --node-rank, --dist-init-addr); the engine is verified, and "
+            "takes traffic, only while its leader's pool meets the requirement and every rank "
+            "runs. replicas counts engines (groups), not pods."
         ),
     )
     mem_fraction_static: float = Field(

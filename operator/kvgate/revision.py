@@ -20,6 +20,11 @@ def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
     doc: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude={"rollout"})
     for role in ("prefill", "decode", "router"):
         doc[role].pop("replicas", None)
+    for role in ("prefill", "decode"):
+        # nodes came with multi-node engines; its default (one pod per engine) is what every
+        # earlier spec ran, so it leaves their revisions as they were (no roll on upgrade).
+        if doc[role].get("nodes") == 1:
+            del doc[role]["nodes"]
     return doc
 
 

@@ -28,7 +28,6 @@ from kvgate.api import (
     MAX_ARGS,
     MAX_ENGINE_REPLICAS,
     MAX_ROUTER_REPLICAS,
-    MAX_TENSOR_PARALLEL,
     ModelDeployment,
 )
 from kvgate.cli import main
@@ -198,7 +197,6 @@ def test_a_real_model_config_fits_far_below_the_limit() -> None:
 BOUNDS: list[tuple[str, str, int, str]] = [
     ("engine replicas", "spec.prefill.replicas", MAX_ENGINE_REPLICAS, "at most"),
     ("decode replicas", "spec.decode.replicas", MAX_ENGINE_REPLICAS, "at most"),
-    ("tensor parallel", "spec.decode.tensorParallel", MAX_TENSOR_PARALLEL, "one node"),
     ("router replicas", "spec.router.replicas", MAX_ROUTER_REPLICAS, "at most"),
     ("verify timeout", "spec.rollout.verifyTimeoutSeconds", 86_400, "at most"),
     ("re-verify interval", "spec.rollout.reverifyIntervalSeconds", 3_600, "at most"),

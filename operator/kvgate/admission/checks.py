@@ -28,6 +28,7 @@ from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
+from kvgate.admission.shape import check_shape
 from kvgate.api import (
     API_VERSION,
     DEFAULT_MIN_ENGINE_VERSION,
@@ -422,6 +423,7 @@ def check_estimated_pool(
 
 CHECKS: tuple[Check, ...] = (
     check_finite,
+    check_shape,
     check_engine_version,
     check_max_total_tokens,
     check_context_length,

@@ -14,13 +14,17 @@ FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_V
 class ClusterPolicy:
     """Cluster-wide admission rules. `min_engine_version_floor`: no ModelDeployment may allow an
     engine version below it, in `safety.minEngineVersion` or in its image tag (None: no floor
-    beyond each spec's own)."""
+    beyond each spec's own). `gpus_per_node`: the GPUs each of the cluster's GPU nodes has, when
+    the admin states it (None: only the hard limit, api.MAX_GPUS_PER_NODE)."""
 
     min_engine_version_floor: str | None = None
+    gpus_per_node: int | None = None
 
     def __post_init__(self) -> None:
         if self.min_engine_version_floor is not None:
             parse_floor(self.min_engine_version_floor)
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise ValueError(f"gpusPerNode {self.gpus_per_node}: must be 1 or more, e.g. 8")
 
     @functools.cached_property
     def floor(self) -> Version | None:

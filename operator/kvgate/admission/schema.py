@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from kvgate.admission.result import Problem
-from kvgate.api import ModelDeployment
+from kvgate.api import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeployment
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -32,6 +32,7 @@ FIELD_HINTS: dict[str, str] = {
     "headroom": "set 1.0 or more (the pool must hold the whole context), e.g. 1.0",
     "replicas": "set 0 or more, e.g. 1",
     "tensorParallel": "set the number of GPUs per engine, 1 or more, e.g. 1",
+    "nodes": "set the pods (nodes) per engine, 1 or more, e.g. 1",
     "contextLength": "set the advertised context window in tokens, e.g. 131072",
     "gpuMemoryGiB": "set the memory of one GPU in GiB, e.g. 80, or remove the field",
     "weightsGiB": "set the weight size of one replica in GiB, e.g. 15.0, or remove the field",
@@ -52,7 +53,9 @@ FIELD_HINTS: dict[str, str] = {
 RANGE_HINT_FIELDS = frozenset({"memFractionStatic", "port", "bootstrapPort", "minVerifiedPercent"})
 # The way out when a value is above its upper bound, where "set at most N" alone is not enough.
 UPPER_HINTS: dict[str, str] = {
-    "tensorParallel": "one engine runs in one pod on one node, and no node has more GPUs",
+    "tensorParallel": f"GPUs per engine across all its nodes, at most {MAX_GPUS_PER_NODE} per "
+    f"node on at most {MAX_ENGINE_NODES} nodes",
+    "nodes": f"a LeaderWorkerSet group of at most {MAX_ENGINE_NODES} pods per engine",
     "reverifyIntervalSeconds": "re-verification must not pause longer than an hour",
 }
 

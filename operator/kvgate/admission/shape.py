@@ -1,0 +1,98 @@
+"""Engine shape: GPUs per engine (tensorParallel) against pods per engine (nodes). Pure.
+
+kvgate's semantics: ``tensorParallel`` is the engine's whole ``--tp-size``, across all its nodes;
+each of its ``nodes`` pods runs on its own node and requests ``tensorParallel / nodes`` GPUs.
+So tensorParallel must split evenly over the nodes, no pod may ask for more GPUs than a node has
+(``MAX_GPUS_PER_NODE``, or the cluster's own figure when the admin set it), and the flags that
+tie the ranks together are kvgate's to set, never the user's.
+"""
+
+from __future__ import annotations
+
+from kvgate.admission.policy import ClusterPolicy
+from kvgate.admission.result import Problem
+from kvgate.api import MAX_GPUS_PER_NODE, ModelDeploymentSpec, Role, RoleSpec
+
+# SGLang 0.5.23 sglang/srt/arg_groups/fields/parallel.py: the multi-node topology flags (and the
+# alias of --dist-init-addr). kvgate derives them from spec.<role>.nodes and the
+# LeaderWorkerSet group; a user's value would make a rank join the wrong engine.
+TOPOLOGY_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr")
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def _divisors(value: int, limit: int) -> list[int]:
+    return [d for d in range(2, min(value, limit) + 1) if value % d == 0]
+
+
+def _uneven(role: str, shape: RoleSpec, node_gpus: int) -> Problem:
+    tp, nodes = shape.tensor_parallel, shape.nodes
+    lower = tp - tp % nodes
+    upper = lower + nodes
+    multiples = [m for m in (lower, upper) if m >= nodes and m // nodes <= node_gpus]
+    ways = []
+    if multiples:
+        ways.append(
+            f"set {role}.tensorParallel to a multiple of {nodes} "
+            f"(e.g. {' or '.join(_n(m) for m in multiples)})"
+        )
+    divisors = [d for d in _divisors(tp, tp) if tp // d <= node_gpus]
+    if divisors:
+        ways.append(f"set {role}.nodes to one that divides {_n(tp)} (e.g. {divisors[0]})")
+    return Problem(
+        f"spec.{role}.tensorParallel",
+        f"{_n(tp)} GPUs per engine do not split evenly over nodes {nodes} "
+        f"({_n(tp)} / {nodes} = {tp / nodes:.2f} GPUs per pod); each of an engine's pods gets "
+        f"tensorParallel / nodes GPUs, so " + (" or ".join(ways) or "change either"),
+    )
+
+
+def _too_many_per_node(role: str, shape: RoleSpec, node_gpus: int, source: str) -> Problem:
+    tp, nodes = shape.tensor_parallel, shape.nodes
+    per_node = tp // nodes
+    fitting = [d for d in _divisors(tp, tp) if d > nodes and tp // d <= node_gpus]
+    way = (
+        f"set {role}.nodes to {fitting[0]} ({_n(tp)} / {fitting[0]} = {tp // fitting[0]} GPUs "
+        "per pod)"
+        if fitting
+        else f"lower {role}.tensorParallel to at most {_n(node_gpus * nodes)}"
+    )
+    return Problem(
+        f"spec.{role}.tensorParallel",
+        f"tensorParallel {_n(tp)} / nodes {nodes} = {_n(per_node)} GPUs per pod > {node_gpus}, "
+        f"{source}; no pod of this engine could be scheduled; {way}",
+    )
+
+
+def check_shape(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """Each role's tensorParallel splits evenly over its nodes, within a node's GPUs; the
+    topology flags are not in engine.args."""
+    denials: list[Problem] = []
+    if policy.gpus_per_node is not None:
+        node_gpus = policy.gpus_per_node
+        source = f"the GPUs a node has in this cluster (chart value gpusPerNode {node_gpus})"
+    else:
+        node_gpus = MAX_GPUS_PER_NODE
+        source = f"the most GPUs any node has ({MAX_GPUS_PER_NODE})"
+    for role in (Role.PREFILL.value, Role.DECODE.value):
+        shape: RoleSpec = getattr(spec, role)
+        if shape.tensor_parallel % shape.nodes:
+            denials.append(_uneven(role, shape, node_gpus))
+        elif shape.tensor_parallel // shape.nodes > node_gpus:
+            denials.append(_too_many_per_node(role, shape, node_gpus, source))
+    for index, arg in enumerate(spec.engine.args):
+        flag = arg.split("=", 1)[0]
+        if flag in TOPOLOGY_FLAGS:
+            denials.append(
+                Problem(
+                    f"spec.engine.args[{index}]",
+                    f"{flag} is kvgate's to set: it derives --nnodes, --node-rank and "
+                    "--dist-init-addr from spec.<role>.nodes and each engine's LeaderWorkerSet "
+                    f"group; remove {flag} and set spec.prefill.nodes / spec.decode.nodes",
+                )
+            )
+    return denials, []
