@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
+from kvgate_e2e.kubelet_mounts import MountPoints
 from kvgate_e2e.kubelet_node import (
     GPU_MEMORY_KEY,
     LEASE_NAMESPACE,
@@ -59,13 +60,8 @@ from kvgate_e2e.kubelet_node import (
     node_status,
     parse_node_spec,
 )
-from kvgate_e2e.kubelet_runtime import (
-    MountPoints,
-    PodWorker,
-    RuntimeSettings,
-    now_micro,
-    now_rfc3339,
-)
+from kvgate_e2e.kubelet_pod_status import now_micro, now_rfc3339
+from kvgate_e2e.kubelet_runtime import PodWorker, RuntimeSettings
 
 log = logging.getLogger("kvgate_e2e.kubelet")
 

@@ -1,11 +1,13 @@
-"""One pod on the loopback kubelet: its IP, volumes, processes, probes, restarts and status.
+"""One pod's lifecycle on the loopback kubelet: start, restart, probe and stop its containers.
 
-A ``PodWorker`` owns everything of one pod UID. Containers are local processes (see
+A ``PodWorker`` owns everything of one pod UID and drives it; each seam has its own module:
+the volume material (``kubelet_volumes``), the bind mounts of a container's mount namespace
+(``kubelet_mounts``), its environment (``kubelet_env``), its process (``kubelet_processes``), one
+probe (``kubelet_probes``) and the ``pods/status`` patch (``kubelet_pod_status``, written here
+conditionally on the pod's resourceVersion). Containers are local processes (see
 ``kubelet_images``), each in its own mount namespace (``unshare --mount``) where the pod's volumes
 (the projected service-account volume the ServiceAccount admission plugin adds, secrets, config
-maps, emptyDirs) are bind-mounted at their ``mountPath``. Status is written with a strategic-merge
-patch on ``pods/status`` holding only what the kubelet owns; readiness-gate conditions are read,
-never written.
+maps, emptyDirs) are bind-mounted at their ``mountPath``.
 
 Init containers run in order, as ``computeInitContainerActions``
 (``pkg/kubelet/kuberuntime/kuberuntime_container.go``) runs them: a regular one to completion; a
@@ -23,113 +25,48 @@ that many seconds from then, as the kubelet's pod workers do (a grace period onl
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import datetime as dt
 import ipaddress
 import json
 import logging
-import math
-import os
 import shutil
 import signal
-import subprocess
-import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
 from kvgate_e2e.kubelet_api import ApiError, KubeApi
+from kvgate_e2e.kubelet_env import container_env
 from kvgate_e2e.kubelet_images import ImageError, expand_vars, launch_for
-from kvgate_e2e.kubelet_podspec import (
-    PodSpecError,
-    ProbeSettings,
-    field_ref_value,
-    probe_settings,
-    resolve_port,
-)
-from kvgate_e2e.kubelet_readiness import (
-    INITIALIZED,
-    KUBELET_CONDITIONS,
-    POD_READY_TO_START_CONTAINERS,
-    Condition,
-    containers_ready_condition,
-    initialized_condition,
-    merge_conditions,
-    pod_ready_condition,
+from kvgate_e2e.kubelet_mounts import MountPoints, container_mounts, in_mount_namespace
+from kvgate_e2e.kubelet_pod_status import now_rfc3339, pod_status_patch
+from kvgate_e2e.kubelet_podspec import PodSpecError, ProbeSettings, probe_settings
+from kvgate_e2e.kubelet_probes import probe_once
+from kvgate_e2e.kubelet_processes import (
+    ContainerProcess,
+    KillDeadline,
+    signal_group,
+    start_process,
+    stop_process,
 )
 from kvgate_e2e.kubelet_status import (
     RUNNING,
     TERMINATED,
     WAITING,
     ContainerRecord,
-    container_status,
     exit_code_of,
-    pod_phase,
     restart_delay,
     should_restart,
 )
+from kvgate_e2e.kubelet_volumes import write_volumes
 
 log = logging.getLogger("kvgate_e2e.kubelet")
 
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_MOUNT_SCRIPT = (
-    'while [ "$1" != "--" ]; do '
-    '[ -e "$2" ] || mkdir -p "$2"; '
-    'mount --bind "$1" "$2" || { echo "kvgate-kubelet: cannot mount $1 at $2" >&2; exit 127; }; '
-    'shift 2; done; shift; exec "$@"'
-)
-# Where this checkout's packages and virtualenv live: pod processes run from them.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-KEEP_STAGE = "/run/kvgate-e2e-keep"  # staging mount points, see keep_visible()
 MIN_GRACE_SECONDS = 2.0  # minimumGracePeriodInSeconds of the kubelet's killContainer
-
-
-def order_mounts(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Bind-mount order in which no mount hides a later mount's source: the pod's volume
-    material lives under the run dir (often in /tmp), so an emptyDir at ``/tmp`` must be
-    mounted after every volume whose source is below /tmp. Otherwise parents before children."""
-
-    def covers(dst: str, path: str) -> bool:
-        return path == dst or path.startswith(dst.rstrip("/") + "/")
-
-    def shadows(pair: tuple[str, str]) -> bool:
-        return any(covers(pair[1], other[0]) for other in pairs if other is not pair)
-
-    return sorted(pairs, key=lambda p: (shadows(p), p[1].count("/")))
-
-
-def keep_visible(
-    pairs: Sequence[tuple[str, str]], paths: Sequence[str], stage: str
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Bind mounts (before, after the pod's own) that keep host paths visible under a volume.
-
-    Pod processes run from this checkout and its virtualenv. If the checkout lives under a
-    volume's mountPath (a clone in /tmp, an emptyDir at /tmp), that mount would hide it. So each
-    hidden path is first bound to a staging directory ``<stage>/<n>`` (before the pod's mounts)
-    and bound back from there afterwards. (Binding from ``/proc/<pid>/root`` instead does not
-    work: mount(8) canonicalizes the path, and the kernel refuses a bind from another mount
-    namespace.)"""
-
-    def covers(dst: str, path: str) -> bool:
-        return path == dst or path.startswith(dst.rstrip("/") + "/")
-
-    hidden = [p for p in dict.fromkeys(paths) if any(covers(dst, p) for _, dst in pairs)]
-    outermost = [p for p in hidden if not any(q != p and covers(q, p) for q in hidden)]
-    before = [(path, f"{stage}/{i}") for i, path in enumerate(outermost)]
-    return before, [(staged, path) for path, staged in before]
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def now_micro() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class AddressPool(Protocol):
@@ -138,56 +75,6 @@ class AddressPool(Protocol):
     def add_pod_ip(self) -> ipaddress.IPv4Address: ...
 
     def release_pod_ip(self, addr: ipaddress.IPv4Address) -> None: ...
-
-
-class MountPoints:
-    """Creates missing mount-point directories on the host; the last kubelet to stop removes them.
-
-    Directories are never removed while any loopback kubelet on this machine may still run pods:
-    since Linux 3.18, ``rmdir`` of a directory that is a mount point in *another* mount namespace
-    detaches that mount, which would pull a running pod's token out from under it. Kubelets
-    register in ``registry`` (one file per kubelet, named by PID); created directories are listed
-    in ``registry/created``; whoever leaves last (no live PID left) removes them.
-    """
-
-    def __init__(self, registry: Path = Path("/run/kvgate-e2e-kubelets")) -> None:
-        self._registry = registry
-        self._me = registry / f"kubelet-{os.getpid()}-{id(self)}"
-        self._lock = threading.Lock()
-
-    def ensure(self, path: Path) -> None:
-        with self._lock:
-            if not self._me.exists():
-                self._registry.mkdir(parents=True, exist_ok=True)
-                self._me.touch()
-            missing: list[Path] = []
-            probe = path
-            while not probe.exists():
-                missing.append(probe)
-                probe = probe.parent
-            with (self._registry / "created").open("a") as created:
-                for item in reversed(missing):
-                    item.mkdir(exist_ok=True)
-                    created.write(f"{item}\n")
-
-    def cleanup(self) -> None:
-        with self._lock:
-            if not self._me.exists():
-                return
-            self._me.unlink()
-            for other in self._registry.glob("kubelet-*"):
-                pid = other.name.split("-")[1]
-                if pid.isdigit() and Path(f"/proc/{pid}").exists():
-                    return  # another kubelet still runs; it cleans up when it leaves
-                other.unlink(missing_ok=True)
-            created = self._registry / "created"
-            paths = created.read_text().split() if created.exists() else []
-            for item in sorted(set(paths), key=len, reverse=True):
-                with contextlib.suppress(OSError):
-                    Path(item).rmdir()
-            created.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self._registry.rmdir()
 
 
 @dataclass
@@ -227,32 +114,6 @@ class PodHost(Protocol):
     def worker_done(self, uid: str) -> None: ...
 
 
-def _wait_in_thread(popen: subprocess.Popen[bytes]) -> asyncio.Future[int]:
-    """Future for the exit code, resolved by a small thread (no executor slot held)."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[int] = loop.create_future()
-
-    def resolve(code: int) -> None:
-        if not fut.done():
-            fut.set_result(code)
-
-    def waiter() -> None:
-        code = popen.wait()
-        with contextlib.suppress(RuntimeError):  # the loop may be closed by now
-            loop.call_soon_threadsafe(resolve, code)
-
-    threading.Thread(target=waiter, name=f"wait-{popen.pid}", daemon=True).start()
-    return fut
-
-
-@dataclass
-class _Proc:
-    popen: subprocess.Popen[bytes]
-    exited: asyncio.Future[int]
-    log_file: IO[bytes]
-    started_monotonic: float
-
-
 class PodWorker:
     """Runs one pod until it is deleted (or, for restartPolicy Never/OnFailure, completes)."""
 
@@ -270,14 +131,12 @@ class PodWorker:
         self.start_time: str | None = None
         self.records: dict[str, ContainerRecord] = {}
         self.init_records: dict[str, ContainerRecord] = {}
-        self.procs: dict[str, _Proc] = {}
+        self.procs: dict[str, ContainerProcess] = {}
         self._dirty = asyncio.Event()
         self._terminate = asyncio.Event()
         self._grace: float = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
-        # A later, shorter grace period: every process still running is killed by then
-        # (monotonic seconds); _grace_cut is set (and replaced) each time it moves earlier.
-        self._kill_by = math.inf
-        self._grace_cut = asyncio.Event()
+        # A later, shorter grace period: every process still running is killed by then.
+        self._kill_deadline = KillDeadline()
         self._force = False
         self._initialized = False
         self._last_patch: str | None = None
@@ -337,17 +196,14 @@ class PodWorker:
         if any(not proc.exited.done() for proc in self.procs.values()):
             log.info("pod %s: grace period shortened to %.0fs", self.key, grace)
         self._grace = grace
-        self._kill_by = min(self._kill_by, time.monotonic() + max(grace, 0.0))
-        cut, self._grace_cut = self._grace_cut, asyncio.Event()
-        cut.set()
+        self._kill_deadline.move_to(time.monotonic() + max(grace, 0.0))
 
     def kill_container(self, name: str, sig: int = signal.SIGKILL) -> int | None:
         """Signal one container's process group (tests use it to simulate an engine crash)."""
         proc = self.procs.get(name)
         if proc is None or proc.popen.poll() is not None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, sig)
+        signal_group(proc, sig)
         return proc.popen.pid
 
     def log_path(self, container: str) -> Path:
@@ -443,175 +299,18 @@ class PodWorker:
         return False
 
     async def _setup_volumes(self) -> None:
-        root = self.dir / "volumes"
-        for volume in self.pod["spec"].get("volumes") or []:
-            target = root / volume["name"]
-            files = await self._volume_files(volume)
-            if files is None:  # emptyDir and friends: a plain directory
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            self._write_files(target, files)
-
-    @staticmethod
-    def _write_files(target: Path, files: Mapping[str, bytes]) -> None:
-        target.mkdir(parents=True, exist_ok=True)
-        for rel, data in files.items():
-            path = target / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_bytes(data)
-            tmp.chmod(0o644)
-            tmp.replace(path)
-
-    async def _volume_files(self, volume: Mapping[str, Any]) -> dict[str, bytes] | None:
-        if "emptyDir" in volume:
-            return None
-        if "secret" in volume:
-            src = volume["secret"]
-            return await self._object_files("secrets", src.get("secretName", ""), src)
-        if "configMap" in volume:
-            src = volume["configMap"]
-            return await self._object_files("configmaps", src.get("name", ""), src)
-        if "downwardAPI" in volume:
-            return self._downward_files(volume["downwardAPI"].get("items") or [])
-        if "projected" in volume:
-            files: dict[str, bytes] = {}
-            for source in volume["projected"].get("sources") or []:
-                if "serviceAccountToken" in source:
-                    sat = source["serviceAccountToken"]
-                    token = await self._request_token(
-                        sat.get("audience"), int(sat.get("expirationSeconds") or 3607)
-                    )
-                    files[sat.get("path", "token")] = token.encode()
-                elif "configMap" in source:
-                    src = source["configMap"]
-                    files |= await self._object_files("configmaps", src.get("name", ""), src)
-                elif "secret" in source:
-                    src = source["secret"]
-                    files |= await self._object_files("secrets", src.get("name", ""), src)
-                elif "downwardAPI" in source:
-                    files |= self._downward_files(source["downwardAPI"].get("items") or [])
-            return files
-        if "hostPath" in volume:
-            return None
-        raise PodSpecError(
-            f"volume {volume.get('name')!r} uses a source the loopback kubelet does not support "
-            "(supported: emptyDir, secret, configMap, downwardAPI, projected, hostPath)"
-        )
-
-    async def _object_files(self, kind: str, name: str, src: Mapping[str, Any]) -> dict[str, bytes]:
-        try:
-            obj = await self.host.api.get(f"/api/v1/namespaces/{self.namespace}/{kind}/{name}")
-        except ApiError as exc:
-            if exc.status == 404 and src.get("optional"):
-                return {}
-            raise
-        data: dict[str, bytes] = {}
-        for key, value in (obj.get("data") or {}).items():
-            data[key] = base64.b64decode(value) if kind == "secrets" else str(value).encode()
-        for key, value in (obj.get("binaryData") or {}).items():
-            data[key] = base64.b64decode(value)
-        items = src.get("items")
-        if not items:
-            return data
-        return {item["path"]: data[item["key"]] for item in items if item["key"] in data}
-
-    def _downward_files(self, items: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
-        out: dict[str, bytes] = {}
-        for item in items:
-            ref = item.get("fieldRef")
-            if ref:
-                out[item["path"]] = field_ref_value(self.pod, ref["fieldPath"]).encode()
-        return out
-
-    async def _request_token(self, audience: str | None, expiration: int) -> str:
-        sa = self.pod["spec"].get("serviceAccountName") or "default"
-        spec: dict[str, Any] = {
-            "expirationSeconds": expiration,
-            "boundObjectRef": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": self.name,
-                "uid": self.uid,
-            },
-        }
-        if audience:
-            spec["audiences"] = [audience]
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-        result = await self.host.api.create(
-            f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token", body
-        )
-        return str(result["status"]["token"])
-
-    def _mount_pairs(self, container: Mapping[str, Any]) -> list[tuple[str, str]]:
-        volumes = {v["name"]: v for v in self.pod["spec"].get("volumes") or []}
-        pairs: list[tuple[str, str]] = []
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(mount["name"])
-            if volume is None:
-                raise PodSpecError(f"volumeMount {mount['name']!r} names no volume of the pod")
-            if "hostPath" in volume:
-                src = Path(volume["hostPath"]["path"])
-            else:
-                src = self.dir / "volumes" / mount["name"]
-            if mount.get("subPath"):
-                src = src / mount["subPath"]
-            dst = Path(os.path.realpath(mount["mountPath"]))
-            if src.is_dir():
-                self.host.settings.mount_points.ensure(dst)
-            else:
-                self.host.settings.mount_points.ensure(dst.parent)
-                if not dst.exists():
-                    dst.touch()
-            pairs.append((str(src), str(dst)))
-        return order_mounts(pairs)
+        await write_volumes(self.host.api, self.pod, self.dir / "volumes")
 
     # ------------------------------------------------------------ environment
     async def _container_env(self, container: Mapping[str, Any]) -> dict[str, str]:
         settings = self.host.settings
-        env: dict[str, str] = {
-            "PATH": f"{settings.venv_bin}:{BASE_PATH}",
-            "HOME": "/root",
-            "HOSTNAME": self.name,
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-        }
-        env |= dict(settings.service_env)
-        for source in container.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            for kind, key in (("configmaps", "configMapRef"), ("secrets", "secretRef")):
-                if key in source:
-                    ref = source[key]
-                    files = await self._object_files(kind, ref.get("name", ""), ref)
-                    env |= {prefix + k: v.decode() for k, v in files.items()}
-        view = self._status_view()
-        for item in container.get("env") or []:
-            name = item["name"]
-            if "value" in item:
-                env[name] = expand_vars(str(item["value"]), env)
-                continue
-            ref = item.get("valueFrom") or {}
-            if "fieldRef" in ref:
-                env[name] = field_ref_value(view, ref["fieldRef"]["fieldPath"])
-            elif "secretKeyRef" in ref or "configMapKeyRef" in ref:
-                kind, key = (
-                    ("secrets", "secretKeyRef")
-                    if "secretKeyRef" in ref
-                    else ("configmaps", "configMapKeyRef")
-                )
-                sel = ref[key]
-                files = await self._object_files(kind, sel["name"], sel)
-                if sel["key"] in files:
-                    env[name] = files[sel["key"]].decode()
-                elif not sel.get("optional"):
-                    raise PodSpecError(
-                        f"env {name}: key {sel['key']!r} not in {kind} {sel['name']}"
-                    )
-            elif "resourceFieldRef" in ref:
-                env[name] = "0"
-            else:
-                env.setdefault(name, "")
-        return env
+        return await container_env(
+            self.host.api,
+            self._status_view(),
+            container,
+            venv_bin=settings.venv_bin,
+            service_env=settings.service_env,
+        )
 
     def _status_view(self) -> dict[str, Any]:
         """The pod with the status fields this kubelet has decided (for the downward API)."""
@@ -631,7 +330,7 @@ class PodWorker:
         return self.host.node_ip(self.node)
 
     # ------------------------------------------------------------ processes
-    async def _spawn(self, container: Mapping[str, Any], rec: ContainerRecord) -> _Proc:
+    async def _spawn(self, container: Mapping[str, Any], rec: ContainerRecord) -> ContainerProcess:
         settings = self.host.settings
         env = await self._container_env(container)
         command = [expand_vars(str(a), env) for a in container.get("command") or []]
@@ -647,72 +346,20 @@ class PodWorker:
         )
         env |= dict(launch.env)
         argv = list(launch.argv)
-        mounts = self._mount_pairs(container)
-        before, after = keep_visible(
-            mounts, [str(PROJECT_ROOT), str(Path(settings.venv_bin).parent)], stage=KEEP_STAGE
-        )
-        for _, staged in before:
-            settings.mount_points.ensure(Path(staged))
-        mounts = before + mounts + after
+        mounts = container_mounts(self.pod, container, self.dir / "volumes", settings.mount_points)
         if settings.mount_namespaces:
-            flat = [p for pair in mounts for p in pair]
-            argv = [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "/bin/sh",
-                "-c",
-                _MOUNT_SCRIPT,
-                "kvgate-pod",
-                *flat,
-                "--",
-                *argv,
-            ]
+            argv = in_mount_namespace(argv, mounts, settings.venv_bin, settings.mount_points)
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(self.dir)
-        log_file = self.log_path(rec.name).open("ab")
         header = f"\n===== {now_rfc3339()} start #{rec.restart_count}: {' '.join(launch.argv)}\n"
-        log_file.write(header.encode())
-        log_file.flush()
-        popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-        log.info("pod %s: container %s started as pid %d", self.key, rec.name, popen.pid)
-        return _Proc(popen, _wait_in_thread(popen), log_file, time.monotonic())
+        proc = start_process(argv, env, cwd, self.log_path(rec.name), header)
+        log.info("pod %s: container %s started as pid %d", self.key, rec.name, proc.popen.pid)
+        return proc
 
     async def _stop_proc(self, name: str, grace: float) -> None:
         proc = self.procs.get(name)
-        if proc is None or proc.exited.done():
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + max(grace, 0.0)
-        while not proc.exited.done():
-            cut = self._grace_cut
-            left = min(deadline, self._kill_by) - time.monotonic()
-            if left <= 0:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.popen.pid, signal.SIGKILL)
-                await proc.exited
-                break
-            # Until the process exits (reported at once), the grace runs out, or is shortened.
-            shortened = asyncio.ensure_future(cut.wait())
-            either: list[asyncio.Future[Any]] = [proc.exited, shortened]
-            try:
-                await asyncio.wait(either, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                shortened.cancel()
-        # The group may hold children that outlived the leader.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.popen.pid, signal.SIGKILL)
+        if proc is not None:
+            await stop_process(proc, grace, self._kill_deadline)
 
     async def _stop_all(self, grace: float) -> None:
         """Stop every process: regular (and running regular init) containers first, then the
@@ -804,7 +451,7 @@ class PodWorker:
         rec.waiting_message = str(exc)[:1000]
         self._dirty.set()
 
-    def _mark_running(self, rec: ContainerRecord, proc: _Proc, *, started: bool) -> None:
+    def _mark_running(self, rec: ContainerRecord, proc: ContainerProcess, *, started: bool) -> None:
         self.procs[rec.name] = proc
         rec.state = RUNNING
         rec.pid = proc.popen.pid
@@ -817,7 +464,7 @@ class PodWorker:
         rec.terminated_message = ""
         self._dirty.set()
 
-    def _mark_exited(self, rec: ContainerRecord, proc: _Proc, returncode: int) -> None:
+    def _mark_exited(self, rec: ContainerRecord, proc: ContainerProcess, returncode: int) -> None:
         proc.log_file.close()
         code, sig = exit_code_of(returncode)
         rec.state = TERMINATED
@@ -888,7 +535,7 @@ class PodWorker:
 
     # ------------------------------------------------------------ probes
     async def _probe_all(
-        self, container: Mapping[str, Any], rec: ContainerRecord, proc: _Proc
+        self, container: Mapping[str, Any], rec: ContainerRecord, proc: ContainerProcess
     ) -> None:
         startup = container.get("startupProbe")
         if startup is not None:
@@ -919,7 +566,7 @@ class PodWorker:
         self,
         container: Mapping[str, Any],
         rec: ContainerRecord,
-        proc: _Proc,
+        proc: ContainerProcess,
         kind: str,
         settings: ProbeSettings,
     ) -> bool:
@@ -954,99 +601,29 @@ class PodWorker:
         return False
 
     async def _probe_once(self, container: Mapping[str, Any], settings: ProbeSettings) -> bool:
-        handler = settings.handler
-        try:
-            if settings.kind == "httpGet":
-                port = resolve_port(handler["port"], container)
-                host = handler.get("host") or self._ip()
-                scheme = str(handler.get("scheme") or "HTTP").lower()
-                path = handler.get("path") or "/"
-                headers = {h["name"]: h["value"] for h in handler.get("httpHeaders") or []}
-                url = f"{scheme}://{host}:{port}{path}"
-                async with self.host.probe_session.get(
-                    url,
-                    headers=headers,
-                    ssl=False,
-                    allow_redirects=False,
-                    timeout=aiohttp.ClientTimeout(total=settings.timeout),
-                ) as resp:
-                    await resp.read()
-                    return 200 <= resp.status < 400
-            if settings.kind == "tcpSocket":
-                port = resolve_port(handler["port"], container)
-                host = handler.get("host") or self._ip()
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), settings.timeout
-                )
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
-                return True
-            if settings.kind == "exec":
-                env = await self._container_env(container)
-                child = await asyncio.create_subprocess_exec(
-                    *handler.get("command", []),
-                    env=env,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.DEVNULL,
-                )
-                try:
-                    return await asyncio.wait_for(child.wait(), settings.timeout) == 0
-                except TimeoutError:
-                    child.kill()
-                    await child.wait()
-                    return False
-            log.warning("pod %s: %s probes are not supported; failing", self.key, settings.kind)
-            return False
-        except (OSError, TimeoutError, aiohttp.ClientError, PodSpecError, ValueError):
-            return False
+        return await probe_once(
+            container,
+            settings,
+            pod_ip=self._ip(),
+            session=self.host.probe_session,
+            env=lambda: self._container_env(container),
+        )
 
     # ------------------------------------------------------------ status
-    def _conditions(self, phase: str) -> list[Condition]:
-        spec = self.pod["spec"]
-        # Init containers' statuses first, then the regular ones (generateAPIPodStatus).
-        statuses = [container_status(r) for r in self.init_records.values()]
-        statuses += [container_status(r) for r in self.records.values()]
-        sandbox = self.pod_ip is not None or self.host_network
-        conditions = list((self.pod.get("status") or {}).get("conditions") or [])
-        return [
-            Condition(POD_READY_TO_START_CONTAINERS, "True" if sandbox else "False"),
-            initialized_condition(spec, statuses, phase)
-            if self.init_records
-            else Condition(INITIALIZED, "True"),
-            containers_ready_condition(spec, statuses, phase),
-            pod_ready_condition(spec, conditions, statuses, phase),
-        ]
-
     def status_patch(self) -> dict[str, Any]:
         """The strategic-merge patch for ``pods/status``: kubelet-owned fields only."""
-        policy = self.pod["spec"].get("restartPolicy", "Always")
-        records = list(self.records.values())
-        sidecars = [self.init_records[n] for n in self._sidecars]
-        phase = pod_phase(policy, records, initialized=self._initialized, sidecars=sidecars)
-        current = (self.pod.get("status") or {}).get("conditions") or []
-        generation = self.pod["metadata"].get("generation")
-        conditions = merge_conditions(current, self._conditions(phase), now_rfc3339(), generation)
-        host_ip = self.host.node_ip(self.node)
-        status: dict[str, Any] = {
-            "phase": phase,
-            "conditions": conditions,
-            "hostIP": host_ip,
-            "hostIPs": [{"ip": host_ip}],
-            "containerStatuses": [container_status(r) for r in records],
-        }
-        if generation is not None:
-            status["observedGeneration"] = generation
-        if self.start_time:
-            status["startTime"] = self.start_time
-        if self.pod_ip is not None or self.host_network:
-            status["podIP"] = self._ip()
-            status["podIPs"] = [{"ip": self._ip()}]
-        if self.init_records:
-            status["initContainerStatuses"] = [
-                container_status(r) for r in self.init_records.values()
-            ]
-        return {"metadata": {"uid": self.uid}, "status": status}
+        sandbox = self.pod_ip is not None or self.host_network
+        return pod_status_patch(
+            self.pod,
+            records=list(self.records.values()),
+            init_records=list(self.init_records.values()),
+            sidecars=[self.init_records[n] for n in self._sidecars],
+            initialized=self._initialized,
+            pod_ip=self._ip() if sandbox else None,
+            host_ip=self.host.node_ip(self.node),
+            start_time=self.start_time,
+            now=now_rfc3339(),
+        )
 
     async def _status_loop(self) -> None:
         while True:
@@ -1120,11 +697,3 @@ def _older(candidate: str | None, current: str | None) -> bool:
         return int(candidate or "") < int(current or "")
     except ValueError:
         return False
-
-
-def kubelet_owned(conditions: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The subset of ``conditions`` the kubelet writes."""
-    return [c for c in conditions if c.get("type") in KUBELET_CONDITIONS]
-
-
-HostFactory = Callable[[], PodHost]

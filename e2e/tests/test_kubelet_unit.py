@@ -17,6 +17,7 @@ from kvgate_e2e.kubelet_images import (
     parse_image,
     rewrite_host,
 )
+from kvgate_e2e.kubelet_mounts import keep_visible, order_mounts
 from kvgate_e2e.kubelet_node import (
     GPU_MEMORY_KEY,
     NodeSpecError,
@@ -34,7 +35,6 @@ from kvgate_e2e.kubelet_readiness import (
     merge_conditions,
     pod_ready_condition,
 )
-from kvgate_e2e.kubelet_runtime import keep_visible, order_mounts
 from kvgate_e2e.kubelet_status import (
     RUNNING,
     TERMINATED,
