@@ -466,6 +466,48 @@ async def test_an_edited_router_role_is_restored_every_pass(
     assert restore.data["rules"][0]["resources"] == ["pods"]
 
 
+async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    lost = {
+        ("ServiceAccount", "llama-router"): kmock.resource("", "v1", "serviceaccounts"),
+        ("Role", "llama-router"): kmock.resource("rbac.authorization.k8s.io", "v1", "roles"),
+        ("RoleBinding", "llama-router"): kmock.resource(
+            "rbac.authorization.k8s.io", "v1", "rolebindings"
+        ),
+        ("Secret", "llama-router-control"): kmock.resource("", "v1", "secrets"),
+    }
+    for (_, name), resource in lost.items():
+        del kmock.objects[resource, NS, name]  # e.g. a tenant's kubectl delete
+    before = len(requests(kmock, "POST"))
+    await reconciler.reconcile()  # the same operator process: nothing cached survives the loss
+    recreated = {
+        (r.data["kind"], r.data["metadata"]["name"]) for r in requests(kmock, "POST")[before:]
+    }
+    assert set(lost) <= recreated
+    for (_, name), resource in lost.items():
+        assert kmock.objects[resource, NS, name]["metadata"]["ownerReferences"][0]["uid"] == MD_UID
+    # Converged: the next pass compares (one GET each) and writes none of them.
+    before = len(list(kmock))
+    await reconciler.reconcile()
+    touched = [
+        (r.method.value, str(r.url.path).rsplit("/", 2)[-2])
+        for r in list(kmock)[before:]
+        if "/llama-router" in str(r.url.path)
+        or (isinstance(r.data, dict) and (r.data.get("kind"), _key_of(r.data)) in lost)
+    ]
+    assert sorted(touched) == sorted(
+        ("GET", plural) for plural in ("serviceaccounts", "roles", "rolebindings", "secrets")
+    ), touched
+
+
+def _key_of(body: dict[str, Any]) -> str | None:
+    return (body.get("metadata") or {}).get("name")
+
+
 async def test_each_running_revision_gets_its_network_policies_when_they_are_on(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
