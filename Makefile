@@ -57,6 +57,7 @@ test: lint typecheck e2e-deps unit conformance e2e
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
 	$(BIN)/python -m kvgate.chartgen
+	$(BIN)/python -m kvgate.rbacgen
 
 # `make demo DEMO_ARGS=--once` exits after the summary instead of running until Ctrl-C.
 demo: e2e-deps

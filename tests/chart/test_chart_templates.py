@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered
 from kvgate.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
 from kvgate.cli import build_parser
+from kvgate.rbac import Scope, granted, rules
 
 NAMESPACE = "kvgate-system"
 FULLNAME = "kvgate"
@@ -25,34 +26,13 @@ OPERATOR_CLUSTER_ROLE = f"{FULLNAME}-{NAMESPACE}"  # kvgate.clusterName
 CERT_MANAGER = ("cert-manager.io/v1/Certificate", "cert-manager.io/v1/Issuer")
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
 
-# Exactly what the operator calls (operator/RBAC.md); (apiGroup, resource) -> verbs.
-NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
-    ("kvgate.io", "modeldeployments"): {"get", "list", "watch", "patch"},
-    ("kvgate.io", "modeldeployments/status"): {"patch"},
-    # blockOwnerDeletion under OwnerReferencesPermissionEnforcement (k8s gc_admission.go).
-    ("kvgate.io", "modeldeployments/finalizers"): {"update"},
-    # delete: an engine pod a gateway keeps routing to after it turned NotReady (kvgate.gateway).
-    ("", "pods"): {"get", "list", "watch", "delete"},
-    ("", "pods/status"): {"patch"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
-    # An engine pod is verified only through its controller chain (kvgate.pod_identity).
-    ("apps", "replicasets"): {"get"},
-    ("", "services"): {"get", "list", "watch", "create", "patch"},
-    # Per-MD objects ensured every pass, never adopted (kvgate.ownership): get to check the
-    # owner, patch to restore a drift, delete to replace a binding whose roleRef changed.
-    ("", "serviceaccounts"): {"get", "create"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch", "delete"},
-    # <md>-router-control, the router's control-plane key (kvgate.router_auth).
-    ("", "secrets"): {"get", "create", "patch"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "list", "create", "patch", "delete"},
-    ("", "events"): {"create"},
-}
-# kopf's resource observer watches CRDs; its namespace observer lists namespaces unless it runs
-# cluster-wide (kopf/_core/reactor/observation.py).
+# Exactly what the operator calls: the table the chart's rules are generated from (kvgate.rbac);
+# (apiGroup, resource) -> verbs. tests/test_rbac_generation.py checks the generated files.
+NAMESPACED_RULES = granted(rules(Scope.NAMESPACED))
+CRD_RULE = granted(rules(Scope.CLUSTER))
+# kopf's namespace observer lists namespaces unless it runs cluster-wide.
+NAMESPACE_RULE = granted(rules(Scope.CLUSTER_WHEN_NAMESPACED))
 ROUTER_KEY_SEED = f"{FULLNAME}-router-key-seed"
-CRD_RULE = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
-NAMESPACE_RULE = {("", "namespaces"): {"list", "watch"}}
 
 
 @pytest.fixture(scope="module")
@@ -204,31 +184,6 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses(default: Render
     assert lease_role["metadata"]["namespace"] == NAMESPACE
     assert _rules(lease_role) == {("coordination.k8s.io", "leases"): {"create", "get", "update"}}
     assert default.one("ServiceAccount", FULLNAME)
-
-
-def _rbac_md_rules() -> dict[tuple[str, str], set[str]]:
-    """The table in operator/RBAC.md (the operator engineer's list of every call it makes)."""
-    rules: dict[tuple[str, str], set[str]] = {}
-    for line in (ROOT / "operator" / "RBAC.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 4 or not cells[0].startswith("`") or "--standalone" in cells[3]:
-            continue  # not a rule row, or kopf peering (the chart always runs --standalone)
-        group = cells[0].split("`")[1].strip('"')
-        for resource in cells[1].split("`")[1::2]:
-            rules.setdefault((group, resource), set()).update(
-                v.strip() for v in cells[2].split(",")
-            )
-    assert rules, "no rules parsed from operator/RBAC.md"
-    return rules
-
-
-def test_rbac_is_what_operator_rbac_md_lists_plus_the_documented_additions(
-    default: Rendered,
-) -> None:
-    expected = _rbac_md_rules()
-    # Not in RBAC.md yet: blockOwnerDeletion needs it under OwnerReferencesPermissionEnforcement.
-    expected.setdefault(("kvgate.io", "modeldeployments/finalizers"), set()).add("update")
-    assert _rules(default.one("ClusterRole", OPERATOR_CLUSTER_ROLE)) == expected
 
 
 def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm: Helm) -> None:

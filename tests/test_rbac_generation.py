@@ -1,0 +1,86 @@
+"""The operator's RBAC has one source, kvgate.rbac: the chart's rules and operator/RBAC.md are
+generated from it (`make crds`), and every object kind kvgate's client addresses has a rule."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvgate import rbacgen
+from kvgate.k8s import KubeApi
+from kvgate.rbac import RULES, Scope, granted, rules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_chart_rules_are_generated_from_the_table() -> None:
+    committed = (ROOT / rbacgen.RULES_TEMPLATE).read_text()
+    assert committed == rbacgen.chart_rules_template(), (
+        f"{rbacgen.RULES_TEMPLATE} drifted from operator/kvgate/rbac.py: run `make crds`"
+    )
+
+
+def test_rbac_md_table_is_generated_from_the_table() -> None:
+    doc = (ROOT / rbacgen.RBAC_DOC).read_text()
+    assert rbacgen.doc_table() in doc, (
+        f"{rbacgen.RBAC_DOC} drifted from operator/kvgate/rbac.py: run `make crds`"
+    )
+
+
+def test_check_names_a_drifted_file_and_writes_nothing(tmp_path: Path) -> None:
+    for rel in (rbacgen.RULES_TEMPLATE, rbacgen.RBAC_DOC):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    check = [sys.executable, "-m", "kvgate.rbacgen", "--root", str(tmp_path), "--check"]
+    assert subprocess.run(check, capture_output=True, text=True).returncode == 0
+
+    template = tmp_path / rbacgen.RULES_TEMPLATE
+    edited = template.read_text().replace('verbs: ["get", "create"]', 'verbs: ["*"]', 1)
+    assert edited != template.read_text()
+    template.write_text(edited)
+    result = subprocess.run(check, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert f"{template} is out of date" in result.stderr
+    assert template.read_text() == edited  # --check wrote nothing
+
+    assert rbacgen.main(["--root", str(tmp_path)]) == 0
+    assert template.read_text() == rbacgen.chart_rules_template()
+
+
+def test_a_doc_without_the_markers_is_refused_naming_them() -> None:
+    with pytest.raises(ValueError, match="markers"):
+        rbacgen.doc_with_table("# RBAC\n| API group | ... |\n")
+
+
+def _client_resources() -> set[tuple[str, str]]:
+    """(apiGroup, resource) of every kind kvgate.k8s.KubeApi can address."""
+    kinds = ("Deployment", "ReplicaSet", "Secret", "NetworkPolicy", "Pod", "Service")
+    kinds += ("ServiceAccount", "Event", "Role", "RoleBinding", "ModelDeployment")
+    found = set()
+    for kind in kinds:
+        parts = KubeApi.path(kind, "ns").split("/")
+        group = "" if parts[1] == "api" else parts[2]
+        found.add((group, parts[-1]))
+    return found
+
+
+def test_every_kind_the_client_addresses_has_a_rule() -> None:
+    table = granted(rules(Scope.NAMESPACED))
+    missing = sorted(_client_resources() - set(table))
+    assert missing == [], f"kvgate.k8s addresses {missing} with no rule in kvgate.rbac.RULES"
+    # The two status writes go to subresources.
+    assert table[("", "pods/status")] == {"patch"}
+    assert table[("kvgate.io", "modeldeployments/status")] == {"patch"}
+
+
+def test_no_rule_grants_a_wildcard_or_a_duplicate() -> None:
+    seen: set[tuple[str, str, Scope]] = set()
+    for rule in RULES:
+        assert "*" not in (rule.group, *rule.resources, *rule.verbs)
+        assert len(set(rule.verbs)) == len(rule.verbs)
+        for resource in rule.resources:
+            assert (rule.group, resource, rule.scope) not in seen
+            seen.add((rule.group, resource, rule.scope))
