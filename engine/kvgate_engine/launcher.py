@@ -67,6 +67,21 @@ class EngineLaunch:
     kv_canary: bool = False
     # The user's engine.args, last so that they can override anything above.
     extra_args: tuple[str, ...] = ()
+    # One engine over several pods (SGLang multi-node: --nnodes, --node-rank, --dist-init-addr).
+    # node_rank and dist_init_addr may hold $(VAR) references that Kubernetes expands from the
+    # container's environment (a LeaderWorkerSet worker learns its rank and its leader's address
+    # only there). Both are passed only when nnodes > 1.
+    nnodes: int = 1
+    node_rank: str = "0"
+    dist_init_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes {self.nnodes}: an engine runs on 1 or more nodes")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError(
+                f"nnodes {self.nnodes} needs dist_init_addr: the ranks meet at rank 0's address"
+            )
 
 
 # "v0.5.23", "0.5.23", "v0.5.19-cu129", "v0.5.23.post1", "v0.6.0rc1-cu130"
@@ -141,6 +156,18 @@ def engine_argv(launch: EngineLaunch) -> list[str]:
         argv += ["--disaggregation-bootstrap-port", str(launch.bootstrap_port)]
     if launch.max_total_tokens is not None:
         argv += ["--max-total-tokens", str(launch.max_total_tokens)]
+    if launch.nnodes > 1:
+        # sglang/srt/arg_groups/fields/parallel.py. Rank 0 (the leader) serves HTTP and, for
+        # prefill, the KV bootstrap server (disaggregation/common/conn.py: its host is the
+        # dist-init address); ranks >= 1 run schedulers only.
+        argv += [
+            "--nnodes",
+            str(launch.nnodes),
+            "--node-rank",
+            launch.node_rank,
+            "--dist-init-addr",
+            str(launch.dist_init_addr),
+        ]
     argv.append("--enable-metrics")
     if launch.kv_checksum and _at_least(version, KV_CHECKSUM_MIN_VERSION):
         argv.append("--disaggregation-enable-kv-checksum")

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from kvgate_engine.launcher import EngineLaunch
 
+from kvgate import multinode
 from kvgate.api import ModelDeploymentSpec, Role
 
 
-def engine_launch(spec: ModelDeploymentSpec, role: Role) -> EngineLaunch:
-    """The launch settings of one engine container of ``role``."""
+def engine_launch(
+    spec: ModelDeploymentSpec, role: Role, node_rank: str = multinode.LEADER_RANK
+) -> EngineLaunch:
+    """The launch settings of one engine container of ``role``; with ``nodes`` > 1, of the pod
+    of rank ``node_rank`` (the leader's "0", or a worker's $(LWS_WORKER_INDEX))."""
     role_spec = spec.prefill if role is Role.PREFILL else spec.decode
     engine = spec.engine
+    many = multinode.is_multi_node(role_spec)
     return EngineLaunch(
         role="prefill" if role is Role.PREFILL else "decode",
         image=engine.image,
@@ -34,4 +39,7 @@ def engine_launch(spec: ModelDeploymentSpec, role: Role) -> EngineLaunch:
         kv_checksum=spec.safety.kv_checksum,
         kv_canary=spec.safety.kv_canary,
         extra_args=tuple(engine.args),
+        nnodes=role_spec.nodes,
+        node_rank=node_rank if many else multinode.LEADER_RANK,
+        dist_init_addr=multinode.dist_init_addr(engine) if many else None,
     )
