@@ -325,6 +325,50 @@ class EngineSpec(_Model):
         return self
 
 
+MAX_CONTENT_PROBE_LENGTHS = 8
+MAX_CONTENT_PROBE_NEW_TOKENS = 1024
+MAX_CONTENT_PROBE_TIMEOUT_SECONDS = 86_400
+
+
+class ContentProbeSpec(_Model):
+    """The content check at maximum length a new revision passes before it takes traffic."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Before a new revision takes traffic, send prompts of maximum length through its own "
+            "router (kvgate.content_probe): each in-range prompt must be answered with "
+            "maxNewTokens tokens, and prompts just over the verified KV pool and over "
+            "contextLength must be refused (never HTTP 200 with generated tokens). Costs one "
+            "prefill of each length per rollout (README: cost model)."
+        ),
+    )
+    lengths: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [50, 100],
+        min_length=1,
+        max_length=MAX_CONTENT_PROBE_LENGTHS,
+        description=(
+            "In-range prompt lengths, in percent of the longest prompt SGLang answers in full: "
+            "contextLength - maxNewTokens - 2, at most contextLength - 7."
+        ),
+    )
+    max_new_tokens: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_CONTENT_PROBE_NEW_TOKENS,
+        description="Tokens each in-range probe must generate (sent with ignore_eos).",
+    )
+    timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=MAX_CONTENT_PROBE_TIMEOUT_SECONDS,
+        description=(
+            "Deadline of each probe request; an in-range probe that is not answered in time "
+            "fails the check."
+        ),
+    )
+
+
 class SafetySpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
@@ -358,6 +402,10 @@ class SafetySpec(_Model):
     kv_canary: bool = Field(
         default=False,
         description="Run SGLang's own KV canary (--kv-canary log, SGLang >= 0.5.19).",
+    )
+    content_probe: ContentProbeSpec = Field(
+        default_factory=ContentProbeSpec,
+        description="The content check at maximum length before a new revision takes traffic.",
     )
     kv_checksum: bool = Field(
         default=True,
@@ -639,6 +687,35 @@ class RolloutStatus(_Model):
     )
 
 
+class ContentProbeStatus(_Model):
+    """One probe request of a content check and what came back."""
+
+    name: str = Field(min_length=1, description="What the length is.")
+    prompt_tokens: int = Field(ge=1, description="Prompt length in tokens.")
+    max_new_tokens: int = Field(ge=1, description="Tokens asked for.")
+    expect: str = Field(min_length=1, description="Answer or Refusal.")
+    http_status: int | None = Field(
+        default=None, description="HTTP status through the router; absent: no answer."
+    )
+    generated_tokens: int = Field(default=0, ge=0, description="Tokens the client received.")
+    error: str | None = Field(
+        default=None, description="The answer's error (shortened), or why nothing came back."
+    )
+    passed: bool = Field(description="The answer is what a safe engine gives.")
+
+
+class ContentCheckStatus(_Model):
+    """A revision's content check at maximum length (safety.contentProbe)."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    passed: bool = Field(description="Every probe got the answer a safe engine gives.")
+    checked_at: str | None = Field(default=None, description="When it ran (RFC 3339).")
+    message: str = Field(default="", description="The lengths and the answers.")
+    probes: list[ContentProbeStatus] = Field(
+        default_factory=list, max_length=16, description="Each probe and its answer."
+    )
+
+
 class HistoryEntry(_Model):
     """A revision that served, with the spec it was rolled out from (for kvgate.io/rollback)."""
 
@@ -680,6 +757,16 @@ class ModelDeploymentStatus(_Model):
     )
     refused_revision: str | None = Field(
         default=None, description="Last revision refused by verification, if any."
+    )
+    content_checks: list[ContentCheckStatus] = Field(
+        default_factory=list,
+        max_length=10,
+        description="Content checks at maximum length of the revisions kvgate runs (written by "
+        "the operator): a revision takes traffic only after its check passed.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
     )
     context_length: int | None = Field(
         default=None, ge=0, description="contextLength of the serving revision."

@@ -110,3 +110,19 @@ def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
     for gauge in (KV_POOL_TOKENS, HEADROOM_RATIO, LAST_VERIFIED, REVERIFY_INTERVAL, POD_READY):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, deployment, pod, role)
+
+
+CONTENT_CHECKS = Counter(
+    "kvgate_content_checks_total",
+    "Content checks at maximum length (safety.contentProbe) that decided, by result "
+    "(passed, failed).",
+    ("namespace", "deployment", "result"),
+    registry=REGISTRY,
+)
+CONTENT_CHECK_DURATION = Histogram(
+    "kvgate_content_check_duration_seconds",
+    "Wall time of one content check (every probe, one after another), seconds.",
+    ("namespace", "deployment"),
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)

@@ -38,12 +38,14 @@ from enum import StrEnum
 
 from kvgate import gate, labels
 from kvgate.api import ModelDeploymentSpec, Role
+from kvgate.content_probe import REASON_FAILED, ContentCheck
 
 ENGINE_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.DECODE)
 ROUTER = labels.ROLE_ROUTER
 
 REFUSED_UNSAFE = "EngineUnsafe"
 REFUSED_TIMEOUT = "VerificationTimeout"
+REFUSED_CONTENT = REASON_FAILED  # ContentCheckFailed
 
 
 class Evidence(StrEnum):
@@ -121,6 +123,8 @@ class ObservedState:
     # A Service named <md> that the ModelDeployment does not control: its selector is no
     # evidence, and kvgate never writes it (the handler reports an ownership conflict).
     service_foreign: bool = False
+    # Content checks at maximum length as kvgate recorded them (status.contentChecks).
+    content_checks: tuple[ContentCheck, ...] = ()
 
     @property
     def has_service(self) -> bool:
@@ -176,6 +180,8 @@ class RolloutStep:
     service_repair: ServiceRepair | None = None
     # Deployments of the serving revision (before this step) that were missing and are recreated.
     recreated_serving_components: tuple[str, ...] = ()
+    # The target is able to serve but its content check has not run: run it, then plan again.
+    content_check_due: bool = False
 
     @property
     def switched(self) -> bool:
@@ -237,6 +243,21 @@ def _able_to_serve(observed: ObservedState, revision: str) -> bool:
     """Both roles have enough verified pods and the router is Ready (the switch rule)."""
     progress = [role_progress(observed, revision, role) for role in ENGINE_ROLES]
     return all(p.verified >= p.needed for p in progress) and _router_ready(observed, revision)
+
+
+def content_verified(observed: ObservedState, revision: str) -> bool:
+    """The revision passed its content check at maximum length (kvgate.content_probe), or the
+    spec turns the check off. A revision takes traffic only when this holds."""
+    if not observed.spec.safety.content_probe.enabled:
+        return True
+    return any(c.revision == revision and c.passed for c in observed.content_checks)
+
+
+def _content_failure(observed: ObservedState, revision: str) -> ContentCheck | None:
+    for check in observed.content_checks:
+        if check.revision == revision and not check.passed:
+            return check
+    return None
 
 
 def _latest_start(observed: ObservedState, revision: str) -> datetime:
@@ -460,8 +481,13 @@ def plan(observed: ObservedState) -> RolloutStep:
     unsafe = _unsafe_pod(observed, target)
     timed_out = observed.now - started >= timedelta(seconds=spec.rollout.verify_timeout_seconds)
     refusal: Refusal | None = None
+    content_failure = (
+        _content_failure(observed, target) if spec.safety.content_probe.enabled else None
+    )
     if unsafe is not None:
         refusal = Refusal(target, REFUSED_UNSAFE, unsafe.gate_message or unsafe.gate_reason or "")
+    elif content_failure is not None:
+        refusal = Refusal(target, REFUSED_CONTENT, content_failure.message)
     elif timed_out:
         refusal = Refusal(
             target,
@@ -482,6 +508,16 @@ def plan(observed: ObservedState) -> RolloutStep:
             refusal=refusal,
             new_refusal=True,
             serving_problems=serving_problems,
+        )
+
+    if _able_to_serve(observed, target) and not content_verified(observed, target):
+        # Verified engines, router Ready: the content check runs now (the handler sends the
+        # probes through the target's router, records the answer and plans again).
+        return step(
+            workloads=tuple(_target_intents(observed, engines_up=True) + serving_router),
+            delete_revisions=others,
+            serving_problems=serving_problems,
+            content_check_due=True,
         )
 
     if _able_to_serve(observed, target):

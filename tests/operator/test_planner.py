@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from kvgate.content_probe import ContentCheck
 from kvgate.planner import (
     Evidence,
     ObservedState,
@@ -24,6 +25,13 @@ OLD, NEW, NEWER = "aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"
 SMALL_POOL = (
     "decode pod llama-bbbbbbbbbb-decode-x2 reports KV pool 681,280 tokens < context length "
     "131,072 × headroom 1.0"
+)
+
+
+# The rollout rules here are independent of the content check: every revision passed it
+# (tests/operator/test_planner_content.py covers the check's own rule).
+CONTENT_PASSED = tuple(
+    ContentCheck(r, True, "passed") for r in ("aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc")
 )
 
 
@@ -86,6 +94,7 @@ def observe(
         service_revision=service,
         now=now,
         recorded=recorded or RolloutRecord(),
+        content_checks=CONTENT_PASSED,
     )
 
 
@@ -436,6 +445,7 @@ def lost_objects_state(service: str, status: str, annotations: str, target: str)
         now=NOW,
         recorded=recorded,
         service_exists=SERVICES[service] is not None,
+        content_checks=CONTENT_PASSED,
     )
 
 

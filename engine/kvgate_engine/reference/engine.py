@@ -8,7 +8,10 @@ Three roles, as ``--disaggregation-mode`` says:
   from the prefill, then generate. Its answer is what the client sees.
 
 ``incident`` switches the pre-0.5.21 rejection path on (see admission.py); the fixed path is the
-default.
+default. ``admit_over_length`` (``KVGATE_ADMIT_OVER_LENGTH=1``) drops the tokenizer's and the
+scheduler's length checks while the pool stays honest and large: the engine a pool check passes
+and that still answers a prompt longer than its context with HTTP 200 and tokens (what kvgate's
+content check at maximum length must catch). Decode still refuses what its pool cannot hold.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class EngineSettings:
     kv_checksum: bool
     vocab_size: int
     bootstrap_timeout: float = 300.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+    admit_over_length: bool = False  # KVGATE_ADMIT_OVER_LENGTH=1: no length admission
     waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT
 
 
@@ -192,12 +196,17 @@ class ReferenceEngine:
         limits = self.limits
         role = self.settings.role
         input_len = len(request.input_ids)
-        rejected = tokenizer_check(input_len, request.max_new_tokens, limits.context_length)
+        lenient = self.settings.admit_over_length
+        rejected = (
+            None
+            if lenient
+            else tokenizer_check(input_len, request.max_new_tokens, limits.context_length)
+        )
         if rejected is not None:
             self._retire_room(request, rejected)
             raise GenerateError.of(rejected)
         tokens = list(request.input_ids)
-        aborted = scheduler_check(input_len, limits.max_req_input_len)
+        aborted = None if lenient else scheduler_check(input_len, limits.max_req_input_len)
         if aborted is not None:
             if not self.settings.incident or role == "null":
                 # Fixed path (0.5.21+): retired before any queue, so no handoff starts.

@@ -6,6 +6,8 @@ Environment:
 - ``KVGATE_ENGINE_VERSION`` the SGLang version to report (default 0.5.23);
 - ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.21) turns on SGLang <= 0.5.20's
   rejection path that leaked stale KV across requests;
+- ``KVGATE_ADMIT_OVER_LENGTH=1`` no length admission (tokenizer and scheduler checks off) with an
+  honest pool: over-length prompts are answered (what the content check must catch);
 - ``KVGATE_REFERENCE_HOSTILE`` (``_PREFILL``, ``_DECODE``) a hostile answer to kvgate's probe
   (tests only, ``hostile.py``);
 - ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``, ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``,
@@ -117,7 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         vocab_size=model.vocab_size,
         bootstrap_timeout=timeouts[0] or 300.0,
         waiting_timeout=timeouts[1] or 300.0,
+        admit_over_length=env.get("KVGATE_ADMIT_OVER_LENGTH") == "1",
     )
+    if settings.admit_over_length:
+        log.warning(
+            "KVGATE_ADMIT_OVER_LENGTH=1: no length admission; prompts longer than the context "
+            "(%d tokens) are answered while the pool fits them",
+            limits.context_length,
+        )
     if settings.incident:
         log.warning(
             "emulating SGLang <= 0.5.20 (version %s): over-length prompts are swapped for a "

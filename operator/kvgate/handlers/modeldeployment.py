@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from kvgate import (
     builders,
+    content_probe,
     gate,
     labels,
     metrics,
@@ -29,6 +30,7 @@ from kvgate import (
 )
 from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
 from kvgate.conflict_status import conflict_events, with_conflicts
+from kvgate.handlers import content_check
 from kvgate.handlers.router_workers import audit_loop
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
 from kvgate.k8s import JSON_PATCH, MERGE_PATCH, ApiError
@@ -192,10 +194,15 @@ class Reconciler:
             recorded=rollout_record(body.get("status")),
             service_exists=service is not None,
             service_foreign=service is not None and own_service is None,
+            content_checks=content_probe.checks_in(body.get("status")),
         )
 
         # evaluate
         step = plan(observed)
+        # The target's content check at maximum length, when due (it plans again with it).
+        step, content_record, content_result = await content_check.check_if_due(
+            self.rt, ns, name, meta.get("uid"), observed, step
+        )
 
         # write
         conflicts = await self._apply(md, step, {_key(d): d for d in deployments}, service)
@@ -224,6 +231,10 @@ class Reconciler:
             served_at=self.rt.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
             limit=spec.rollout.revision_history_limit,
         )
+        # Each running revision's content check: a revision switches only after it passed.
+        status["contentChecks"] = content_probe.updated_records(
+            previous, content_record, keep={w.revision for w in workloads} | {target}
+        )
         status = with_conflicts(
             status,
             conflicts,
@@ -236,6 +247,13 @@ class Reconciler:
             await api.patch_md_status(ns, name, status)
         for event in [*events_for(step, previous), *conflict_events(conflicts, previous)]:
             await self._event(body, event.type, event.reason, event.message)
+        if content_result is not None:
+            await self._event(
+                body,
+                "Normal" if content_result.passed else "Warning",
+                content_result.reason,
+                content_result.message,
+            )
         if step.new_refusal and step.refusal is not None:
             metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
             log.warning(

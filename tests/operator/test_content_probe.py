@@ -1,0 +1,188 @@
+"""The content check at maximum length (pure): which probes, how answers are judged, the record."""
+
+from __future__ import annotations
+
+import pytest
+from kvgate.api import ContentProbeSpec
+from kvgate.content_probe import (
+    REASON_FAILED,
+    REASON_INCONCLUSIVE,
+    REASON_PASSED,
+    ContentCheck,
+    Expect,
+    ProbeAnswer,
+    ProbeRequest,
+    checks_in,
+    judge,
+    longest_full_answer,
+    plan_probes,
+    prompt_ids,
+    record_of,
+    updated_records,
+    verdict,
+)
+from kvgate.handlers.content_check import parse_stream
+
+CONTEXT = 131_072
+SETTINGS = ContentProbeSpec()  # 50 % and 100 %, 8 new tokens
+
+
+def test_the_longest_full_answer_follows_sglangs_bounds() -> None:
+    # n + m <= context - 2 (max_req_len - n - 1 new tokens) and n <= context - 7.
+    assert longest_full_answer(CONTEXT, 8) == CONTEXT - 10
+    assert longest_full_answer(CONTEXT, 1) == CONTEXT - 7
+    assert longest_full_answer(CONTEXT, 5) == CONTEXT - 7
+
+
+def test_probes_cover_half_and_full_length_then_over_the_pool_and_over_the_context() -> None:
+    probes = plan_probes(CONTEXT, 470_000, SETTINGS)
+    assert [(p.prompt_tokens, p.expect) for p in probes] == [
+        ((CONTEXT - 10) // 2, Expect.ANSWER),
+        (CONTEXT - 10, Expect.ANSWER),
+        (470_001, Expect.REFUSAL),
+        (CONTEXT + 1, Expect.REFUSAL),
+    ]
+    assert all(p.max_new_tokens == 8 for p in probes)
+
+
+@pytest.mark.parametrize(
+    ("pool", "over"),
+    [
+        (CONTEXT, [CONTEXT + 1]),  # the pool is the context: one over-range probe
+        (None, [CONTEXT + 1]),  # pool unknown: only the context is a known limit
+        (CONTEXT + 5, [CONTEXT + 6, CONTEXT + 1]),
+    ],
+)
+def test_over_range_probes_are_one_when_pool_and_context_are_the_same(
+    pool: int | None, over: list[int]
+) -> None:
+    probes = plan_probes(CONTEXT, pool, SETTINGS)
+    assert [p.prompt_tokens for p in probes if p.expect is Expect.REFUSAL] == over
+
+
+def test_lengths_and_new_tokens_come_from_the_spec() -> None:
+    settings = ContentProbeSpec(lengths=[100, 10, 100], max_new_tokens=32)
+    probes = plan_probes(4096, 8192, settings)
+    assert [(p.prompt_tokens, p.max_new_tokens) for p in probes if p.expect is Expect.ANSWER] == [
+        ((4096 - 34) * 10 // 100, 32),
+        (4096 - 34, 32),
+    ]
+
+
+IN = ProbeRequest("100%", CONTEXT - 10, 8, Expect.ANSWER)
+OVER = ProbeRequest("over contextLength 131,072", CONTEXT + 1, 8, Expect.REFUSAL)
+
+
+@pytest.mark.parametrize(
+    ("request_", "answer", "passed"),
+    [
+        (IN, ProbeAnswer(200, 8), True),
+        (IN, ProbeAnswer(200, 6), False),  # clipped: not the full answer
+        (IN, ProbeAnswer(200, 8, error="aborted"), False),
+        (IN, ProbeAnswer(400, 0, error="too long"), False),
+        (IN, ProbeAnswer(None, transport_error="deadline after 600.0 s"), False),
+        (OVER, ProbeAnswer(400, 0, error="The input is longer than the context"), True),
+        (OVER, ProbeAnswer(200, 0, error="Input length exceeds"), True),  # in-band, stream
+        (OVER, ProbeAnswer(200, 8), False),  # the incident's signature
+        (OVER, ProbeAnswer(200, 3, error="late abort"), False),  # tokens reached the client
+        (OVER, ProbeAnswer(503, 0, error="no workers"), False),  # not a refusal
+        (OVER, ProbeAnswer(None, transport_error="ClientConnectorError"), False),
+    ],
+)
+def test_each_answer_is_judged_as_a_safe_engine_would_answer(
+    request_: ProbeRequest, answer: ProbeAnswer, passed: bool
+) -> None:
+    assert judge(request_, answer).passed is passed
+
+
+def test_a_leak_fails_the_check_naming_the_lengths_and_the_answers() -> None:
+    result = verdict(
+        "bbbbbbbbbb", [judge(IN, ProbeAnswer(200, 8)), judge(OVER, ProbeAnswer(200, 8))]
+    )
+    assert not result.passed and result.reason == REASON_FAILED
+    assert "131,073 tokens (over contextLength 131,072): HTTP 200, 8 tokens generated" in (
+        result.message
+    )
+    assert "incident's signature" in result.message
+    assert "safety.contentProbe.enabled" in result.message  # the way out
+
+
+def test_all_safe_answers_pass() -> None:
+    result = verdict(
+        "bbbbbbbbbb", [judge(IN, ProbeAnswer(200, 8)), judge(OVER, ProbeAnswer(400, 0, "no"))]
+    )
+    assert result.passed and result.reason == REASON_PASSED
+
+
+def test_no_answer_is_inconclusive_never_a_pass_nor_a_refusal() -> None:
+    result = verdict(
+        "bbbbbbbbbb",
+        [judge(IN, ProbeAnswer(503, 0, "no_available_workers")), judge(OVER, ProbeAnswer(400))],
+    )
+    assert not result.passed and result.reason == REASON_INCONCLUSIVE and not result.conclusive
+    assert verdict("bbbbbbbbbb", []).reason == REASON_INCONCLUSIVE
+    # One definite failure decides, whatever else timed out.
+    mixed = verdict(
+        "bbbbbbbbbb",
+        [judge(IN, ProbeAnswer(None, transport_error="x")), judge(OVER, ProbeAnswer(200, 8))],
+    )
+    assert mixed.reason == REASON_FAILED
+
+
+def test_the_record_round_trips_and_keeps_only_running_revisions() -> None:
+    result = verdict("bbbbbbbbbb", [judge(OVER, ProbeAnswer(200, 8, error="x" * 500))])
+    item = record_of("bbbbbbbbbb", result, "2026-11-05T12:00:00Z")
+    assert item["probes"][0]["httpStatus"] == 200 and len(item["probes"][0]["error"]) <= 160
+    previous = {
+        "contentChecks": [
+            {"revision": "aaaaaaaaaa", "passed": True, "message": "ok"},
+            {"revision": "gone000000", "passed": True, "message": "ok"},
+            {"revision": "bbbbbbbbbb", "passed": True, "message": "stale"},
+        ]
+    }
+    records = updated_records(previous, item, keep={"aaaaaaaaaa", "bbbbbbbbbb"})
+    assert [r["revision"] for r in records] == ["bbbbbbbbbb", "aaaaaaaaaa"]
+    assert checks_in({"contentChecks": records}) == (
+        ContentCheck("bbbbbbbbbb", False, result.message),
+        ContentCheck("aaaaaaaaaa", True, "ok"),
+    )
+    assert checks_in({"contentChecks": [{"revision": 3}, "x"]}) == ()
+
+
+def test_prompt_ids_are_deterministic_ordinary_tokens() -> None:
+    ids = prompt_ids(100_000)
+    assert ids == prompt_ids(100_000) and len(ids) == 100_000
+    assert min(ids) >= 1000 and max(ids) < 31_000
+
+
+@pytest.mark.parametrize(
+    ("status", "raw", "tokens", "error"),
+    [
+        (
+            200,
+            b'data: {"output_ids": [1,2], "meta_info": {"completion_tokens": 2}}\n\n'
+            b'data: {"output_ids": [1,2,3], "meta_info": {"completion_tokens": 3}}\n\n'
+            b"data: [DONE]\n\n",
+            3,
+            None,
+        ),
+        (200, b'data: {"error": {"message": "Input length (9 tokens) exceeds"}}\n\n', 0, "Input"),
+        (400, b'{"error": {"message": "The input (9 tokens) is longer"}}', 0, "The input"),
+        (
+            200,
+            b'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", '
+            b'"message": "too long"}}}\n\n',
+            0,
+            "too long",
+        ),
+        (502, b"bad gateway", 0, "bad gateway"),
+    ],
+)
+def test_stream_answers_are_read_as_a_client_sees_them(
+    status: int, raw: bytes, tokens: int, error: str | None
+) -> None:
+    answer = parse_stream(status, raw, False, 0.1)
+    assert answer.generated_tokens == tokens
+    assert (answer.error or "").startswith(error or "") and (error is None) == (
+        answer.error is None
+    )
