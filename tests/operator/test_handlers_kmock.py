@@ -14,8 +14,7 @@ import kmock
 import pytest
 from fake_engine import FakeEngine, running
 from kvgate import builders, labels, metrics
-from kvgate.content_probe import REASON_PASSED, ContentVerdict
-from kvgate.handlers import content_check, engine_pods
+from kvgate.handlers import engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
@@ -284,12 +283,8 @@ async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge
 
 @pytest.mark.usefixtures("revision_chain")
 async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
-    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+    kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
-    async def content_check_passes(*_: Any) -> ContentVerdict:
-        return ContentVerdict(True, REASON_PASSED, "content check passed", ())
-
-    monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
     put_md(kmock)
     rev = revision_of(make_md().spec)
     reconciler = Reconciler(rt, NS, "llama")
@@ -325,8 +320,6 @@ async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewr
     assert ready["status"] == "True" and ready["reason"] == "RevisionServing"
     events = [r.data["reason"] for r in requests(kmock, "POST", "/events")]
     assert events.count("RevisionServing") == 1
-    assert events.count(REASON_PASSED) == 1
-    assert [c["revision"] for c in second_status["contentChecks"]] == [rev]
 
     kmock.objects[mds, NS, "llama"].patch({"status": second_status})
     kmock.objects[kmock.resource("", "v1", "services"), NS, "llama"] = svc
@@ -513,6 +506,26 @@ async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
 
 def _key_of(body: dict[str, Any]) -> str | None:
     return (body.get("metadata") or {}).get("name")
+
+
+async def test_an_invalid_spec_is_reported_once_however_many_passes_run(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock, model__contextLength=0)  # admission would deny it; stored anyway (no webhook)
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    for second in (0, 30, 60):
+        rt.clock = lambda second=second: NOW + timedelta(seconds=second)
+        assert await Reconciler(rt, NS, "llama").reconcile() is None
+        for write in requests(kmock, "PATCH", "/status")[-1:]:
+            kmock.objects[mds, NS, "llama"].patch({"status": write.data["status"]})
+    (write,) = requests(kmock, "PATCH", "/status")
+    (ready,) = write.data["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "spec.model.contextLength" in ready["message"]
+    assert ready["lastTransitionTime"] == "2026-11-05T12:00:00Z"
+    warnings = [r.data for r in requests(kmock, "POST", "/events")]
+    assert [(e["type"], e["reason"]) for e in warnings] == [("Warning", "InvalidSpec")]
+    assert warnings[0]["involvedObject"]["uid"] == MD_UID
 
 
 async def test_each_running_revision_gets_its_network_policies_when_they_are_on(
