@@ -24,24 +24,14 @@ import threading
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from kvgate_e2e.cluster import ClusterError
-from kvgate_e2e.pki import PkiPaths
+from kvgate_e2e.cluster_like import ClusterLike
 
 
 class ReadError(ClusterError):
     """The apiserver could not be read, or answered an error other than NotFound."""
-
-
-class ClusterLike(Protocol):
-    """What ``ApiReader.for_cluster`` reads from ``kvgate_e2e.cluster.Cluster``."""
-
-    @property
-    def host_apiserver_url(self) -> str: ...
-
-    @property
-    def pki(self) -> PkiPaths: ...
 
 
 @dataclass(frozen=True)

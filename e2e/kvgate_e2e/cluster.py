@@ -70,7 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -78,6 +78,7 @@ from typing import IO, Any, Self
 from kvgate_e2e.build_artifacts import Binaries, require_binaries
 from kvgate_e2e.netns import NetNamespace, TcpRelay, reap_stale_namespaces
 from kvgate_e2e.pki import FRONT_PROXY_CLIENT, PkiPaths, generate_pki
+from kvgate_e2e.polling import Deadline, poll_until
 
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
 _PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
@@ -156,22 +157,9 @@ class _Component:
     log_path: Path
     popen: subprocess.Popen[bytes]
     log_file: IO[bytes]
-    restarts: int = 0
 
     def alive(self) -> bool:
         return self.popen.poll() is None
-
-
-@dataclass
-class _Deadline:
-    seconds: float
-    start: float = field(default_factory=time.monotonic)
-
-    def remaining(self) -> float:
-        return self.seconds - (time.monotonic() - self.start)
-
-    def expired(self) -> bool:
-        return self.remaining() <= 0
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -274,28 +262,10 @@ class Cluster:
     def cluster_domain(self) -> str:
         return self.config.cluster_domain
 
-    def in_cluster_env(self) -> dict[str, str]:
-        """Environment variables a pod sees for the ``kubernetes`` Service."""
-        ip, port = str(self.kubernetes_service_ip), str(self.kubernetes_service_port)
-        return {
-            "KUBERNETES_SERVICE_HOST": ip,
-            "KUBERNETES_SERVICE_PORT": port,
-            "KUBERNETES_SERVICE_PORT_HTTPS": port,
-            "KUBERNETES_PORT": f"tcp://{ip}:{port}",
-            "KUBERNETES_PORT_443_TCP": f"tcp://{ip}:{port}",
-            "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
-            "KUBERNETES_PORT_443_TCP_ADDR": ip,
-            "KUBERNETES_PORT_443_TCP_PORT": port,
-        }
-
     def component_pids(self) -> dict[str, int]:
         """PID of each control-plane process (as started; kube-proxy's changes on restart)."""
         with self._lock:
             return {c.name: c.popen.pid for c in self._components}
-
-    def proxy_restarts(self) -> int:
-        with self._lock:
-            return sum(c.restarts for c in self._components if c.name == "kube-proxy")
 
     # ----------------------------------------------------------------- context manager
     def __enter__(self) -> Self:
@@ -318,7 +288,7 @@ class Cluster:
         if self._started:
             raise ClusterError("cluster already started")
         self._started = True
-        deadline = _Deadline(self.config.start_timeout)
+        deadline = Deadline(self.config.start_timeout)
         try:
             binaries = self.binaries
             for name in reap_stale_namespaces():
@@ -424,7 +394,7 @@ class Cluster:
             self._respawn(comp, "kube-apiserver restarted by a test")
         self._wait(
             "kube-apiserver /readyz after its restart",
-            _Deadline(timeout),
+            Deadline(timeout),
             lambda: self._apiserver_ok("/readyz"),
         )
         return time.monotonic() - began
@@ -530,7 +500,7 @@ class Cluster:
         self, description: str, predicate: Callable[[], bool], timeout: float = 60.0
     ) -> None:
         """Poll ``predicate`` until true; fail with the component logs after ``timeout``."""
-        self._wait(description, _Deadline(timeout), predicate)
+        self._wait(description, Deadline(timeout), predicate)
 
     def wait_for_kubernetes_service(self, timeout: float = 90.0) -> None:
         """Wait until kube-proxy serves the ``kubernetes`` Service ClusterIP (198.19.0.1:443)."""
@@ -748,7 +718,6 @@ class Cluster:
             env=self._env(),
             start_new_session=True,
         )
-        comp.restarts += 1
 
     @staticmethod
     def _terminate(comp: _Component, grace: float) -> None:
@@ -763,9 +732,8 @@ class Cluster:
                 os.killpg(comp.popen.pid, signal.SIGKILL)
             comp.popen.wait(timeout=10)
 
-    def _wait(self, description: str, deadline: _Deadline, predicate: Callable[[], bool]) -> None:
-        last_error = ""
-        while True:
+    def _wait(self, description: str, deadline: Deadline, predicate: Callable[[], bool]) -> None:
+        def no_component_died() -> None:
             with self._lock:
                 dead = [c for c in self._components if not c.alive() and c.name != "kube-proxy"]
             if dead:
@@ -774,17 +742,16 @@ class Cluster:
                     f"{c.name} exited with code {c.popen.returncode} while waiting for "
                     f"{description}; last lines of {c.log_path}:\n{_tail(c.log_path)}"
                 )
-            try:
-                if predicate():
-                    return
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                last_error = f"{type(exc).__name__}: {exc}"
-            if deadline.expired():
-                raise ClusterError(
-                    f"timed out after {deadline.seconds:.0f}s waiting for {description}"
-                    + (f" (last error: {last_error})" if last_error else "")
-                )
-            time.sleep(min(0.25, max(deadline.remaining(), 0.01)))
+
+        poll_until(
+            description,
+            predicate,
+            deadline,
+            period=0.25,
+            retry_on=(OSError, http.client.HTTPException, ValueError),
+            error=ClusterError,
+            guard=no_component_died,
+        )
 
     def _admin_tls(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_cert))

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import ipaddress
 import logging
 import os
@@ -46,6 +44,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
 from kvgate_e2e.kubelet_mounts import MountPoints
 from kvgate_e2e.kubelet_node import (
@@ -61,7 +60,8 @@ from kvgate_e2e.kubelet_node import (
     parse_node_spec,
 )
 from kvgate_e2e.kubelet_pod_status import now_micro, now_rfc3339
-from kvgate_e2e.kubelet_runtime import PodWorker, RuntimeSettings
+from kvgate_e2e.kubelet_runtime import AddressPool, PodWorker, RuntimeSettings
+from kvgate_e2e.netns import enter_netns_thread
 
 log = logging.getLogger("kvgate_e2e.kubelet")
 
@@ -69,15 +69,11 @@ BACKOFF_ENV = "KVGATE_KUBELET_BACKOFF_SECONDS"
 BACKOFF_MAX_ENV = "KVGATE_KUBELET_BACKOFF_MAX_SECONDS"
 READY_LINE = "kvgate-kubelet: ready"
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
-CLONE_NEWNET = 0x40000000
 
 
-class Addresses(Protocol):
-    """Addresses on the namespace's ``lo``; ``kvgate_e2e.cluster.Cluster`` has these methods."""
-
-    def add_pod_ip(self) -> ipaddress.IPv4Address: ...
-
-    def release_pod_ip(self, addr: ipaddress.IPv4Address) -> None: ...
+class Addresses(AddressPool, Protocol):
+    """Pod and node addresses on the namespace's ``lo`` (``kvgate_e2e.cluster.Cluster`` has
+    these methods)."""
 
     def add_node_ip(self) -> ipaddress.IPv4Address: ...
 
@@ -449,25 +445,6 @@ class LoopbackKubelet:
         return worker.log_path(container) if worker is not None else None
 
 
-class ClusterLike(Protocol):
-    """What ``KubeletThread.for_cluster`` reads from ``kvgate_e2e.cluster.Cluster``."""
-
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    @property
-    def run_dir(self) -> Path: ...
-
-    @property
-    def netns_name(self) -> str: ...
-
-    def add_pod_ip(self) -> ipaddress.IPv4Address: ...
-
-    def release_pod_ip(self, addr: ipaddress.IPv4Address) -> None: ...
-
-    def add_node_ip(self) -> ipaddress.IPv4Address: ...
-
-
 class KubeletThread:
     """Runs a ``LoopbackKubelet`` on its own event loop in a thread that has joined the network
     namespace at ``netns_path`` (``setns`` changes only that thread; processes it starts inherit
@@ -507,7 +484,7 @@ class KubeletThread:
     def _main(self) -> None:
         try:
             if self._netns_path is not None:
-                _setns_thread(self._netns_path)
+                enter_netns_thread(self._netns_path)
             asyncio.run(self._run())
         except BaseException as exc:
             self._error = exc
@@ -546,17 +523,6 @@ class KubeletThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _setns_thread(path: Path) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)
 
 
 def _ip_range(text: str) -> tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:

@@ -2,7 +2,7 @@
 
 A node is written ``NAME[:key=value]...``, e.g. ``big:gpus=8:gpu-memory-gib=80`` or
 ``small-0:pool=small:gpus=8:gpu-memory-gib=24:cpu=32:memory=256Gi``. Fields follow kwok's node
-initialisation stage and the kubelet's defaults (research/controlplane.md §5.1).
+initialisation stage and the kubelet's defaults.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ crash-loop back-off: the first restart is immediate, then 10 s doubling up to 5 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 RUNNING = "running"
@@ -36,7 +36,6 @@ class ContainerRecord:
     ready: bool = False
     started: bool = False
     pid: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def container_id(self) -> str | None:

@@ -48,6 +48,19 @@ NAME_PREFIX = "kvgate-e2e-"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
 
+def enter_netns_thread(path: Path) -> None:
+    """Move the calling thread (only) into the network namespace at ``path`` (``setns(2)`` with
+    ``CLONE_NEWNET``); sockets it creates from then on, and processes it starts, live there."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 class NetnsError(RuntimeError):
     """Creating, changing or deleting the network namespace failed."""
 
@@ -135,14 +148,7 @@ class _SocketFactory:
 
     def _serve(self) -> None:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns({self._path}): {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            enter_netns_thread(self._path)
         except BaseException as exc:
             self._ready.set_exception(exc)
             return

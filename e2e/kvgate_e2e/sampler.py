@@ -33,17 +33,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
-import ctypes.util
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -54,14 +51,16 @@ from kvgate_engine.probe import fetch_report
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
 
+from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.kubelet_api import KubeApi, KubeConfig
+from kvgate_e2e.netns import enter_netns_thread
+from kvgate_e2e.polling import poll_until
 
 Obj = Mapping[str, Any]
 RequirementOf = Callable[[Obj], Requirement | None]
 
 ENGINE_SELECTOR = "kvgate.io/component=engine"
 ROUTER_SELECTOR = "kvgate.io/component=router"
-CLONE_NEWNET = 0x40000000
 
 POD_READY = "pod Ready"
 ENDPOINT = "EndpointSlice endpoint"
@@ -311,14 +310,6 @@ def windows(violations: Sequence[Violation], sample_times: Sequence[float]) -> l
 
 
 # --------------------------------------------------------------------------------- I/O part
-class ClusterLike(Protocol):
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    @property
-    def netns_name(self) -> str: ...
-
-
 @dataclass
 class SamplerStats:
     samples: int = 0
@@ -426,13 +417,18 @@ class InvariantSampler:
 
     def wait_for_violation(self, timeout: float) -> Violation:
         """Block until the sampler has seen a violation (for scenarios that expect one)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def first() -> Violation | None:
             with self._lock:
-                if self.violations:
-                    return self.violations[0]
-            time.sleep(0.05)
-        raise AssertionError(f"the sampler saw no violation in {timeout:.0f}s: {self.summary()}")
+                return self.violations[0] if self.violations else None
+
+        return poll_until(
+            f"sampler {self.name} to see a violation",
+            first,
+            timeout,
+            period=0.05,
+            details=self.summary,
+        )
 
     def summary(self) -> str:
         s = self.stats
@@ -485,7 +481,7 @@ class InvariantSampler:
     # ------------------------------------------------------------ the sampling thread
     def _main(self) -> None:
         try:
-            _setns_thread(Path("/run/netns") / self.cluster.netns_name)
+            enter_netns_thread(Path("/run/netns") / self.cluster.netns_name)
             asyncio.run(self._run())
         except BaseException as exc:
             self._crash = exc
@@ -615,15 +611,3 @@ def _engine_port(pod: Obj) -> int:
         for port in container.get("ports") or []:
             return int(port["containerPort"])
     return 30000
-
-
-def _setns_thread(path: Path) -> None:
-    """Move the calling thread (only) into the network namespace at ``path``."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
-    finally:
-        os.close(fd)

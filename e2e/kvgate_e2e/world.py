@@ -37,6 +37,7 @@ import yaml
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet import KubeletThread
+from kvgate_e2e.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvgate"
@@ -348,42 +349,20 @@ class World:
         """Wait until every namespace ``delete_namespace(wait=False)`` left going is gone; on the
         deadline raise ``WorldError`` naming each one left and what the namespace controller
         says remains in it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            items = self.reader.list("namespaces", None)
-            left = [ns for ns in items if ns["metadata"]["name"] in self._deleting]
-            if not left:
-                self._deleting.clear()
-                return
-            if time.monotonic() > deadline:
-                raise WorldError(
-                    f"{len(left)} deleted test namespace(s) still exist after {timeout:.0f}s: "
-                    + "; ".join(namespace_remains(ns) for ns in left)
-                    + "; see `kubectl get all,events --namespace=<name>` and the "
-                    "kube-controller-manager log (KVGATE_E2E_KEEP_RUN_DIR=1 keeps it)"
-                )
-            time.sleep(0.5)
+        wait_namespaces_gone(self.reader, self._deleting, timeout, error=WorldError)
+        self._deleting.clear()
 
     # ------------------------------------------------------------------ waiting
     def wait_for(self, what: str, predicate: Callable[[], T | None], timeout: float = 120.0) -> T:
         """Poll ``predicate`` every 0.2 s until it returns something truthy (returned); on
         timeout raise ``WorldError`` naming ``what``, the last error and the operator log."""
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while True:
-            try:
-                value = predicate()
-                if value:
-                    return value
-            except Exception as exc:  # the predicate may race with object creation
-                last_error = exc
-            if time.monotonic() > deadline:
-                detail = f"\nlast error: {last_error}" if last_error else ""
-                raise WorldError(
-                    f"timed out after {timeout:.0f}s waiting for {what}{detail}\n"
-                    f"--- operator log (tail) ---\n{self._safe_operator_log()}"
-                )
-            time.sleep(0.2)
+        return poll_until(
+            what,
+            predicate,
+            timeout,
+            error=WorldError,
+            details=lambda: f"--- operator log (tail) ---\n{self._safe_operator_log()}",
+        )
 
     def _safe_operator_log(self) -> str:
         try:
@@ -463,6 +442,35 @@ def router_key(world: World, namespace: str, md: str) -> str:
     if secret is None:
         raise WorldError(f"no Secret {md}-router-control in {namespace}")
     return base64.b64decode(secret["data"]["admin-key"]).decode()
+
+
+def wait_namespaces_gone(
+    reader: ApiReader,
+    names: Iterable[str],
+    timeout: float,
+    *,
+    error: Callable[[str], BaseException] = AssertionError,
+) -> None:
+    """Wait until none of the namespaces ``names`` exists; on the deadline raise ``error``
+    naming each one left and what the namespace controller says remains in it."""
+    wanted = set(names)
+
+    def left() -> list[Mapping[str, Any]]:
+        return [ns for ns in reader.list("namespaces", None) if ns["metadata"]["name"] in wanted]
+
+    poll_until(
+        "the deleted test namespaces to be gone",
+        lambda: not left(),
+        timeout,
+        period=0.5,
+        error=error,
+        details=lambda: (
+            "still there: "
+            + "; ".join(namespace_remains(ns) for ns in left())
+            + "; see `kubectl get all,events --namespace=<name>` and the "
+            "kube-controller-manager log (KVGATE_E2E_KEEP_RUN_DIR=1 keeps it)"
+        ),
+    )
 
 
 def namespace_remains(ns: Mapping[str, Any]) -> str:
@@ -607,10 +615,6 @@ class PodTimeline:
         }
 
 
-def pods_of(world: World, namespace: str, md_name: str, role: str) -> list[dict[str, Any]]:
-    return world.list("pods", namespace, f"kvgate.io/deployment={md_name},kvgate.io/role={role}")
-
-
 def names(items: Iterable[Mapping[str, Any]]) -> list[str]:
     return [str(i["metadata"]["name"]) for i in items]
 
@@ -632,6 +636,5 @@ __all__: Sequence[str] = [
     "known_answer_body",
     "load_sample",
     "output_ids",
-    "pods_of",
     "ready_endpoints",
 ]

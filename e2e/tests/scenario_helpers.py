@@ -15,29 +15,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
+from kvgate_e2e.polling import poll_until
 from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
 
 T = TypeVar("T")
 GATE = "kvgate.io/engine-verified"
 
 
-def deadline_loop(what: str, probe: Callable[[], T | None], timeout: float) -> T:
-    """Poll ``probe`` every 0.2 s until truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except Exception as exc:  # may race with object creation
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what}"
-                + (f" (last error: {last})" if last else "")
-            )
-        time.sleep(0.2)
+# The scenarios' name for the harness's one poll loop: every 0.2 s until truthy, failing with an
+# AssertionError naming what it waited for after the timeout.
+deadline_loop = poll_until
 
 
 def sample_md(name: str, pool: str = BIG_POOL, **spec_changes: Any) -> dict[str, Any]:

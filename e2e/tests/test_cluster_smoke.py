@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.netns import list_namespaces, netns_supported, reap_stale_namespaces
+from kvgate_e2e.polling import poll_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -61,15 +61,6 @@ def cluster() -> Iterator[Cluster]:
         pytest.fail(f"the e2e tier needs network namespaces: {reason}")
     with Cluster() as c:
         yield c
-
-
-def _wait(what: str, predicate: object, timeout: float) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_apiserver_reports_ready(cluster: Cluster) -> None:
@@ -129,7 +120,7 @@ def test_applied_crd_becomes_established(cluster: Cluster) -> None:
 
 def test_controller_manager_creates_default_service_account_token_path(cluster: Cluster) -> None:
     cluster.kubectl("create", "namespace", "smoke")
-    _wait(
+    poll_until(
         "ServiceAccount smoke/default",
         lambda: cluster.kubectl("get", "sa", "default", "-n", "smoke", check=False).returncode == 0,
         60,
@@ -225,7 +216,7 @@ def test_namespace_of_a_killed_run_is_reaped_by_the_next_run(tmp_path: Path) -> 
     assert name in reap_stale_namespaces()
     assert name not in list_namespaces()
     assert not run_dir.exists()
-    _wait("the orphan inside the namespace to exit", lambda: not _alive(int(pid)), 10)
+    poll_until("the orphan inside the namespace to exit", lambda: not _alive(int(pid)), 10)
 
 
 def _alive(pid: int) -> bool:

@@ -27,7 +27,8 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
-from kvgate_e2e.world import condition, is_ready, namespace_remains, ready_endpoints
+from kvgate_e2e.polling import poll_until
+from kvgate_e2e.world import condition, is_ready, ready_endpoints, wait_namespaces_gone
 
 pytestmark = [
     pytest.mark.e2e,
@@ -50,19 +51,7 @@ SMG_ARGS = (
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except Exception as exc:  # the probe may race with object creation
-            last_error = exc
-        if time.monotonic() > deadline:
-            detail = f" (last error: {last_error})" if last_error else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
-        time.sleep(0.2)
+    return poll_until(what, probe, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -134,13 +123,7 @@ def deleted_namespaces(cluster: Cluster, kubelet: KubeletThread) -> Iterator[set
     be gone, within a deadline, before the kubelet and the cluster stop."""
     names: set[str] = set()
     yield names
-    reader = ApiReader.for_cluster(cluster)
-    deadline = time.monotonic() + 120
-    while left := [n for n in reader.list("namespaces", None) if n["metadata"]["name"] in names]:
-        assert time.monotonic() < deadline, "namespaces not deleted after 120 s: " + "; ".join(
-            namespace_remains(n) for n in left
-        )
-        time.sleep(0.5)
+    wait_namespaces_gone(ApiReader.for_cluster(cluster), names, 120)
 
 
 @pytest.fixture

@@ -314,7 +314,7 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
         f"restart -> smg stops routing p50 {statistics.median(r.smg_stops for r in rounds):.2f}s"
     )
     # Serving again once both engines are back and re-verified. smg counts a PD request's failure
-    # against both legs' circuit breakers (research/smg.md §5), so the failures while prefill was
+    # against both legs' circuit breakers, so the failures while prefill was
     # out can keep the healthy decode worker's breaker open for up to 60 s: wait for recovery
     # with a deadline rather than expecting the very next requests to succeed.
     deadline_loop("a known-answer request after both restores", lambda: known_answer()[0], 120)

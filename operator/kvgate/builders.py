@@ -505,15 +505,6 @@ def deployment(
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
-def desired_replicas(md: ModelDeployment, component: str) -> int:
-    spec = md.spec
-    if component == Role.PREFILL:
-        return spec.prefill.replicas
-    if component == Role.DECODE:
-        return spec.decode.replicas
-    return spec.router.replicas
-
-
 def service(md: ModelDeployment, serving_revision: str) -> Body:
     """The stable Service ``<md>`` in front of the serving revision's routers."""
     name = md.metadata.name or ""

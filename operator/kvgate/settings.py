@@ -187,7 +187,6 @@ class OperatorSettings:
     leader_election: LeaderConfig | None = None
     log_format: str = "json"  # KVGATE_LOG_FORMAT: json | text
     log_level: str = "INFO"  # KVGATE_LOG_LEVEL
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorSettings:
