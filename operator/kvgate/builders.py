@@ -18,7 +18,7 @@ from typing import Any
 
 from kvgate_engine.launcher import API_KEY_ENV, engine_argv
 
-from kvgate import labels, requirements, router_auth
+from kvgate import labels, multinode, requirements, router_auth
 from kvgate.api import (
     INFINIBAND_DEVICE_DIR,
     EngineSpec,
@@ -292,11 +292,12 @@ def engine_pod_template(
         "env": env,
         "ports": ports,
         "resources": {
+            # tensorParallel / nodes: a multi-node engine's GPUs are spread over its pods.
             "limits": _quantities(
-                role_spec.resources.limits, role_spec.tensor_parallel, spec.engine
+                role_spec.resources.limits, multinode.gpus_per_pod(role_spec), spec.engine
             ),
             "requests": _quantities(
-                role_spec.resources.requests, role_spec.tensor_parallel, spec.engine
+                role_spec.resources.requests, multinode.gpus_per_pod(role_spec), spec.engine
             ),
         },
         "readinessProbe": {
