@@ -5,6 +5,8 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
 * ``lmsysorg/sglang:<tag>`` → ``<venv python> -m kvgate_engine.reference <flags>``: the
   container's ``python3 -m sglang.launch_server`` prefix is dropped and the flags are kept;
   env ``KVGATE_GPU_MEMORY_GIB`` comes from the node, ``KVGATE_ENGINE_VERSION`` from the tag.
+  On a node annotated ``e2e.kvgate.io/engine-runtime: sglang-cpu`` it is the released SGLang of
+  that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``).
 * ``*/smg:<tag>`` (``ghcr.io/lightseekorg/smg``) → ``<venv>/bin/smg <args>``.
 * a repository whose last path segment ends with ``kvgate`` or ``kvgate-operator`` (the operator)
   → ``<venv>/bin/kvgate``; with no ``command`` the image's ENTRYPOINT ``kvgate operator`` is
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvgate_engine.launcher import image_version
+
+from kvgate_e2e.real_engine import RealEngineError, real_engine_command, uses_real_engine
 
 ENGINE_MODULE = "kvgate_engine.reference"
 SGLANG_ENTRY = ("-m", "sglang.launch_server")
@@ -163,12 +167,22 @@ def launch_for(
     venv_bin: str,
     gpu_memory_gib: float | None,
     env: Mapping[str, str] | None = None,
+    node_annotations: Mapping[str, str] | None = None,
 ) -> Launch:
-    """The local program for a container (``command``/``args`` already ``$(VAR)``-expanded)."""
+    """The local program for a container (``command``/``args`` already ``$(VAR)``-expanded);
+    ``node_annotations`` (of the pod's node) choose the engine runtime."""
     kind = image_kind(image)
     full = [*command, *args]
     if kind == "engine":
         flags = rewrite_host(_strip_sglang_entry(full), pod_ip)
+        if node_annotations is not None and uses_real_engine(node_annotations):
+            try:
+                real_argv, real_env = real_engine_command(
+                    flags, image_version(image), python=python, node_annotations=node_annotations
+                )
+            except RealEngineError as exc:
+                raise ImageError(str(exc)) from exc
+            return Launch(kind, real_argv, real_env)
         extra: dict[str, str] = {}
         if gpu_memory_gib is not None:
             extra["KVGATE_GPU_MEMORY_GIB"] = _format_gib(gpu_memory_gib)

@@ -41,7 +41,7 @@ import aiohttp
 
 from kvgate_e2e.kubelet_api import ApiError, KubeApi
 from kvgate_e2e.kubelet_env import container_env
-from kvgate_e2e.kubelet_images import ImageError, expand_vars, launch_for
+from kvgate_e2e.kubelet_images import ImageError, expand_vars, image_kind, launch_for
 from kvgate_e2e.kubelet_mounts import MountPoints, container_mounts, in_mount_namespace
 from kvgate_e2e.kubelet_pod_status import now_rfc3339, pod_status_patch
 from kvgate_e2e.kubelet_podspec import PodSpecError, ProbeSettings, probe_settings
@@ -335,14 +335,20 @@ class PodWorker:
         env = await self._container_env(container)
         command = [expand_vars(str(a), env) for a in container.get("command") or []]
         args = [expand_vars(str(a), env) for a in container.get("args") or []]
+        image = container.get("image", "")
+        node_annotations: dict[str, str] | None = None
+        if image_kind(image) == "engine":  # the node chooses the engine runtime (real_engine)
+            node = await self.host.api.get(f"/api/v1/nodes/{self.node}")
+            node_annotations = dict((node.get("metadata") or {}).get("annotations") or {})
         launch = launch_for(
-            container.get("image", ""),
+            image,
             command,
             args,
             pod_ip=self._ip(),
             python=settings.python,
             venv_bin=settings.venv_bin,
             gpu_memory_gib=await self.host.gpu_memory_gib(self.node),
+            node_annotations=node_annotations,
         )
         env |= dict(launch.env)
         argv = list(launch.argv)

@@ -1,0 +1,198 @@
+"""The released SGLang as the engine of the e2e world (real-engine mode, issue 13).
+
+The loopback kubelet maps ``lmsysorg/sglang:<tag>`` to kvgate's reference engine by default. A
+node annotated ``e2e.kvgate.io/engine-runtime: sglang-cpu`` runs it instead as the released SGLang
+of that tag, on CPU, from the environment ``e2e/sglang-cpu/install.sh`` installs (outside the
+venv, one per release: ``${KVGATE_CACHE:-~/.cache/kvgate}/sglang-cpu/<version>``). Only the
+cluster admin can annotate a node, so a tenant cannot switch a pod's runtime.
+
+The container keeps exactly the argv kvgate's launcher built (with the world's usual ``--host``
+rewrite to the pod IP); this module adds only what SGLang needs to run on a CPU, as found in
+``research/sglang-cpu.md``, never anything that changes what kvgate verifies:
+
+* flags ``--device cpu --attention-backend torch_native --disable-cuda-graph
+  --max-running-requests 16``; prefill also ``--disable-overlap-schedule``, decode also
+  ``--disaggregation-decode-retraction-backup cpu_tensor``;
+* environment ``SGLANG_USE_CPU_ENGINE=1 CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1
+  MOONCAKE_PROTOCOL=tcp``, prefill also ``SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER=1``, and the
+  environment's ``PYTHONPATH`` and ``LD_LIBRARY_PATH`` (the ``libcuda.so.1`` stand-in).
+
+The KV pool of a CPU engine is sized from host RAM, so the pool a test wants comes from the
+ModelDeployment's ``maxTotalTokens`` (``--max-total-tokens``). To restart an engine "on less
+memory" as the restart scenario does with GPU memory, a node annotation
+``e2e.kvgate.io/max-total-tokens: N`` makes the mapping append ``--max-total-tokens N`` (the last
+one wins in SGLang's parser): the real engine then really starts with a pool of N tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
+SGLANG_CPU = "sglang-cpu"
+MAX_TOTAL_TOKENS_ANNOTATION = "e2e.kvgate.io/max-total-tokens"
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "install.sh"
+MAKE_MODEL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "make_tiny_llama.py"
+DEFAULT_VERSION = "0.5.23"
+
+CPU_FLAGS: tuple[str, ...] = (
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--max-running-requests",
+    "16",
+)
+ROLE_FLAGS: Mapping[str, tuple[str, ...]] = {
+    "prefill": ("--disable-overlap-schedule",),
+    "decode": ("--disaggregation-decode-retraction-backup", "cpu_tensor"),
+}
+CPU_ENV: Mapping[str, str] = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+    "HF_HUB_OFFLINE": "1",
+    "MOONCAKE_PROTOCOL": "tcp",
+}
+ROLE_ENV: Mapping[str, Mapping[str, str]] = {
+    "prefill": {"SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER": "1"},
+}
+
+
+class RealEngineError(ValueError):
+    """The real engine cannot be started: the message names what is missing and the fix."""
+
+
+def cache_root() -> Path:
+    base = os.environ.get("KVGATE_CACHE") or str(Path.home() / ".cache" / "kvgate")
+    return Path(base) / "sglang-cpu"
+
+
+@dataclass(frozen=True)
+class SglangCpu:
+    """One installed release: ``<root>/site`` (packages) and ``<root>/lib`` (shared libraries)."""
+
+    version: str
+    root: Path
+
+    @property
+    def site(self) -> Path:
+        return self.root / "site"
+
+    @property
+    def lib(self) -> Path:
+        return self.root / "lib"
+
+    def installed(self) -> bool:
+        return any(self.root.glob(".kvgate-complete-*")) and (self.lib / "libcuda.so.1").exists()
+
+    def env(self, role: str | None = None) -> dict[str, str]:
+        """The environment a server of this release needs on CPU (``role``: prefill/decode)."""
+        return {
+            **CPU_ENV,
+            **ROLE_ENV.get(role or "", {}),
+            "PYTHONPATH": str(self.site),
+            "LD_LIBRARY_PATH": str(self.lib),
+        }
+
+
+def sglang_cpu(version: str | None) -> SglangCpu:
+    """The installed environment of ``version``; an error naming the install command if absent."""
+    if version is None:
+        raise RealEngineError(
+            "real-engine mode needs an engine image whose tag names an SGLang version "
+            f"(e.g. lmsysorg/sglang:v{DEFAULT_VERSION})"
+        )
+    env = SglangCpu(version, cache_root() / version)
+    if not env.installed():
+        raise RealEngineError(
+            f"SGLang {version} for CPU is not installed in {env.root}: run "
+            f"`{INSTALL_SCRIPT.relative_to(REPO)} {version}` (make e2e-deps does it for "
+            f"{DEFAULT_VERSION})"
+        )
+    return env
+
+
+def flag_value(flags: Sequence[str], name: str) -> str | None:
+    """The last value of ``--name X`` / ``--name=X`` in ``flags`` (argparse: the last one wins)."""
+    value: str | None = None
+    for i, arg in enumerate(flags):
+        if arg == name and i + 1 < len(flags):
+            value = flags[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def uses_real_engine(node_annotations: Mapping[str, str]) -> bool:
+    return node_annotations.get(RUNTIME_ANNOTATION) == SGLANG_CPU
+
+
+def real_engine_command(
+    flags: Sequence[str],
+    version: str | None,
+    *,
+    python: str,
+    node_annotations: Mapping[str, str],
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """argv and extra environment of one engine container on a real-engine node (the flags are
+    the launcher's, ``--host`` already rewritten to the pod IP)."""
+    env = sglang_cpu(version)
+    role = flag_value(flags, "--disaggregation-mode")
+    extra = [*CPU_FLAGS, *ROLE_FLAGS.get(role or "", ())]
+    cap = node_annotations.get(MAX_TOTAL_TOKENS_ANNOTATION)
+    if cap is not None:
+        if not cap.isdigit() or int(cap) <= 0:
+            raise RealEngineError(
+                f"node annotation {MAX_TOTAL_TOKENS_ANNOTATION}={cap!r}: expected a positive "
+                "number of tokens"
+            )
+        extra += ["--max-total-tokens", cap]
+    argv = (python, "-m", "sglang.launch_server", *flags, *extra)
+    return argv, env.env(role)
+
+
+def unified_server_argv(
+    python: str, model: str, served_model_name: str, *, host: str, port: int, context_length: int
+) -> list[str]:
+    """A unified (not disaggregated) real server of the tiny model, for the known answer."""
+    return [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model,
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--context-length",
+        str(context_length),
+        "--max-total-tokens",
+        str(2 * context_length),
+        "--mem-fraction-static",
+        "0.05",
+        *CPU_FLAGS,
+    ]
+
+
+def make_tiny_llama(env: SglangCpu, python: str, out: Path, seed: int = 0) -> Path:
+    """Generate the tiny Llama and its tokenizer into ``out`` (once: kept if already there)."""
+    if (out / "kvgate-tiny-llama.json").exists() and (out / "config.json").exists():
+        return out
+    subprocess.run(
+        [python, str(MAKE_MODEL_SCRIPT), str(out), "--seed", str(seed)],
+        env={**os.environ, **env.env()},
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return out
