@@ -6,6 +6,7 @@ are all generated from these pydantic models. Field descriptions are user docume
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -563,6 +564,70 @@ class RouterSpec(_Model):
     )
 
 
+class RolloutStrategy(StrEnum):
+    SWITCH = "Switch"
+    PROGRESSIVE = "Progressive"
+
+
+class RolloutStepSpec(_Model):
+    """One traffic step of a progressive rollout."""
+
+    weight: int = Field(
+        ge=1,
+        le=99,
+        description=(
+            "Share of requests (percent) the new revision takes during this step; the split "
+            "follows the ratio of the two revisions' ready routers (rollout.maxSplitRouters)."
+        ),
+    )
+    pause_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=MAX_VERIFY_TIMEOUT_SECONDS,
+        description=(
+            "How long the step holds, with the step check watching the new revision's routers, "
+            "before the next step starts."
+        ),
+    )
+
+
+def _default_steps() -> list[RolloutStepSpec]:
+    return [RolloutStepSpec(weight=10), RolloutStepSpec(weight=50)]
+
+
+class StepCheckSpec(_Model):
+    """What the new revision's routers must show during each progressive step."""
+
+    max_error_percent: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description=(
+            "Largest share (percent) of the new revision's generation requests that may fail "
+            "with a 5xx during a step; above it the rollout is rolled back at once."
+        ),
+    )
+    max_rejected_percent: float = Field(
+        default=100.0,
+        ge=0,
+        le=100,
+        description=(
+            "Largest share (percent) of generation requests the new revision may refuse with a "
+            "4xx (over-length prompts among them); 100 reports the share without acting on it."
+        ),
+    )
+    min_requests: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Generation requests the new revision must answer during a step before the step "
+            "may end (its pause is over and the check judged enough traffic); 0 lets a step "
+            "without traffic end when its pause is over."
+        ),
+    )
+
+
 class RolloutSpec(_Model):
     verify_timeout_seconds: int = Field(
         default=900,
@@ -592,6 +657,37 @@ class RolloutSpec(_Model):
         le=MAX_REVERIFY_INTERVAL_SECONDS,
         description="How often every engine pod is re-verified against its live engine.",
     )
+    strategy: RolloutStrategy = Field(
+        default=RolloutStrategy.SWITCH,
+        description=(
+            "Switch: all traffic moves to the new revision once it is verified. Progressive: "
+            "it takes rollout.steps shares first, each held for its pause while the step check "
+            "watches its routers; a failed check rolls traffic back to the serving revision."
+        ),
+    )
+    steps: list[RolloutStepSpec] = Field(
+        default_factory=_default_steps,
+        min_length=1,
+        max_length=10,
+        description=(
+            "Progressive traffic steps, weights strictly increasing and below 100; the last "
+            "step is followed by 100 %."
+        ),
+    )
+    step_check: StepCheckSpec = Field(
+        default_factory=StepCheckSpec,
+        description="What the new revision must show during each progressive step.",
+    )
+    max_split_routers: int = Field(
+        default=10,
+        ge=2,
+        le=MAX_ROUTER_REPLICAS,
+        description=(
+            "Most routers the two revisions run together during a progressive step; the split "
+            "is the ratio of their ready routers, so this bounds its precision "
+            "(1/(2 x maxSplitRouters) of the requests, e.g. 5 points for 10)."
+        ),
+    )
     revision_history_limit: int = Field(
         default=3,
         ge=0,
@@ -602,6 +698,28 @@ class RolloutSpec(_Model):
             "(re-created and verified before it takes traffic) without its objects running."
         ),
     )
+
+    @model_validator(mode="after")
+    def _increasing_steps(self) -> RolloutSpec:
+        weights = [step.weight for step in self.steps]
+        for index in range(1, len(weights)):
+            if weights[index] <= weights[index - 1]:
+                raise ValueError(
+                    f"steps[{index}].weight={weights[index]} is not above steps[{index - 1}]"
+                    f".weight={weights[index - 1]}: progressive weights must strictly "
+                    f"increase (e.g. 10, 50); got {weights}"
+                )
+        low, high = 100 / self.max_split_routers, 100 - 100 / self.max_split_routers
+        for index, weight in enumerate(weights):
+            if not low <= weight <= high:
+                need = math.ceil(100 / min(weight, 100 - weight))
+                raise ValueError(
+                    f"steps[{index}].weight={weight} cannot be split with maxSplitRouters="
+                    f"{self.max_split_routers} (each revision keeps at least one router, so "
+                    f"shares run from {low:g} % to {high:g} %): raise maxSplitRouters to "
+                    f"{need} or pick a weight in that range"
+                )
+        return self
 
 
 class ModelDeploymentSpec(_Model):
@@ -672,6 +790,32 @@ class RefusalStatus(_Model):
     message: str = Field(default="", description="Why, with the numbers.")
 
 
+class RouterCountersStatus(_Model):
+    """One of the target's router pods' generation-path responses when the step began."""
+
+    pod: str = Field(min_length=1, max_length=253, description="Router pod name.")
+    requests: int = Field(default=0, ge=0, description="Responses to generation requests.")
+    errors: int = Field(default=0, ge=0, description="Of which 5xx.")
+    rejected: int = Field(default=0, ge=0, description="Of which 4xx (over-length among them).")
+
+
+class ProgressiveStepStatus(_Model):
+    """The progressive step in progress (rollout.strategy Progressive)."""
+
+    index: int = Field(ge=0, description="Index into spec.rollout.steps.")
+    weight: int = Field(ge=0, le=100, description="The step's share of requests (percent).")
+    started_at: str = Field(description="When the step began (RFC 3339); its pause runs from here.")
+    serving_router_replicas: int = Field(
+        default=1, ge=0, description="The serving revision's routers before the split."
+    )
+    baseline: list[RouterCountersStatus] = Field(
+        default_factory=list,
+        max_length=MAX_ROUTER_REPLICAS,
+        description="The target's router counters when the step began.",
+    )
+    check: str = Field(default="", description="The step check so far, with the numbers.")
+
+
 class RolloutStatus(_Model):
     """kvgate's record of targetRevision's rollout; it outlives the Deployments' annotations."""
 
@@ -684,6 +828,10 @@ class RolloutStatus(_Model):
     )
     refusal: RefusalStatus | None = Field(
         default=None, description="Why targetRevision was refused; absent unless it was."
+    )
+    step: ProgressiveStepStatus | None = Field(
+        default=None,
+        description="targetRevision's progressive step in progress; absent outside a split.",
     )
 
 
@@ -757,6 +905,14 @@ class ModelDeploymentStatus(_Model):
     )
     refused_revision: str | None = Field(
         default=None, description="Last revision refused by verification, if any."
+    )
+    traffic_split: str | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "Each revision's share of the Service's ready routers, e.g. `4f2a=90%,9c1e=10%` "
+            "(a progressive step) or `4f2a=100%`."
+        ),
     )
     content_checks: list[ContentCheckStatus] = Field(
         default_factory=list,

@@ -34,6 +34,7 @@ from kvgate.engine_launch import engine_launch
 # FlashInfer caches land there).
 RUN_AS_USER = 1000
 TERMINATION_GRACE_SECONDS = 60
+ROUTER_METRICS_PORT = 29000  # smg's Prometheus listener (its default port), read by the step check
 
 Body = dict[str, Any]
 
@@ -377,6 +378,9 @@ def router_argv(md: ModelDeployment, revision: str) -> list[str]:
         "0.0.0.0",
         "--port",
         str(spec.router.port),
+        # Its Prometheus listener, read by the operator's progressive step check.
+        "--prometheus-port",
+        str(ROUTER_METRICS_PORT),
         # A discovered pod is Ready only once kvgate verified it, so its /health already
         # answers; if smg's first start-up check still misses, its default 30 s retry would
         # keep a verified engine out of traffic that long (and after every re-verification).
@@ -420,7 +424,10 @@ def router_pod_template(
             },
             *api_key_env(spec.engine),
         ],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
         # /readiness is 503 unless the router holds a ready prefill AND a ready decode worker,
         # and engine pods are Ready only once verified: a router is Ready only when both roles
         # of its revision have verified pods.
@@ -506,8 +513,9 @@ def deployment(
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
 
 
-def service(md: ModelDeployment, serving_revision: str) -> Body:
-    """The stable Service ``<md>`` in front of the serving revision's routers."""
+def service(md: ModelDeployment, serving_revision: str, *, split: bool = False) -> Body:
+    """The stable Service ``<md>`` in front of the serving revision's routers (``split``: of
+    every router of the ModelDeployment, a progressive step; see kvgate.progressive)."""
     name = md.metadata.name or ""
     return {
         "apiVersion": "v1",
@@ -521,7 +529,7 @@ def service(md: ModelDeployment, serving_revision: str) -> Body:
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": service_selector(name, serving_revision),
+            "selector": split_selector(name) if split else service_selector(name, serving_revision),
             "ports": [
                 {
                     "name": "http",
@@ -532,6 +540,12 @@ def service(md: ModelDeployment, serving_revision: str) -> Body:
             ],
         },
     }
+
+
+def split_selector(md_name: str) -> dict[str, str]:
+    """Every router of the ModelDeployment: the planner runs routers only for the revisions in
+    the traffic set while the Service selects this."""
+    return {labels.DEPLOYMENT: md_name, labels.COMPONENT: labels.COMPONENT_ROUTER}
 
 
 def service_selector(md_name: str, revision: str) -> dict[str, str]:

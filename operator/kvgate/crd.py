@@ -134,6 +134,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.servingRevision",
     },
     {
+        "name": "Traffic",
+        "type": "string",
+        "description": "Each revision's share of the ready routers behind the Service",
+        "jsonPath": ".status.trafficSplit",
+    },
+    {
         "name": "Reason",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',

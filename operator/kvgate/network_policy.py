@@ -150,7 +150,9 @@ def network_policies(
                 {
                     "from": [{"podSelector": {}}, operator_peer()],
                     "ports": [_tcp(md.spec.router.port)],
-                }
+                },
+                # The progressive step check reads the routers' response counters.
+                {"from": [operator_peer()], "ports": [_tcp(builders.ROUTER_METRICS_PORT)]},
             ],
         ),
     ]

@@ -32,19 +32,22 @@ revision in the recorded traffic set unless a verified successor carries its sha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
 from kvgate import gate, labels
-from kvgate.api import ModelDeploymentSpec, Role
+from kvgate.api import ModelDeploymentSpec, Role, RolloutStrategy
 from kvgate.content_probe import REASON_FAILED, ContentCheck
+from kvgate.progressive import RouterCounters, StepCheck, check_step, share_percent, split_routers
 
 ENGINE_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.DECODE)
 ROUTER = labels.ROLE_ROUTER
 
 REFUSED_UNSAFE = "EngineUnsafe"
 REFUSED_TIMEOUT = "VerificationTimeout"
+REFUSED_STEP_CHECK = "StepCheckFailed"
 REFUSED_CONTENT = REASON_FAILED  # ContentCheckFailed
 
 
@@ -92,6 +95,19 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """The progressive step in progress, as kvgate recorded it in status.rollout.step."""
+
+    index: int  # into spec.rollout.steps
+    started_at: datetime
+    # The target's routers' counters when the step began (the step check counts from here).
+    baseline: tuple[RouterCounters, ...] = ()
+    # The serving revision's router replicas before the split (restored when it ends).
+    serving_router_replicas: int = 1
+    weight: int = 0  # the step's share of requests (percent), as configured when it began
+
+
+@dataclass(frozen=True)
 class RolloutRecord:
     """The rollout as kvgate last wrote it to the ModelDeployment's status.
 
@@ -103,6 +119,7 @@ class RolloutRecord:
     serving_revision: str | None = None
     verify_started_at: datetime | None = None  # of target_revision
     refusal: Refusal | None = None  # of target_revision
+    step: StepRecord | None = None  # of target_revision (progressive strategy)
 
     @property
     def known(self) -> bool:
@@ -123,6 +140,10 @@ class ObservedState:
     # A Service named <md> that the ModelDeployment does not control: its selector is no
     # evidence, and kvgate never writes it (the handler reports an ownership conflict).
     service_foreign: bool = False
+    # The Service selects every router of the ModelDeployment (a progressive step's split).
+    service_split: bool = False
+    # The target's router pods' response counters (progressive step check); None: not read.
+    target_router_counters: tuple[RouterCounters, ...] | None = None
     # Content checks at maximum length as kvgate recorded them (status.contentChecks).
     content_checks: tuple[ContentCheck, ...] = ()
 
@@ -180,6 +201,14 @@ class RolloutStep:
     service_repair: ServiceRepair | None = None
     # Deployments of the serving revision (before this step) that were missing and are recreated.
     recreated_serving_components: tuple[str, ...] = ()
+    # Progressive strategy: write a Service selecting the routers of both the serving and the
+    # target revision (service_revision still names the serving one), the step to record, the
+    # step check so far, each revision's share of ready routers, and why the step waits.
+    service_split: bool = False
+    step_record: StepRecord | None = None
+    step_check: StepCheck | None = None
+    traffic: tuple[tuple[str, int], ...] = ()
+    step_waiting: str = ""
     # The target is able to serve but its content check has not run: run it, then plan again.
     content_check_due: bool = False
 
@@ -366,15 +395,49 @@ def _unsafe_pod(observed: ObservedState, revision: str) -> PodState | None:
     return None
 
 
-def _target_intents(observed: ObservedState, *, engines_up: bool) -> list[WorkloadIntent]:
+def _target_intents(
+    observed: ObservedState, *, engines_up: bool, routers: int | None = None
+) -> list[WorkloadIntent]:
+    """The target's Deployments; ``routers`` overrides its router replicas (a split step)."""
     spec = observed.spec
     rev = observed.target_revision
     intents = [
         WorkloadIntent(rev, role.value, role_replicas(spec, role) if engines_up else 0)
         for role in ENGINE_ROLES
     ]
-    intents.append(WorkloadIntent(rev, ROUTER, spec.router.replicas if engines_up else 0))
+    if routers is None:
+        routers = spec.router.replicas if engines_up else 0
+    intents.append(WorkloadIntent(rev, ROUTER, routers))
     return intents
+
+
+def _progressive(observed: ObservedState) -> bool:
+    return observed.spec.rollout.strategy is RolloutStrategy.PROGRESSIVE
+
+
+def _refused_router_replicas(observed: ObservedState) -> int | None:
+    """A refused target's routers: none under the progressive strategy (a Service left
+    selecting every router must not reach them), else the target's usual count."""
+    return 0 if _progressive(observed) else None
+
+
+def _ready_routers(observed: ObservedState, revision: str) -> int:
+    return sum(
+        w.ready_replicas
+        for w in observed.workloads
+        if w.revision == revision and w.component == ROUTER
+    )
+
+
+def _restored_serving_router(
+    observed: ObservedState, serving: str | None, recorded_step: StepRecord | None
+) -> list[WorkloadIntent]:
+    """After a split, the serving revision's routers go back to their count before it."""
+    if serving is None or serving == observed.target_revision or recorded_step is None:
+        return []
+    if not any(w.component == ROUTER for w in _workloads_of(observed, serving)):
+        return []  # rebuilt by _serving_router_intent
+    return [WorkloadIntent(serving, ROUTER, recorded_step.serving_router_replicas)]
 
 
 def _serving_router_intent(observed: ObservedState, serving: str | None) -> list[WorkloadIntent]:
@@ -405,6 +468,8 @@ def _service_repair(
         return None
     if not observed.has_service:
         return ServiceRepair(True, selects, None, evidence)
+    if observed.service_split:
+        return None  # kvgate's own split selector: entering or leaving it is a planned write
     if observed.service_revision != selects:
         return ServiceRepair(False, selects, observed.service_revision, evidence)
     return None
@@ -419,7 +484,10 @@ def plan(observed: ObservedState) -> RolloutStep:
     progress = {role.value: role_progress(observed, target, role) for role in ENGINE_ROLES}
     recorded_attempt = _recorded_attempt_applies(observed)
     started = _verify_started_at(observed, recorded=recorded_attempt)
-    serving_router = _serving_router_intent(observed, serving)
+    recorded_step = observed.recorded.step if recorded_attempt else None
+    serving_router = _serving_router_intent(observed, serving) + _restored_serving_router(
+        observed, serving, recorded_step
+    )
 
     def step(**kwargs: object) -> RolloutStep:
         base: dict[str, object] = {
@@ -451,6 +519,10 @@ def plan(observed: ObservedState) -> RolloutStep:
     # Never delete what serves, what the Service still sends requests to (until its new
     # selector lands, a later pass), or, while nothing says which revision served, anything.
     protected = {target, serving, observed.service_revision}
+    if observed.service_split:
+        # A split Service still sends requests to the recorded target's routers (e.g. the spec
+        # moved on mid-step) until its new selector lands.
+        protected.add(observed.recorded.target_revision)
     history_known = observed.recorded.known or evidence is Evidence.SERVICE
     others = tuple(r for r in present if r not in protected) if history_known else ()
 
@@ -470,7 +542,11 @@ def plan(observed: ObservedState) -> RolloutStep:
     if standing is not None:
         return step(
             workloads=tuple(
-                _target_intents(observed, engines_up=not spec.rollout.scale_down_refused)
+                _target_intents(
+                    observed,
+                    engines_up=not spec.rollout.scale_down_refused,
+                    routers=_refused_router_replicas(observed),
+                )
                 + serving_router
             ),
             delete_revisions=others,
@@ -479,7 +555,10 @@ def plan(observed: ObservedState) -> RolloutStep:
         )
 
     unsafe = _unsafe_pod(observed, target)
-    timed_out = observed.now - started >= timedelta(seconds=spec.rollout.verify_timeout_seconds)
+    # Verification ends when a progressive split begins; its pauses run past the timeout.
+    timed_out = recorded_step is None and observed.now - started >= timedelta(
+        seconds=spec.rollout.verify_timeout_seconds
+    )
     refusal: Refusal | None = None
     content_failure = (
         _content_failure(observed, target) if spec.safety.content_probe.enabled else None
@@ -501,7 +580,11 @@ def plan(observed: ObservedState) -> RolloutStep:
     if refusal is not None:
         return step(
             workloads=tuple(
-                _target_intents(observed, engines_up=not spec.rollout.scale_down_refused)
+                _target_intents(
+                    observed,
+                    engines_up=not spec.rollout.scale_down_refused,
+                    routers=_refused_router_replicas(observed),
+                )
                 + serving_router
             ),
             delete_revisions=others,
@@ -520,6 +603,9 @@ def plan(observed: ObservedState) -> RolloutStep:
             content_check_due=True,
         )
 
+    if _able_to_serve(observed, target) and _progressive(observed) and serving is not None:
+        return _progressive_step(observed, step, serving, recorded_step, present, others)
+
     if _able_to_serve(observed, target):
         # Switch traffic; the old revision is deleted on a later pass, once the Service write
         # has landed and the status records the target as serving.
@@ -535,3 +621,123 @@ def plan(observed: ObservedState) -> RolloutStep:
         delete_revisions=others,
         serving_problems=serving_problems,
     )
+
+
+def _progressive_step(
+    observed: ObservedState,
+    step: Callable[..., RolloutStep],
+    serving: str,
+    recorded: StepRecord | None,
+    present: list[str],
+    others: tuple[str, ...],
+) -> RolloutStep:
+    """The target is verified and content-checked, and another revision serves: hold its share
+    for each step's pause while the step check watches its routers, then switch."""
+    spec = observed.spec
+    rollout = spec.rollout
+    target = observed.target_revision
+    steps = rollout.steps
+    counters = observed.target_router_counters
+    engines = _target_intents(observed, engines_up=True)[:-1]
+
+    def split(record: StepRecord, check: StepCheck | None, waiting: str) -> RolloutStep:
+        weight = steps[record.index].weight
+        serving_routers, target_routers = split_routers(weight, rollout.max_split_routers)
+        ready = (_ready_routers(observed, serving), _ready_routers(observed, target))
+        share = share_percent(*ready)
+        return step(
+            workloads=(
+                *engines,
+                WorkloadIntent(target, ROUTER, target_routers),
+                WorkloadIntent(serving, ROUTER, serving_routers),
+            ),
+            delete_revisions=others,
+            service_split=True,
+            step_record=record,
+            step_check=check,
+            traffic=((serving, 100 - share), (target, share)),
+            step_waiting=waiting,
+        )
+
+    def start(index: int, check: StepCheck | None) -> RolloutStep:
+        before = (
+            recorded.serving_router_replicas
+            if recorded is not None
+            else _router_replicas_of(observed, serving) or spec.router.replicas
+        )
+        record = StepRecord(index, observed.now, counters or (), before, steps[index].weight)
+        return split(record, check, f"step {index + 1}/{len(steps)} started")
+
+    if recorded is None or recorded.index >= len(steps):
+        strays = [r for r in present if r not in (serving, target)]
+        if strays:
+            # A Service selecting every router of this ModelDeployment would reach theirs too.
+            return step(
+                workloads=(*_target_intents(observed, engines_up=True),),
+                delete_revisions=others,
+                step_waiting=f"waiting for revisions {', '.join(strays)} to be removed before "
+                "the traffic split",
+            )
+        return start(0, None)
+
+    index = recorded.index
+    pause = steps[index].pause_seconds
+    check = None
+    if counters is not None:
+        check = check_step(
+            recorded.baseline,
+            counters,
+            max_error_percent=rollout.step_check.max_error_percent,
+            max_rejected_percent=rollout.step_check.max_rejected_percent,
+        )
+        if check.failure is not None:
+            return step(
+                workloads=(
+                    *_target_intents(
+                        observed,
+                        engines_up=not rollout.scale_down_refused,
+                        routers=0,
+                    ),
+                    *_restored_serving_router(observed, serving, recorded),
+                ),
+                delete_revisions=others,
+                refusal=Refusal(
+                    target,
+                    REFUSED_STEP_CHECK,
+                    f"step {index + 1}/{len(steps)} ({steps[index].weight} % of requests): "
+                    f"{check.failure}; all traffic went back to revision {serving}",
+                ),
+                new_refusal=True,
+                step_check=check,
+            )
+    elapsed = (observed.now - recorded.started_at).total_seconds()
+    if counters is None:
+        return split(recorded, None, "the target's router metrics are unreadable")
+    assert check is not None
+    if elapsed < pause:
+        return split(recorded, check, f"pause {elapsed:.0f}/{pause:,} s")
+    if check.requests < rollout.step_check.min_requests:
+        return split(
+            recorded,
+            check,
+            f"waiting for {rollout.step_check.min_requests:,} requests "
+            f"(rollout.stepCheck.minRequests), {check.requests:,} so far",
+        )
+    if index + 1 < len(steps):
+        return start(index + 1, check)
+    # Every step held: all traffic to the target (the old revision goes on a later pass, once
+    # the Service's new selector has landed).
+    return step(
+        serving_revision=target,
+        workloads=tuple(_target_intents(observed, engines_up=True)),
+        delete_revisions=others,
+        service_revision=target,
+        step_check=check,
+    )
+
+
+def _router_replicas_of(observed: ObservedState, revision: str) -> int | None:
+    for w in observed.workloads:
+        if w.revision == revision and w.component == ROUTER:
+            return w.replicas
+    return None

@@ -29,7 +29,9 @@ from kvgate.planner import (
     RolloutRecord,
     RolloutStep,
     ServiceRepair,
+    StepRecord,
 )
+from kvgate.progressive import RouterCounters
 
 READY = "Ready"
 ENGINES_VERIFIED = "EnginesVerified"
@@ -115,12 +117,49 @@ def _progress_all(step: RolloutStep) -> str:
     )
 
 
+def _split_note(step: RolloutStep) -> str:
+    """What a progressive step is doing, for the Progressing condition."""
+    record = step.step_record
+    if record is None:
+        return ""
+    shares = dict(step.traffic)
+    target = shares.get(step.target_revision, 0)
+    note = (
+        f"progressive step {record.index + 1} ({record.weight} %): revision "
+        f"{step.target_revision} takes {target} % of new connections (its share of ready "
+        f"routers), revision "
+        f"{step.serving_revision} the rest"
+    )
+    if step.step_waiting:
+        note += f"; {step.step_waiting}"
+    if step.step_check is not None:
+        note += f"; step check: {step.step_check.summary()}"
+    return note
+
+
+def traffic_split(step: RolloutStep) -> str | None:
+    """``<rev>=<percent>%`` per revision behind the Service (the printer column)."""
+    if step.traffic:
+        return ",".join(f"{rev}={share}%" for rev, share in step.traffic)
+    if step.serving_revision is not None:
+        return f"{step.serving_revision}=100%"
+    return None
+
+
 def _progressing(step: RolloutStep) -> _Cond:
     rev = step.target_revision
     if step.refusal is not None:
         return _Cond("False", "RolloutRefused", f"revision {rev} refused: {step.refusal.message}")
     if step.serving_revision == rev:
         return _Cond("False", "RolloutComplete", f"revision {rev} serves")
+    if step.step_record is not None:
+        return _Cond("True", "ProgressiveStep", _split_note(step))
+    if step.step_waiting:
+        return _Cond(
+            "True",
+            "RolloutInProgress",
+            f"revision {rev} verified: {_progress(step.progress)}; {step.step_waiting}",
+        )
     return _Cond(
         "True", "RolloutInProgress", f"revision {rev} verifying: {_progress(step.progress)}"
     )
@@ -215,6 +254,7 @@ def compute_status(
         "servingRevision": step.serving_revision,
         "targetRevision": step.target_revision,
         "refusedRevision": refused,
+        "trafficSplit": traffic_split(step),
         "contextLength": serving_context,
         "rollout": _rollout_status(step),
         "prefill": _role_status(step.progress["prefill"]),
@@ -225,10 +265,56 @@ def compute_status(
 
 def _rollout_status(step: RolloutStep) -> dict[str, Any]:
     refusal = step.refusal
-    return {
+    out: dict[str, Any] = {
         "verifyStartedAt": rfc3339(step.verify_started_at),
         "refusal": {"reason": refusal.reason, "message": refusal.message} if refusal else None,
     }
+    if step.step_record is not None:
+        out["step"] = _step_status(step)
+    return out
+
+
+def _step_status(step: RolloutStep) -> dict[str, Any] | None:
+    record = step.step_record
+    if record is None:
+        return None
+    return {
+        "index": record.index,
+        "weight": record.weight,
+        "startedAt": rfc3339(record.started_at),
+        "servingRouterReplicas": record.serving_router_replicas,
+        "baseline": [
+            {"pod": c.pod, "requests": c.requests, "errors": c.errors, "rejected": c.rejected}
+            for c in record.baseline
+        ],
+        "check": step.step_check.summary() if step.step_check is not None else "",
+    }
+
+
+def _step_record(raw: object) -> StepRecord | None:
+    if not isinstance(raw, Mapping):
+        return None
+    started = _parse_time(raw.get("startedAt"))
+    index = raw.get("index")
+    if started is None or not isinstance(index, int) or index < 0:
+        return None
+    baseline = tuple(
+        RouterCounters(
+            str(c.get("pod") or ""),
+            int(c.get("requests") or 0),
+            int(c.get("errors") or 0),
+            int(c.get("rejected") or 0),
+        )
+        for c in raw.get("baseline") or []
+        if isinstance(c, Mapping)
+    )
+    return StepRecord(
+        index,
+        started,
+        baseline,
+        int(raw.get("servingRouterReplicas") or 1),
+        int(raw.get("weight") or 0),
+    )
 
 
 def _parse_time(raw: object) -> datetime | None:
@@ -255,6 +341,7 @@ def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
             if target and refusal.get("reason")
             else None
         ),
+        step=_step_record(rollout.get("step")) if target else None,
     )
 
 
@@ -283,6 +370,17 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
                 f"{_progress_needed(step)} pods are verified",
             )
         )
+    if step.step_record is not None and _step_began(step, previous):
+        record = step.step_record
+        events.append(
+            Event(
+                "Normal",
+                "TrafficStepStarted",
+                f"progressive step {record.index + 1}: revision {step.target_revision} takes "
+                f"{record.weight} % of requests (its share of the routers behind the Service), "
+                f"revision {step.serving_revision} the rest; the step check watches its routers",
+            )
+        )
     if step.switched and step.serving_revision is not None:
         was = step.previous_serving_revision or "nothing"
         events.append(
@@ -309,6 +407,15 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
             )
         )
     return events
+
+
+def _step_began(step: RolloutStep, previous: Mapping[str, Any]) -> bool:
+    before = (previous.get("rollout") or {}).get("step") or {}
+    record = step.step_record
+    return record is not None and (
+        previous.get("targetRevision") != step.target_revision
+        or before.get("index") != record.index
+    )
 
 
 _EVIDENCE = {

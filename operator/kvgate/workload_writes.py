@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate import builders, gate, labels
-from kvgate.api import ModelDeployment
+from kvgate import builders, gate, labels, lws_builders, multinode
+from kvgate.api import ModelDeployment, Role
 from kvgate.k8s import JSON_PATCH, MERGE_PATCH
 from kvgate.planner import RolloutStep
 
@@ -52,6 +52,9 @@ class BuildInputs:
 
     router_key_fingerprint: str | None = None
     guard: builders.Guard | None = None
+    # Whether the cluster serves LeaderWorkerSets to kvgate: without, a multi-node role's
+    # engines are not built at all (kvgate.lws_availability reports why).
+    leader_worker_sets: bool = True
 
 
 def refusal_notes(step: RolloutStep) -> dict[str, str]:
@@ -85,8 +88,10 @@ def template_replacement(current: Body, desired: Body) -> list[Body] | None:
             "value": {labels.TEMPLATE_HASH: desired_hash},
         }
     )
+    # A LeaderWorkerSet's templates (leader, worker) and group shape live in one field.
+    key = "leaderWorkerTemplate" if desired.get("kind") == multinode.LWS_KIND else "template"
     return [
-        {"op": "replace", "path": "/spec/template", "value": desired["spec"]["template"]},
+        {"op": "replace", "path": f"/spec/{key}", "value": desired["spec"][key]},
         hash_op,
     ]
 
@@ -118,11 +123,12 @@ def deployment_writes(
     missing = {k: v for k, v in notes.items() if annotations.get(k) != v}
     if missing and new_refusal:
         merge["metadata"] = {"annotations": missing}
+    kind = str(desired.get("kind", "Deployment"))
     if merge:
-        writes.append(Patch("Deployment", name, merge, MERGE_PATCH))
+        writes.append(Patch(kind, name, merge, MERGE_PATCH))
     replacement = template_replacement(current, desired)
     if replacement is not None:
-        writes.append(Patch("Deployment", name, replacement, JSON_PATCH))
+        writes.append(Patch(kind, name, replacement, JSON_PATCH))
     return writes
 
 
@@ -158,14 +164,26 @@ def revision_writes(
     notes = refusal_notes(step)
     writes: list[PlannedWrite] = []
     for intent in step.workloads:
-        desired = builders.deployment(
-            md,
-            intent.revision,
-            intent.component,
-            replicas=intent.replicas,
-            router_key_fingerprint=build.router_key_fingerprint,
-            guard=build.guard,
-        )
+        if intent.component == labels.ROLE_ROUTER:
+            desired = builders.deployment(
+                md,
+                intent.revision,
+                intent.component,
+                replicas=intent.replicas,
+                router_key_fingerprint=build.router_key_fingerprint,
+                guard=build.guard,
+            )
+        else:
+            # A LeaderWorkerSet when the role's engines span several nodes.
+            desired = lws_builders.engine_workload(
+                md,
+                intent.revision,
+                Role(intent.component),
+                replicas=intent.replicas,
+                guard=build.guard,
+            )
+            if desired["kind"] == multinode.LWS_KIND and not build.leader_worker_sets:
+                continue
         create_annotations = (
             {labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at), **notes}
             if intent.revision == step.target_revision
@@ -182,5 +200,5 @@ def revision_writes(
         for component in builders.COMPONENTS:
             dname = builders.component_name(name, revision, component)
             if dname in existing:
-                writes.append(Delete("Deployment", dname))
+                writes.append(Delete(str(existing[dname].get("kind", "Deployment")), dname))
     return writes

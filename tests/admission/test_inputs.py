@@ -415,6 +415,8 @@ def test_size_is_measured_after_the_api_servers_defaults_so_validate_and_webhook
     stored["model"]["weightsGiB"] = 15
     for role in ("prefill", "decode"):
         stored[role]["gpuReservedGiB"] = 1  # the CRD's default 1.0, as Go writes it
+    stored["rollout"]["stepCheck"]["maxErrorPercent"] = 1  # 1.0 and 100.0, as Go writes them
+    stored["rollout"]["stepCheck"]["maxRejectedPercent"] = 100
     assert spec_bytes(raw["spec"]) == spec_bytes(stored)
     compact = json.dumps(stored, separators=(",", ":"))
     assert spec_bytes(stored) == len(compact)

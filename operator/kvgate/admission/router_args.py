@@ -30,6 +30,11 @@ _LISTEN = (
     "changes where or how the router listens or reaches engines, which kvgate sets",
     "set spec.router.port for the port",
 )
+_METRICS = (
+    "moves the router's Prometheus listener, which kvgate reads on port 29000 for the "
+    "progressive step check",
+    "scrape the routers on their metrics port (29000)",
+)
 
 # flag -> (why it is denied, what to do instead) (smg 1.13, `smg launch --help`).
 DENIED_ROUTER_FLAGS: Mapping[str, tuple[str, str]] = {
@@ -75,6 +80,7 @@ DENIED_ROUTER_FLAGS: Mapping[str, tuple[str, str]] = {
     "--client-cert-path": _LISTEN,
     "--client-key-path": _LISTEN,
     "--ca-cert-paths": _LISTEN,
+    "--prometheus-port": _METRICS,
 }
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -21,21 +22,31 @@ from kvgate import (
     content_probe,
     gate,
     labels,
+    lws_availability,
     metrics,
     network_policy,
+    pass_timing,
     requirements,
     rollback,
     router_auth,
     workload_writes,
 )
-from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta
+from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta, RolloutStrategy
 from kvgate.conflict_status import conflict_events, with_conflicts
-from kvgate.handlers import content_check
+from kvgate.handlers import content_check, step_check
 from kvgate.handlers.router_workers import audit_loop
 from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
 from kvgate.k8s import JSON_PATCH, MERGE_PATCH, ApiError
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
-from kvgate.planner import ObservedState, PodState, RolloutStep, WorkloadState, plan
+from kvgate.planner import (
+    ObservedState,
+    PodState,
+    RolloutRecord,
+    RolloutStep,
+    WorkloadState,
+    plan,
+)
+from kvgate.progressive import RouterCounters
 from kvgate.revision import revision_of
 from kvgate.status import compute_status, events_for, invalid_spec_status, rollout_record
 
@@ -170,6 +181,9 @@ class Reconciler:
             for d in await api.list("Deployment", ns, selector)
             if is_controlled_by(d, meta.get("uid"))
         ]
+        # Multi-node engines' LeaderWorkerSets count as workloads like Deployments.
+        lws_access, groups = await self._leader_worker_sets(selector, meta.get("uid"))
+        deployments += groups
         pods = _pods_of(
             deployments,
             await api.list(
@@ -179,6 +193,8 @@ class Reconciler:
         service = await api.get("Service", ns, name)
         own_service = service if is_controlled_by(service or {}, meta.get("uid")) else None
         workloads = [w for w in map(workload_state, deployments) if w is not None]
+        recorded = rollout_record(body.get("status"))
+        selector_now = (own_service or {}).get("spec", {}).get("selector") or {}
         observed = ObservedState(
             spec=spec,
             target_revision=target,
@@ -191,10 +207,12 @@ class Reconciler:
             now=self.rt.clock(),
             # The durable record (status: only the operator writes it); the Service, the
             # Deployments and their annotations are evidence that anyone may lose or replace.
-            recorded=rollout_record(body.get("status")),
+            recorded=recorded,
             service_exists=service is not None,
             service_foreign=service is not None and own_service is None,
             content_checks=content_probe.checks_in(body.get("status")),
+            service_split=selector_now == builders.split_selector(name),
+            target_router_counters=await self._target_router_counters(spec, target, recorded),
         )
 
         # evaluate
@@ -205,7 +223,13 @@ class Reconciler:
         )
 
         # write
-        conflicts = await self._apply(md, step, {_key(d): d for d in deployments}, service)
+        conflicts = await self._apply(
+            md,
+            step,
+            {_key(d): d for d in deployments},
+            service,
+            leader_worker_sets=lws_access is lws_availability.LwsAccess.SERVED,
+        )
         previous = body.get("status") or None
         status = compute_status(
             step,
@@ -242,10 +266,22 @@ class Reconciler:
             previous=previous,
             now=self.rt.clock(),
         )
+        lws_message = lws_availability.unavailable_message(spec, lws_access)
+        status = lws_availability.with_lws_unavailable(
+            status,
+            lws_message,
+            generation=int(meta.get("generation") or 0),
+            previous=previous,
+            now=self.rt.clock(),
+        )
         metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(conflicts))
         if _strip_none(previous or {}) != _strip_none(status):
             await api.patch_md_status(ns, name, status)
-        for event in [*events_for(step, previous), *conflict_events(conflicts, previous)]:
+        for event in [
+            *events_for(step, previous),
+            *conflict_events(conflicts, previous),
+            *lws_availability.lws_events(lws_message, previous),
+        ]:
             await self._event(body, event.type, event.reason, event.message)
         if content_result is not None:
             await self._event(
@@ -263,12 +299,44 @@ class Reconciler:
             )
         return step
 
+    async def _target_router_counters(
+        self, spec: ModelDeploymentSpec, target: str, recorded: RolloutRecord
+    ) -> tuple[RouterCounters, ...] | None:
+        """The target's routers' response counters, read only while a progressive rollout to it
+        is under way (another revision serves)."""
+        progressive = spec.rollout.strategy is RolloutStrategy.PROGRESSIVE
+        if not progressive or recorded.serving_revision in (None, target):
+            return None
+        routers = await self.rt.api.list(
+            "Pod",
+            self.namespace,
+            builders.selector_labels(self.name, target, labels.ROLE_ROUTER),
+        )
+        return await step_check.read_counters(routers, self.rt.fetch_text)
+
+    async def _leader_worker_sets(
+        self, selector: dict[str, str], md_uid: str | None
+    ) -> tuple[lws_availability.LwsAccess, list[Body]]:
+        """The ModelDeployment's own LeaderWorkerSets (with their kind, which list items lack)
+        and whether kvgate may use that API. Asked every pass, whatever the spec says now: a
+        revision that still serves may be a multi-node one."""
+        try:
+            found = await self.rt.api.list("LeaderWorkerSet", self.namespace, selector)
+        except ApiError as exc:
+            if exc.status in (403, 404):
+                return lws_availability.access_from_status(exc.status), []
+            raise
+        own = [{"kind": "LeaderWorkerSet", **g} for g in found if is_controlled_by(g, md_uid)]
+        return lws_availability.LwsAccess.SERVED, own
+
     async def _apply(
         self,
         md: ModelDeployment,
         step: RolloutStep,
         existing: dict[str, Body],
         service: Body | None,
+        *,
+        leader_worker_sets: bool = True,
     ) -> list[OwnershipConflict]:
         """Write the step; returns the objects kvgate needed but may not touch (not its own)."""
         conflicts: list[OwnershipConflict] = []
@@ -286,7 +354,7 @@ class Reconciler:
         )
 
         for write in workload_writes.revision_writes(
-            md, step, existing, workload_writes.BuildInputs(fingerprint, guard)
+            md, step, existing, workload_writes.BuildInputs(fingerprint, guard, leader_worker_sets)
         ):
             conflict = await self._write(write, md.metadata.uid)
             if conflict is not None:
@@ -300,7 +368,9 @@ class Reconciler:
             conflicts.append(service_conflict)  # someone else's: never adopt or re-point it
         for write in workload_writes.service_writes(
             service,
-            builders.service(md, step.service_revision) if step.service_revision else None,
+            builders.service(md, step.service_revision, split=step.service_split)
+            if step.service_revision
+            else None,
             foreign=service_conflict is not None,
         ):
             await self._write(write, None)
@@ -503,12 +573,18 @@ def _pods_of(deployments: list[Body], pods: list[Body]) -> list[Body]:
     """Pods controlled by a ReplicaSet of one of these Deployments (``<deployment>-<hash>``).
     The verifier proves the full chain before a pod's gate can turn True; this cheap filter only
     keeps look-alike pods out of the rollout's counts."""
-    prefixes = tuple(f"{_key(d)}-" for d in deployments)
+    prefixes = tuple(f"{_key(d)}-" for d in deployments if d.get("kind") != "LeaderWorkerSet")
+    # A multi-node engine's leader comes from the leader StatefulSet named as its group's LWS.
+    groups = {_key(d) for d in deployments if d.get("kind") == "LeaderWorkerSet"}
     out = []
     for pod in pods:
         for ref in pod.get("metadata", {}).get("ownerReferences") or []:
             if ref.get("controller") and ref.get("kind") == "ReplicaSet":
                 if str(ref.get("name", "")).startswith(prefixes) and prefixes:
+                    out.append(pod)
+                break
+            if ref.get("controller") and ref.get("kind") == "StatefulSet":
+                if str(ref.get("name", "")) in groups:
                     out.append(pod)
                 break
     return out
@@ -526,16 +602,47 @@ def _revision_of_raw(raw: Any) -> str | None:
         return None
 
 
-def next_interval(rt: Runtime, step: RolloutStep | None) -> float:
+def next_interval(
+    rt: Runtime, step: RolloutStep | None, quiet_passes: int = 0, key: MdKey | None = None
+) -> float:
+    """Seconds to the next timer pass (kvgate.pass_timing): in flight, quiet timer passes back
+    off towards the steady period (watches wake the loop on every change), bounded by the verify
+    deadline."""
     settled = (
         step is not None
         and step.serving_revision == step.target_revision
         and not step.serving_problems
         and not step.delete_revisions
     )
-    if settled or (step is not None and step.refusal is not None and not step.new_refusal):
-        return rt.settings.steady_reconcile_seconds
-    return rt.settings.reconcile_seconds
+    steady = settled or (step is not None and step.refusal is not None and not step.new_refusal)
+    return pass_timing.next_pass_seconds(
+        settled=steady,
+        failed=step is None,
+        quiet_passes=quiet_passes,
+        reconcile_seconds=rt.settings.reconcile_seconds,
+        steady_seconds=rt.settings.steady_reconcile_seconds,
+        until_deadline=_until_verify_deadline(rt, step, key),
+        jitter=random.random(),
+    )
+
+
+def _until_verify_deadline(
+    rt: Runtime, step: RolloutStep | None, key: MdKey | None
+) -> float | None:
+    """Seconds until the target revision's verify deadline; None when no rollout waits on it."""
+    if step is None or key is None or step.refusal is not None:
+        return None
+    if step.serving_revision == step.target_revision:
+        return None
+    spec = (rt.mds.get(key) or {}).get("spec") or {}
+    timeout = (spec.get("rollout") or {}).get("verifyTimeoutSeconds")  # defaulted by the CRD
+    if not isinstance(timeout, int | float):
+        try:
+            timeout = ModelDeploymentSpec.model_validate(spec).rollout.verify_timeout_seconds
+        except ValidationError:
+            return None
+    deadline = step.verify_started_at + timedelta(seconds=float(timeout))
+    return (deadline - rt.clock()).total_seconds()
 
 
 async def run_reconciler(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -> None:
@@ -554,6 +661,7 @@ async def _reconcile_until_stopped(
     rt: Runtime, reconciler: Reconciler, wake: asyncio.Event, stopped: Callable[[], bool]
 ) -> None:
     key = (reconciler.namespace, reconciler.name)
+    quiet = 0  # timer passes in a row that no change woke
     while not stopped():
         wake.clear()
         try:
@@ -565,4 +673,7 @@ async def _reconcile_until_stopped(
             step = None
         # Debounce: our own writes come back as watch events; let them land together.
         await asyncio.sleep(MIN_PASS_SECONDS)
-        await sleep_until_woken(wake, next_interval(rt, step) - MIN_PASS_SECONDS)
+        woken = await sleep_until_woken(
+            wake, next_interval(rt, step, quiet, key) - MIN_PASS_SECONDS
+        )
+        quiet = 0 if woken else quiet + 1

@@ -12,6 +12,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 
 from kvgate import router_auth
 from kvgate.api import API_VERSION, KIND
+from kvgate.handlers import step_check
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
@@ -55,6 +56,8 @@ class Runtime:
     routers: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> router pod body
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
+    fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 

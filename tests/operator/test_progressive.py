@@ -1,0 +1,108 @@
+"""Progressive rollouts, pure parts: the router split of a weight, and the step check."""
+
+from __future__ import annotations
+
+import pytest
+from kvgate.progressive import (
+    RouterCounters,
+    check_step,
+    counters_from_metrics,
+    share_percent,
+    since,
+    split_routers,
+)
+
+# What smg 1.13 exposes (recorded from a real `smg launch` answering two generation requests, a
+# chat request, a 404, an over-length refusal and a request whose client went away).
+SMG_METRICS = """\
+# HELP smg_http_responses_total Total HTTP responses by path, status_code and error_code
+# TYPE smg_http_responses_total counter
+smg_http_responses_total{path="/generate",status_code="200",error_code=""} 40
+smg_http_responses_total{path="/generate",status_code="503",error_code="no_available_workers"} 2
+smg_http_responses_total{path="/v1/completions",status_code="200",error_code=""} 7
+smg_http_responses_total{path="/v1/chat/completions",status_code="400",error_code="bad_request"} 3
+smg_http_responses_total{path="/generate",status_code="499",error_code="client_closed_request"} 5
+smg_http_responses_total{path="other",status_code="404",error_code="unknown_url"} 11
+smg_http_responses_total{path="/health",status_code="200",error_code=""} 90
+smg_http_requests_total{method="POST",path="/generate"} 47
+"""
+
+
+@pytest.mark.parametrize(
+    ("weight", "max_routers", "expected"),
+    [
+        (10, 10, (9, 1)),
+        (50, 10, (1, 1)),  # the fewest routers among equally close ratios
+        (25, 10, (3, 1)),
+        (33, 10, (2, 1)),
+        (90, 10, (1, 9)),
+        (20, 4, (3, 1)),  # 25 %: the closest four routers can do
+    ],
+)
+def test_a_weight_becomes_the_closest_router_ratio(
+    weight: int, max_routers: int, expected: tuple[int, int]
+) -> None:
+    assert split_routers(weight, max_routers) == expected
+
+
+@pytest.mark.parametrize("max_routers", [2, 4, 10, 20])
+def test_every_admissible_weight_is_within_half_a_router_of_its_share(max_routers: int) -> None:
+    low = -(-100 // max_routers)
+    for weight in range(low, 100 - low + 1):
+        serving, target = split_routers(weight, max_routers)
+        assert serving >= 1 and target >= 1 and serving + target <= max_routers
+        share = 100 * target / (serving + target)
+        assert abs(share - weight) <= 100 / (2 * max_routers) + 1e-9, (weight, serving, target)
+
+
+def test_the_share_is_the_targets_part_of_the_ready_routers() -> None:
+    assert share_percent(9, 1) == 10
+    assert share_percent(0, 3) == 100
+    assert share_percent(0, 0) == 0
+
+
+def test_generation_responses_are_counted_and_other_paths_and_client_hangups_are_not() -> None:
+    counters = counters_from_metrics("router-a", SMG_METRICS)
+    assert counters == RouterCounters("router-a", requests=52, errors=2, rejected=3)
+
+
+def test_a_restarted_router_counts_from_zero_and_a_new_one_from_its_first_request() -> None:
+    baseline = [RouterCounters("a", 100, 5, 1), RouterCounters("b", 10, 0, 0)]
+    now = [
+        RouterCounters("a", 30, 2, 0),
+        RouterCounters("b", 25, 1, 2),
+        RouterCounters("c", 4, 0, 0),
+    ]
+    assert since(baseline, now) == (30 + 15 + 4, 2 + 1, 0 + 2)
+
+
+def test_the_check_fails_above_the_error_share_and_names_the_numbers() -> None:
+    check = check_step(
+        [RouterCounters("a", 100, 0, 0)],
+        [RouterCounters("a", 150, 2, 0)],
+        max_error_percent=1.0,
+        max_rejected_percent=100.0,
+    )
+    assert check.requests == 50 and check.errors == 2
+    assert check.failure == (
+        "2 of 50 requests failed (4.0 % > rollout.stepCheck.maxErrorPercent=1)"
+    )
+
+
+def test_the_check_holds_at_the_error_share_and_without_requests() -> None:
+    at_limit = check_step(
+        [], [RouterCounters("a", 100, 1, 0)], max_error_percent=1.0, max_rejected_percent=100.0
+    )
+    assert at_limit.failure is None and at_limit.error_percent == 1.0
+    quiet = check_step([], [], max_error_percent=0.0, max_rejected_percent=0.0)
+    assert quiet.failure is None and quiet.requests == 0
+
+
+def test_refusals_fail_the_check_only_above_their_own_limit() -> None:
+    counters = [RouterCounters("a", 20, 0, 5)]
+    lenient = check_step([], counters, max_error_percent=1.0, max_rejected_percent=100.0)
+    assert lenient.failure is None and lenient.rejected_percent == 25.0
+    strict = check_step([], counters, max_error_percent=1.0, max_rejected_percent=10.0)
+    assert strict.failure == (
+        "5 of 20 requests refused (25.0 % > rollout.stepCheck.maxRejectedPercent=10)"
+    )
