@@ -1,6 +1,6 @@
 """Predict one engine's KV pool before any GPU is spent, with SGLang's own arithmetic.
 
-The formulas follow SGLang 0.5.23 (research/sglang.md §2), reimplemented, not imported; each
+The formulas follow SGLang 0.5.23, reimplemented, not imported; each
 rule below names the SGLang file it comes from. :func:`layout_of` sorts a config into:
 
 - MHA/GQA: ``max(1, kv_heads // attn_tp) × (head_dim + v_head_dim) × layers × dtype_bytes``

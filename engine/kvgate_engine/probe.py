@@ -69,7 +69,7 @@ from kvgate_engine.verdict import (
 # Ten trillion tokens: no GPU fleet holds that; a bigger number is corruption, not a pool.
 MAX_PLAUSIBLE_TOKENS = 10**13
 # SGLang 0.5.23's /server_info is ~40 KB for one DP rank: ~800 top-level keys, plus one
-# internal_states entry of ~550 keys (~20 KB) per DP rank (shared/research/sglang-cpu.md). 4 MiB
+# internal_states entry of ~550 keys (~20 KB) per DP rank (measured on SGLang's CPU build). 4 MiB
 # holds ~200 DP ranks; 1 MiB would refuse a DP-attention engine of ~50 ranks. /v1/models is one
 # short card per served model.
 SERVER_INFO_LIMITS = BodyLimits.for_bytes(4 * MiB)

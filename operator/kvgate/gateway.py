@@ -1,8 +1,8 @@
 """Does a gateway still route to an engine pod whose verification gate turned False? (pure)
 
-smg 1.13 drains and drops the worker of a pod that turns NotReady within about a second
-(shared/research/smg.md §3). A gateway that does not honour NotReady would keep sending requests
-to an unverified engine; the only lasting way to stop it is to delete the pod. This module decides
+smg 1.13 drains and drops the worker of a pod that turns NotReady within about a second. A
+gateway that does not honour NotReady would keep sending requests to an unverified engine; the
+only lasting way to stop it is to delete the pod. This module decides
 that from plain data: the pod, when its gate turned False, and the workers each router pod of the
 same revision lists in ``GET /workers`` (smg's JSON, plain dicts).
 

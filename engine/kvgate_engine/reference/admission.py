@@ -1,6 +1,6 @@
 """SGLang's request-length checks, with SGLang's message texts (pure).
 
-Three places reject a request by length (research/sglang.md §2, "Rejection paths"):
+Three places reject a request by length in SGLang:
 1. the tokenizer, against the context length only;
 2. the scheduler, against ``max_req_input_len`` (which is below the context when the KV pool is);
 3. the decode prealloc queue, against the pool.
