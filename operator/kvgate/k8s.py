@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from prometheus_client import Counter
 
 from kvgate import labels, metrics
 from kvgate.api import GROUP, PLURAL, VERSION
@@ -39,6 +40,26 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 Body = dict[str, Any]
 log = logging.getLogger("kvgate.k8s")
+
+# Every request of kvgate's own client (kopf's watches are long-lived streams, not counted): at
+# steady state it must follow changes, not fleet size (README, Measured: Scale).
+API_REQUESTS = Counter(
+    "kvgate_api_requests",
+    "Requests kvgate's client sent to the Kubernetes API, by verb and resource.",
+    ["verb", "resource"],
+    registry=metrics.REGISTRY,
+)
+
+
+def resource_of(path: str) -> str:
+    """``pods``, ``pods/status``, ``modeldeployments``... from an API path (pure)."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if "namespaces" in parts:
+        i = parts.index("namespaces")
+        rest = parts[i + 2 :] if len(parts) > i + 2 else ["namespaces"]
+    else:
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    return "/".join(rest[:1] + rest[2:3]) or "unknown"
 
 
 class ApiError(Exception):
@@ -217,6 +238,7 @@ class KubeApi:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
+        API_REQUESTS.labels(method, resource_of(path)).inc()
         async with self._session_now().request(
             method, self.credentials.server + path, data=data, headers=headers, params=params
         ) as response:
