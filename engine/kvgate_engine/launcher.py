@@ -10,8 +10,8 @@ Version-gated flags (the version is read from the image tag):
   >= ``KV_CHECKSUM_MIN_VERSION`` (0.5.21: the first released wheel whose parser accepts it, as
   the conformance test shows);
 - ``--kv-canary log`` when ``safety.kvCanary`` and the image is >= ``KV_CANARY_MIN_VERSION``
-  (0.5.19: the oldest release we test, whose parser already accepts it — the research notes
-  called it new in 0.5.23, the released wheels say otherwise).
+  (0.5.19: the oldest release we test, whose parser already accepts it, as the conformance test
+  shows).
 
 The engine API key (``engine.apiKeySecretRef``) is passed as ``--api-key $(KVGATE_ENGINE_API_KEY)``:
 Kubernetes expands the reference from the container's environment, which the pod template fills

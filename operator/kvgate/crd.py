@@ -1,7 +1,7 @@
 """Generate the ModelDeployment CRD from the pydantic API models.
 
 pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3.0 schema.
-``structural()`` rewrites one into the other (the rules are in shared/research/kopf.md §3):
+``structural()`` rewrites one into the other:
 inline ``$ref``, drop ``null`` branches and titles, turn ``int | str`` into
 ``x-kubernetes-int-or-string``, numeric exclusive bounds into v3.0 booleans, ``const`` into
 ``enum``, and never put ``additionalProperties`` beside ``properties``.
