@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kvgate_engine.reference import faults
 from kvgate_engine.reference.args import LaunchArgs
 from kvgate_engine.reference.engine import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -419,6 +420,8 @@ def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Applica
     app.router.add_put("/generate", handle_generate)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    if faults.enabled():
+        faults.install(app)
     if state.launch["enable_metrics"]:
         registry = build_registry(state.engine, state.served_model_name)
 
