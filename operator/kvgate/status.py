@@ -94,6 +94,14 @@ def _ready(step: RolloutStep) -> _Cond:
             f"revision {rev} serves with too few verified engines: {_progress(step.progress)}, "
             f"{router}",
         )
+    if step.step_record is not None:
+        return _Cond(
+            "False",
+            "RolloutInProgress",
+            f"revision {rev} verified ({_progress(step.progress)}) and in progressive step "
+            f"{step.step_record.index + 1} ({step.step_record.weight} % of requests); "
+            f"{_serving_note(step)} with the rest",
+        )
     return _Cond(
         "False",
         "RolloutInProgress" if step.serving_revision else "AwaitingVerification",

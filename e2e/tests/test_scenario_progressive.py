@@ -1,0 +1,281 @@
+"""Progressive rollouts (issue 19): traffic moves in gated steps, and a failing step rolls back.
+
+``spec.rollout.strategy: Progressive`` with steps 10 % and 50 %: once the new revision's engines
+are verified (and content-checked), the Service selects the routers of both revisions and the
+planner runs 9 old routers to 1 new one, then 1 to 1, each step held for its pause while the step
+check reads the new routers' ``smg_http_responses_total``; then all traffic moves. The observed
+split is measured from every router's own counters over the part of each step where its routers
+were all ready, and must be within three standard deviations (binomial) of the router ratio,
+plus one point. A new revision that starts failing requests in a step (the reference engine's
+injected fault) is refused with the numbers and all traffic goes back to the old revision.
+
+Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_progressive.py -v -s`` (root).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from typing import Any
+
+import pytest
+from kvgate.progressive import counters_from_metrics
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, http_json, is_ready, known_answer_body
+from kvgate_e2e.world import output_ids as answer_ids
+from scenario_helpers import TrafficLoop, deadline_loop, engine_pods, events, sample_md
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+MODEL = "llama-3.1-8b"
+PAUSE_SECONDS = 25
+ROUTERS = "kvgate.io/deployment={name},kvgate.io/component=router"
+
+
+def progressive_md(name: str, **rollout: Any) -> dict[str, Any]:
+    return sample_md(
+        name,
+        rollout={
+            "strategy": "Progressive",
+            "steps": [
+                {"weight": 10, "pauseSeconds": PAUSE_SECONDS},
+                {"weight": 50, "pauseSeconds": PAUSE_SECONDS},
+            ],
+            **rollout,
+        },
+    )
+
+
+def status_of(world: World, name: str, ns: str) -> dict[str, Any]:
+    return dict(((world.get_md(name, ns) or {}).get("status")) or {})
+
+
+def split_is(world: World, name: str, ns: str, split: str) -> bool:
+    return status_of(world, name, ns).get("trafficSplit") == split
+
+
+def step_left(world: World, name: str, ns: str, index: int) -> bool:
+    step = (status_of(world, name, ns).get("rollout") or {}).get("step") or {}
+    return step.get("index") != index
+
+
+def serving(world: World, name: str, ns: str, not_: str | None = None) -> str | None:
+    md = world.get_md(name, ns) or {}
+    status = md.get("status") or {}
+    revision = status.get("servingRevision")
+    if not revision or revision == not_ or status.get("targetRevision") != revision:
+        return None
+    return revision if is_ready({"status": {"conditions": status.get("conditions")}}) else None
+
+
+def router_requests(world: World, name: str, ns: str) -> dict[str, tuple[str, int]]:
+    """Router pod -> (revision, generation responses so far), from each pod's own metrics."""
+    out: dict[str, tuple[str, int]] = {}
+    for pod in world.list("pods", ns, f"kvgate.io/deployment={name},kvgate.io/component=router"):
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip or pod["status"].get("phase") != "Running":
+            continue
+        try:
+            code, text = http_json(f"http://127.0.0.1:{world.forward(ip, 29000)}/metrics")
+        except OSError:
+            continue
+        if code == 200 and isinstance(text, str):
+            counters = counters_from_metrics(pod["metadata"]["name"], text)
+            out[counters.pod] = (pod["metadata"]["labels"]["kvgate.io/revision"], counters.requests)
+    return out
+
+
+def share_between(
+    before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]], target: str
+) -> tuple[float, int]:
+    """The target revision's share (percent) of the generation requests answered between two
+    snapshots, and how many there were (pods in both snapshots only)."""
+    per_revision: dict[str, int] = {}
+    for pod, (revision, count) in after.items():
+        if pod in before:
+            per_revision[revision] = per_revision.get(revision, 0) + count - before[pod][1]
+    total = sum(per_revision.values())
+    return (100.0 * per_revision.get(target, 0) / total if total else 0.0), total
+
+
+def known_answer(world: World, name: str, ns: str) -> tuple[bool, str]:
+    code, answer = world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
+    ok = code == 200 and answer_ids(answer) == KNOWN_PROMPT_IDS[:4]
+    return ok, f"HTTP {code} {str(answer)[:160]}"
+
+
+def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverified_in_between(
+    world: World, namespace: str
+) -> None:
+    ns, name = namespace, "progressive"
+    world.apply(progressive_md(name), namespace=ns)
+    rev_a = deadline_loop("revision A to serve", lambda: serving(world, name, ns), 300)
+
+    update = progressive_md(name)
+    update["spec"]["decode"]["memFractionStatic"] = 0.84
+    measured: list[str] = []
+    with (
+        InvariantSampler(world.cluster, ns, name="progressive") as sampler,
+        TrafficLoop(lambda: known_answer(world, name, ns), pause=0.05) as traffic,
+    ):
+        applied = time.monotonic()
+        world.apply(update, namespace=ns)
+        rev_b = deadline_loop(
+            "revision B to be the target",
+            lambda: (
+                status_of(world, name, ns).get("targetRevision") not in (None, rev_a)
+                and status_of(world, name, ns)["targetRevision"]
+            ),
+            60,
+        )
+        for index, (weight, old_routers, new_routers) in enumerate([(10, 9, 1), (50, 1, 1)]):
+            split = f"{rev_a}={100 - weight}%,{rev_b}={weight}%"
+            deadline_loop(
+                f"step {index + 1}: {split} of ready routers",
+                partial(split_is, world, name, ns, split),
+                240,
+            )
+            reached = time.monotonic() - applied
+            step = status_of(world, name, ns)["rollout"]["step"]
+            assert step["index"] == index and step["weight"] == weight
+            routers = [
+                r
+                for r in world.list("pods", ns, ROUTERS.format(name=name))
+                if not r["metadata"].get("deletionTimestamp")
+            ]
+            by_revision = [
+                sum(1 for r in routers if r["metadata"]["labels"]["kvgate.io/revision"] == rev)
+                for rev in (rev_a, rev_b)
+            ]
+            assert by_revision == [old_routers, new_routers], by_revision
+            before = router_requests(world, name, ns)
+            deadline_loop(
+                f"step {index + 1} to end",
+                partial(step_left, world, name, ns, index),
+                PAUSE_SECONDS + 60,
+            )
+            after = router_requests(world, name, ns)
+            observed, requests = share_between(before, after, rev_b)
+            sigma = 100 * math.sqrt(weight / 100 * (1 - weight / 100) / max(requests, 1))
+            measured.append(
+                f"step {index + 1} ({weight} %) reached {reached:.1f}s after apply; observed "
+                f"{observed:.1f} % of {requests} requests (3 sigma {3 * sigma:.1f} points)"
+            )
+            assert requests >= 50, measured[-1]
+            assert abs(observed - weight) <= 3 * sigma + 1, measured[-1]
+        deadline_loop("revision B to serve", lambda: serving(world, name, ns, not_=rev_a), 120)
+        done = time.monotonic() - applied
+        assert status_of(world, name, ns)["trafficSplit"] == f"{rev_b}=100%"
+        deadline_loop(
+            "revision A's Deployments to be deleted",
+            lambda: (
+                {
+                    d["metadata"]["labels"]["kvgate.io/revision"]
+                    for d in world.list("deployments", ns, f"kvgate.io/deployment={name}")
+                }
+                == {rev_b}
+            ),
+            120,
+        )
+    started = [e["message"] for e in events(world, ns, "TrafficStepStarted")]
+    assert len(started) == 2 and "takes 10 % of requests" in started[0], started
+    print("MEASURED progressive: " + "; ".join(measured) + f"; all traffic at {done:.1f}s")
+    print(
+        f"MEASURED progressive traffic: {len(traffic.results)} known-answer requests, "
+        f"{len(traffic.failures)} failed; sampler: {sampler.summary()}"
+    )
+    assert traffic.failures == [], traffic.failures[:3]
+    sampler.check()
+
+
+def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
+    world: World, namespace: str
+) -> None:
+    ns, name = namespace, "canary-fail"
+    world.apply(progressive_md(name), namespace=ns)
+    rev_a = deadline_loop("revision A to serve", lambda: serving(world, name, ns), 300)
+
+    failing = progressive_md(name)
+    failing["spec"]["engine"].setdefault("env", []).append(
+        {"name": "KVGATE_REFERENCE_FAULTS", "value": "1"}
+    )
+    with (
+        InvariantSampler(world.cluster, ns, name="progressive-fail") as sampler,
+        TrafficLoop(lambda: known_answer(world, name, ns), pause=0.05) as traffic,
+    ):
+        world.apply(failing, namespace=ns)
+        rev_b = deadline_loop(
+            "revision B in its first step",
+            lambda: (
+                (status_of(world, name, ns).get("trafficSplit") or "").endswith("=10%")
+                and status_of(world, name, ns)["targetRevision"]
+            ),
+            300,
+        )
+        for pod in engine_pods(world, ns, name):
+            if pod["metadata"]["labels"]["kvgate.io/revision"] == rev_b:
+                port = 30000
+                code, _ = http_json(
+                    f"http://127.0.0.1:{world.forward(pod['status']['podIP'], port)}"
+                    "/kvgate/faults/fail-generation",
+                    {},
+                )
+                assert code == 200
+        injected = time.monotonic()
+        refusal = deadline_loop(
+            "revision B refused by the step check",
+            lambda: (status_of(world, name, ns).get("rollout") or {}).get("refusal"),
+            120,
+        )
+        refused_after = time.monotonic() - injected
+        deadline_loop(
+            "the Service to select revision A only",
+            lambda: (
+                (world.get("service", name, ns) or {})
+                .get("spec", {})
+                .get("selector", {})
+                .get("kvgate.io/revision")
+                == rev_a
+            ),
+            30,
+        )
+        back_after = time.monotonic() - injected
+        deadline_loop(
+            "revision B's routers to be gone",
+            lambda: (
+                not [
+                    p
+                    for p in world.list(
+                        "pods", ns, f"kvgate.io/deployment={name},kvgate.io/component=router"
+                    )
+                    if p["metadata"]["labels"]["kvgate.io/revision"] == rev_b
+                ]
+            ),
+            90,
+        )
+        failures_at_rollback = len(traffic.failures)
+        calm = time.monotonic()
+        deadline_loop(
+            "50 requests after the rollback",
+            lambda: sum(1 for t, _, _ in traffic.results if t > calm) >= 50,
+            60,
+        )
+        late_failures = [f for f in traffic.failures if f[0] > calm]
+    assert refusal["reason"] == "StepCheckFailed"
+    assert "requests failed" in refusal["message"] and rev_a in refusal["message"]
+    status = status_of(world, name, ns)
+    assert status["servingRevision"] == rev_a and status["trafficSplit"] == f"{rev_a}=100%"
+    refused_events = events(world, ns, "RolloutRefused")
+    assert refused_events and "StepCheckFailed" in refused_events[0]["message"]
+    print(
+        f"MEASURED progressive rollback: fault injected -> refused {refused_after:.1f}s, "
+        f"Service back on A {back_after:.1f}s; {failures_at_rollback} of "
+        f"{len(traffic.results)} requests failed before it (all on B's router), "
+        f"{len(late_failures)} after; sampler: {sampler.summary()}"
+    )
+    assert late_failures == [], late_failures[:3]
+    sampler.check()
