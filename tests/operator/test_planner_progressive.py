@@ -6,9 +6,11 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from kvgate.planner import (
     REFUSED_STEP_CHECK,
     ObservedState,
+    Refusal,
     RolloutRecord,
     RolloutStep,
     StepRecord,
@@ -252,3 +254,41 @@ def test_switch_strategy_is_unchanged_by_router_counters() -> None:
     step = plan(observed)
     assert step.serving_revision == NEW and step.service_split is False
     assert step.workloads[-1] == WorkloadIntent(NEW, "router", 1)
+
+
+@pytest.mark.parametrize("service_lost", [False, True])
+@pytest.mark.parametrize("annotations_lost", [False, True])
+@pytest.mark.parametrize("refused", [False, True])
+@pytest.mark.parametrize("in_step", [False, True])
+def test_every_combination_keeps_the_serving_revision_and_routes_only_where_it_should(
+    service_lost: bool, annotations_lost: bool, refused: bool, in_step: bool
+) -> None:
+    """Lost Service x lost annotations x refused target x a step in progress: the serving
+    revision is never deleted and always selected, a refused target never has routers nor a
+    share, and only an unrefused target in its step is split with the serving revision."""
+    wl = both_serving(serving_routers=9 if in_step else 1)
+    if annotations_lost:
+        wl = [replace(w, verify_started_at=None) for w in wl]
+    refusal = Refusal(NEW, "EngineUnsafe", "pool too small") if refused else None
+    observed = replace(
+        progressive(
+            step=StepRecord(0, NOW, (), 1, 10) if in_step else None,
+            wl=wl,
+            counters=(RouterCounters("r", 10, 0, 0),),
+        ),
+        service_exists=not service_lost,
+    )
+    observed = replace(observed, recorded=replace(observed.recorded, refusal=refusal))
+    if service_lost:
+        observed = replace(observed, service_revision=None, service_split=False)
+    step = plan(observed)
+    assert OLD not in step.delete_revisions and NEW not in step.delete_revisions
+    assert step.serving_revision == OLD and step.service_revision == OLD
+    if refused:
+        assert step.refusal == refusal and step.service_split is False
+        assert router_intents(step)[NEW] == 0
+    else:
+        assert step.refusal is None and step.service_split is True
+        assert step.step_record is not None and step.step_record.index == 0
+    if service_lost:
+        assert step.service_repair is not None and step.service_repair.recreated
