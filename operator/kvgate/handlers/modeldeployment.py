@@ -212,7 +212,9 @@ class Reconciler:
             service_foreign=service is not None and own_service is None,
             content_checks=content_probe.checks_in(body.get("status")),
             service_split=selector_now == builders.split_selector(name),
-            target_router_counters=await self._target_router_counters(spec, target, recorded),
+            target_router_counters=await self._target_router_counters(
+                spec, target, recorded, deployments
+            ),
         )
 
         # evaluate
@@ -300,10 +302,14 @@ class Reconciler:
         return step
 
     async def _target_router_counters(
-        self, spec: ModelDeploymentSpec, target: str, recorded: RolloutRecord
+        self,
+        spec: ModelDeploymentSpec,
+        target: str,
+        recorded: RolloutRecord,
+        deployments: list[Body],
     ) -> tuple[RouterCounters, ...] | None:
         """The target's routers' response counters, read only while a progressive rollout to it
-        is under way (another revision serves)."""
+        is under way (another revision serves); only pods of kvgate's own router Deployment."""
         progressive = spec.rollout.strategy is RolloutStrategy.PROGRESSIVE
         if not progressive or recorded.serving_revision in (None, target):
             return None
@@ -312,7 +318,7 @@ class Reconciler:
             self.namespace,
             builders.selector_labels(self.name, target, labels.ROLE_ROUTER),
         )
-        return await step_check.read_counters(routers, self.rt.fetch_text)
+        return await step_check.read_counters(_pods_of(deployments, routers), self.rt.fetch_text)
 
     async def _leader_worker_sets(
         self, selector: dict[str, str], md_uid: str | None
