@@ -103,9 +103,11 @@ def deployment_writes(
     create_annotations: Mapping[str, str],
     notes: Mapping[str, str],
     new_refusal: bool,
+    retemplate: bool = True,
 ) -> list[PlannedWrite]:
     """One revision Deployment: ``desired`` is what this operator builds (no step annotations);
-    ``create_annotations`` go on it only when it is created."""
+    ``create_annotations`` go on it only when it is created. ``retemplate`` False: only its
+    replicas are kept (another revision's router, whose spec is not the current one)."""
     if current is None:
         body = {**desired, "metadata": dict(desired["metadata"])}
         body["metadata"]["annotations"] = {
@@ -126,7 +128,7 @@ def deployment_writes(
     kind = str(desired.get("kind", "Deployment"))
     if merge:
         writes.append(Patch(kind, name, merge, MERGE_PATCH))
-    replacement = template_replacement(current, desired)
+    replacement = template_replacement(current, desired) if retemplate else None
     if replacement is not None:
         writes.append(Patch(kind, name, replacement, JSON_PATCH))
     return writes
@@ -184,17 +186,21 @@ def revision_writes(
             )
             if desired["kind"] == multinode.LWS_KIND and not build.leader_worker_sets:
                 continue
+        target = intent.revision == step.target_revision
         create_annotations = (
             {labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at), **notes}
-            if intent.revision == step.target_revision
+            if target
             else {}  # a serving revision's rebuilt router: the target's notes aren't its
         )
         writes += deployment_writes(
             existing.get(desired["metadata"]["name"]),
             desired,
             create_annotations=create_annotations,
-            notes=notes,
+            notes=notes if target else {},
             new_refusal=step.new_refusal,
+            # The serving revision's routers (scaled for a progressive split): built from the
+            # current spec, which is not theirs, so they keep their own template.
+            retemplate=target,
         )
     for revision in step.delete_revisions:
         for component in builders.COMPONENTS:

@@ -240,3 +240,32 @@ def test_the_service_is_created_or_re_pointed_only_when_it_must_be(
     expected: list[PlannedWrite],
 ) -> None:
     assert service_writes(current, desired, foreign=foreign) == expected, case
+
+
+def test_the_serving_revisions_router_is_only_scaled_for_a_split_never_retemplated_or_noted() -> (
+    None
+):
+    """Its template is built from the current spec, which is the target's, not its own."""
+    drifted = older_build()
+    drifted["metadata"]["name"] = name(OLD, "router")
+    writes = revision_writes(
+        MD,
+        step(workloads=(WorkloadIntent(OLD, "router", 9),), refusal=REFUSAL, new_refusal=True),
+        {name(OLD, "router"): drifted},
+        BuildInputs(),
+    )
+    assert writes == [
+        Patch("Deployment", name(OLD, "router"), {"spec": {"replicas": 9}}, MERGE_PATCH)
+    ]
+
+
+def test_a_split_selector_drops_the_revision_key_and_a_switch_back_restores_it() -> None:
+    one = builders.service(MD, OLD)
+    split = builders.service(MD, OLD, split=True)
+    assert "kvgate.io/revision" not in split["spec"]["selector"]
+    (to_split,) = service_writes(one, split, foreign=False)
+    assert isinstance(to_split, Patch)
+    assert merge(one, to_split.patch)["spec"]["selector"] == split["spec"]["selector"]
+    (back,) = service_writes(split, one, foreign=False)
+    assert isinstance(back, Patch)
+    assert merge(split, back.patch)["spec"]["selector"] == one["spec"]["selector"]
