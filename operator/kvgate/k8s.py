@@ -268,6 +268,10 @@ class KubeApi:
         bases = {
             "Deployment": f"/apis/apps/v1/namespaces/{namespace}/deployments",
             "ReplicaSet": f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+            "StatefulSet": f"/apis/apps/v1/namespaces/{namespace}/statefulsets",
+            "LeaderWorkerSet": (
+                f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets"
+            ),
             "Secret": f"/api/v1/namespaces/{namespace}/secrets",
             "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
             "Pod": f"/api/v1/namespaces/{namespace}/pods",

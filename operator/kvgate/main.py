@@ -28,10 +28,10 @@ from kvgate_engine import probe
 from kvgate_engine.verdict import Requirement, Verdict
 from prometheus_client import start_http_server
 
-from kvgate import labels, metrics
+from kvgate import labels, metrics, multinode
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
-from kvgate.handlers import deployments, engine_pods, md_loops, router_workers
+from kvgate.handlers import deployments, engine_pods, group_verify, md_loops, router_workers
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi, load_credentials
 from kvgate.leader import LeaderElector
@@ -117,6 +117,13 @@ def register_handlers() -> kopf.OperatorRegistry:
     )
     async def engine_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         engine_pods.on_pod_event(_rt(), event.get("type"), dict(event["object"]))
+
+    @kopf.on.event(
+        "", "v1", "pods", labels={labels.COMPONENT: multinode.COMPONENT_WORKER}, registry=registry
+    )
+    async def engine_worker_event(event: kopf.RawEvent, **_: Any) -> None:
+        # A multi-node engine's worker: wake its leader's verifier (kvgate.group_gate).
+        group_verify.on_worker_event(_rt(), event.get("type"), dict(event["object"]))
 
     @kopf.on.event(
         "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ROUTER}, registry=registry

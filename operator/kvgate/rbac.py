@@ -24,6 +24,9 @@ class Scope(StrEnum):
     CLUSTER_WHEN_NAMESPACED = "cluster-when-namespaced"
     # Only without --standalone (kopf peering); the chart always runs --standalone.
     PEERING = "peering"
+    # Namespaced, and only with multi-node engines enabled (chart value leaderWorkerSet.enabled):
+    # LeaderWorkerSet must be installed for these resources to exist.
+    LEADER_WORKER_SET = "leader-worker-set"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,13 @@ RULES: tuple[Rule, ...] = (
         ("patch",),
         "the kvgate.io/engine-verified readiness-gate condition (strategic-merge patch, uid "
         "precondition)",
+    ),
+    Rule(
+        "",
+        ("pods/log",),
+        ("get",),
+        "safety.kvCanary: one followed log stream per verified engine pod (container engine), "
+        "read for SGLang's KV canary violations (kvgate.handlers.kv_canary_watch)",
     ),
     Rule(
         "apps",
@@ -151,6 +161,25 @@ RULES: tuple[Rule, ...] = (
         "kopf's namespace observer matches --namespace against existing namespaces (not when "
         "watching all of them); without it kopf only logs a warning",
         Scope.CLUSTER_WHEN_NAMESPACED,
+    ),
+    Rule(
+        "leaderworkerset.x-k8s.io",
+        ("leaderworkersets",),
+        ("get", "list", "create", "patch", "delete"),
+        "multi-node engines (spec.<role>.nodes > 1, kvgate.lws_builders): one LeaderWorkerSet "
+        "per revision and role, listed every pass, created, scaled, annotated, drift patched "
+        "back, superseded ones deleted; get: a leader's controller chain (not watched: its "
+        "leader pods' events wake the ModelDeployment)",
+        Scope.LEADER_WORKER_SET,
+    ),
+    Rule(
+        "apps",
+        ("statefulsets",),
+        ("get",),
+        "a multi-node engine's leader is verified only if its chain (leader StatefulSet -> "
+        "LeaderWorkerSet -> ModelDeployment) proves it is kvgate's, and its workers count only "
+        "if their StatefulSet is controlled by that leader (kvgate.lws_identity, group_gate)",
+        Scope.LEADER_WORKER_SET,
     ),
     Rule(
         "kopf.dev",

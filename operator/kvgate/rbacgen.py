@@ -50,10 +50,14 @@ def chart_rules_template() -> str:
     namespaced = "".join(_yaml_rule(r) for r in rules(Scope.NAMESPACED))
     cluster = "".join(_yaml_rule(r) for r in rules(Scope.CLUSTER))
     when_namespaced = "".join(_yaml_rule(r) for r in rules(Scope.CLUSTER_WHEN_NAMESPACED))
+    multi_node = "".join(_yaml_rule(r) for r in rules(Scope.LEADER_WORKER_SET))
     return (
         _TEMPLATE_PREAMBLE
         + '{{- define "kvgate.namespacedRules" -}}\n'
         + namespaced
+        + "{{- if .Values.leaderWorkerSet.enabled }}\n"
+        + multi_node
+        + "{{- end }}\n"
         + "{{- end }}\n"
         + '{{- define "kvgate.clusterRules" -}}\n'
         + cluster
@@ -69,6 +73,8 @@ _SCOPE_NOTE = {
     Scope.CLUSTER: " (cluster-scoped)",
     Scope.CLUSTER_WHEN_NAMESPACED: " (cluster-scoped; only with `--namespace`)",
     Scope.PEERING: " (**only without `--standalone`**; omit this row with it)",
+    Scope.LEADER_WORKER_SET: " (only with chart value `leaderWorkerSet.enabled`: multi-node "
+    "engines, LeaderWorkerSet installed)",
 }
 
 

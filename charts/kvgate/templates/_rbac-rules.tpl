@@ -30,6 +30,11 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["patch"]
+# safety.kvCanary: one followed log stream per verified engine pod (container engine), read for
+# SGLang's KV canary violations (kvgate.handlers.kv_canary_watch)
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # per-revision prefill/decode/router Deployments: created, scaled, annotated, template drift
 # patched back, superseded ones deleted; watched (kopf) so a change wakes its ModelDeployment;
 # get: an engine pod's controller chain
@@ -77,6 +82,21 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.leaderWorkerSet.enabled }}
+# multi-node engines (spec.<role>.nodes > 1, kvgate.lws_builders): one LeaderWorkerSet per
+# revision and role, listed every pass, created, scaled, annotated, drift patched back, superseded
+# ones deleted; get: a leader's controller chain (not watched: its leader pods' events wake the
+# ModelDeployment)
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+# a multi-node engine's leader is verified only if its chain (leader StatefulSet ->
+# LeaderWorkerSet -> ModelDeployment) proves it is kvgate's, and its workers count only if their
+# StatefulSet is controlled by that leader (kvgate.lws_identity, group_gate)
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}
 {{- define "kvgate.clusterRules" -}}
 # kopf's resource observer notices the ModelDeployment CRD appearing or changing

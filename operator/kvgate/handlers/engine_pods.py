@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from kvgate import gate, labels, metrics, requirements
 from kvgate.api import ModelDeploymentSpec
+from kvgate.handlers import group_verify
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
@@ -34,17 +35,19 @@ log = logging.getLogger("kvgate.engine_pods")
 
 DEFAULT_REVERIFY_SECONDS = 30.0
 Pod = dict[str, Any]
-Fingerprint = tuple[str | None, bool, int, bool]
+Fingerprint = tuple[str | None, bool, int, bool, int]
 
 
 def fingerprint(pod: Pod) -> Fingerprint:
-    """What, when it changes, calls for an immediate re-check: IP, readiness, restarts."""
+    """What, when it changes, calls for an immediate re-check: IP, readiness, restarts (and, for
+    a multi-node engine's leader, any change of its group's workers)."""
     status = gate.engine_container_status(pod) or {}
     return (
         pod.get("status", {}).get("podIP"),
         bool(status.get("ready")),
         int(status.get("restartCount", 0)),
         bool(pod.get("metadata", {}).get("deletionTimestamp")),
+        group_verify.worker_events(str(pod.get("metadata", {}).get("uid", ""))),
     )
 
 
@@ -62,6 +65,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     if event_type == "DELETED":
         metrics.forget_pod(*_series(pod))
         rt.forget_pod(uid)
+        group_verify.forget(uid)
         rt.wake_md(namespace, md_name)
         return
     previous = rt.pods.get(uid)
@@ -301,7 +305,12 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
                 log.debug(
                     "verdict %s for %s: %s", verdict.outcome, gate.pod_name(pod), verdict.message
                 )
-            condition = gate.condition_for_verdict(pod, verdict, requirement, rt.clock())
+            if group_verify.is_group_pod(pod):  # a multi-node engine: only with every rank
+                md = rt.mds.get(_md_of(pod)) or {}
+                md_uid = md.get("metadata", {}).get("uid")
+                condition = await group_verify.condition(rt, pod, verdict, requirement, md_uid)
+            else:
+                condition = gate.condition_for_verdict(pod, verdict, requirement, rt.clock())
     if condition is None:
         return None
     if not await _write(rt, pod, condition):

@@ -9,6 +9,7 @@ import json
 from typing import Any, cast
 
 from kvgate import pod_identity
+from kvgate.handlers import group_verify
 from kvgate.handlers.runtime import Runtime
 from kvgate.pod_identity import EngineIdentity, Unproven
 
@@ -35,6 +36,16 @@ async def resolve_identity(
     cached = rt.identities.get(uid)
     if cached is not None and cached[0] == key:
         return cast(EngineIdentity, cached[1])
+    if group_verify.is_group_pod(pod):  # a multi-node engine's leader: the LeaderWorkerSet chain
+        leader = await group_verify.leader_identity(rt, pod, md_uid)
+        result: EngineIdentity | Unproven = (
+            leader if isinstance(leader, Unproven) else leader.engine
+        )
+        if isinstance(result, EngineIdentity) and result.role in roles:
+            rt.identities[uid] = (key, result)
+            return result
+        rt.identities.pop(uid, None)
+        return result if isinstance(result, Unproven) else Unproven("not an engine pod")
     replica_set = deployment = None
     rs_name = pod_identity.replica_set_name(pod)
     if rs_name:

@@ -1,0 +1,48 @@
+"""Multi-node engines in the chart: the operator may manage LeaderWorkerSets (and read the
+StatefulSets of their controller chains) only when leaderWorkerSet.enabled; by default it may not
+touch either, cluster-wide or per watched namespace."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helm_runner import Helm
+from kvgate.rbac import Scope, granted, rules
+
+LWS = ("leaderworkerset.x-k8s.io", "leaderworkersets")
+STS = ("apps", "statefulsets")
+
+
+def _operator_role(roles: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's own (Cluster)Role: the one that may patch pod status (the gate)."""
+    (role,) = [r for r in roles if ("", "pods/status") in _granted(r)]
+    return role
+
+
+def _granted(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role.get("rules") or []:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+@pytest.mark.parametrize("namespaces", [(), ("team-a",)], ids=["cluster-wide", "namespaced"])
+def test_leader_worker_set_rules_only_when_enabled(helm: Helm, namespaces: tuple[str, ...]) -> None:
+    sets = [f"watchNamespaces[{i}]={ns}" for i, ns in enumerate(namespaces)]
+    kind = "Role" if namespaces else "ClusterRole"
+    off = _granted(_operator_role(helm.template(*sets).all(kind)))
+    assert LWS not in off and STS not in off
+    on = _granted(_operator_role(helm.template(*sets, "leaderWorkerSet.enabled=true").all(kind)))
+    want = granted(rules(Scope.LEADER_WORKER_SET))
+    assert on[LWS] == want[LWS] == {"get", "list", "create", "patch", "delete"}
+    assert on[STS] == want[STS] == {"get"}  # read only: the controller chain
+    # nothing else changes
+    assert {k: v for k, v in on.items() if k not in (LWS, STS)} == off
+
+
+def test_leader_worker_set_value_is_schema_checked(helm: Helm) -> None:
+    result = helm.template_result("leaderWorkerSet.enable=true")
+    assert result.returncode != 0 and "enable" in result.stderr
