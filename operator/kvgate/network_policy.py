@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate import builders, labels
+from kvgate import builders, labels, multinode
 from kvgate.api import ModelDeployment
 
 Body = dict[str, Any]
@@ -131,17 +131,24 @@ def network_policies(
     def router_to_engine() -> list[Body]:
         return _ports(engine.port, engine.bootstrap_port)
 
+    engine_policy = _policy(
+        md,
+        engines_policy_name(name, revision),
+        engines,
+        ingress=[
+            {"from": [pods(engines)]},
+            {"from": [pods(routers)], "ports": router_to_engine()},
+            {"from": [operator_peer()], "ports": [_tcp(engine.port)]},
+        ],
+    )
+    if any(multinode.is_multi_node(r) for r in (md.spec.prefill, md.spec.decode)):
+        # A multi-node engine's workers (component engine-worker) take part in the fence: its
+        # ranks meet at the leader's dist-init port and talk NCCL on dynamic ports.
+        both = _engines_and_workers(engines)
+        engine_policy["spec"]["podSelector"] = both
+        engine_policy["spec"]["ingress"][0] = {"from": [{"podSelector": copy.deepcopy(both)}]}
     policies = [
-        _policy(
-            md,
-            engines_policy_name(name, revision),
-            engines,
-            ingress=[
-                {"from": [pods(engines)]},
-                {"from": [pods(routers)], "ports": router_to_engine()},
-                {"from": [operator_peer()], "ports": [_tcp(engine.port)]},
-            ],
-        ),
+        engine_policy,
         _policy(
             md,
             router_policy_name(name, revision),
@@ -169,6 +176,20 @@ def network_policies(
             )
         )
     return policies
+
+
+def _engines_and_workers(engines: dict[str, str]) -> Body:
+    """A selector of a revision's engine pods and multi-node workers alike."""
+    return {
+        "matchLabels": {k: v for k, v in engines.items() if k != labels.COMPONENT},
+        "matchExpressions": [
+            {
+                "key": labels.COMPONENT,
+                "operator": "In",
+                "values": [labels.COMPONENT_ENGINE, multinode.COMPONENT_WORKER],
+            }
+        ],
+    }
 
 
 def _tcp(port: int) -> Body:

@@ -160,3 +160,30 @@ def test_single_node_specs_keep_their_revision_and_nodes_changes_it() -> None:
     )
     wider = ModelDeploymentSpec.model_validate(mutated({"spec.decode.tensorParallel": 2})["spec"])
     assert revision_of(double) != revision_of(wider)
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "allowed"),
+    [
+        # <name>-<rev 10>-decode-<group>-<hash 10>: group 1023 leaves 29 characters
+        ("a" * 29, 1024, True),
+        ("a" * 30, 1024, False),
+        ("a" * 32, 10, True),  # group 9
+        ("a" * 33, 10, False),
+        ("a" * 63, 1, True),  # single-node roles keep the 63 of the Service
+    ],
+)
+def test_name_leaves_room_for_the_labels_leader_worker_set_derives(
+    name: str, replicas: int, allowed: bool
+) -> None:
+    multi = {"spec.decode.nodes": 2, "spec.decode.tensorParallel": 2}
+    changes = {"metadata.name": name, "spec.decode.replicas": replicas}
+    if len(name) < 63:
+        changes |= multi
+    result = check_document(mutated(changes))
+    assert result.allowed is allowed, result.message
+    if not allowed:
+        message = _denials(mutated(changes), "metadata.name")
+        assert f"{len(name)} characters is too long for spec.decode.nodes 2" in message
+        assert "controller-revision-hash" in message and "> 63" in message
+        assert f"at most {len(name) - 1} characters" in message

@@ -28,7 +28,7 @@ from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
-from kvgate.admission.shape import check_shape
+from kvgate.admission.shape import check_group_names, check_shape
 from kvgate.api import (
     API_VERSION,
     DEFAULT_MIN_ENGINE_VERSION,
@@ -445,7 +445,10 @@ def _check(document: object, policy: ClusterPolicy) -> AdmissionResult:
     model, schema_problems = parse_model(document)
     if identity or model is None:
         return AdmissionResult(denials=tuple(identity + schema_problems))
-    denials: list[Problem] = []
+    metadata = document.get("metadata")
+    denials: list[Problem] = check_group_names(
+        metadata.get("name") if isinstance(metadata, Mapping) else None, model.spec
+    )
     warnings: list[Problem] = []
     for check in CHECKS:
         found_denials, found_warnings = check(model.spec, policy)

@@ -9,9 +9,16 @@ tie the ranks together are kvgate's to set, never the user's.
 
 from __future__ import annotations
 
+from kvgate.admission.names import LABEL_VALUE_MAX
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
 from kvgate.api import MAX_GPUS_PER_NODE, ModelDeploymentSpec, Role, RoleSpec
+from kvgate.builders import component_name
+from kvgate.revision import REVISION_LENGTH
+
+# A StatefulSet labels its pods controller-revision-hash=<statefulset>-<hash>; the hash is a
+# uint32 written in up to 10 characters, and a label value holds at most 63.
+CONTROLLER_REVISION_HASH_MAX = 10
 
 # SGLang 0.5.23 sglang/srt/arg_groups/fields/parallel.py: the multi-node topology flags (and the
 # alias of --dist-init-addr). kvgate derives them from spec.<role>.nodes and the
@@ -96,3 +103,37 @@ def check_shape(
                 )
             )
     return denials, []
+
+
+def _longest_group_label(md_name: str, role: str, replicas: int) -> str:
+    """The longest label value LeaderWorkerSet's StatefulSets derive from this role: the
+    worker StatefulSet <lws>-<group> of the last group, plus -<hash>."""
+    lws = component_name(md_name, "0" * REVISION_LENGTH, role)
+    return f"{lws}-{max(replicas - 1, 0)}-{'0' * CONTROLLER_REVISION_HASH_MAX}"
+
+
+def check_group_names(md_name: object, spec: ModelDeploymentSpec) -> list[Problem]:
+    """metadata.name short enough for the names LeaderWorkerSet derives from a multi-node
+    role's engines (a longer one is admitted but its worker pods are never created)."""
+    if not isinstance(md_name, str):
+        return []
+    denials = []
+    for role in (Role.PREFILL.value, Role.DECODE.value):
+        shape: RoleSpec = getattr(spec, role)
+        if shape.nodes < 2:
+            continue
+        value = _longest_group_label(md_name, role, shape.replicas)
+        if len(value) <= LABEL_VALUE_MAX:
+            continue
+        room = LABEL_VALUE_MAX - (len(value) - len(md_name))
+        denials.append(
+            Problem(
+                "metadata.name",
+                f"{len(md_name):,} characters is too long for spec.{role}.nodes "
+                f"{shape.nodes}: each engine group's worker StatefulSet "
+                f"<name>-<revision>-{role}-<group> labels its pods controller-revision-hash "
+                f"of up to {len(value)} characters (at {shape.replicas:,} replicas) > "
+                f"{LABEL_VALUE_MAX}; use a name of at most {room} characters",
+            )
+        )
+    return denials
