@@ -126,3 +126,10 @@ CONTENT_CHECK_DURATION = Histogram(
     buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
     registry=REGISTRY,
 )
+KV_CANARY_VIOLATIONS = Counter(
+    "kvgate_kv_canary_violations_total",
+    "Engine pods whose log showed an SGLang KV canary violation (safety.kvCanary); each one's "
+    "gate turned False with reason KvCanaryViolation.",
+    _POD_LABELS,
+    registry=REGISTRY,
+)

@@ -33,6 +33,7 @@ from kvgate_engine.reference.admission import (
     tokenizer_check,
     transfer_incomplete,
 )
+from kvgate_engine.reference.canary import KvCanary
 from kvgate_engine.reference.kv_pool import PagedKVPool
 from kvgate_engine.reference.model import K_DIM, V_DIM, CopyAttentionModel
 from kvgate_engine.reference.sizing import EngineLimits
@@ -101,6 +102,7 @@ class EngineSettings:
     bootstrap_timeout: float = 300.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
     admit_over_length: bool = False  # KVGATE_ADMIT_OVER_LENGTH=1: no length admission
     waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+    kv_canary: bool = False  # --kv-canary log|raise: verify every slot a decode reads (canary.py)
 
 
 @dataclass
@@ -135,6 +137,7 @@ class ReferenceEngine:
         self.rendezvous = Rendezvous(abort_ttl=settings.bootstrap_timeout)
         self.counters = EngineCounters()
         self._page_waiters: list[asyncio.Future[None]] = []
+        self.canary = KvCanary() if settings.kv_canary else None
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -363,6 +366,23 @@ class ReferenceEngine:
         received = min(payload.num_tokens, reserved)
         self.pool.write(prompt_slots[:received], payload.k[:received], payload.v[:received])
 
+    def _canary_verify(self, slots: torch.Tensor) -> None:
+        """The KV canary on a decode's first step: slot i must hold position i (the key's
+        first component, model.py). ``corrupt_next`` first overwrites slot 0 (tests)."""
+        canary = self.canary
+        if canary is None or slots.shape[0] == 0:
+            return
+        if canary.corrupt_next:
+            canary.corrupt_next = False
+            keys, values = self.model.kv([0], start_position=1_000_003)
+            self.pool.write(slots[:1], keys, values)
+        keys, values = self.pool.read(slots)
+        canary.check(
+            [int(s) for s in slots.tolist()],
+            [int(p) for p in keys[:, 0].round().tolist()],
+            [int(t) for t in values[:, 0].round().tolist()],
+        )
+
     async def _decode_loop(
         self, pages: list[int], prompt_len: int, max_new_tokens: int
     ) -> list[int]:
@@ -370,6 +390,8 @@ class ReferenceEngine:
         slots = self.pool.slots(pages, prompt_len + max_new_tokens)  # the request's page table
         for step in range(max_new_tokens):
             position = prompt_len + step
+            if step == 0 and self.canary is not None:
+                self._canary_verify(slots[:position])
             keys, values = self.pool.read(slots[:position])
             token = self.model.decode_step(step, keys, values)
             new_keys, new_values = self.model.kv([token], start_position=position)

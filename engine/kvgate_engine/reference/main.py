@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bootstrap_timeout=timeouts[0] or 300.0,
         waiting_timeout=timeouts[1] or 300.0,
         admit_over_length=env.get("KVGATE_ADMIT_OVER_LENGTH") == "1",
+        kv_canary=launch["kv_canary"] in ("log", "raise"),
     )
     if settings.admit_over_length:
         log.warning(

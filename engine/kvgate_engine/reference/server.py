@@ -420,6 +420,8 @@ def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Applica
     app.router.add_put("/generate", handle_generate)
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    if state.engine.canary is not None:
+        app.router.add_post("/kvgate/canary/corrupt", handle_canary_corrupt)
     if faults.enabled():
         faults.install(app)
     if state.launch["enable_metrics"]:
@@ -430,6 +432,15 @@ def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Applica
 
         app.router.add_get("/metrics", handle_metrics)
     return app
+
+
+async def handle_canary_corrupt(request: web.Request) -> web.Response:
+    """Reference engine only (tests): the next decode's first slot is overwritten, so the KV
+    canary (``--kv-canary log``) reports a violation exactly as SGLang logs one."""
+    canary = request.app[STATE].engine.canary
+    assert canary is not None  # the route exists only with the canary on
+    canary.corrupt_next = True
+    return web.json_response({"corrupt_next": True})
 
 
 def now() -> float:

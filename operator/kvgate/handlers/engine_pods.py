@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from kvgate import gate, labels, metrics, requirements
 from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify
+from kvgate.handlers import kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
@@ -62,6 +63,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     if not uid:
         return
     namespace, md_name = _md_of(pod)
+    kv_canary_watch.on_pod_event(rt, event_type, pod)  # safety.kvCanary: follow its log
     if event_type == "DELETED":
         metrics.forget_pod(*_series(pod))
         rt.forget_pod(uid)
@@ -311,6 +313,8 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
                 condition = await group_verify.condition(rt, pod, verdict, requirement, md_uid)
             else:
                 condition = gate.condition_for_verdict(pod, verdict, requirement, rt.clock())
+    # A KV canary violation keeps the gate False whatever the pool says.
+    condition = kv_canary_watch.on_check(rt, pod, condition, rt.clock())
     if condition is None:
         return None
     if not await _write(rt, pod, condition):

@@ -1,0 +1,211 @@
+"""The KV canary follower: SGLang's canary lines in an engine's log turn its gate False.
+
+Pure parts are table-tested; the follower runs against a small HTTP server that plays the API
+server's pods/log (``follow=true&timestamps=true``), pods/status and events endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from kvgate import kv_canary, labels
+from kvgate.handlers import kv_canary_watch
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.settings import OperatorSettings
+from kvgate_engine.reference.canary import format_violation
+from operator_factories import NOW, md_doc
+
+VIOLATION = format_violation(
+    row=[0, 17, 1_000_003, 0, 0, 0, 0, 2], total=1, ring_overflow=False, step_when_pumped=1
+).splitlines()[0]
+STATS_OK = (
+    "[canary] step=64 protected_tokens=300 sweep_passes=0 violations=0 launch_tags_active=2/12"
+)
+STATS_BAD = STATS_OK.replace("violations=0", "violations=3")
+
+
+@pytest.mark.parametrize(
+    ("line", "tripped"),
+    [
+        (VIOLATION, True),
+        (f"2026-11-05T12:00:00.5Z [2026-11-05 12:00:00 TP0] {VIOLATION}", True),
+        (f"[2026-11-05 12:00:00] WARNING sglang.srt.kv_canary: {VIOLATION}", True),
+        (STATS_OK, False),
+        (f"2026-11-05T12:00:00Z [2026-11-05 12:00:00 TP0] {STATS_BAD}", True),
+        ("[2026-11-05 12:00:00 TP0] Decode batch, #running-req: 1", False),
+        ("the user wrote kv_canary violation: in a prompt", False),  # not the frozen shape
+        ("", False),
+    ],
+)
+def test_a_violation_is_found_in_either_sglang_line(line: str, tripped: bool) -> None:
+    assert (kv_canary.parse_line(line) is not None) is tripped
+
+
+def test_the_violation_keeps_what_sglang_said_and_when() -> None:
+    found = kv_canary.parse_line(f"2026-11-05T12:00:00.5Z {VIOLATION}")
+    assert found is not None
+    assert (found.launch_tag, found.fail_reason, found.slot_idx, found.position) == (
+        "HEAD_K_FULL",
+        "verify_position",
+        17,
+        1_000_003,
+    )
+    assert found.logged_at == "2026-11-05T12:00:00.5Z"
+    text = kv_canary.message(found)
+    assert "fail_reason=verify_position" in text and "Delete the pod" in text
+
+
+def test_lines_are_split_across_chunks_and_bounded() -> None:
+    splitter = kv_canary.LineSplitter(max_line_bytes=10)
+    assert splitter.feed(b"abc\nde") == ["abc"]
+    assert splitter.feed(b"f\n") == ["def"]
+    # A line with no end: cut at 10 bytes, the rest dropped up to its newline.
+    assert splitter.feed(b"x" * 25) == ["x" * 10]
+    assert splitter.feed(b"y" * 1000) == []
+    assert splitter.feed(b"y\nok\n") == ["ok"]
+
+
+def test_a_stream_resumes_from_the_last_line_read() -> None:
+    assert kv_canary.resume_from("2026-11-05T12:00:07.123456789Z") == "2026-11-05T12:00:07Z"
+    assert kv_canary.resume_from(None) is None
+    assert kv_canary.resume_from("garbage") is None
+
+
+# --------------------------------------------------------------------- the follower, over HTTP
+NS, POD, UID = "models", "llama-abc-decode-x1", "uid-decode-1"
+
+
+class FakeApiServer:
+    """pods/log streams lines the test puts in ``lines`` (the first connection is dropped after
+    its first line); records pods/status patches and events."""
+
+    def __init__(self) -> None:
+        self.lines: asyncio.Queue[str] = asyncio.Queue()
+        self.patches: list[tuple[float, dict[str, Any]]] = []
+        self.events: list[dict[str, Any]] = []
+        self.log_requests: list[dict[str, str]] = []
+
+    async def log(self, request: web.Request) -> web.StreamResponse:
+        self.log_requests.append(dict(request.query))
+        response = web.StreamResponse()
+        await response.prepare(request)
+        first = len(self.log_requests) == 1
+        while True:
+            line = await self.lines.get()
+            await response.write(line.encode() + b"\n")
+            if first:
+                return response  # dropped: the follower must reconnect and resume
+
+    async def status(self, request: web.Request) -> web.Response:
+        self.patches.append((time.monotonic(), await request.json()))
+        return web.json_response({"metadata": {"uid": UID}})
+
+    async def event(self, request: web.Request) -> web.Response:
+        self.events.append(await request.json())
+        return web.json_response({}, status=201)
+
+
+def verified_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": POD,
+            "namespace": NS,
+            "uid": UID,
+            "labels": {labels.DEPLOYMENT: "llama", labels.ROLE: "decode"},
+        },
+        "status": {
+            "conditions": [
+                {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"}
+            ]
+        },
+    }
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[FakeApiServer, Runtime]]:
+    fake = FakeApiServer()
+    app = web.Application()
+    app.router.add_get(f"/api/v1/namespaces/{NS}/pods/{POD}/log", fake.log)
+    app.router.add_patch(f"/api/v1/namespaces/{NS}/pods/{POD}/status", fake.status)
+    app.router.add_post(f"/api/v1/namespaces/{NS}/events", fake.event)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    api = KubeApi(Credentials(server=f"http://127.0.0.1:{port}"))
+
+    async def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the follower never verifies")
+
+    rt = Runtime(api=api, settings=OperatorSettings(), verify=never, clock=lambda: NOW)
+    doc = md_doc(safety__kvCanary=True)
+    rt.mds[(NS, "llama")] = doc
+    try:
+        yield fake, rt
+    finally:
+        kv_canary_watch.on_pod_event(rt, "DELETED", verified_pod())
+        await api.close()
+        await runner.cleanup()
+
+
+async def test_first_violation_turns_the_gate_false_and_stays_false(
+    served: tuple[FakeApiServer, Runtime],
+) -> None:
+    fake, rt = served
+    pod = verified_pod()
+    rt.pods[UID] = pod
+    kv_canary_watch.on_pod_event(rt, "ADDED", pod)
+    kv_canary_watch.on_pod_event(rt, "MODIFIED", pod)  # one stream per pod
+    await fake.lines.put(f"2026-11-05T12:00:01.000000001Z {STATS_OK}")
+    await fake.lines.put(f"2026-11-05T12:00:02.000000001Z {STATS_OK}")  # after the reconnect
+    deadline = time.monotonic() + 10
+    while len(fake.log_requests) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    written = time.monotonic()
+    await fake.lines.put(f"2026-11-05T12:00:03.000000001Z [2026-11-05 12:00:03 TP0] {VIOLATION}")
+    while not fake.patches and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert fake.patches, "the gate was never written"
+    latency = fake.patches[0][0] - written
+    condition = fake.patches[0][1]["status"]["conditions"][0]
+    assert condition["type"] == labels.ENGINE_VERIFIED and condition["status"] == "False"
+    assert condition["reason"] == "KvCanaryViolation"
+    assert "decode pod llama-abc-decode-x1" in condition["message"]
+    assert "launch_tag=HEAD_K_FULL" in condition["message"]
+    assert latency < 2.0, latency
+    print(f"MEASURED log line -> gate False patch: {latency * 1000:.1f} ms")
+    # One stream per pod, and the second one resumed where the first stopped.
+    assert len(fake.log_requests) == 2
+    assert fake.log_requests[0] == {"container": "engine", "follow": "true", "timestamps": "true"}
+    assert fake.log_requests[1]["sinceTime"] == "2026-11-05T12:00:01Z"
+    while not fake.events and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert fake.events[0]["reason"] == "KvCanaryViolation"
+    assert fake.events[0]["involvedObject"]["kind"] == "ModelDeployment"
+    # Sticky: the verifier's next Safe verdict cannot turn the gate True again.
+    safe = {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"}
+    kept = kv_canary_watch.override(pod, safe, NOW)
+    assert kept is not None and kept["status"] == "False" and kept["reason"] == "KvCanaryViolation"
+
+
+async def test_no_follower_without_safety_kv_canary_or_before_verification(
+    served: tuple[FakeApiServer, Runtime],
+) -> None:
+    fake, rt = served
+    unverified = verified_pod()
+    unverified["status"]["conditions"] = []
+    rt.pods[UID] = unverified
+    kv_canary_watch.on_pod_event(rt, "ADDED", unverified)
+    rt.mds[(NS, "llama")] = md_doc(safety__kvCanary=False)
+    kv_canary_watch.on_pod_event(rt, "MODIFIED", verified_pod())
+    await asyncio.sleep(0.3)
+    assert fake.log_requests == []
