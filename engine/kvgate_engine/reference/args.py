@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disable-cuda-graph", action="store_true")
     add("--disable-radix-cache", action="store_true")
     add("--watchdog-timeout", type=float, default=300.0)
+    # Multi-node engines (kvgate_engine.reference.ranks): rank 0 serves, ranks >= 1 join it.
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
     return parser
 
 
@@ -116,6 +120,14 @@ def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
             parser.error(f"--{flag.replace('_', '-')} {values[flag]} must be >= {minimum}")
     if not 0 < values["port"] < 65536:
         parser.error(f"--port {values['port']} must be between 1 and 65,535")
+    nnodes, rank = values["nnodes"], values["node_rank"]
+    if nnodes < 1 or not 0 <= rank < nnodes:
+        parser.error(f"--node-rank {rank} must be one of 0..{nnodes - 1} (--nnodes {nnodes})")
+    if nnodes > 1 and not values["dist_init_addr"]:
+        parser.error(f"--nnodes {nnodes} needs --dist-init-addr (rank 0's host:port)")
+    if (values["tp_size"] * values["pp_size"]) % nnodes:
+        # SGLang's own check (sglang/srt/arg_groups/validation_hook.py)
+        parser.error("tp_size must be divisible by number of nodes")
     mfs = values["mem_fraction_static"]
     if mfs is not None and not 0 < mfs < 1:
         parser.error(f"--mem-fraction-static {mfs} must be between 0 and 1 (exclusive)")

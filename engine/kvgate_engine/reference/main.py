@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvgate_engine.reference.args import LaunchArgs, parse_launch_args
 from kvgate_engine.reference.hostile import Hostile, HostileModeError
@@ -40,6 +40,7 @@ from kvgate_engine.reference.sizing import (
 
 if TYPE_CHECKING:
     from kvgate_engine.reference.engine import EngineSettings
+    from kvgate_engine.reference.ranks import RankServer
 
 DEFAULT_VERSION = "0.5.23"
 SHUTDOWN_GRACE_SECONDS = 10.0
@@ -90,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     env = os.environ
+    if launch["nnodes"] > 1 and launch["node_rank"] > 0:
+        # A rank >= 1 of a multi-node engine serves nothing: it joins rank 0 and holds on.
+        return asyncio.run(serve_rank(launch))
     try:
         hostile = hostile_from_env(env, launch["disaggregation_mode"])
         model, limits = startup_limits(launch, env)
@@ -168,6 +172,10 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    group = await _gather_ranks(launch, stop)
+    if group is not None and not group.joined.is_set():
+        await group.close()
+        return 0 if stop.is_set() else 1
 
     bootstrap: BootstrapServer | None = None
     if settings.role == "prefill":
@@ -200,6 +208,13 @@ async def serve(
         log.info(
             "The server is fired up and ready to roll! http://%s:%d", launch["host"], launch["port"]
         )
+        if group is not None:
+            # The engine lives only while every rank does (ranks.py).
+            await _first(stop.wait(), group.lost.wait())
+            if not stop.is_set():
+                log.error("%s: the engine cannot serve without it; exiting", group.lost_reason)
+                state.phase = "exiting"
+                return 1
         await stop.wait()
         log.info("SIGTERM: draining in-flight requests (up to %g s)", SHUTDOWN_GRACE_SECONDS)
         state.phase = "exiting"
@@ -208,3 +223,66 @@ async def serve(
         if bootstrap is not None:
             await bootstrap.close()
         await runner.cleanup()
+        if group is not None:
+            await group.close()
+
+
+async def _first(*waits: Any) -> None:
+    """Return when the first of these awaitables is done; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+
+
+async def _gather_ranks(launch: LaunchArgs, stop: asyncio.Event) -> RankServer | None:
+    """Rank 0 of a multi-node engine: listen at --dist-init-addr's port and wait until every
+    rank joined (None for a single-node engine). Nothing serves before that, as in SGLang."""
+    from kvgate_engine.reference.ranks import RankServer, split_addr
+
+    if launch["nnodes"] == 1:
+        return None
+    _, port = split_addr(launch["dist_init_addr"])
+    group = RankServer(nnodes=launch["nnodes"], tp_size=launch["tp_size"])
+    await group.start(launch["host"], port)
+    try:
+        await asyncio.wait_for(
+            _first(group.joined.wait(), stop.wait()), timeout=launch["watchdog_timeout"]
+        )
+    except TimeoutError:
+        log.error(
+            "ranks %s of %d did not join within --watchdog-timeout %g s",
+            sorted(set(range(1, launch["nnodes"])) - set(group.ranks())),
+            launch["nnodes"],
+            launch["watchdog_timeout"],
+        )
+    return group
+
+
+async def serve_rank(launch: LaunchArgs) -> int:
+    """Rank >= 1: join rank 0, then run until it goes away (1) or SIGTERM (0)."""
+    from kvgate_engine.reference.ranks import RankError, join
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    member = asyncio.ensure_future(
+        join(
+            launch["dist_init_addr"],
+            launch["node_rank"],
+            launch["nnodes"],
+            launch["tp_size"],
+            launch["watchdog_timeout"],
+        )
+    )
+    await _first(member, stop.wait())
+    if stop.is_set():
+        return 0
+    try:
+        member.result()
+    except (RankError, ValueError) as error:
+        log.error("%s", error)
+        return 1
+    log.error("rank 0 at %s went away: the engine is gone; exiting", launch["dist_init_addr"])
+    return 1
