@@ -1,0 +1,60 @@
+"""The scale benchmark's stand-in pods (kvgate_e2e.standin), pure parts: what an engine pod
+reports from its own flags, and Ready from containers and readinessGates as the kubelet rules.
+
+No cluster needed.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kvgate import builders
+from kvgate.api import ModelDeployment
+from kvgate.revision import revision_of
+from kvgate_e2e.standin import flag, pod_status, stand_in_for
+from kvgate_e2e.world import load_sample
+
+GATE = "kvgate.io/engine-verified"
+
+
+def engine_pod(role: str = "decode") -> dict[str, Any]:
+    doc = copy.deepcopy(load_sample("llama-8b"))
+    doc["metadata"] = {"name": "llama", "namespace": "bench", "uid": "md-uid"}
+    md = ModelDeployment.model_validate(doc)
+    template = builders.deployment(md, revision_of(md.spec), role, replicas=1)["spec"]["template"]
+    return {
+        "metadata": {**template["metadata"], "name": "p", "namespace": "bench", "uid": "u1"},
+        "spec": template["spec"],
+        "status": {},
+    }
+
+
+def test_flag_reads_both_spellings() -> None:
+    assert flag(["--a", "1", "--b=2"], "--a") == "1"
+    assert flag(["--a", "1", "--b=2"], "--b") == "2"
+    assert flag(["--a"], "--a") is None
+
+
+def test_engine_reports_its_own_flags_and_a_pool_of_factor_times_context() -> None:
+    s = stand_in_for(engine_pod("prefill"), "198.18.128.9", 2.0)
+    info = s.server_info()
+    assert (s.role, s.context_length, info["max_total_num_tokens"]) == ("prefill", 131_072, 262_144)
+    assert info["version"] == "0.5.23" and info["served_model_name"] == "llama-3.1-8b"
+    assert info["max_req_input_len"] == 131_071 - 5
+    assert 30000 in s.ports and "engine" in s.containers
+
+
+def test_ready_only_when_every_readiness_gate_is_true() -> None:
+    pod = engine_pod()
+    s = stand_in_for(pod, "198.18.128.9", 2.0)
+    status, ready = pod_status(pod, s, "198.18.0.200")
+    assert not ready and status["podIP"] == "198.18.128.9"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
+    pod["status"]["conditions"] = [{"type": GATE, "status": "True"}]
+    _, ready = pod_status(pod, s, "198.18.0.200")
+    assert ready
+    s.restart_count = 3
+    status, _ = pod_status(pod, s, "198.18.0.200")
+    engine = next(c for c in status["containerStatuses"] if c["name"] == "engine")
+    assert engine["restartCount"] == 3 and engine["ready"] is True
