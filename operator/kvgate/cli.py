@@ -50,6 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
             "the answers that cluster's webhook gives; default: no cluster floor"
         ),
     )
+    p.add_argument(
+        "--gpus-per-node",
+        metavar="N",
+        type=int,
+        default=None,
+        help=(
+            "the GPUs each GPU node of the cluster has (the chart value gpusPerNode): an engine "
+            "pod asking for more is denied; default: unknown (only the 16-GPU ceiling)"
+        ),
+    )
 
     p = sub.add_parser("estimate", help="predict the KV pool of one engine before any GPU is spent")
     p.add_argument("--config", required=True, help="the model's config.json")

@@ -162,7 +162,10 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
         tls_dir=settings.tls_dir,
         port=settings.webhook_port,
         addr=settings.bind_address,
-        policy=ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor),
+        policy=ClusterPolicy(
+            min_engine_version_floor=settings.min_engine_version_floor,
+            gpus_per_node=settings.gpus_per_node,
+        ),
     )
     kopf_settings.admission.managed = None
 

@@ -55,6 +55,15 @@ def _env_seconds(name: str, default: float, minimum: float = MIN_PERIOD_SECONDS)
     return default if value is None else value
 
 
+def _gpus_per_node() -> int | None:
+    from kvgate.admission.policy import GPUS_PER_NODE_ENV, parse_gpus_per_node
+
+    try:
+        return parse_gpus_per_node(_env(GPUS_PER_NODE_ENV))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
 def _env_count(name: str, default: int) -> int:
     raw = _env(name)
     if raw is None:
@@ -172,6 +181,9 @@ class OperatorSettings:
     # KVGATE_MIN_ENGINE_VERSION_FLOOR: the cluster-wide engine version floor (chart value); no
     # ModelDeployment's requirement goes below it.
     min_engine_version_floor: str | None = None
+    # KVGATE_GPUS_PER_NODE: the GPUs each GPU node has (chart value gpusPerNode); admission denies
+    # an engine pod asking for more. None: unknown (only the 16-GPU ceiling applies).
+    gpus_per_node: int | None = None
     # KVGATE_ROUTER_KEY_SEED: secret seed of every router's control-plane key (router_auth); the
     # chart keeps it in a Secret. Unset: a random seed per process (routers are re-keyed on the
     # next start), for runs outside the chart.
@@ -215,6 +227,7 @@ class OperatorSettings:
             gateway_grace_seconds=_env_seconds("KVGATE_GATEWAY_GRACE_SECONDS", 15.0, minimum=0),
             # Checked in main.run (exit 2 naming the chart value engineVersionFloor).
             min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
+            gpus_per_node=_gpus_per_node(),
             router_key_seed=_router_key_seed(),
             worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),
             network_policy=network_policy_settings(os.environ),

@@ -46,3 +46,24 @@ def test_leader_worker_set_rules_only_when_enabled(helm: Helm, namespaces: tuple
 def test_leader_worker_set_value_is_schema_checked(helm: Helm) -> None:
     result = helm.template_result("leaderWorkerSet.enable=true")
     assert result.returncode != 0 and "enable" in result.stderr
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_gpus_per_node_reaches_the_webhook_and_the_operator_only_when_set(helm: Helm) -> None:
+    unset = helm.template()
+    for deployment in (unset.controller(), unset.webhook()):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "KVGATE_GPUS_PER_NODE" not in _env(container)
+    eight = helm.template("gpusPerNode=8")
+    for deployment in (eight.controller(), eight.webhook()):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert _env(container)["KVGATE_GPUS_PER_NODE"] == "8"
+
+
+@pytest.mark.parametrize("value", ["0", "17", "eight"])
+def test_gpus_per_node_outside_one_to_sixteen_fails_the_install(helm: Helm, value: str) -> None:
+    result = helm.template_result(f"gpusPerNode={value}")
+    assert result.returncode != 0 and "gpusPerNode" in result.stderr

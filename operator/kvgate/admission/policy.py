@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from packaging.version import InvalidVersion, Version
 
 FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_VERSION_FLOOR)
+GPUS_PER_NODE_SETTING = "gpusPerNode"  # the chart value (env KVGATE_GPUS_PER_NODE)
+GPUS_PER_NODE_ENV = "KVGATE_GPUS_PER_NODE"
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,22 @@ class ClusterPolicy:
         if self.min_engine_version_floor is None:
             return None
         return parse_floor(self.min_engine_version_floor)
+
+
+def parse_gpus_per_node(raw: str | None) -> int | None:
+    """KVGATE_GPUS_PER_NODE as a count (None when unset); ValueError naming the chart value."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"{GPUS_PER_NODE_ENV}={raw!r} (the chart value {GPUS_PER_NODE_SETTING}): must be a "
+            "whole number >= 1, the GPUs each GPU node has (e.g. 8); unset it when unknown"
+        )
+    return value
 
 
 def parse_floor(value: str) -> Version:

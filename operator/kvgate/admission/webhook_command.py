@@ -37,7 +37,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvgate.admission import metrics
 from kvgate.admission.app import AdmissionServer
 from kvgate.admission.certificates import CertificateFilesError, ReloadingCertificate
-from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
+from kvgate.admission.policy import (
+    FLOOR_SETTING,
+    GPUS_PER_NODE_ENV,
+    ClusterPolicy,
+    parse_gpus_per_node,
+)
 from kvgate.settings import LOG_FORMATS, LOG_LEVELS, _bind_address, _env, _env_choice
 
 log = logging.getLogger("kvgate.admission.webhook")
@@ -81,7 +86,11 @@ class WebhookSettings:
             raise ValueError(f"--shutdown-delay-seconds {delay}: must be a number of seconds >= 0")
         floor = _env(FLOOR_ENV)
         try:
-            policy = ClusterPolicy(min_engine_version_floor=floor)
+            gpus_per_node = parse_gpus_per_node(_env(GPUS_PER_NODE_ENV))
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        try:
+            policy = ClusterPolicy(min_engine_version_floor=floor, gpus_per_node=gpus_per_node)
         except ValueError as error:
             raise SystemExit(f"{FLOOR_ENV} (the chart value {FLOOR_SETTING}): {error}") from None
         return cls(

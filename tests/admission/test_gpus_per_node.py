@@ -1,0 +1,72 @@
+"""The cluster's GPUs per node (chart value gpusPerNode, KVGATE_GPUS_PER_NODE): when the admin
+states it, the webhook, the operator's in-process webhook and `kvgate validate --gpus-per-node`
+deny an engine pod asking for more; a value that is not a count stops start-up naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kvgate.admission.policy import parse_gpus_per_node
+from kvgate.admission.webhook_command import WebhookSettings
+from kvgate.cli import build_parser, main
+from kvgate.settings import OperatorSettings
+
+from .conftest import mutated
+
+SIXTEEN_ON_ONE_NODE = {"spec.decode.tensorParallel": 16}
+
+
+@pytest.fixture(autouse=True)
+def _no_network_policies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_NETWORK_POLICIES", "false")  # not what these tests are about
+    monkeypatch.delenv("KVGATE_GPUS_PER_NODE", raising=False)
+
+
+def _webhook_settings() -> WebhookSettings:
+    return WebhookSettings.from_args(
+        build_parser().parse_args(["webhook", "--tls-dir", "/nonexistent"])
+    )
+
+
+def _operator_settings() -> OperatorSettings:
+    return OperatorSettings.from_args(build_parser().parse_args(["operator", "--no-webhook"]))
+
+
+def test_webhook_and_operator_take_the_cluster_gpus_per_node_from_the_chart_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KVGATE_GPUS_PER_NODE", "8")
+    assert _webhook_settings().policy.gpus_per_node == 8
+    assert _operator_settings().gpus_per_node == 8
+    monkeypatch.delenv("KVGATE_GPUS_PER_NODE")
+    assert _webhook_settings().policy.gpus_per_node is None
+    assert _operator_settings().gpus_per_node is None
+
+
+@pytest.mark.parametrize("raw", ["eight", "0", "-2", "8.5"])
+def test_a_gpus_per_node_that_is_not_a_count_stops_start_up_naming_the_chart_value(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv("KVGATE_GPUS_PER_NODE", raw)
+    for start in (_webhook_settings, _operator_settings):
+        with pytest.raises(SystemExit) as stop:
+            start()
+        assert "gpusPerNode" in str(stop.value) and repr(raw) in str(stop.value)
+    with pytest.raises(ValueError, match="whole number"):
+        parse_gpus_per_node(raw)
+
+
+def test_validate_with_gpus_per_node_answers_as_that_clusters_webhook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "md.yaml"
+    path.write_text(yaml.safe_dump(mutated(SIXTEEN_ON_ONE_NODE)))
+    assert main(["validate", str(path)]) == 0  # 16 GPUs: within the ceiling
+    capsys.readouterr()
+    assert main(["validate", str(path), "--gpus-per-node", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "16 GPUs per pod > 8" in out and "gpusPerNode 8" in out
+    assert "set decode.nodes to 2" in out
+    assert main(["validate", str(path), "--gpus-per-node", "0"]) == 2
