@@ -70,3 +70,4 @@ def test_validate_with_gpus_per_node_answers_as_that_clusters_webhook(
     assert "16 GPUs per pod > 8" in out and "gpusPerNode 8" in out
     assert "set decode.nodes to 2" in out
     assert main(["validate", str(path), "--gpus-per-node", "0"]) == 2
+    assert "--gpus-per-node: gpusPerNode 0: must be 1 or more" in capsys.readouterr().err

@@ -57,12 +57,17 @@ def main(args: argparse.Namespace) -> int:
     """Check FILE; print every denial and warning; exit 0 allowed, 1 denied."""
     out = sys.stdout
     try:
+        policy = ClusterPolicy(min_engine_version_floor=getattr(args, "min_version_floor", None))
+    except ValueError as error:
+        sys.stderr.write(f"kvgate validate: --min-version-floor: {error}\n")
+        return EXIT_USAGE
+    try:
         policy = ClusterPolicy(
-            min_engine_version_floor=getattr(args, "min_version_floor", None),
+            min_engine_version_floor=policy.min_engine_version_floor,
             gpus_per_node=getattr(args, "gpus_per_node", None),
         )
     except ValueError as error:
-        sys.stderr.write(f"kvgate validate: --min-version-floor or --gpus-per-node: {error}\n")
+        sys.stderr.write(f"kvgate validate: --gpus-per-node: {error}\n")
         return EXIT_USAGE
     try:
         documents = load_documents(_read(args.file))
