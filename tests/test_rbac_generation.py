@@ -12,9 +12,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from kvgate import rbacgen
+import yaml
+from kvgate import builders, rbacgen
+from kvgate.api import ModelDeployment
 from kvgate.k8s import KubeApi
-from kvgate.rbac import RULES, Scope, granted
+from kvgate.rbac import RULES, Scope, granted, rules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,3 +99,20 @@ def test_no_rule_grants_a_wildcard_or_a_duplicate() -> None:
         for resource in rule.resources:
             assert (rule.group, resource, rule.scope) not in seen
             seen.add((rule.group, resource, rule.scope))
+
+
+def test_the_operator_holds_every_right_the_router_role_it_creates_grants() -> None:
+    # RBAC's escalation check: creating a Role needs every right it grants (or `escalate`, which
+    # kvgate does not ask for); without pods get the API server refuses the router Role (403).
+    doc = yaml.safe_load((ROOT / "crds" / "samples" / "llama-8b.yaml").read_text())
+    doc["metadata"] = {"name": "llama", "namespace": "models", "uid": "u"}
+    role = builders.router_role(ModelDeployment.model_validate(doc))
+    held = granted(rules(Scope.NAMESPACED))
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                missing = set(rule["verbs"]) - held.get((group, resource), set())
+                assert not missing, (
+                    f"the router Role grants {sorted(missing)} on {resource!r}, which "
+                    "kvgate.rbac.RULES does not give the operator"
+                )

@@ -63,10 +63,12 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "",
         ("pods",),
-        ("list", "watch", "delete"),
+        ("get", "list", "watch", "delete"),
         "engine and router pods are watched (kopf, by kvgate.io/component) and listed per "
         "ModelDeployment and by the gateway watch; delete (uid precondition) removes an engine "
-        "pod a gateway still routes to after its verification gate turned False",
+        "pod a gateway still routes to after its verification gate turned False; get, list, "
+        "watch: the `<md>-router` Role grants them, and RBAC lets the operator grant only what "
+        "it holds (no escalate)",
     ),
     Rule(
         "",

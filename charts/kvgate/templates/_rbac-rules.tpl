@@ -22,10 +22,11 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
   verbs: ["update"]
 # engine and router pods are watched (kopf, by kvgate.io/component) and listed per ModelDeployment
 # and by the gateway watch; delete (uid precondition) removes an engine pod a gateway still routes
-# to after its verification gate turned False
+# to after its verification gate turned False; get, list, watch: the `<md>-router` Role grants
+# them, and RBAC lets the operator grant only what it holds (no escalate)
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "delete"]
 # the kvgate.io/engine-verified readiness-gate condition (strategic-merge patch, uid precondition)
 - apiGroups: [""]
   resources: ["pods/status"]
