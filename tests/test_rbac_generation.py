@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def test_check_names_a_drifted_file_and_writes_nothing(tmp_path: Path) -> None:
     assert subprocess.run(check, capture_output=True, text=True).returncode == 0
 
     template = tmp_path / rbacgen.RULES_TEMPLATE
-    edited = template.read_text().replace('verbs: ["get", "create"]', 'verbs: ["*"]', 1)
+    # Any rule's verbs widened by hand (the first rule's, whatever the table grants there).
+    edited = re.sub(r"verbs: \[[^\]]*\]", 'verbs: ["*"]', template.read_text(), count=1)
     assert edited != template.read_text()
     template.write_text(edited)
     result = subprocess.run(check, capture_output=True, text=True)

@@ -150,7 +150,32 @@ def register_handlers() -> kopf.OperatorRegistry:
         # kvgate.io/deployment label names the ModelDeployment.
         deployments.on_deployment_event(_rt(), dict(event["object"]))
 
+    # The router's ServiceAccount, Role and RoleBinding (kvgate.builders): deleted or edited,
+    # they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_
+    # SECONDS); a settled ModelDeployment costs no reads for them. Same wake as a Deployment's.
+    for group, version, plural in ROUTER_ACCESS_RESOURCES:
+
+        async def router_access_event(event: kopf.RawEvent, **_: Any) -> None:
+            deployments.on_deployment_event(_rt(), dict(event["object"]))
+
+        kopf.on.event(
+            group,
+            version,
+            plural,
+            id=f"router_access_event/{plural}",
+            labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            registry=registry,
+        )(router_access_event)
+
     return registry
+
+
+# What the router of each ModelDeployment runs as (watched: see register_handlers).
+ROUTER_ACCESS_RESOURCES = (
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
 
 
 def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:

@@ -109,23 +109,25 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "",
         ("serviceaccounts",),
-        ("get", "create"),
+        ("get", "list", "watch", "create"),
         "`<md>-router`, ensured every pass: get checks an existing one is the ModelDeployment's "
-        "own (never adopted)",
+        "own (never adopted); watched (kopf, kvgate-labelled) so a deleted one is put back at once",
     ),
     Rule(
         "rbac.authorization.k8s.io",
         ("roles",),
-        ("get", "create", "patch"),
+        ("get", "list", "watch", "create", "patch"),
         "`<md>-router` Role (pods get/list/watch, which the operator holds itself, so no "
-        "escalate/bind is needed), ensured every pass: patch restores edited rules",
+        "escalate/bind is needed), ensured every pass: patch restores edited rules; watched "
+        "(kopf, kvgate-labelled) so a deleted or edited one is put back at once",
     ),
     Rule(
         "rbac.authorization.k8s.io",
         ("rolebindings",),
-        ("get", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "`<md>-router` RoleBinding, ensured every pass: patch restores edited subjects, delete "
-        "replaces a binding whose (immutable) roleRef changed",
+        "replaces a binding whose (immutable) roleRef changed; watched (kopf, kvgate-labelled) "
+        "so a deleted or edited one is put back at once",
     ),
     Rule(
         "",

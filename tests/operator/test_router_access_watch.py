@@ -1,0 +1,66 @@
+"""The router's ServiceAccount, Role and RoleBinding are watched: deleting or editing one wakes
+its ModelDeployment's loop at once, which puts it back (issue 16: ensured once per operator
+lifetime, then at the steady resync only). The operator's RBAC grants every watch kopf opens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kvgate import builders, main, rbac
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.settings import OperatorSettings
+from operator_factories import make_md
+
+MD = make_md()
+ROUTER_ACCESS = {
+    "serviceaccounts": builders.router_service_account(MD),
+    "roles": builders.router_role(MD),
+    "rolebindings": builders.router_role_binding(MD),
+}
+
+
+@pytest.fixture
+async def rt(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Runtime]:
+    api = KubeApi(Credentials(server="https://127.0.0.1:1"))
+    settings = OperatorSettings()
+    runtime = Runtime(api=api, settings=settings, verify=main.make_verify(settings))
+    monkeypatch.setattr(main, "_runtime", runtime)
+    yield runtime
+    await api.close()
+
+
+def _watch_handlers() -> list[Any]:
+    return list(main.register_handlers()._watching.get_all_handlers())
+
+
+@pytest.mark.parametrize("event_type", ["DELETED", "MODIFIED"])
+@pytest.mark.parametrize("plural", sorted(ROUTER_ACCESS))
+async def test_a_deleted_or_edited_router_access_object_wakes_its_modeldeployment(
+    rt: Runtime, plural: str, event_type: str
+) -> None:
+    (handler,) = [h for h in _watch_handlers() if h.selector.any_name == plural]
+    body = ROUTER_ACCESS[plural]
+    # Only kvgate's own are watched (the label every router access object carries).
+    assert handler.labels == {"app.kubernetes.io/managed-by": "kvgate"}
+    assert body["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvgate"
+    key = (MD.metadata.namespace or "", MD.metadata.name or "")
+    assert not rt.md_wake(key).is_set()
+    await handler.fn(event={"type": event_type, "object": body})
+    assert rt.md_wake(key).is_set()
+
+
+def test_the_operator_may_list_and_watch_everything_kopf_watches() -> None:
+    granted = {
+        (rule.group, resource): set(rule.verbs)
+        for rule in rbac.RULES
+        for resource in rule.resources
+    }
+    missing = [
+        f"{h.selector.group or 'core'}/{h.selector.any_name}"
+        for h in _watch_handlers()
+        if not {"list", "watch"} <= granted.get((h.selector.group, h.selector.any_name), set())
+    ]
+    assert missing == [], f"kopf watches these without list/watch in kvgate.rbac.RULES: {missing}"
