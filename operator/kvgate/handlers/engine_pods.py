@@ -24,8 +24,7 @@ from pydantic import ValidationError
 
 from kvgate import gate, labels, metrics, requirements
 from kvgate.api import ModelDeploymentSpec
-from kvgate.handlers import group_verify
-from kvgate.handlers import kv_canary_watch
+from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
