@@ -178,7 +178,11 @@ def launch_for(
         if node_annotations is not None and uses_real_engine(node_annotations):
             try:
                 real_argv, real_env = real_engine_command(
-                    flags, image_version(image), python=python, node_annotations=node_annotations
+                    flags,
+                    image_version(image),
+                    python=python,
+                    pod_ip=pod_ip,
+                    node_annotations=node_annotations,
                 )
             except RealEngineError as exc:
                 raise ImageError(str(exc)) from exc

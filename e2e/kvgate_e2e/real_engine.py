@@ -15,7 +15,12 @@ rewrite to the pod IP); this module adds only what SGLang needs to run on a CPU,
   ``--disaggregation-decode-retraction-backup cpu_tensor``;
 * environment ``SGLANG_USE_CPU_ENGINE=1 CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1
   MOONCAKE_PROTOCOL=tcp``, prefill also ``SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER=1``, and the
-  environment's ``PYTHONPATH`` and ``LD_LIBRARY_PATH`` (the ``libcuda.so.1`` stand-in).
+  environment's ``PYTHONPATH`` and ``LD_LIBRARY_PATH`` (the ``libcuda.so.1`` stand-in);
+* ``SGLANG_HOST_IP=<pod IP>``: this world's pods have their address on ``lo`` of a network
+  namespace with no NIC and no route, where SGLang's own detection (``get_local_ip_auto``: routes,
+  then NICs) finds nothing and the scheduler dies with "Can not get local ip" when it starts the
+  mooncake transfer engine; a real pod has its IP on eth0. Found running the world, not in the
+  research note (its machine had a network).
 
 The KV pool of a CPU engine is sized from host RAM, so the pool a test wants comes from the
 ModelDeployment's ``maxTotalTokens`` (``--max-total-tokens``). To restart an engine "on less
@@ -139,6 +144,7 @@ def real_engine_command(
     version: str | None,
     *,
     python: str,
+    pod_ip: str,
     node_annotations: Mapping[str, str],
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """argv and extra environment of one engine container on a real-engine node (the flags are
@@ -155,7 +161,7 @@ def real_engine_command(
             )
         extra += ["--max-total-tokens", cap]
     argv = (python, "-m", "sglang.launch_server", *flags, *extra)
-    return argv, env.env(role)
+    return argv, {**env.env(role), "SGLANG_HOST_IP": pod_ip}
 
 
 def unified_server_argv(

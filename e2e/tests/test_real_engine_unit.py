@@ -100,6 +100,7 @@ def test_a_real_engine_node_runs_sglang_with_the_launcher_argv_plus_only_the_cpu
         "MOONCAKE_PROTOCOL": "tcp",
         "PYTHONPATH": str(installed / "site"),
         "LD_LIBRARY_PATH": str(installed / "lib"),
+        "SGLANG_HOST_IP": "198.18.1.7",  # no NIC and no route in the world's network namespace
     }
     if role == "prefill":
         expected_env["SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER"] = "1"
