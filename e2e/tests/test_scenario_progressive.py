@@ -63,6 +63,14 @@ def step_left(world: World, name: str, ns: str, index: int) -> bool:
     return step.get("index") != index
 
 
+def progressing(world: World, name: str, ns: str) -> str:
+    """What the Progressing condition says (why a step waits)."""
+    for condition in status_of(world, name, ns).get("conditions") or []:
+        if condition.get("type") == "Progressing":
+            return f"Progressing: {condition.get('reason')}: {condition.get('message')}"
+    return "no Progressing condition"
+
+
 def serving(world: World, name: str, ns: str, not_: str | None = None) -> str | None:
     md = world.get_md(name, ns) or {}
     status = md.get("status") or {}
@@ -157,6 +165,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
                 f"step {index + 1} to end",
                 partial(step_left, world, name, ns, index),
                 PAUSE_SECONDS + 60,
+                details=partial(progressing, world, name, ns),
             )
             after = router_requests(world, name, ns)
             observed, requests = share_between(before, after, rev_b)

@@ -273,13 +273,12 @@ def compute_status(
 
 def _rollout_status(step: RolloutStep) -> dict[str, Any]:
     refusal = step.refusal
-    out: dict[str, Any] = {
+    # None, not absent: the status is written with a merge patch, where only null removes a key.
+    return {
         "verifyStartedAt": rfc3339(step.verify_started_at),
         "refusal": {"reason": refusal.reason, "message": refusal.message} if refusal else None,
+        "step": _step_status(step),
     }
-    if step.step_record is not None:
-        out["step"] = _step_status(step)
-    return out
 
 
 def _step_status(step: RolloutStep) -> dict[str, Any] | None:

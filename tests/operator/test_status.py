@@ -167,6 +167,7 @@ def test_status_records_the_rollout_and_the_next_pass_reads_it_back() -> None:
     assert status["rollout"] == {
         "verifyStartedAt": "2026-11-05T11:59:18Z",
         "refusal": {"reason": "EngineUnsafe", "message": SMALL_POOL},
+        "step": None,
     }
     assert rollout_record(status) == RolloutRecord(
         target_revision=NEW,
