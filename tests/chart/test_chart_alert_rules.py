@@ -67,6 +67,16 @@ def exported_series() -> dict[str, frozenset[str]]:
 
 
 EXPORTED = exported_series()
+# What the engine PodMonitor scrapes that the engine rules read: SGLang 0.5.23's names and label
+# names (srt/observability/metrics_collector.py: the scheduler collector's labels;
+# http_request_metrics.py), plus the target labels the Prometheus Operator adds to a PodMonitor's
+# series (namespace, pod, container, endpoint).
+POD_TARGET = frozenset({"namespace", "pod", "container", "endpoint"})
+ENGINE_SERIES = {
+    "sglang:num_used_tokens": POD_TARGET
+    | {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"},
+    "sglang:http_responses_total": POD_TARGET | {"status_code", "method"},
+}
 
 
 # --- what an expression yields ----------------------------------------------------------------
@@ -264,7 +274,7 @@ def rule_problems(spec: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     if set(spec) != {"groups"} or not isinstance(spec["groups"], list) or not spec["groups"]:
         return ["spec must hold exactly a non-empty list of groups"]
-    available = dict(EXPORTED)
+    available = dict(EXPORTED) | ENGINE_SERIES
     for group in spec["groups"]:
         for rule in group.get("rules") or []:
             if isinstance(rule, dict) and isinstance(rule.get("record"), str):
@@ -373,6 +383,8 @@ def test_every_rule_parses_selects_exported_metrics_and_annotates_with_its_label
         "KvgateEngineHeadroomLow",
         "KvgateOperatorDown",
         "KvgateVerificationStale",
+        "KvgateEngineKvUsageHigh",
+        "KvgateEngineRejectingRequests",
     ]
 
 
