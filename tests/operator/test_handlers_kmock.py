@@ -14,7 +14,8 @@ import kmock
 import pytest
 from fake_engine import FakeEngine, running
 from kvgate import builders, labels, metrics
-from kvgate.handlers import engine_pods
+from kvgate.content_probe import REASON_PASSED, ContentVerdict
+from kvgate.handlers import content_check, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
@@ -283,8 +284,12 @@ async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge
 
 @pytest.mark.usefixtures("revision_chain")
 async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
-    kmock: kmock.KubernetesEmulator, rt: Runtime
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    async def content_check_passes(*_: Any) -> ContentVerdict:
+        return ContentVerdict(True, REASON_PASSED, "content check passed", ())
+
+    monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
     put_md(kmock)
     rev = revision_of(make_md().spec)
     reconciler = Reconciler(rt, NS, "llama")
@@ -320,6 +325,8 @@ async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewr
     assert ready["status"] == "True" and ready["reason"] == "RevisionServing"
     events = [r.data["reason"] for r in requests(kmock, "POST", "/events")]
     assert events.count("RevisionServing") == 1
+    assert events.count(REASON_PASSED) == 1
+    assert [c["revision"] for c in second_status["contentChecks"]] == [rev]
 
     kmock.objects[mds, NS, "llama"].patch({"status": second_status})
     kmock.objects[kmock.resource("", "v1", "services"), NS, "llama"] = svc
