@@ -14,7 +14,7 @@ import kmock
 import pytest
 from fake_engine import FakeEngine, running
 from kvgate import builders, labels, metrics
-from kvgate.content_probe import REASON_PASSED, ContentVerdict
+from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
@@ -686,3 +686,64 @@ async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forge
         "kvgate_engine_reverify_interval_seconds",
     ):
         assert _series_value(name, pod) is None
+
+
+async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+    pods = kmock.resource("", "v1", "pods")
+    for role in ("prefill", "decode"):
+        pod = engine_pod(30000, role=role)
+        pod["metadata"]["uid"] = f"uid-{role}"
+        pod["status"]["conditions"] = [
+            {"type": "Ready", "status": "True"},
+            {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"},
+        ]
+        kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_failed_content_check_refuses_the_verified_revision_and_nothing_serves(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leak = "content check of revision x failed: 131,073 tokens: HTTP 200, 8 tokens generated"
+
+    async def content_check_fails(*_: Any) -> ContentVerdict:
+        return ContentVerdict(False, REASON_FAILED, leak, ())
+
+    monkeypatch.setattr(content_check, "run_content_check", content_check_fails)
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    await _verified_and_router_ready(kmock, rev)
+    step = await reconciler.reconcile()
+    assert step is not None and step.serving_revision is None
+    assert step.refusal is not None and step.refusal.reason == "ContentCheckFailed"
+    assert not [r for r in requests(kmock, "POST") if r.data.get("kind") == "Service"]
+    status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    assert status["rollout"]["refusal"] == {"reason": "ContentCheckFailed", "message": leak}
+    assert status["contentChecks"][0]["revision"] == rev
+    assert status["contentChecks"][0]["passed"] is False
+    events = [(r.data["type"], r.data["reason"]) for r in requests(kmock, "POST", "/events")]
+    assert ("Warning", REASON_FAILED) in events and ("Warning", "RolloutRefused") in events
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_router(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(content_check, "run_content_check", no_router)
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    await _verified_and_router_ready(kmock, rev)
+    step = await reconciler.reconcile()
+    assert step is not None and step.serving_revision is None and step.refusal is None
+    assert step.content_check_due
+    status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    assert status.get("contentChecks", []) == []
