@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from prometheus_client import Counter
 
 from kvgate import labels, metrics
 from kvgate.api import GROUP, PLURAL, VERSION
@@ -41,14 +40,6 @@ SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 Body = dict[str, Any]
 log = logging.getLogger("kvgate.k8s")
 
-# Every request of kvgate's own client (kopf's watches are long-lived streams, not counted): at
-# steady state it must follow changes, not fleet size (README, Measured: Scale).
-API_REQUESTS = Counter(
-    "kvgate_api_requests",
-    "Requests kvgate's client sent to the Kubernetes API, by verb and resource.",
-    ["verb", "resource"],
-    registry=metrics.REGISTRY,
-)
 
 
 def resource_of(path: str) -> str:
@@ -238,7 +229,7 @@ class KubeApi:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body)
-        API_REQUESTS.labels(method, resource_of(path)).inc()
+        metrics.API_REQUESTS.labels(method, resource_of(path)).inc()
         async with self._session_now().request(
             method, self.credentials.server + path, data=data, headers=headers, params=params
         ) as response:

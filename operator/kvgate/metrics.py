@@ -133,3 +133,12 @@ KV_CANARY_VIOLATIONS = Counter(
     _POD_LABELS,
     registry=REGISTRY,
 )
+
+# Every request of kvgate's own client (kopf's watches are long-lived streams, not counted): at
+# steady state it must follow changes, not fleet size (README, Measured: Scale).
+API_REQUESTS = Counter(
+    "kvgate_api_requests",
+    "Requests kvgate's client sent to the Kubernetes API, by verb and resource.",
+    ["verb", "resource"],
+    registry=REGISTRY,
+)
