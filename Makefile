@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test demo lint typecheck unit conformance e2e e2e-deps chaos crds venv clean
+.PHONY: test demo lint typecheck unit conformance e2e e2e-deps chaos bench-scale crds venv clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,11 @@ e2e: e2e-deps real-engine-deps
 chaos: e2e-deps
 	KVGATE_REQUIRE_E2E=1 KVGATE_E2E_CHAOS_ROUNDS=5 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=20 \
 	  $(BIN)/pytest -q -s e2e/tests/test_chaos.py e2e/tests/test_scenario_operator_down.py
+
+# The scale benchmark (issue 16; not part of `make test`: it takes the machine for minutes).
+# `make bench-scale SCALE_ARGS="--mds 1000 --engines 8"`; see e2e/bench/scale.py.
+bench-scale: e2e-deps
+	$(BIN)/python e2e/bench/scale.py $(SCALE_ARGS)
 
 # e2e-deps first: it builds helm, which the chart tests in `unit` run for real.
 test: lint typecheck e2e-deps unit conformance e2e

@@ -244,9 +244,14 @@ async def serve(
     _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
     registry = register_handlers()
     health = await _health_server(settings)
+    # The Lease gets its own connection pool: renewals never queue behind the reconcile loops'
+    # and verifiers' requests. Sharing one pool, 50 ModelDeployments with 400 engine pods kept its
+    # 32 connections busy, the leader missed its renew deadline, stepped down and restarted, over
+    # and over (scale benchmark, issue 16).
+    lease_api = KubeApi(api.credentials) if settings.leader_election is not None else None
     elector = (
-        LeaderElector(api, settings.leader_election, on_change=_leading_changed)
-        if settings.leader_election is not None
+        LeaderElector(lease_api, settings.leader_election, on_change=_leading_changed)
+        if lease_api is not None and settings.leader_election is not None
         else None
     )
     stop = _StopRelay(stop_flag)
@@ -299,6 +304,8 @@ async def serve(
         await health.cleanup()
         await _runtime.shutdown()
         await api.close()
+        if lease_api is not None:
+            await lease_api.close()
 
 
 def _stop_budget(settings: OperatorSettings) -> float:

@@ -1,0 +1,312 @@
+"""Scale benchmark: N ModelDeployments with E engine pods each on the e2e world (run as root).
+
+    make bench-scale SCALE_ARGS="--mds 1000 --engines 8"
+    .venv/bin/python e2e/bench/scale.py --mds 250 --engines 8 [--json out.json]
+
+Not part of ``make test``: it takes the whole machine for minutes. Brings up the e2e world (the
+real control plane, kvgate installed by Helm with its defaults: reverify every 30 s, steady
+reconcile every 30 s), plus one stand-in node (``kvgate_e2e.standin``: one asyncio process
+plays every pod bound to it, answering the engine API from the pod's own flags and reporting
+the pod Running and Ready as the kubelet would). Then, with N ModelDeployments pinned to that
+node (E/2 prefill + E/2 decode engines and one router each):
+
+1. **reconcile**: every ModelDeployment reconciled (``status.observedGeneration`` current and
+   every engine verified) — seconds after the last ``kubectl apply``;
+2. **restart**: R engines, one at a time, restarted with a pool below the context (restartCount
+   bumped in the pod status) → gate False, then restarted with a safe pool → gate True: seconds
+   from the stand-in's acknowledged status patch to the gate seen changed (20 ms polling);
+3. **steady state**: the operator's API requests per minute (``kvgate_api_requests_total``,
+   by verb and resource) and every client's (``apiserver_request_total``, WATCH excluded) over
+   ``--steady-seconds``, with no change in the cluster; operator RSS (median and max);
+4. **delete**: ``kubectl delete md --all``: seconds until none is left, and until their pods
+   are gone.
+
+Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvgate_e2e.kubelet import container_pid
+from kvgate_e2e.polling import poll_until
+from kvgate_e2e.world import World, WorldConfig, load_sample
+
+NAMESPACE = "bench-scale"
+POOL = "bench"
+GATE = "kvgate.io/engine-verified"
+CONTROL_PORT = 18999
+IP_RANGE = "198.18.128.0/17"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def report(result: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        say(f"MEASURED {key}: {result[key]}")
+
+
+def manifest(index: int, engines: int) -> dict[str, Any]:
+    md = copy.deepcopy(load_sample("llama-8b"))
+    md["metadata"] = {"name": f"md-{index:04d}"}
+    for role in ("prefill", "decode"):
+        md["spec"][role]["replicas"] = engines // 2
+        md["spec"][role]["nodeSelector"] = {"kvgate.io/pool": POOL}
+    md["spec"]["rollout"]["verifyTimeoutSeconds"] = 3600
+    # The content check sends real prompts through the router; a stand-in generates nothing.
+    md["spec"].setdefault("safety", {})["contentProbe"] = {"enabled": False}
+    return md
+
+
+def reconciled(md: dict[str, Any]) -> bool:
+    status = md.get("status") or {}
+    if status.get("observedGeneration") != md["metadata"].get("generation"):
+        return False
+    spec = md["spec"]
+    return all(
+        (status.get(role) or {}).get("verifiedReplicas") == spec[role]["replicas"]
+        for role in ("prefill", "decode")
+    )
+
+
+def gate(pod: dict[str, Any] | None) -> str | None:
+    for cond in ((pod or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == GATE:
+            return str(cond.get("status"))
+    return None
+
+
+def operator_pid(world: World) -> int:
+    pod = world.operator_pod()
+    pid = container_pid(pod, "operator") if pod else None
+    if pid is None and pod:
+        cid = pod["status"]["containerStatuses"][0]["containerID"]
+        pid = int(cid.removeprefix("loopback://"))
+    assert pid is not None, "no operator process"
+    return pid
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def operator_requests(world: World) -> dict[str, float]:
+    """kvgate_api_requests_total by ``verb resource``, from the leader's /metrics."""
+    pod = world.operator_pod()
+    assert pod is not None
+    port = world.forward(pod["status"]["podIP"], 8080)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for m in re.finditer(
+        r'^kvgate_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} (\S+)$', text, re.M
+    ):
+        out[f"{m[2]} {m[1]}"] = float(m[3])
+    return out
+
+
+def apiserver_requests(world: World) -> float:
+    """Every client's non-WATCH requests so far (apiserver_request_total)."""
+    text = world.kubectl("get", "--raw", "/metrics").stdout
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{") and 'verb="WATCH"' not in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def control(port: int, path: str) -> dict[str, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=30) as answer:
+        result: dict[str, Any] = json.loads(answer.read())
+        return result
+
+
+def until_gate(world: World, pod: str, want: str, since: float) -> float:
+    """Seconds from ``since`` (epoch) until the pod's gate is ``want`` (20 ms polling)."""
+    poll_until(
+        f"pod {pod}: gate {want} after its restart",
+        lambda: gate(world.get("pod", pod, NAMESPACE)) == want,
+        30,
+        period=0.02,
+    )
+    return time.time() - since
+
+
+def start_standin(world: World) -> tuple[subprocess.Popen[str], int]:
+    cluster = world.cluster
+    node_ip = str(cluster.add_node_ip())
+    argv = [
+        sys.executable,
+        "-m",
+        "kvgate_e2e.standin",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--node-ip={node_ip}",
+        f"--pool={POOL}",
+        f"--ip-range={IP_RANGE}",
+        f"--control={node_ip}:{CONTROL_PORT}",
+    ]
+    proc = subprocess.Popen(cluster.netns.exec_argv(argv), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if '"ready": true' not in line:
+        raise SystemExit(f"the stand-in node did not start: {line!r}")
+    return proc, world.forward(node_ip, CONTROL_PORT)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(kv.split("=", 1) for kv in args.operator_env)
+    result: dict[str, Any] = {"mds": args.mds, "engines_per_md": args.engines}
+    with World(WorldConfig(operator_env=env)) as world:
+        standin, control_port = start_standin(world)
+        try:
+            # Routers have no nodeSelector: with the GPU nodes cordoned every new pod lands on
+            # the stand-in node (the operator and webhook pods already run on them).
+            for node in world.list("nodes", ""):
+                if node["metadata"]["labels"].get("kvgate.io/pool") != POOL:
+                    world.kubectl("cordon", node["metadata"]["name"])
+            world.create_namespace(NAMESPACE)
+            pid = operator_pid(world)
+            result["rss_idle_mib"] = round(rss_mib(pid), 1)
+            docs = [manifest(i, args.engines) for i in range(args.mds)]
+            first = time.monotonic()
+            for start in range(0, len(docs), 100):
+                world.cluster.kubectl(
+                    "apply",
+                    f"--namespace={NAMESPACE}",
+                    "-f",
+                    "-",
+                    input=yaml.safe_dump_all(docs[start : start + 100]),
+                    timeout=600,
+                )
+            last_apply = time.monotonic()
+            say(f"applied {args.mds} ModelDeployments in {last_apply - first:.1f}s")
+
+            def done() -> bool:
+                items = world.list("modeldeployments", NAMESPACE)
+                ok = sum(1 for m in items if reconciled(m))
+                say(f"  {time.monotonic() - last_apply:6.1f}s: {ok}/{args.mds} reconciled")
+                return bool(ok == args.mds)
+
+            poll_until("every ModelDeployment reconciled", done, args.timeout, period=5.0)
+            result["reconciled_after_last_apply_s"] = round(time.monotonic() - last_apply, 1)
+            report(result, "reconciled_after_last_apply_s")
+
+            lost, regained = [], []
+            for i in range(args.restarts):
+                md = f"md-{(i * 7919) % args.mds:04d}"
+                pods = world.list(
+                    "pods", NAMESPACE, f"kvgate.io/deployment={md},kvgate.io/component=engine"
+                )
+                name = pods[i % len(pods)]["metadata"]["name"]
+                ack = control(control_port, f"/restart?namespace={NAMESPACE}&pod={name}&pool=1000")
+                lost.append(until_gate(world, name, "False", ack["acknowledged"]))
+                pool = 2 * 131_072
+                ack = control(
+                    control_port, f"/restart?namespace={NAMESPACE}&pod={name}&pool={pool}"
+                )
+                regained.append(until_gate(world, name, "True", ack["acknowledged"]))
+            result["restart_to_gate_false_s"] = {
+                "p50": round(statistics.median(lost), 3),
+                "max": round(max(lost), 3),
+            }
+            result["restart_to_reverified_s"] = {
+                "p50": round(statistics.median(regained), 3),
+                "max": round(max(regained), 3),
+            }
+            report(result, "restart_to_gate_false_s", "restart_to_reverified_s")
+
+            time.sleep(args.settle_seconds)
+            before, api_before, t0 = (
+                operator_requests(world),
+                apiserver_requests(world),
+                time.time(),
+            )
+            rss, cpu0 = [], cpu_seconds(pid)
+            while time.time() - t0 < args.steady_seconds:
+                rss.append(rss_mib(pid))
+                time.sleep(1.0)
+            after, api_after, t1 = operator_requests(world), apiserver_requests(world), time.time()
+            minutes = (t1 - t0) / 60
+            result["operator_cpu_cores"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 3)
+            by = {k: round((after.get(k, 0) - before.get(k, 0)) / minutes, 1) for k in after}
+            result["operator_requests_per_min"] = round(sum(by.values()), 1)
+            result["operator_requests_per_min_by"] = {k: v for k, v in sorted(by.items()) if v}
+            result["apiserver_requests_per_min"] = round((api_after - api_before) / minutes, 1)
+            result["rss_mib"] = {
+                "median": round(statistics.median(rss), 1),
+                "max": round(max(rss), 1),
+            }
+            report(result, "operator_requests_per_min", "operator_requests_per_min_by")
+            report(result, "apiserver_requests_per_min", "rss_mib", "operator_cpu_cores")
+
+            started = time.monotonic()
+            world.cluster.kubectl(
+                "delete",
+                "modeldeployments",
+                "--all",
+                f"--namespace={NAMESPACE}",
+                "--wait=false",
+                timeout=600,
+            )
+            last_delete = time.monotonic()
+            poll_until(
+                "every ModelDeployment gone",
+                lambda: not world.list("modeldeployments", NAMESPACE),
+                600,
+                period=0.5,
+            )
+            result["deleted_after_last_delete_s"] = round(time.monotonic() - last_delete, 1)
+            result["delete_command_s"] = round(last_delete - started, 1)
+            poll_until("every pod gone", lambda: not world.list("pods", NAMESPACE), 900, period=2.0)
+            result["pods_gone_after_last_delete_s"] = round(time.monotonic() - last_delete, 1)
+            report(result, "deleted_after_last_delete_s", "pods_gone_after_last_delete_s")
+        finally:
+            standin.terminate()
+            standin.wait(30)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mds", type=int, default=100)
+    parser.add_argument(
+        "--engines", type=int, default=8, help="engine pods per ModelDeployment (even)"
+    )
+    parser.add_argument("--restarts", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--settle-seconds", type=float, default=35.0)
+    parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
