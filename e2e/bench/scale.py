@@ -244,13 +244,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 apiserver_requests(world),
                 time.time(),
             )
+            pid = operator_pid(world)  # the leader now (a lost Lease restarts the process)
             rss, cpu0 = [], cpu_seconds(pid)
             while time.time() - t0 < args.steady_seconds:
-                rss.append(rss_mib(pid))
+                rss.append(rss_mib(operator_pid(world)))
                 time.sleep(1.0)
             after, api_after, t1 = operator_requests(world), apiserver_requests(world), time.time()
             minutes = (t1 - t0) / 60
-            result["operator_cpu_cores"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 3)
+            try:
+                result["operator_cpu_cores"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 3)
+            except FileNotFoundError:  # the leader restarted during the window
+                result["operator_cpu_cores"] = None
             by = {k: round((after.get(k, 0) - before.get(k, 0)) / minutes, 1) for k in after}
             result["operator_requests_per_min"] = round(sum(by.values()), 1)
             result["operator_requests_per_min_by"] = {k: v for k, v in sorted(by.items()) if v}
@@ -260,7 +264,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "max": round(max(rss), 1),
             }
             report(result, "operator_requests_per_min", "operator_requests_per_min_by")
+            result["operator_restarts"] = sum(
+                int(c.get("restartCount", 0))
+                for pod in world.operator_pods()
+                for c in (pod.get("status") or {}).get("containerStatuses") or []
+            )
             report(result, "apiserver_requests_per_min", "rss_mib", "operator_cpu_cores")
+            report(result, "operator_restarts")
 
             started = time.monotonic()
             world.cluster.kubectl(
