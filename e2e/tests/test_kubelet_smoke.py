@@ -252,8 +252,12 @@ def test_deployment_pods_run_get_ready_and_serve_through_the_service_cluster_ip(
         lambda: ready_endpoints(kube, namespace, "engines") == ips,
         timeout=60,
     )
-    deployment_obj = kube.get("deployment", "engines", namespace)
-    assert deployment_obj["status"].get("readyReplicas") == 2
+    # The Deployment controller counts them after the ReplicaSet controller did: a moment later.
+    wait_until(
+        "the Deployment to count 2 ready replicas",
+        lambda: kube.get("deployment", "engines", namespace)["status"].get("readyReplicas") == 2,
+        timeout=30,
+    )
 
     cluster_ip = kube.get("service", "engines", namespace)["spec"]["clusterIP"]
     port = cluster.forward(cluster_ip, 80)
