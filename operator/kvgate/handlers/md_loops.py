@@ -66,7 +66,7 @@ def stop_loop(rt: Runtime, key: MdKey, uid: str) -> None:
 
 
 async def release_legacy_finalizer(rt: Runtime, body: Body) -> bool:
-    """Remove ``kvgate.io/finalizer`` (added by kvgate before 0.2) from the ModelDeployment;
+    """Remove ``kvgate.io/finalizer`` (added by earlier kvgate versions) from the ModelDeployment;
     True when a patch removed it. The JSON patch tests the entry first, so a concurrent change
     of the list fails the patch (422) instead of removing someone else's finalizer."""
     meta = body.get("metadata", {})
