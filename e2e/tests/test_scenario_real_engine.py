@@ -1,0 +1,531 @@
+"""The released SGLang 0.5.23, not kvgate's imitation of it, behind kvgate (issue 13).
+
+The big pool's node is annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so
+its engine pods run the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv
+plus only the CPU flags of research/sglang-cpu.md), with a tiny Llama generated here (fixed seed)
+into a host path the pods read. Its greedy known answer is recorded once per run from a unified
+real server (started at the beginning, in parallel with the pair, and stopped once it answered).
+
+One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
+the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
+
+1. the real engines are verified, ``kubectl get md`` shows their real pools (8,192), and a request
+   through the router returns the recorded known answer;
+2. ``kvgate verify --url`` against each real engine gives the operator's verdict;
+3. the decode engine restarted with a smaller ``--max-total-tokens`` (the node's
+   ``e2e.kvgate.io/max-total-tokens``, as the restart scenario shrinks GPU memory) loses
+   verification and its traffic, with the real numbers in the condition and the Event;
+4. a second ModelDeployment whose engines run with a pool below the context: ``maxTotalTokens``
+   below ``contextLength`` is denied at admission with its numbers; the same cap through
+   ``engine.args`` reaches the real engines, which report the small pool, and kvgate refuses them
+   with the real numbers in the condition and the Event; they never appear in smg's workers.
+
+The safety settings the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts
+CUDA tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
+stays on) and ``memFractionStatic: 0.05`` (on CPU the pool is sized from host RAM; the cap is
+``maxTotalTokens``).
+
+Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_scenario_real_engine.py``
+(root; after ``make real-engine-deps``). Prints ``MEASURED`` lines for each step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.real_engine import (
+    DEFAULT_VERSION,
+    MAX_TOTAL_TOKENS_ANNOTATION,
+    RUNTIME_ANNOTATION,
+    SGLANG_CPU,
+    RealEngineError,
+    SglangCpu,
+    make_tiny_llama,
+    sglang_cpu,
+    unified_server_argv,
+)
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import BIG_POOL, GATE, World, condition, http_json, is_ready, output_ids
+from scenario_helpers import deadline_loop, engine_pods, events, md_condition, router_workers
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+
+IMAGE = f"lmsysorg/sglang:v{DEFAULT_VERSION}"
+SERVED = "tiny-llama"
+CONTEXT = 4096
+POOL = 8192
+SMALL_POOL = 2048
+SEED = 0
+PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's 384-token vocab
+NEW_TOKENS = 4
+START_TIMEOUT = 600.0  # two CPU SGLang servers started together on a loaded 2-core machine
+
+
+def generate_body() -> dict[str, Any]:
+    return {
+        "model": SERVED,
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0},
+    }
+
+
+class KnownAnswer:
+    """A unified real server of the tiny model (host network, 127.0.0.1), started at once; the
+    first ``ids()`` waits for it, records the greedy answer and stops it (its 3 GB are needed)."""
+
+    def __init__(self, env: SglangCpu, model: Path, log: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = log
+        self.started = time.monotonic()
+        argv = unified_server_argv(
+            sys.executable,
+            str(model),
+            SERVED,
+            host="127.0.0.1",
+            port=self.port,
+            context_length=CONTEXT,
+        )
+        self.proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env.env()},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._ids: list[int] | None = None
+
+    def ids(self) -> list[int]:
+        if self._ids is not None:
+            return self._ids
+        url = f"http://127.0.0.1:{self.port}"
+
+        def answer() -> list[int] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"unified SGLang exited: {self.log.read_text()[-3000:]}")
+            code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
+            return output_ids(body) if code == 200 else None
+
+        ids = deadline_loop("the unified real SGLang's known answer", answer, START_TIMEOUT)
+        print(
+            f"\nMEASURED unified real SGLang up and answered in "
+            f"{time.monotonic() - self.started:.1f}s: known answer {ids}"
+        )
+        self._ids = ids
+        self.stop()
+        return ids
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+@dataclass
+class Real:
+    world: World
+    env: SglangCpu
+    model: Path
+    node: str
+    ns: str
+    known: KnownAnswer
+
+
+def real_md(name: str, model: Path, **role_changes: Any) -> dict[str, Any]:
+    role: dict[str, Any] = {
+        "replicas": 1,
+        "tensorParallel": 1,
+        "memFractionStatic": 0.05,
+        "maxTotalTokens": POOL,
+        "nodeSelector": {"kvgate.io/pool": BIG_POOL},
+        **role_changes,
+    }
+    return {
+        "apiVersion": "kvgate.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": SERVED, "path": str(model), "contextLength": CONTEXT},
+            "engine": {"image": IMAGE},
+            "safety": {"headroom": 1.0, "kvChecksum": False},
+            "prefill": dict(role),
+            "decode": dict(role),
+            "rollout": {"verifyTimeoutSeconds": 900},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real]:
+    try:
+        env = sglang_cpu(DEFAULT_VERSION)
+    except RealEngineError as exc:
+        pytest.fail(f"{exc} (make test runs make real-engine-deps first)")
+    started = time.monotonic()
+    model = make_tiny_llama(env, sys.executable, tmp_path_factory.mktemp("tiny-llama"), SEED)
+    print(f"\nMEASURED tiny Llama generated in {time.monotonic() - started:.1f}s at {model}")
+    node = world.cluster.proxy_node_name  # the big pool's node
+    ns = "t-real-engine-" + hashlib.sha1(str(model).encode()).hexdigest()[:6]
+    known = KnownAnswer(env, model, tmp_path_factory.mktemp("unified") / "sglang.log")
+    try:
+        world.kubectl("annotate", "node", node, f"{RUNTIME_ANNOTATION}={SGLANG_CPU}", "--overwrite")
+        world.create_namespace(ns)
+        yield Real(world, env, model, node, ns, known)
+    finally:
+        known.stop()
+        started = time.monotonic()
+        world.delete_namespace(ns, wait=False)
+        for key in (RUNTIME_ANNOTATION, MAX_TOTAL_TOKENS_ANNOTATION):  # either may be absent
+            world.kubectl("annotate", "node", node, f"{key}-", check=False)
+        print(f"MEASURED real-engine namespace clean-up {time.monotonic() - started:.1f}s")
+
+
+def engine_log(real: Real, pod: str, container: str = "engine") -> str:
+    path = real.world.kubelet.kubelet.log_path(real.ns, pod, container)
+    return path.read_text(errors="replace")[-4000:] if path and path.exists() else "(no log)"
+
+
+def server_info(url: str) -> dict[str, Any] | None:
+    try:
+        code, info = http_json(f"{url}/server_info", timeout=5)
+    except OSError:
+        return None
+    return info if code == 200 and isinstance(info, dict) else None
+
+
+def wait_md_ready(real: Real, name: str) -> dict[str, Any]:
+    world, ns = real.world, real.ns
+    started = time.monotonic()
+    try:
+        md: dict[str, Any] = world.wait_for(
+            f"ModelDeployment {name} to be Ready on the real SGLang",
+            lambda: (m := world.get_md(name, ns)) and is_ready(m) and m,
+            timeout=START_TIMEOUT,
+        )
+    except Exception:
+        for pod in engine_pods(world, ns, name):
+            print(f"--- {pod['metadata']['name']}:\n{engine_log(real, pod['metadata']['name'])}")
+        raise
+    print(f"\nMEASURED real PD pair applied -> MD Ready: {time.monotonic() - started:.1f}s")
+    return md
+
+
+def through_router(real: Real, name: str) -> list[int]:
+    """The known-answer request through the MD's Service and smg (smg reports healthy before
+    it has discovered its workers: retry a 503 until a deadline)."""
+
+    def ask() -> list[int] | None:
+        code, body = real.world.router_request(name, generate_body(), real.ns, timeout=60)
+        if code == 200:
+            ids = output_ids(body)
+            assert ids is not None, body
+            return ids
+        assert code in (502, 503), (code, body)
+        return None
+
+    return deadline_loop(f"a 200 from {name}'s router", ask, 120)
+
+
+def get_md_row(world: World, ns: str, name: str) -> dict[str, str]:
+    lines = world.kubectl("get", "md", f"--namespace={ns}").stdout.splitlines()
+    print("\n".join(lines))
+    header = lines[0].split()
+    rows = {r.split()[0]: dict(zip(header, r.split(), strict=False)) for r in lines[1:]}
+    return rows[name]
+
+
+# ---------------------------------------------------------------------- 1. verified, serving
+def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_known_answer(
+    real: Real,
+) -> None:
+    world, ns = real.world, real.ns
+    with InvariantSampler(world.cluster, ns, name="real-engine-safe"):
+        world.apply(real_md("real", real.model), ns)
+        md = wait_md_ready(real, "real")
+        known = real.known.ids()
+
+        for role in ("prefill", "decode"):
+            assert md["status"][role]["verifiedReplicas"] == 1, md["status"]
+            assert md["status"][role]["minVerifiedKvPoolTokens"] == POOL, md["status"]
+        row = get_md_row(world, ns, "real")
+        assert row["READY"] == "True" and row["CONTEXT"] == str(CONTEXT), row
+        assert row["PREFILL-POOL"] == str(POOL) and row["DECODE-POOL"] == str(POOL), row
+
+        for pod in engine_pods(world, ns, "real"):
+            gate = condition(pod, GATE)
+            assert gate is not None and gate["status"] == "True", gate
+            info = server_info(world.engine_url(pod))
+            assert info is not None
+            # The real SGLang, not the reference engine: its version, its own per-rank state,
+            # and the role kvgate's launcher gave it.
+            assert info["version"] == DEFAULT_VERSION, info["version"]
+            assert info["max_total_num_tokens"] == POOL
+            assert info["internal_states"][0]["memory_usage"]["token_capacity"] >= POOL
+            assert info["disaggregation_mode"] == pod["metadata"]["labels"]["kvgate.io/role"]
+            assert info["device"] == "cpu"
+
+        started = time.monotonic()
+        ids = through_router(real, "real")
+        print(f"MEASURED first known-answer 200 through smg: {time.monotonic() - started:.1f}s")
+        assert ids == known, f"through prefill->decode: {ids}; unified real server: {known}"
+
+
+# ---------------------------------------------------------------------- 2. kvgate verify --url
+def verify_cli(url: str, context: int, role: str) -> tuple[int, dict[str, Any]]:
+    kvgate = Path(sys.executable).parent / "kvgate"
+    done = subprocess.run(
+        [
+            str(kvgate),
+            "verify",
+            "--url",
+            url,
+            "--context-length",
+            str(context),
+            "--role",
+            role,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_kvgate_verify_url_against_the_real_engines_gives_the_operators_verdict(
+    real: Real,
+) -> None:
+    world, ns = real.world, real.ns
+    pods = engine_pods(world, ns, "real")
+    assert len(pods) == 2, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        role = pod["metadata"]["labels"]["kvgate.io/role"]
+        url = world.engine_url(pod)
+        code, verdict = verify_cli(url, CONTEXT, role)
+        gate = condition(world.get("pod", pod["metadata"]["name"], ns) or {}, GATE)
+        assert gate is not None
+        print(
+            f"kvgate verify --url ({role}): {verdict['outcome']} {verdict['reason']}; "
+            f"operator gate: {gate['status']} {gate['reason']}"
+        )
+        assert code == 0 and verdict["outcome"] == "Safe", verdict
+        assert gate["status"] == "True" and gate["reason"] == verdict["reason"], (gate, verdict)
+        report = verdict["report"]
+        assert report["kv_pool_tokens"] == POOL and report["version"] == DEFAULT_VERSION
+        assert report["effective_context_length"] == CONTEXT
+        assert report["max_req_input_len"] == CONTEXT - 6
+        # Asked for twice the context, the same engine is unsafe, for the real reasons.
+        code, verdict = verify_cli(url, 2 * CONTEXT, role)
+        assert code == 1 and verdict["outcome"] == "Unsafe", verdict
+        assert "ContextTooShort" in json.dumps(verdict["findings"]), verdict["findings"]
+
+
+# ---------------------------------------------------------------------- 3. restart, smaller pool
+def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
+    real: Real,
+) -> None:
+    world, ns = real.world, real.ns
+    (pod,) = engine_pods(world, ns, "real", "decode")
+    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    url = world.engine_url(pod)
+    restarts = int(
+        next(c for c in pod["status"]["containerStatuses"] if c["name"] == "engine").get(
+            "restartCount", 0
+        )
+    )
+
+    def gate() -> dict[str, Any] | None:
+        live = world.get("pod", name, ns)
+        return condition(live, GATE) if live else None
+
+    def routed() -> bool:
+        return any(
+            ip in str(w.get("url")) and w.get("status") != "draining"
+            for w in router_workers(world, ns, "real")
+        )
+
+    assert routed()
+    with InvariantSampler(world.cluster, ns, name="real-engine-restart"):
+        world.kubectl(
+            "annotate",
+            "node",
+            real.node,
+            f"{MAX_TOTAL_TOKENS_ANNOTATION}={SMALL_POOL}",
+            "--overwrite",
+        )
+        try:
+            restarted = time.monotonic()
+            world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
+            deadline_loop(
+                "the decode gate False", lambda: (g := gate()) and g["status"] == "False", 60
+            )
+            gate_false = time.monotonic() - restarted
+            deadline_loop("smg to stop routing to the decode engine", lambda: not routed(), 60)
+            smg_stops = time.monotonic() - restarted
+            info = deadline_loop(
+                "the restarted real engine's /server_info with the small pool",
+                lambda: (i := server_info(url)) and i["max_total_num_tokens"] == SMALL_POOL and i,
+                START_TIMEOUT,
+            )
+            pool_visible = time.monotonic() - restarted
+            lost = deadline_loop(
+                "the decode gate KvPoolTooSmall",
+                lambda: (g := gate()) and g["reason"] == "KvPoolTooSmall" and g,
+                60,
+            )
+            refused = time.monotonic() - restarted
+            # Traffic: the shrunk engine is out of the Service and of smg's workers.
+            live = world.get("pod", name, ns)
+            assert live is not None and not is_ready(live)
+            assert not routed()
+            try:
+                status_code, body = world.router_request("real", generate_body(), ns, timeout=60)
+            except OSError as exc:
+                status_code, body = 0, str(exc)
+            print(f"request through smg without a verified decode engine: {status_code} {body}")
+            assert status_code != 200, "a request was served without a verified decode engine"
+        finally:
+            world.kubectl(
+                "annotate", "node", real.node, f"{MAX_TOTAL_TOKENS_ANNOTATION}-", check=False
+            )
+    live = world.get("pod", name, ns)
+    assert live is not None
+    engine = next(c for c in live["status"]["containerStatuses"] if c["name"] == "engine")
+    assert engine["restartCount"] > restarts
+    assert info["version"] == DEFAULT_VERSION
+    assert lost["status"] == "False"
+    assert f"KV pool {SMALL_POOL:,} tokens < context length {CONTEXT:,}" in lost["message"], lost
+    assert lost["message"].startswith(f"decode pod {name} reports"), lost
+    numbers = deadline_loop(
+        "a KvPoolTooSmall Event with the real pool's numbers",
+        lambda: [
+            e
+            for e in events(world, ns, "KvPoolTooSmall")
+            if e["involvedObject"]["name"] == name and f"{SMALL_POOL:,}" in e["message"]
+        ],
+        30,
+    )
+    assert f"context length {CONTEXT:,}" in numbers[0]["message"], numbers
+    degraded = deadline_loop(
+        "the MD Degraded with the numbers",
+        lambda: (
+            (c := md_condition(world, "real", ns, "Degraded"))
+            and c["status"] == "True"
+            and f"{SMALL_POOL:,}" in c["message"]
+            and c
+        ),
+        30,
+    )
+    print(f"Degraded: {degraded['message']}")
+    print(
+        f"MEASURED real decode restart with --max-total-tokens {SMALL_POOL}: gate False "
+        f"{gate_false:.1f}s, smg stops routing {smg_stops:.1f}s, small pool visible "
+        f"{pool_visible:.1f}s, gate KvPoolTooSmall {refused:.1f}s after the kill"
+    )
+
+
+# ---------------------------------------------------------------------- 4. small pool, refused
+def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbers(
+    real: Real,
+) -> None:
+    world, ns = real.world, real.ns
+    # Free the first pair's memory: one real PD pair at a time fits next to the control plane.
+    world.kubectl("delete", "md", "real", f"--namespace={ns}", "--wait=true")
+    deadline_loop("the first pair gone", lambda: not engine_pods(world, ns, "real") or None, 120)
+
+    denied = world.kubectl(
+        "apply",
+        f"--namespace={ns}",
+        "-f",
+        "-",
+        input=yaml.safe_dump(real_md("capped", real.model, maxTotalTokens=SMALL_POOL)),
+        check=False,
+    )
+    print(denied.stderr)
+    assert denied.returncode != 0 and "denied the request" in denied.stderr
+    assert f"spec.prefill.maxTotalTokens: {SMALL_POOL:,} <" in denied.stderr, denied.stderr
+
+    small = real_md("small", real.model)
+    small["spec"]["engine"]["args"] = ["--max-total-tokens", str(SMALL_POOL)]
+    seen_workers: list[dict[str, Any]] = []
+    with InvariantSampler(world.cluster, ns, name="real-engine-small"):
+        world.apply(small, ns)
+        started = time.monotonic()
+
+        def both_refused() -> list[dict[str, Any]] | None:
+            seen_workers.extend(router_workers(world, ns, "small"))
+            pods = engine_pods(world, ns, "small")
+            gates = [condition(p, GATE) for p in pods]
+            if len(pods) == 2 and all(g and g["reason"] == "KvPoolTooSmall" for g in gates):
+                return pods
+            return None
+
+        try:
+            pods = deadline_loop("both real engines refused", both_refused, START_TIMEOUT)
+        except AssertionError:
+            for pod in engine_pods(world, ns, "small"):
+                print(
+                    f"--- {pod['metadata']['name']}:\n{engine_log(real, pod['metadata']['name'])}"
+                )
+            raise
+        print(
+            f"\nMEASURED small real pair applied -> both refused: {time.monotonic() - started:.1f}s"
+        )
+        for pod in pods:
+            role, name = pod["metadata"]["labels"]["kvgate.io/role"], pod["metadata"]["name"]
+            info = server_info(world.engine_url(pod))
+            assert info is not None and info["version"] == DEFAULT_VERSION
+            assert info["max_total_num_tokens"] == SMALL_POOL  # the real engine's own number
+            gate = condition(pod, GATE)
+            assert gate is not None and gate["status"] == "False"
+            assert gate["message"].startswith(
+                f"{role} pod {name} reports KV pool 2,048 tokens < context length 4,096"
+            ), gate
+            assert not is_ready(pod)
+        refused = deadline_loop(
+            "an MD condition with the real numbers",
+            lambda: [
+                c
+                for c in (world.get_md("small", ns) or {}).get("status", {}).get("conditions", [])
+                if "2,048" in str(c.get("message")) and "4,096" in str(c.get("message"))
+            ],
+            30,
+        )
+        for c in refused:
+            print(f"MD condition {c['type']}={c['status']} {c['reason']}: {c['message']}")
+        names = {p["metadata"]["name"] for p in pods}
+
+        def pool_events() -> list[dict[str, Any]] | None:
+            found = [
+                e
+                for e in events(world, ns, "KvPoolTooSmall")
+                if e["involvedObject"]["name"] in names
+            ]
+            return found if {e["involvedObject"]["name"] for e in found} == names else None
+
+        evs = deadline_loop("KvPoolTooSmall Events for both engines", pool_events, 30)
+        for e in evs:
+            assert "2,048" in e["message"] and "4,096" in e["message"], e
+        seen_workers.extend(router_workers(world, ns, "small"))
+    ips = {p["status"]["podIP"] for p in pods}
+    assert not [w for w in seen_workers if any(ip in str(w.get("url")) for ip in ips)], seen_workers
+    md = world.get_md("small", ns)
+    assert md is not None and not is_ready(md)
