@@ -41,7 +41,6 @@ Body = dict[str, Any]
 log = logging.getLogger("kvgate.k8s")
 
 
-
 def resource_of(path: str) -> str:
     """``pods``, ``pods/status``, ``modeldeployments``... from an API path (pure)."""
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
