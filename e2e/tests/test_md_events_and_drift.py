@@ -1,0 +1,221 @@
+"""What a user sees of a ModelDeployment on the real API server:
+
+- ``kubectl describe md`` lists the Events the engine verifier posts about it (kubectl matches
+  Events to the object by ``involvedObject.uid``; an Event without it is not shown);
+- a revision Deployment whose pod template an older kvgate built (a key this build no longer
+  writes, that build's hash) is brought back to exactly this build's template: the key is
+  removed, not merged around;
+- the router's ServiceAccount, Role and RoleBinding, deleted, come back from the running
+  operator (they were once created only once per operator lifetime).
+
+Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_md_events_and_drift.py``
+(root).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+from kvgate import labels
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.world import OPERATOR_NAMESPACE, World
+from scenario_helpers import deadline_loop, on_pool_without_estimate, sample_md
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+
+REFUSAL = re.compile(
+    r"(prefill|decode) pod \S+ reports KV pool [\d,]+ tokens < context length 131,072 "
+    r"× headroom 1\.0"
+)
+DROPPED = "kvgate.io/dropped-by-a-newer-build"
+T = TypeVar("T")
+
+
+def wait(world: World, what: str, probe: Callable[[], T | None], timeout: float) -> T:
+    """``deadline_loop`` that fails with the operator's log tail (what it did meanwhile)."""
+    try:
+        return deadline_loop(what, probe, timeout)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\n--- operator log (tail) ---\n{world.operator_log(60)}"
+        ) from None
+
+
+def describe_md(world: World, ns: str, name: str) -> str:
+    return str(world.kubectl("describe", "md", name, "-n", ns).stdout)
+
+
+def events_section(described: str) -> str:
+    return described.split("\nEvents:", 1)[1] if "\nEvents:" in described else ""
+
+
+def test_kubectl_describe_md_shows_the_verifiers_refusal_with_its_numbers(
+    world: World, namespace: str
+) -> None:
+    ns, name = namespace, "described"
+    md = on_pool_without_estimate(sample_md(name), "small")
+    assert "created" in world.apply(md, namespace=ns)
+    uid = world.get_md(name, ns)["metadata"]["uid"]
+    # What an Event without involvedObject.uid (the verifier's before this fix) looks like to
+    # kubectl describe: posted by hand, it must not show, or this test could not tell.
+    world.kubectl(
+        "create",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{name}.without-uid", "namespace": ns},
+                "involvedObject": {
+                    "apiVersion": "kvgate.io/v1alpha1",
+                    "kind": "ModelDeployment",
+                    "name": name,
+                    "namespace": ns,
+                },
+                "reason": "PostedWithoutUid",
+                "message": "an Event about the md that carries no uid",
+                "type": "Warning",
+                "source": {"component": "e2e"},
+            }
+        ),
+    )
+
+    def described_refusal() -> str | None:
+        section = events_section(describe_md(world, ns, name))
+        rows = [line for line in section.splitlines() if "KvPoolTooSmall" in line]
+        return section if any(REFUSAL.search(row) for row in rows) else None
+
+    section = wait(
+        world,
+        "kubectl describe md to list the verifier's KvPoolTooSmall Event with its numbers",
+        described_refusal,
+        240,
+    )
+    print(f"kubectl describe md {name} (Events):{section}")
+    row = next(line for line in section.splitlines() if "KvPoolTooSmall" in line)
+    assert row.split()[0] == "Warning", row
+    assert "PostedWithoutUid" not in section, section
+    verifier_events = [
+        e
+        for e in world.list("events", ns)
+        if e.get("reason") == "KvPoolTooSmall"
+        and e["involvedObject"].get("kind") == "ModelDeployment"
+    ]
+    assert verifier_events, "no KvPoolTooSmall Event on the ModelDeployment"
+    assert {e["involvedObject"].get("uid") for e in verifier_events} == {uid}, verifier_events
+
+
+def _as_operator(world: World, *args: str, input: str | None = None) -> None:
+    """kubectl as the operator's ServiceAccount: the chart's admission policy lets only it edit
+    kvgate's Deployments (here: to put back what an older kvgate built)."""
+    pod = world.operator_pod()
+    assert pod is not None, "no operator pod"
+    account = pod["spec"].get("serviceAccountName") or "default"
+    world.kubectl(
+        *args,
+        f"--as=system:serviceaccount:{OPERATOR_NAMESPACE}:{account}",
+        "--as-group=system:serviceaccounts",
+        input=input,
+    )
+
+
+def test_a_template_key_a_newer_build_dropped_is_removed_from_the_deployment(
+    world: World, namespace: str
+) -> None:
+    ns, name = namespace, "drifted"
+    md = on_pool_without_estimate(sample_md(name), "small")
+    assert "created" in world.apply(md, namespace=ns)
+    selector = f"kvgate.io/deployment={name},kvgate.io/component=router"
+    router = wait(
+        world,
+        "the router Deployment",
+        lambda: next(iter(world.list("deployments", ns, selector)), None),
+        120,
+    )
+    dname = router["metadata"]["name"]
+    built_hash = router["metadata"]["annotations"][labels.TEMPLATE_HASH]
+    built_template = router["spec"]["template"]
+    # The Deployment as an older kvgate left it: a template annotation and a nodeSelector key
+    # this build does not write, and that build's hash.
+    older: list[dict[str, Any]] = [
+        {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {DROPPED: "yes"}},
+        {
+            "op": "add",
+            "path": "/metadata/annotations/" + labels.TEMPLATE_HASH.replace("/", "~1"),
+            "value": "0123456789ab",
+        },
+    ]
+    if built_template["metadata"].get("annotations"):
+        older.append(
+            {
+                "op": "add",
+                "path": "/spec/template/metadata/annotations/" + DROPPED.replace("/", "~1"),
+                "value": "yes",
+            }
+        )
+    _as_operator(
+        world, "patch", "deployment", dname, "-n", ns, "--type=json", "-p", json.dumps(older)
+    )
+
+    def converged() -> dict[str, Any] | None:
+        current = world.get("deployments", dname, ns)
+        if current is None:
+            return None
+        template = current["spec"]["template"]
+        ok = (
+            current["metadata"]["annotations"].get(labels.TEMPLATE_HASH) == built_hash
+            and DROPPED not in (template["spec"].get("nodeSelector") or {})
+            and DROPPED not in (template["metadata"].get("annotations") or {})
+        )
+        return current if ok else None
+
+    current = wait(
+        world,
+        f"the operator to remove {DROPPED} from {dname}'s template and restore its hash",
+        converged,
+        60,
+    )
+    assert current["spec"]["template"] == built_template, (
+        current["spec"]["template"],
+        built_template,
+    )
+
+
+def test_deleted_router_rbac_comes_back_without_an_operator_restart(
+    world: World, namespace: str
+) -> None:
+    ns, name = namespace, "rbac-lost"
+    md = on_pool_without_estimate(sample_md(name), "small")
+    assert "created" in world.apply(md, namespace=ns)
+    account = f"{name}-router"
+    kinds = (
+        "serviceaccounts",
+        "roles.rbac.authorization.k8s.io",
+        "rolebindings.rbac.authorization.k8s.io",
+    )
+
+    def all_there() -> list[dict[str, Any]] | None:
+        found = [world.get(kind, account, ns) for kind in kinds]
+        return [f for f in found if f is not None] if all(found) else None
+
+    before = wait(world, "the router's ServiceAccount, Role and RoleBinding", all_there, 120)
+    uid = world.get_md(name, ns)["metadata"]["uid"]
+    _as_operator(world, "delete", *[f"{kind}/{account}" for kind in kinds], "-n", ns, "--wait=true")
+    deleted_at = time.monotonic()
+    after = wait(world, "the router's RBAC to be re-created by the running operator", all_there, 60)
+    print(f"MEASURED router RBAC re-created {time.monotonic() - deleted_at:.1f}s after deletion")
+    assert {o["metadata"]["uid"] for o in after}.isdisjoint(o["metadata"]["uid"] for o in before)
+    for obj in after:
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["uid"] == uid and owner["kind"] == "ModelDeployment", obj
