@@ -46,7 +46,6 @@ import aiohttp
 
 from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
-from kvgate_e2e.kubelet_hosts import PodHosts
 from kvgate_e2e.kubelet_mounts import MountPoints
 from kvgate_e2e.kubelet_node import (
     GPU_MEMORY_KEY,
@@ -235,9 +234,6 @@ class LoopbackKubelet:
                 backoff_max=self.config.backoff_max,
                 mount_namespaces=self.config.mount_namespaces,
                 mount_points=MountPoints(),
-                pod_hosts=(
-                    PodHosts(self.run_dir / "hosts") if self.config.mount_namespaces else None
-                ),
             )
             background: list[asyncio.Task[None]] = []
             try:

@@ -37,7 +37,6 @@ import yaml
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet import KubeletThread
-from kvgate_e2e.lws import LwsController
 from kvgate_e2e.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,9 +72,6 @@ class WorldConfig:
     operator_env: dict[str, str] = field(default_factory=lambda: dict(E2E_OPERATOR_ENV))
     helm_values: dict[str, Any] = field(default_factory=dict)  # merged over the world's own
     start_timeout: float = 240.0
-    # LeaderWorkerSet (kvgate_e2e.lws) started before kvgate, and the chart's
-    # leaderWorkerSet.enabled=true: the world for multi-node engines.
-    leaderworkerset: bool = False
     progress: IO[str] | None = None  # where to print start-up steps (the demo uses stdout)
 
 
@@ -95,8 +91,6 @@ def chart_values(config: WorldConfig) -> dict[str, Any]:
         "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 1},
         "logFormat": "text",
     }
-    if config.leaderworkerset:
-        values["leaderWorkerSet"] = {"enabled": True}
     return _deep_merge(values, config.helm_values)
 
 
@@ -122,7 +116,6 @@ class World:
         self._forwards: dict[tuple[str, int], int] = {}
         self._deleting: set[str] = set()  # namespaces delete_namespace(wait=False) left going
         self._reader: ApiReader | None = None
-        self._lws: LwsController | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Self:
@@ -158,10 +151,6 @@ class World:
         self._stack.enter_context(self._kubelet)
         self._cluster.wait_for_kubernetes_service()
         self._say("nodes registered: pool big (8 x 80 GiB GPUs), pool small (8 x 24 GiB GPUs)")
-        if self.config.leaderworkerset:
-            self._lws = self._stack.enter_context(
-                LwsController(self._cluster, progress=self.config.progress)
-            )
         self.install()
         self._say(f"kvgate installed and serving its webhook ({time.monotonic() - started:.0f}s)")
 
@@ -177,7 +166,6 @@ class World:
         self._cluster = None
         self._reader = None
         self._kubelet = None
-        self._lws = None
 
     # ------------------------------------------------------------------ parts
     @property
@@ -185,25 +173,6 @@ class World:
         if self._cluster is None:
             raise WorldError("world not started")
         return self._cluster
-
-    def enable_leaderworkerset(self) -> LwsController:
-        """Start LeaderWorkerSet in a running world (CRDs, webhooks, controller: kvgate_e2e.lws)
-        and ``helm upgrade`` kvgate with ``leaderWorkerSet.enabled=true``; idempotent. It stays
-        on until the world stops (it only adds RBAC and a webhook for LWS-labelled pods)."""
-        if self._lws is None:
-            self._lws = self._stack.enter_context(
-                LwsController(self.cluster, progress=self.config.progress)
-            )
-        if not self.config.leaderworkerset:
-            self.config.leaderworkerset = True
-            self.upgrade()
-        return self._lws
-
-    @property
-    def lws(self) -> LwsController:
-        if self._lws is None:
-            raise WorldError("world started without LeaderWorkerSet (WorldConfig.leaderworkerset)")
-        return self._lws
 
     @property
     def kubelet(self) -> KubeletThread:
