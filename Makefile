@@ -40,7 +40,11 @@ e2e-deps: $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables; }
 	e2e/controlplane/gen-replaces.py --check
 	e2e/controlplane/build.sh
-	e2e/controlplane/build-lws.sh  # LeaderWorkerSet v0.9.0 for the multi-node scenarios (cached)
+
+# LeaderWorkerSet v0.9.0 for the multi-node e2e scenarios (issue 17, not yet in the e2e world):
+# built from the Go module proxy into a cache outside the clone.
+lws:
+	e2e/controlplane/build-lws.sh
 
 # The released SGLang on CPU for the real-engine scenarios (issue 13): one environment per release
 # outside .venv, ${KVGATE_CACHE:-~/.cache/kvgate}/sglang-cpu/<version> (see e2e/sglang-cpu/install.sh;
