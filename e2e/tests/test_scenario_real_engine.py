@@ -64,6 +64,7 @@ from scenario_helpers import deadline_loop, engine_pods, events, md_condition, r
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.real_engine,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 
