@@ -1,0 +1,147 @@
+"""Issue 15, part 1: the content check at maximum length before traffic.
+
+1. A healthy revision (the safe sample: 131,072-token context, 80 GiB GPUs) is verified, passes
+   its content check through its own router (in-range prompts of ~50 % and ~100 % of the
+   context answered in full, over-pool and over-context prompts refused) and only then serves.
+2. An update whose engines let over-length prompts through (``KVGATE_ADMIT_OVER_LENGTH=1``: the
+   pool is as large as before, so every engine pod passes the pool check and turns verified) is
+   refused by the content check: the condition and an Event name the over-context prompt and
+   the HTTP 200 with generated tokens. The old revision keeps answering every known-answer
+   request throughout, untouched, and the invariant sampler sees no traffic path to an engine
+   that failed its requirement.
+
+Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_scenario_content_check.py``
+(root).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+
+import pytest
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, is_ready, known_answer_body, output_ids
+from scenario_helpers import (
+    GATE,
+    TrafficLoop,
+    deadline_loop,
+    engine_pods,
+    events,
+    get_md_table,
+    md_condition,
+    sample_md,
+)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+MD = "content"
+MODEL = "llama-3.1-8b"
+REQUESTS_AFTER_REFUSAL = 10
+LEAK = re.compile(
+    r"131,073 tokens \(over contextLength 131,072\): HTTP 200, 8 tokens generated; want a "
+    r"refusal"
+)
+PROBE_LINE = re.compile(r"content probe (passed|FAILED): ([\d,]+) tokens .*\(([\d.]+) s\)")
+
+
+def _serving(world: World, ns: str) -> dict | None:  # type: ignore[type-arg]
+    md = world.get_md(MD, ns)
+    status = (md or {}).get("status") or {}
+    if status.get("servingRevision") and is_ready(
+        {"status": {"conditions": status.get("conditions")}}
+    ):
+        return md
+    return None
+
+
+def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_over_length(
+    world: World, namespace: str
+) -> None:
+    ns = namespace
+    with InvariantSampler(world.cluster, ns, name="content-check") as sampler:
+        started = time.monotonic()
+        world.apply(sample_md(MD), namespace=ns)
+        md = deadline_loop(
+            "the healthy revision to pass its content check and serve",
+            lambda: _serving(world, ns),
+            600,
+        )
+        first_serving = time.monotonic() - started
+        old = md["status"]["servingRevision"]
+        checks = {c["revision"]: c for c in md["status"]["contentChecks"]}
+        assert checks[old]["passed"], checks
+        probes = checks[old]["probes"]
+        assert [(p["expect"], p["httpStatus"], p["generatedTokens"]) for p in probes] == [
+            ("Answer", 200, 8),
+            ("Answer", 200, 8),
+            ("Refusal", probes[2]["httpStatus"], 0),
+            ("Refusal", probes[3]["httpStatus"], 0),
+        ], probes
+        assert all(400 <= p["httpStatus"] < 500 or p["error"] for p in probes[2:]), probes
+        assert [p["promptTokens"] for p in probes][1] == 131_072 - 10
+        assert events(world, ns, "ContentCheckPassed"), "no ContentCheckPassed event"
+        old_pods = {p["metadata"]["uid"] for p in engine_pods(world, ns, MD)}
+
+        def known_answer() -> tuple[bool, str]:
+            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
+            ids = output_ids(answer)
+            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:200]}"
+
+        deadline_loop("a known-answer request", lambda: (r := known_answer())[0] and r, 60)
+        with TrafficLoop(known_answer) as traffic:
+            leaky = sample_md(MD)
+            leaky["spec"]["engine"] = copy.deepcopy(leaky["spec"]["engine"])
+            leaky["spec"]["engine"]["env"] = [{"name": "KVGATE_ADMIT_OVER_LENGTH", "value": "1"}]
+            world.apply(leaky, namespace=ns)
+            refused = deadline_loop(
+                "the leaky revision to be refused",
+                lambda: (
+                    (m := world.get_md(MD, ns))
+                    and (m.get("status") or {}).get("refusedRevision")
+                    and m
+                ),
+                600,
+            )
+            new = refused["status"]["refusedRevision"]
+            count = len(traffic.results) + REQUESTS_AFTER_REFUSAL
+            deadline_loop(
+                f"{REQUESTS_AFTER_REFUSAL} more requests", lambda: len(traffic.results) >= count, 60
+            )
+        print(get_md_table(world, ns))
+        status = refused["status"]
+        assert new != old and status["servingRevision"] == old, status
+        # The pool check passed on the leaky engines: the content check ran only after both
+        # roles were verified, and it is what refused them.
+        leaky_check = next(c for c in status["contentChecks"] if c["revision"] == new)
+        assert not leaky_check["passed"] and LEAK.search(leaky_check["message"]), leaky_check
+        ready = md_condition(world, MD, ns, "Ready")
+        assert ready is not None and ready["reason"] == "RolloutRefused", ready
+        assert LEAK.search(ready["message"]) and f"revision {old} keeps serving" in ready["message"]
+        failed = events(world, ns, "ContentCheckFailed")
+        assert any(e["type"] == "Warning" and LEAK.search(e["message"]) for e in failed), failed
+        assert traffic.failures == [], traffic.failures[:5]
+        assert len(traffic.results) >= REQUESTS_AFTER_REFUSAL
+        now_old = {
+            p["metadata"]["uid"]
+            for p in engine_pods(world, ns, MD)
+            if p["metadata"]["labels"]["kvgate.io/revision"] == old
+        }
+        assert now_old == old_pods  # untouched
+        for pod in engine_pods(world, ns, MD):
+            if pod["metadata"]["labels"]["kvgate.io/revision"] == new:  # not yet scaled down
+                gate = next(c for c in pod["status"]["conditions"] if c["type"] == GATE)
+                assert gate["status"] == "True", gate  # the pool check alone would let it in
+    assert sampler.violations == [], sampler.violations[:5]
+    lines = PROBE_LINE.findall(world.operator_log())
+    print(f"MEASURED first revision serving after {first_serving:.1f} s (content check included)")
+    for verdict, tokens, seconds in lines:
+        print(f"MEASURED content probe {tokens} tokens: {verdict} in {seconds} s")
+    print(
+        f"MEASURED {len(traffic.results)} known-answer requests during the refused rollout, "
+        f"{len(traffic.failures)} failed"
+    )
