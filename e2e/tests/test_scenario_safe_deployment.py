@@ -168,6 +168,7 @@ def test_crd_is_established_renders_printer_columns_and_the_api_server_enforces_
         "PREFILL-POOL",
         "DECODE-POOL",
         "SERVING",
+        "TRAFFIC",
         "REASON",
         "AGE",
     ]
