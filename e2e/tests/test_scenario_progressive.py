@@ -83,7 +83,7 @@ def serving(world: World, name: str, ns: str, not_: str | None = None) -> str | 
 def router_requests(world: World, name: str, ns: str) -> dict[str, tuple[str, int]]:
     """Router pod -> (revision, generation responses so far), from each pod's own metrics."""
     out: dict[str, tuple[str, int]] = {}
-    for pod in world.list("pods", ns, f"kvgate.io/deployment={name},kvgate.io/component=router"):
+    for pod in world.list("pods", ns, ROUTERS.format(name=name)):
         ip = (pod.get("status") or {}).get("podIP")
         if not ip or pod["status"].get("phase") != "Running":
             continue
@@ -258,9 +258,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
             lambda: (
                 not [
                     p
-                    for p in world.list(
-                        "pods", ns, f"kvgate.io/deployment={name},kvgate.io/component=router"
-                    )
+                    for p in world.list("pods", ns, ROUTERS.format(name=name))
                     if p["metadata"]["labels"]["kvgate.io/revision"] == rev_b
                 ]
             ),

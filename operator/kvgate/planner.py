@@ -246,11 +246,16 @@ def role_progress(observed: ObservedState, revision: str, role: Role) -> RolePro
     )
 
 
-def _router_ready(observed: ObservedState, revision: str) -> bool:
-    return any(
-        w.revision == revision and w.component == ROUTER and w.ready_replicas > 0
+def _ready_routers(observed: ObservedState, revision: str) -> int:
+    return sum(
+        w.ready_replicas
         for w in observed.workloads
+        if w.revision == revision and w.component == ROUTER
     )
+
+
+def _router_ready(observed: ObservedState, revision: str) -> bool:
+    return _ready_routers(observed, revision) > 0
 
 
 def _workloads_of(observed: ObservedState, revision: str) -> list[WorkloadState]:
@@ -419,14 +424,6 @@ def _refused_router_replicas(observed: ObservedState) -> int | None:
     """A refused target's routers: none under the progressive strategy (a Service left
     selecting every router must not reach them), else the target's usual count."""
     return 0 if _progressive(observed) else None
-
-
-def _ready_routers(observed: ObservedState, revision: str) -> int:
-    return sum(
-        w.ready_replicas
-        for w in observed.workloads
-        if w.revision == revision and w.component == ROUTER
-    )
 
 
 def _restored_serving_router(
