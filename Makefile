@@ -90,8 +90,10 @@ crds: $(STAMP)
 	$(BIN)/python -m kvgate.chartgen
 	$(BIN)/python -m kvgate.rbacgen
 
-# `make demo DEMO_ARGS=--once` exits after the summary instead of running until Ctrl-C.
-demo: e2e-deps
+# `make demo DEMO_ARGS=--once` exits after the summary instead of running until Ctrl-C. The
+# demo's third deployment runs on the released SGLang on CPU (real-engine-deps, cached);
+# DEMO_ARGS=--reference-only skips it.
+demo: e2e-deps real-engine-deps
 	$(BIN)/kvgate demo $(DEMO_ARGS)
 
 clean:

@@ -6,10 +6,16 @@
    manager, scheduler and kube-proxy, two GPU node pools (``big``: 80 GiB GPUs, ``small``:
    24 GiB GPUs) on the loopback kubelet, and ``helm install kvgate charts/kvgate``;
 3. applies ``crds/samples/demo-big-pool.yaml`` and ``crds/samples/demo-small-pool.yaml``: the
-   same model and 131,072-token window on each pool;
-4. prints ``kubectl get md`` with one Ready and one refused with its reason, the refusal's
-   message with the numbers, and a known-answer request through the Ready one's router;
-5. keeps running until Ctrl-C (``--once``: exits after the summary). Everything it started is
+   same model and 131,072-token window on each pool (kvgate's CPU reference engine);
+4. and, on a third node pool whose node runs ``lmsysorg/sglang`` images as the **released SGLang
+   0.5.23 on CPU** (``kvgate_e2e.real_engine``; installed by ``make real-engine-deps``), a
+   ModelDeployment of a tiny Llama generated here (fixed seed): its real engines' pools are what
+   ``kubectl get md`` shows, and a request through its router is answered by them
+   (``--reference-only`` skips it);
+5. prints ``kubectl get md`` with two Ready and one refused with its reason, the refusal's
+   message with the numbers, a known-answer request through the Ready one's router and the real
+   SGLang's own ``/server_info`` numbers and answer;
+6. keeps running until Ctrl-C (``--once``: exits after the summary). Everything it started is
    stopped and removed on the way out.
 
 Must run as root (it creates a network namespace and adds addresses to it).
@@ -20,21 +26,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from kvgate_e2e.build_artifacts import BIN_DIR_ENV, BUILD_SCRIPT, find_binaries
 from kvgate_e2e.netns import netns_supported
+from kvgate_e2e.real_engine import (
+    DEFAULT_VERSION,
+    RUNTIME_ANNOTATION,
+    SGLANG_CPU,
+    TINY_SERVED,
+    RealEngineError,
+    make_tiny_llama,
+    sglang_cpu,
+    tiny_llama_md,
+)
 from kvgate_e2e.world import (
     SAMPLES,
     World,
     WorldConfig,
+    WorldError,
     condition,
+    http_json,
     is_ready,
     known_answer_body,
     output_ids,
@@ -44,6 +66,11 @@ from kvgate_e2e.world import (
 NAMESPACE = "kvgate-demo"
 READY_MD, REFUSED_MD = "llama-8b-big", "llama-8b-small"
 SERVED_MODEL = "llama-3.1-8b"
+REAL_MD, REAL_POOL, REAL_NODE = "tiny-llama-sglang", "real", "kvgate-real-0"
+# The real SGLang pool's node: GPUs only for scheduling (the engines run on CPU).
+REAL_NODE_SPEC = f"{REAL_NODE}:pool={REAL_POOL}:gpus=8:gpu-memory-gib=80"
+REAL_TIMEOUT = 600.0  # a CPU SGLang prefill + decode pair starts in ~1-2 min on 2 cores
+REAL_PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's vocab
 UNSAFE_REASONS = ("KvPoolTooSmall", "ContextTooShort", "MaxInputTooShort", "EngineVersionTooOld")
 
 
@@ -76,10 +103,83 @@ def refusal_of(md: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def run_demo(world: World) -> bool:
-    """Apply the two samples and print the story; True when it came out as it should."""
+def prepare_real_model(work: Path) -> Path:
+    """The tiny Llama for the real SGLang, generated into ``work`` (an error names the fix)."""
+    env = sglang_cpu(DEFAULT_VERSION)
+    return make_tiny_llama(env, sys.executable, work / "tiny-llama")
+
+
+def apply_real(world: World, model: Path) -> None:
+    """Switch the real pool's node to the released SGLang, then apply the tiny Llama's MD."""
+    world.kubectl(
+        "annotate", "node", REAL_NODE, f"{RUNTIME_ANNOTATION}={SGLANG_CPU}", "--overwrite"
+    )
+    heading(
+        f"kubectl apply -n {NAMESPACE}: {REAL_MD}, a tiny Llama served by the released SGLang "
+        f"{DEFAULT_VERSION} on CPU (node {REAL_NODE}, {RUNTIME_ANNOTATION}={SGLANG_CPU})"
+    )
+    say(world.apply(tiny_llama_md(REAL_MD, model, REAL_POOL), NAMESPACE).rstrip())
+
+
+def show_real(world: World) -> bool:
+    """The real engines' own /server_info numbers and an answer through their router."""
+    heading(f"{REAL_MD}: what the released SGLang itself reports (/server_info)")
+    ok = True
+    engines = world.list(
+        "pods", NAMESPACE, f"kvgate.io/deployment={REAL_MD},kvgate.io/component=engine"
+    )
+    for pod in sorted(engines, key=lambda p: str(p["metadata"]["name"])):
+        code, info = http_json(f"{world.engine_url(pod)}/server_info", timeout=10)
+        if code != 200 or not isinstance(info, dict):
+            say(f"WRONG: {pod['metadata']['name']} /server_info answered HTTP {code}")
+            ok = False
+            continue
+        gate = condition(pod, "kvgate.io/engine-verified") or {}
+        say(
+            f"{pod['metadata']['name']}: SGLang {info.get('version')} "
+            f"disaggregation_mode={info.get('disaggregation_mode')} device={info.get('device')} "
+            f"max_total_num_tokens={info.get('max_total_num_tokens')} "
+            f"max_req_input_len={info.get('max_req_input_len')}; "
+            f"gate {gate.get('status')} {gate.get('reason')}"
+        )
+        ok &= info.get("version") == DEFAULT_VERSION and gate.get("status") == "True"
+    body = {
+        "model": TINY_SERVED,
+        "input_ids": REAL_PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+    }
+    heading(f"a request through the {REAL_MD} router (smg -> SGLang prefill -> SGLang decode)")
+    say(f"POST /generate {json.dumps(body)}")
+
+    def answered() -> tuple[int, Any] | None:
+        # smg reports healthy before it has discovered its workers: a 503 at first is normal.
+        code, answer = world.router_request(REAL_MD, body, NAMESPACE, timeout=60)
+        return (code, answer) if code not in (502, 503) else None
+
+    try:
+        code, answer = world.wait_for(f"an answer from {REAL_MD}'s router", answered, 120)
+    except WorldError as exc:
+        say(f"WRONG: {exc}".splitlines()[0])
+        return False
+    got = output_ids(answer)
+    say(f"HTTP {code}: output_ids {got}")
+    if code == 200 and got is not None and len(got) == 4:
+        say(
+            "4 greedy tokens of the tiny Llama (random weights): the real prefill->decode KV "
+            "handoff; e2e/tests/test_scenario_real_engine.py compares them with a unified server"
+        )
+    else:
+        say(f"WRONG: expected 4 output ids; full answer: {answer}")
+        ok = False
+    return ok
+
+
+def run_demo(world: World, real_model: Path | None = None) -> bool:
+    """Apply the samples and print the story; True when it came out as it should."""
     ok = True
     world.create_namespace(NAMESPACE)
+    if real_model is not None:
+        apply_real(world, real_model)
     heading(
         f"kubectl apply -f crds/samples/demo-big-pool.yaml -f demo-small-pool.yaml -n {NAMESPACE}"
     )
@@ -108,6 +208,14 @@ def run_demo(world: World) -> bool:
         timeout=300,
     )
     say(f"both settled in {time.monotonic() - started:.1f}s")
+    if real_model is not None:
+        say(f"waiting for kvgate to verify {REAL_MD}'s real SGLang engines ...")
+        world.wait_for(
+            f"{REAL_MD} to be Ready on the real SGLang",
+            lambda: (m := world.get_md(REAL_MD, NAMESPACE)) and is_ready(m),
+            timeout=REAL_TIMEOUT,
+        )
+        say(f"{REAL_MD} Ready {time.monotonic() - started:.1f}s after the apply")
 
     heading(f"kubectl get md -n {NAMESPACE}")
     say(world.kubectl("get", "md", f"--namespace={NAMESPACE}").stdout.rstrip())
@@ -157,6 +265,8 @@ def run_demo(world: World) -> bool:
     else:
         say(f"WRONG: expected output_ids {expected}; full answer: {answer}")
         ok = False
+    if real_model is not None:
+        ok &= show_real(world)
     return ok
 
 
@@ -185,14 +295,33 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     ok = False
+    real = not args.reference_only
+    if real:
+        try:
+            sglang_cpu(DEFAULT_VERSION)
+        except RealEngineError as exc:
+            say(f"{exc}; or run `kvgate demo --reference-only` (make demo installs it)")
+            return 2
+    work = Path(tempfile.mkdtemp(prefix="kvgate-demo-"))
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
+        # The tiny Llama is generated while the world starts.
+        model: Future[Path] | None = pool.submit(prepare_real_model, work) if real else None
         heading("starting the e2e world")
-        with World(WorldConfig(progress=sys.stdout)) as world:
-            ok = run_demo(world)
+        extra = (REAL_NODE_SPEC,) if real else ()
+        with World(WorldConfig(progress=sys.stdout, extra_nodes=extra)) as world:
+            ok = run_demo(world, model.result() if model is not None else None)
             heading("summary")
             say(
                 f"{READY_MD} serves on the 80 GiB pool; {REFUSED_MD} is refused on the 24 GiB "
-                f"pool and takes no traffic. ({time.monotonic() - began:.1f}s so far)"
+                f"pool and takes no traffic"
+                + (
+                    f"; {REAL_MD} is served by the released SGLang {DEFAULT_VERSION}, verified "
+                    "from its own /server_info"
+                    if real
+                    else ""
+                )
+                + f". ({time.monotonic() - began:.1f}s so far)"
             )
             if not args.once:
                 binaries = find_binaries()
@@ -209,6 +338,9 @@ def main(args: argparse.Namespace) -> int:
     except Exception as exc:
         say(f"\ndemo failed: {exc}")
         return 1
+    finally:
+        pool.shutdown(wait=True)
+        shutil.rmtree(work, ignore_errors=True)
     say(f"done in {time.monotonic() - began:.1f}s")
     return 0 if ok else 1
 

@@ -36,6 +36,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
 SGLANG_CPU = "sglang-cpu"
@@ -45,6 +46,14 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "install.sh"
 MAKE_MODEL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "make_tiny_llama.py"
 DEFAULT_VERSION = "0.5.23"
+IMAGE = f"lmsysorg/sglang:v{DEFAULT_VERSION}"
+
+# The tiny Llama's ModelDeployment (the scenarios and the demo): a 4,096-token window on a
+# verified pool of 8,192 tokens per engine (maxTotalTokens: on CPU the pool is sized from host
+# RAM, so the cap is the honest way to give an engine the pool a test wants).
+TINY_SERVED = "tiny-llama"
+TINY_CONTEXT = 4096
+TINY_POOL = 8192
 
 CPU_FLAGS: tuple[str, ...] = (
     "--device",
@@ -188,6 +197,37 @@ def unified_server_argv(
         "0.05",
         *CPU_FLAGS,
     ]
+
+
+def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dict[str, Any]:
+    """A ModelDeployment of the tiny Llama on the real SGLang (1 prefill, 1 decode, smg) for
+    nodes labelled ``kvgate.io/pool=<pool>``; ``role_changes`` override both roles' fields.
+
+    What the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts CUDA
+    tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
+    stays on) and ``memFractionStatic: 0.05`` (the pool is sized from host RAM; the cap is
+    ``maxTotalTokens``)."""
+    role: dict[str, Any] = {
+        "replicas": 1,
+        "tensorParallel": 1,
+        "memFractionStatic": 0.05,
+        "maxTotalTokens": TINY_POOL,
+        "nodeSelector": {"kvgate.io/pool": pool},
+        **role_changes,
+    }
+    return {
+        "apiVersion": "kvgate.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": TINY_SERVED, "path": str(model), "contextLength": TINY_CONTEXT},
+            "engine": {"image": IMAGE},
+            "safety": {"headroom": 1.0, "kvChecksum": False},
+            "prefill": dict(role),
+            "decode": dict(role),
+            "rollout": {"verifyTimeoutSeconds": 900},
+        },
+    }
 
 
 def make_tiny_llama(env: SglangCpu, python: str, out: Path, seed: int = 0) -> Path:

@@ -73,6 +73,9 @@ class WorldConfig:
     helm_values: dict[str, Any] = field(default_factory=dict)  # merged over the world's own
     start_timeout: float = 240.0
     progress: IO[str] | None = None  # where to print start-up steps (the demo uses stdout)
+    # More nodes beside the two GPU pools, as kubelet node specs
+    # ("<name>:pool=<pool>:gpus=<n>:gpu-memory-gib=<GiB>"; the demo's real-SGLang pool).
+    extra_nodes: tuple[str, ...] = ()
 
 
 def chart_values(config: WorldConfig) -> dict[str, Any]:
@@ -144,6 +147,7 @@ class World:
         nodes = [
             f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus=8:gpu-memory-gib=80",
             f"{SMALL_NODE}:pool={SMALL_POOL}:gpus=8:gpu-memory-gib=24",
+            *self.config.extra_nodes,
         ]
         self._kubelet = KubeletThread.for_cluster(
             self._cluster, nodes, backoff_initial=1.0, backoff_max=5.0

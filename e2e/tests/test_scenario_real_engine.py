@@ -52,10 +52,14 @@ from kvgate_e2e.real_engine import (
     MAX_TOTAL_TOKENS_ANNOTATION,
     RUNTIME_ANNOTATION,
     SGLANG_CPU,
+    TINY_CONTEXT,
+    TINY_POOL,
+    TINY_SERVED,
     RealEngineError,
     SglangCpu,
     make_tiny_llama,
     sglang_cpu,
+    tiny_llama_md,
     unified_server_argv,
 )
 from kvgate_e2e.sampler import InvariantSampler
@@ -68,10 +72,9 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 
-IMAGE = f"lmsysorg/sglang:v{DEFAULT_VERSION}"
-SERVED = "tiny-llama"
-CONTEXT = 4096
-POOL = 8192
+SERVED = TINY_SERVED
+CONTEXT = TINY_CONTEXT
+POOL = TINY_POOL
 SMALL_POOL = 2048
 SEED = 0
 PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's 384-token vocab
@@ -151,27 +154,7 @@ class Real:
 
 
 def real_md(name: str, model: Path, **role_changes: Any) -> dict[str, Any]:
-    role: dict[str, Any] = {
-        "replicas": 1,
-        "tensorParallel": 1,
-        "memFractionStatic": 0.05,
-        "maxTotalTokens": POOL,
-        "nodeSelector": {"kvgate.io/pool": BIG_POOL},
-        **role_changes,
-    }
-    return {
-        "apiVersion": "kvgate.io/v1alpha1",
-        "kind": "ModelDeployment",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"name": SERVED, "path": str(model), "contextLength": CONTEXT},
-            "engine": {"image": IMAGE},
-            "safety": {"headroom": 1.0, "kvChecksum": False},
-            "prefill": dict(role),
-            "decode": dict(role),
-            "rollout": {"verifyTimeoutSeconds": 900},
-        },
-    }
+    return tiny_llama_md(name, model, BIG_POOL, **role_changes)
 
 
 @pytest.fixture(scope="module")

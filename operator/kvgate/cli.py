@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="bring up the embedded control plane and sample deployments")
     p.add_argument("--once", action="store_true", help="exit after printing the summary")
+    p.add_argument(
+        "--reference-only",
+        action="store_true",
+        help=(
+            "skip the deployment served by the released SGLang on CPU (it needs "
+            "`make real-engine-deps`); only kvgate's reference engine runs"
+        ),
+    )
     return parser
 
 
