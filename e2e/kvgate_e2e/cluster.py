@@ -605,6 +605,12 @@ class Cluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p.front_proxy_client_cert}",
             f"--proxy-client-key-file={p.front_proxy_client_key}",
+            # pods/log (and exec/portforward) go to the loopback kubelet's HTTPS port on the
+            # node's InternalIP, with the apiserver's own client certificate.
+            f"--kubelet-client-certificate={p.kubelet_client_cert}",
+            f"--kubelet-client-key={p.kubelet_client_key}",
+            f"--kubelet-certificate-authority={p.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             "--profiling=false",

@@ -7,6 +7,12 @@ map to programs, see ``kubelet_images``), probes them, computes Ready from conta
 every readiness gate exactly as the kubelet does (``kubelet_readiness``), restarts per
 restartPolicy with back-off, and on deletion stops the processes and finishes the deletion.
 
+Container logs: each container instance's stdout and stderr are framed into a CRI log per
+restart (``kubelet_logs``, ``kubelet_processes``) and, when the config names the run's CA, served
+as the kubelet serves them on each node's InternalIP, port 10250, over HTTPS with a client
+certificate required (``kubelet_log_server``), so ``kubectl logs [-f] [--previous]`` and the
+``pods/log`` API work.
+
 Three ways to run it:
 
 * ``python -m kvgate_e2e.kubelet --kubeconfig K --node big:gpus=8:gpu-memory-gib=80 ...``
@@ -46,6 +52,7 @@ import aiohttp
 
 from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
+from kvgate_e2e.kubelet_log_server import KUBELET_PORT, KubeletServer, server_ssl_context
 from kvgate_e2e.kubelet_mounts import MountPoints
 from kvgate_e2e.kubelet_node import (
     GPU_MEMORY_KEY,
@@ -62,6 +69,7 @@ from kvgate_e2e.kubelet_node import (
 from kvgate_e2e.kubelet_pod_status import now_micro, now_rfc3339
 from kvgate_e2e.kubelet_runtime import AddressPool, PodWorker, RuntimeSettings
 from kvgate_e2e.netns import enter_netns_thread
+from kvgate_e2e.pki import issue_kubelet_serving, load_ca
 
 log = logging.getLogger("kvgate_e2e.kubelet")
 
@@ -140,6 +148,11 @@ class KubeletConfig:
     lease_interval: float = 10.0
     node_status_interval: float = 60.0
     mount_namespaces: bool = True
+    # The run's CA: the kubelet's HTTPS port (containerLogs) serves with a certificate it signs
+    # for the nodes' InternalIPs and accepts client certificates it signed. None: no port.
+    ca_cert: Path | None = None
+    ca_key: Path | None = None
+    kubelet_port: int = KUBELET_PORT
 
 
 def container_pid(pod: Mapping[str, Any], container: str) -> int | None:
@@ -172,6 +185,7 @@ class LoopbackKubelet:
         self._registered_at = now_rfc3339()
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._settings: RuntimeSettings | None = None
+        self._server: KubeletServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ PodHost
@@ -239,6 +253,7 @@ class LoopbackKubelet:
             try:
                 for spec in self.config.nodes:
                     await self._register(spec)
+                await self._start_server(api)
                 for spec in self.config.nodes:
                     background.append(asyncio.create_task(self._heartbeat(spec)))
                     background.append(asyncio.create_task(self._watch_pods(spec.name)))
@@ -249,11 +264,45 @@ class LoopbackKubelet:
                 for task in background:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
+                if self._server is not None:
+                    await self._server.stop()
+                    self._server = None
                 await self._stop_pods()
                 self.settings.mount_points.cleanup()
                 self._api = None
                 if self._run_dir_owned and not os.environ.get(KEEP_RUN_DIR_ENV):
                     shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    async def _start_server(self, api: KubeApi) -> None:
+        """The HTTPS port of every node (``containerLogs``), when the config names the CA."""
+        if self.config.ca_cert is None or self.config.ca_key is None:
+            return
+        ca = await asyncio.to_thread(load_ca, self.config.ca_cert, self.config.ca_key)
+        files = await asyncio.to_thread(
+            issue_kubelet_serving,
+            ca,
+            self.run_dir / "pki",
+            node_names=list(self._node_ips),
+            node_ips=list(self._node_ips.values()),
+        )
+        server = KubeletServer(
+            api,
+            self.find_node_worker,
+            server_ssl_context(files.cert, files.key, self.config.ca_cert),
+            self.config.kubelet_port,
+        )
+        await server.start(self._node_ips)
+        self._server = server
+
+    def find_node_worker(self, node: str, namespace: str, name: str) -> PodWorker | None:
+        """The worker of pod ``namespace/name`` on ``node`` (the one not being deleted first)."""
+        found = [
+            w
+            for w in self.workers.values()
+            if w.node == node and w.namespace == namespace and w.name == name
+        ]
+        found.sort(key=lambda w: bool(w.pod["metadata"].get("deletionTimestamp")))
+        return found[0] if found else None
 
     def stop(self) -> None:
         """Ask ``run()`` to finish (thread-safe)."""
@@ -474,6 +523,8 @@ class KubeletThread:
             kubeconfig=cluster.kubeconfig,
             nodes=[n if isinstance(n, NodeSpec) else parse_node_spec(n) for n in nodes],
             run_dir=cluster.run_dir / "kubelet",
+            ca_cert=cluster.pki.ca_cert,
+            ca_key=cluster.pki.ca_key,
         )
         if backoff_initial is not None:
             config.backoff_initial = backoff_initial
@@ -561,6 +612,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--node-ip-range", type=_ip_range, default=_ip_range("198.18.0.10-198.18.0.254")
     )
+    parser.add_argument(
+        "--ca-cert", type=Path, help="the cluster CA: serve containerLogs on port 10250"
+    )
+    parser.add_argument("--ca-key", type=Path, help="the cluster CA's key (with --ca-cert)")
     parser.add_argument("--log-level", default="INFO")
     opts = parser.parse_args(argv)
     logging.basicConfig(
@@ -569,7 +624,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [n.name for n in opts.node]
     if len(set(names)) != len(names):
         parser.error(f"--node names must be unique: {', '.join(names)}")
-    config = KubeletConfig(kubeconfig=opts.kubeconfig, nodes=opts.node, run_dir=opts.run_dir)
+    if (opts.ca_cert is None) != (opts.ca_key is None):
+        parser.error("--ca-cert and --ca-key go together")
+    config = KubeletConfig(
+        kubeconfig=opts.kubeconfig,
+        nodes=opts.node,
+        run_dir=opts.run_dir,
+        ca_cert=opts.ca_cert,
+        ca_key=opts.ca_key,
+    )
     kubelet = LoopbackKubelet(config, LocalAddresses(opts.pod_ip_range, opts.node_ip_range))
 
     async def amain() -> None:

@@ -42,11 +42,13 @@ import aiohttp
 from kvgate_e2e.kubelet_api import ApiError, KubeApi
 from kvgate_e2e.kubelet_env import container_env
 from kvgate_e2e.kubelet_images import ImageError, expand_vars, image_kind, launch_for
+from kvgate_e2e.kubelet_logs import ContainerLogError, container_id_for_logs
 from kvgate_e2e.kubelet_mounts import MountPoints, container_mounts, in_mount_namespace
 from kvgate_e2e.kubelet_pod_status import now_rfc3339, pod_status_patch
 from kvgate_e2e.kubelet_podspec import PodSpecError, ProbeSettings, probe_settings
 from kvgate_e2e.kubelet_probes import probe_once
 from kvgate_e2e.kubelet_processes import (
+    ContainerLog,
     ContainerProcess,
     KillDeadline,
     signal_group,
@@ -58,6 +60,7 @@ from kvgate_e2e.kubelet_status import (
     TERMINATED,
     WAITING,
     ContainerRecord,
+    container_status,
     exit_code_of,
     restart_delay,
     should_restart,
@@ -132,6 +135,7 @@ class PodWorker:
         self.records: dict[str, ContainerRecord] = {}
         self.init_records: dict[str, ContainerRecord] = {}
         self.procs: dict[str, ContainerProcess] = {}
+        self.container_logs: dict[str, list[ContainerLog]] = {}  # every instance, oldest first
         self._dirty = asyncio.Event()
         self._terminate = asyncio.Event()
         self._grace: float = float(pod["spec"].get("terminationGracePeriodSeconds", 30))
@@ -207,7 +211,27 @@ class PodWorker:
         return proc.popen.pid
 
     def log_path(self, container: str) -> Path:
+        """Every instance's output, each after a ``=====`` header line (raw, untimed)."""
         return self.dir / f"{container}.log"
+
+    def cri_log_path(self, container: str, restart_count: int) -> Path:
+        """One instance's CRI log (timestamped records), named as the kubelet names it."""
+        return self.dir / "logs" / container / f"{restart_count}.log"
+
+    def has_container(self, name: str) -> bool:
+        return name in self.records or name in self.init_records
+
+    def container_log(self, container: str, *, previous: bool) -> ContainerLog:
+        """The instance whose log ``kubectl logs [--previous]`` reads, picked from the container's
+        status as the kubelet picks it; ContainerLogError with the kubelet's message if none."""
+        rec = self.records.get(container) or self.init_records.get(container)
+        status = container_status(rec) if rec is not None else None
+        cid = container_id_for_logs(status, container, self.name, previous=previous)
+        pid = cid.removeprefix("loopback://")
+        for log_ in reversed(self.container_logs.get(container, [])):
+            if str(log_.pid) == pid:
+                return log_
+        raise ContainerLogError(f"unable to retrieve container logs for {cid}")
 
     # ------------------------------------------------------------ main
     async def run(self) -> None:
@@ -358,7 +382,16 @@ class PodWorker:
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(self.dir)
         header = f"\n===== {now_rfc3339()} start #{rec.restart_count}: {' '.join(launch.argv)}\n"
-        proc = start_process(argv, env, cwd, self.log_path(rec.name), header)
+        proc = start_process(
+            argv,
+            env,
+            cwd,
+            self.log_path(rec.name),
+            header,
+            cri_log_path=self.cri_log_path(rec.name, rec.restart_count),
+            restart_count=rec.restart_count,
+        )
+        self.container_logs.setdefault(rec.name, []).append(proc.log)
         log.info("pod %s: container %s started as pid %d", self.key, rec.name, proc.popen.pid)
         return proc
 
@@ -471,7 +504,7 @@ class PodWorker:
         self._dirty.set()
 
     def _mark_exited(self, rec: ContainerRecord, proc: ContainerProcess, returncode: int) -> None:
-        proc.log_file.close()
+        proc.log.mark_exited()
         code, sig = exit_code_of(returncode)
         rec.state = TERMINATED
         rec.exit_code = code

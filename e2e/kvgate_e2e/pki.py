@@ -6,6 +6,11 @@ loopback kubelet, kubectl, helm and the tests all use (kwok does the same). The 
 signing key pair is separate. As in kubeadm, a separate front-proxy CA signs the apiserver's
 aggregation-layer client cert (CN ``front-proxy-client``), so the ``requestheader`` settings that
 components and aggregated API servers read from ``extension-apiserver-authentication`` are set.
+The apiserver reaches the loopback kubelet's HTTPS port (``pods/log``) with its own client
+certificate (CN ``kube-apiserver-kubelet-client``, O ``system:masters``, as kubeadm's
+``apiserver-kubelet-client``), and the kubelet serves with a certificate the same CA signs for its
+nodes' InternalIPs (``issue_kubelet_serving``), which the apiserver verifies
+(``--kubelet-certificate-authority``).
 Keys are ECDSA P-256 (fast to generate) except the SA key, which is RSA-2048 so tokens are RS256
 like a default cluster's. Everything lives only as long as the run.
 """
@@ -17,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from kvgate.tls import issue_certificate, make_ca
+from kvgate.tls import CertificateAuthority, issue_certificate, make_ca
 
 ADMIN_USER = "kvgate-admin"
 ADMIN_GROUP = "system:masters"
@@ -42,6 +48,8 @@ class PkiPaths:
     front_proxy_ca_cert: Path
     front_proxy_client_cert: Path
     front_proxy_client_key: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _key_pem(key: rsa.RSAPrivateKey) -> bytes:
@@ -77,6 +85,7 @@ def apiserver_sans(
 
 
 FRONT_PROXY_CLIENT = "front-proxy-client"
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 
 
 def generate_pki(
@@ -114,6 +123,13 @@ def generate_pki(
         usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
         valid_days=_VALIDITY_DAYS,
     )
+    kubelet_client = issue_certificate(
+        ca,
+        common_name=KUBELET_CLIENT,
+        organization=ADMIN_GROUP,
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        valid_days=_VALIDITY_DAYS,
+    )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
     paths = PkiPaths(
@@ -128,6 +144,8 @@ def generate_pki(
         front_proxy_ca_cert=directory / "front-proxy-ca.crt",
         front_proxy_client_cert=directory / "front-proxy-client.crt",
         front_proxy_client_key=directory / "front-proxy-client.key",
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
     _write(paths.ca_cert, ca.cert_pem, 0o644)
     _write(paths.ca_key, ca.key_pem, 0o600)
@@ -138,6 +156,8 @@ def generate_pki(
     _write(paths.front_proxy_ca_cert, front_proxy_ca.cert_pem, 0o644)
     _write(paths.front_proxy_client_cert, front_proxy.cert_pem, 0o644)
     _write(paths.front_proxy_client_key, front_proxy.key_pem, 0o600)
+    _write(paths.kubelet_client_cert, kubelet_client.cert_pem, 0o644)
+    _write(paths.kubelet_client_key, kubelet_client.key_pem, 0o600)
     _write(paths.sa_key, _key_pem(sa_key), 0o600)
     _write(
         paths.sa_pub,
@@ -147,3 +167,42 @@ def generate_pki(
         0o644,
     )
     return paths
+
+
+def load_ca(cert_path: Path, key_path: Path) -> CertificateAuthority:
+    """The run's CA from its PEM files (to sign more leaf certificates)."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{key_path}: expected an EC private key, got {type(key).__name__}")
+    return CertificateAuthority(cert, key)
+
+
+@dataclass(frozen=True)
+class KubeletServingFiles:
+    cert: Path
+    key: Path
+
+
+def issue_kubelet_serving(
+    ca: CertificateAuthority,
+    directory: Path,
+    *,
+    node_names: Sequence[str],
+    node_ips: Sequence[str],
+) -> KubeletServingFiles:
+    """A kubelet serving certificate for ``node_ips`` (and the node names), as the kubelet's
+    ``serverTLSBootstrap`` certificate is (CN ``system:node:<first node>``, O ``system:nodes``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    serving = issue_certificate(
+        ca,
+        common_name=f"system:node:{node_names[0] if node_names else 'loopback'}",
+        organization="system:nodes",
+        dns_names=list(node_names),
+        ip_addresses=list(node_ips),
+        valid_days=_VALIDITY_DAYS,
+    )
+    files = KubeletServingFiles(directory / "kubelet.crt", directory / "kubelet.key")
+    _write(files.cert, serving.cert_pem, 0o644)
+    _write(files.key, serving.key_pem, 0o600)
+    return files
