@@ -15,11 +15,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
 import pytest
 from kvgate_e2e.api_reader import ApiReader
@@ -750,3 +752,213 @@ def _alive(pid: int) -> bool:
 def _log(kubelet: KubeletThread, namespace: str, pod: str) -> str:
     path = kubelet.kubelet.log_path(namespace, pod, "main")
     return path.read_text() if path is not None and path.exists() else ""
+
+
+# ------------------------------------------------------------------------ container logs
+TICKER = (
+    "import os, sys, time\n"
+    "pid = os.getpid()\n"
+    "print(f'started {pid}', file=sys.stderr, flush=True)\n"
+    "n = 0\n"
+    "while True:\n"
+    "    print(f'instance {pid} tick {n}', flush=True)\n"
+    "    n += 1\n"
+    "    time.sleep(0.3)\n"
+)
+
+
+def _ticker_pod(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ticker", "namespace": namespace},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {"name": "main", "image": "python:3.11-slim", "command": ["python3", "-c", TICKER]}
+            ],
+        },
+    }
+
+
+def _stamped(text: str) -> list[tuple[str, str]]:
+    """``kubectl logs --timestamps`` lines -> (timestamp, text)."""
+    out = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        out.append((stamp, rest))
+    return out
+
+
+def _read_lines(stream: IO[str] | None, into: list[str]) -> None:
+    for line in iter(stream.readline if stream else str, ""):
+        into.append(line)
+
+
+def _ticks(text: str) -> list[int]:
+    return [int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if " tick " in line]
+
+
+def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kubelet(
+    cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
+) -> None:
+    from kvgate_e2e.kubelet_logs import parse_timestamp
+
+    ns = f"--namespace={namespace}"
+    kube.apply(_ticker_pod(namespace))
+
+    def logs(*flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return cluster.kubectl("logs", "ticker", ns, *flags, check=check, timeout=30)
+
+    def pod_running() -> bool:
+        pod = kube.get("pod", "ticker", namespace)
+        return container_pid(pod, "main") is not None
+
+    wait_until("the ticker to run", pod_running, timeout=60)
+    full = wait_until(
+        "five ticks in kubectl logs",
+        lambda: (out := logs(check=False)).returncode == 0 and len(_ticks(out.stdout)) >= 5 and out,
+        timeout=30,
+    ).stdout
+    pid = container_pid(kube.get("pod", "ticker", namespace), "main")
+    assert full.splitlines()[0] == f"started {pid}"  # stderr and stdout, in order
+    assert _ticks(full) == list(range(len(_ticks(full))))
+    assert "=====" not in full  # the raw log's header lines are the kubelet's, not the container's
+
+    # --timestamps: the kubelet's RFC3339NanoFixed prefix, in order.
+    stamped = _stamped(logs("--timestamps").stdout)
+    stamps = [parse_timestamp(s) for s, _ in stamped]
+    assert stamps == sorted(stamps) and len(stamped) >= 6
+    assert all(len(s) == len("2026-01-01T00:00:00.000000000Z") for s, _ in stamped)
+
+    # --tail: the last N lines only.
+    tail = logs("--tail=2").stdout.splitlines()
+    assert len(tail) == 2 and _ticks("\n".join(tail))[1] == _ticks("\n".join(tail))[0] + 1
+    assert _ticks("\n".join(tail))[0] >= _ticks(full)[-1] - 1
+
+    # --since-time (RFC 3339, whole seconds on the wire): lines at or after it.
+    whole = {s[:19] for s, _ in stamped}
+    cut = sorted(whole)[1] + "Z"
+    since = _stamped(logs("--timestamps", f"--since-time={cut}").stdout)
+    assert since and all(parse_timestamp(s) >= parse_timestamp(cut) for s, _ in since)
+    before = [s for s, _ in stamped if parse_timestamp(s) < parse_timestamp(cut)]
+    assert before and since[0][0] == next(s for s, _ in stamped if s not in before)
+
+    # --limit-bytes: exactly that many bytes of the log.
+    limited = logs("--limit-bytes=12").stdout
+    assert limited == full[:12]
+
+    # --previous before any restart: the kubelet's own error.
+    none = logs("--previous", check=False)
+    assert none.returncode != 0
+    assert 'previous terminated container "main" in pod "ticker" not found' in none.stderr
+
+    # -f: a line written after the stream started arrives; the stream ends when the instance
+    # exits (the container is killed; the kubelet restarts it).
+    last_before = _ticks(logs().stdout)[-1]
+    follow = cluster.popen_in_netns(
+        [str(cluster.binaries.k8s), "kubectl", f"--kubeconfig={cluster.kubeconfig}", "logs", "-f",
+         "--timestamps", "ticker", ns],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_lines, args=(follow.stdout, lines), daemon=True)
+    reader.start()
+    try:
+        newer = wait_until(
+            "a tick written after kubectl logs -f started",
+            lambda: [t for t in _ticks("".join(lines)) if t > last_before + 1],
+            timeout=30,
+        )
+        print(
+            f"MEASURED kubectl logs -f: tick {newer[0]} arrived (last before the stream: "
+            f"{last_before})"
+        )
+        killed = kubelet.call(kubelet.kubelet.restart_container(namespace, "ticker", "main"))
+        assert killed == pid
+        code = wait_until(
+            "kubectl logs -f to end once the container instance exited",
+            lambda: follow.poll() is not None and (follow.returncode,),
+            timeout=30,
+        )
+        assert code == (0,), follow.stderr.read() if follow.stderr else ""
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+        follow.wait(10)
+        reader.join(10)
+    assert all(f"instance {pid} " in line for line in lines if " tick " in line)
+
+    # After the restart: --previous is the killed instance, the default the new one.
+    def restarted() -> int | None:
+        pod = kube.get("pod", "ticker", namespace)
+        (cs,) = pod["status"]["containerStatuses"]
+        new = container_pid(pod, "main")
+        return new if cs["restartCount"] == 1 and new and new != pid else None
+
+    new_pid = wait_until("the ticker restarted", restarted, timeout=60)
+    wait_until(
+        "the new instance's first tick in kubectl logs",
+        lambda: f"instance {new_pid} tick 0" in logs(check=False).stdout,
+        timeout=30,
+    )
+    current = logs().stdout
+    assert f"instance {pid} " not in current and current.startswith(f"started {new_pid}")
+    previous = logs("--previous").stdout
+    assert previous.startswith(f"started {pid}") and f"instance {new_pid}" not in previous
+    assert _ticks(previous)[-1] >= newer[0]
+
+
+def test_kubelet_port_refuses_requests_without_the_apiservers_client_certificate(
+    cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
+) -> None:
+    import ssl
+
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    from kvgate.tls import issue_certificate
+    from kvgate_e2e.pki import load_ca
+
+    kube.apply(_ticker_pod(namespace))
+    pod = wait_until(
+        "the ticker to run",
+        lambda: (p := kube.get("pod", "ticker", namespace)) and container_pid(p, "main") and p,
+        timeout=60,
+    )
+    node = kube.get("node", pod["spec"]["nodeName"])
+    ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == 10250
+    port = cluster.forward(ip, 10250)
+    url = f"https://127.0.0.1:{port}/containerLogs/{namespace}/ticker/main?tailLines=1"
+    stranger = issue_certificate(
+        load_ca(cluster.pki.ca_cert, cluster.pki.ca_key),
+        common_name="not-the-apiserver",
+        usages=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        valid_days=1,
+    )
+    (cluster.run_dir / "stranger.crt").write_bytes(stranger.cert_pem)
+    (cluster.run_dir / "stranger.key").write_bytes(stranger.key_pem)
+
+    def get(cert: tuple[Path, Path] | None) -> tuple[int, str]:
+        ctx = ssl.create_default_context(cafile=str(cluster.pki.ca_cert))
+        ctx.check_hostname = False  # reached through a relay on 127.0.0.1; the CA is verified
+        if cert is not None:
+            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+        try:
+            with urllib.request.urlopen(url, timeout=10, context=ctx) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    assert get(None) == (401, "Unauthorized")
+    code, text = get((cluster.run_dir / "stranger.crt", cluster.run_dir / "stranger.key"))
+    assert code == 403 and "user=not-the-apiserver" in text, text
+    code, text = wait_until(
+        "a tick through the kubelet port with the apiserver's certificate",
+        lambda: (
+            (r := get((cluster.pki.kubelet_client_cert, cluster.pki.kubelet_client_key)))
+            and " tick " in r[1]
+            and r
+        ),
+        timeout=30,
+    )
+    assert code == 200 and len(text.splitlines()) == 1
