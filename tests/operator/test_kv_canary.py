@@ -209,3 +209,52 @@ async def test_no_follower_without_safety_kv_canary_or_before_verification(
     kv_canary_watch.on_pod_event(rt, "MODIFIED", verified_pod())
     await asyncio.sleep(0.3)
     assert fake.log_requests == []
+
+
+async def test_a_log_that_cannot_be_read_is_retried_with_a_growing_back_off(
+    served: tuple[FakeApiServer, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API server that refuses the stream (here 403) is asked again after 0.5, 1, 2, 5, then
+    every 10 s, not twice a second forever; a stream that delivers lines resets the back-off."""
+    fake, rt = served
+    answers = ["refuse"] * 6 + ["lines", "refuse"]
+    waits: list[float] = []
+    done = asyncio.Event()
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        fake.log_requests.append(dict(request.query))
+        if answers.pop(0) == "refuse":
+            return web.Response(status=403, text="forbidden")
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(f"2026-11-05T12:00:01.000000001Z {STATS_OK}\n".encode())
+        return response  # ends after one line: the instance had nothing more
+
+    async def record(delay: float) -> None:
+        waits.append(delay)
+        if not answers:
+            done.set()
+            await asyncio.Event().wait()  # the follower stops here (cancelled at the end)
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(kv_canary_watch, "_sleep", record)
+    app = web.Application()
+    app.router.add_get(f"/api/v1/namespaces/{NS}/pods/{POD}/log", log)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    api = KubeApi(Credentials(server=f"http://127.0.0.1:{port}"))
+    rt.api = api
+    pod = verified_pod()
+    rt.pods[UID] = pod
+    try:
+        kv_canary_watch.on_pod_event(rt, "ADDED", pod)
+        await asyncio.wait_for(done.wait(), 10)
+        assert waits == [0.5, 1.0, 2.0, 5.0, 10.0, 10.0, 0.5, 1.0]
+        assert fake.log_requests[-1]["sinceTime"] == "2026-11-05T12:00:01Z"
+    finally:
+        kv_canary_watch.on_pod_event(rt, "DELETED", pod)
+        await api.close()
+        await runner.cleanup()

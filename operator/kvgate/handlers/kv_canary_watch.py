@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,7 @@ log = logging.getLogger("kvgate.kv_canary")
 Pod = dict[str, Any]
 CHUNK_BYTES = 64 * 1024
 RECONNECT_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
+_sleep = asyncio.sleep  # the reconnect wait (tests record it)
 
 # pod uid -> the first violation seen (sticky until the pod is deleted)
 _tripped: dict[str, CanaryViolation] = {}
@@ -104,7 +106,12 @@ def log_path(pod: Mapping[str, Any]) -> str:
 
 
 async def follow(rt: Runtime, uid: str) -> None:
-    """Stream the pod's engine log until it trips, the pod goes, or the task is cancelled."""
+    """Stream the pod's engine log until it trips, the pod goes, or the task is cancelled.
+
+    A stream that delivered lines is re-opened after the first back-off step; one that failed
+    without a line (an error answer, a refused connection, an instance that had nothing more)
+    waits one step longer each time, up to the last, so a pod whose log cannot be read costs one
+    request every RECONNECT_SECONDS[-1], not two a second."""
     last_stamp: str | None = None
     attempt = 0
     while uid in rt.pods and uid not in _tripped:
@@ -113,23 +120,33 @@ async def follow(rt: Runtime, uid: str) -> None:
         since = kv_canary.resume_from(last_stamp)
         if since is not None:
             params["sinceTime"] = since
+        progressed = False
         try:
-            last_stamp, found = await _read_stream(rt, pod, params, last_stamp)
-            attempt = 0 if found is None else attempt
+            stream = await _read_stream(rt, pod, params, last_stamp)
+            last_stamp, found, progressed = stream.last_stamp, stream.violation, stream.lines > 0
             if found is not None:
                 await trip(rt, pod, found)
                 return
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.debug("log stream of %s dropped: %s", gate.pod_name(pod), exc)
+        if progressed:
+            attempt = 0
         delay = RECONNECT_SECONDS[min(attempt, len(RECONNECT_SECONDS) - 1)]
         attempt += 1
-        await asyncio.sleep(delay)
+        await _sleep(delay)
+
+
+@dataclass(frozen=True)
+class _Stream:
+    last_stamp: str | None  # the last timestamp read
+    violation: CanaryViolation | None  # the first violation, if any
+    lines: int  # lines read
 
 
 async def _read_stream(
     rt: Runtime, pod: Pod, params: dict[str, str], last_stamp: str | None
-) -> tuple[str | None, CanaryViolation | None]:
-    """One pods/log stream: (the last timestamp read, the first violation or None)."""
+) -> _Stream:
+    """One pods/log stream, until it ends or shows a violation."""
     api = rt.api
     headers = {"Accept": "*/*"}
     token = api.credentials.bearer()
@@ -137,6 +154,7 @@ async def _read_stream(
         headers["Authorization"] = f"Bearer {token}"
     splitter = LineSplitter()
     session = api._session_now()  # the operator's one client session (TLS, pool)
+    lines = 0
     async with session.get(
         api.credentials.server + log_path(pod),
         params=params,
@@ -146,15 +164,16 @@ async def _read_stream(
     ) as response:
         if response.status != 200:
             log.debug("pods/log of %s answered HTTP %s", gate.pod_name(pod), response.status)
-            return last_stamp, None
+            return _Stream(last_stamp, None, 0)
         async for chunk in response.content.iter_chunked(CHUNK_BYTES):
             for line in splitter.feed(chunk):
+                lines += 1
                 stamp, _ = kv_canary.split_timestamp(line)
                 last_stamp = stamp or last_stamp
                 violation = kv_canary.parse_line(line)
                 if violation is not None:
-                    return last_stamp, violation
-    return last_stamp, None
+                    return _Stream(last_stamp, violation, lines)
+    return _Stream(last_stamp, None, lines)
 
 
 async def trip(rt: Runtime, pod: Pod, violation: CanaryViolation) -> None:
