@@ -83,11 +83,17 @@ class _Model(BaseModel):
 DEFAULT_GPU_RESERVED_GIB = 1.0
 
 
+# --kv-cache-dtype values the API offers: each is one SGLang's parser lists (checked per release
+# by tests/conformance/test_engine_flag_values.py) and the estimator sizes, except FLOAT16, which
+# no supported release accepts: it stays in the schema so that stored objects remain readable
+# (removing an enum value breaks them), and admission denies it (kvgate.admission.engine_flags).
 class KvCacheDtype(StrEnum):
     AUTO = "auto"
     FP8_E4M3 = "fp8_e4m3"
     FP8_E5M2 = "fp8_e5m2"
     BFLOAT16 = "bfloat16"
+    BF16 = "bf16"
+    MXFP8 = "mxfp8"
     FLOAT16 = "float16"
 
 
@@ -265,12 +271,21 @@ class EngineSpec(_Model):
         max_length=MAX_PATH_LENGTH,
         description=(
             "SGLang engine image, e.g. lmsysorg/sglang:v0.5.23. A tag naming a version below "
-            "safety.minEngineVersion is denied at admission."
+            "safety.minEngineVersion is denied at admission, and so is a kvCacheDtype or "
+            "transfer.backend that this release's parser refuses."
         ),
     )
     kv_cache_dtype: KvCacheDtype = Field(
         default=KvCacheDtype.AUTO,
-        description="KV cache dtype (--kv-cache-dtype); auto uses the model dtype.",
+        description=(
+            "KV cache dtype (--kv-cache-dtype). auto: the model's own dtype; bfloat16 (or "
+            "bf16): 2 bytes per element; fp8_e4m3, fp8_e5m2: 1 byte (twice the tokens per "
+            "GiB); mxfp8: 1 byte plus a scale byte per 32 elements (SGLang's FA4 backend). "
+            "A value the image's SGLang release does not accept is denied at admission: "
+            "float16 is accepted by no supported release (0.5.19 to 0.5.23) and is denied, use "
+            "auto for a float16 model. FP4 caches (nvfp4, fp4_mx_block16) are not offered: "
+            "kvgate cannot size them."
+        ),
     )
     page_size: int = Field(
         default=1, ge=1, description="KV cache page size in tokens (--page-size)."

@@ -4,6 +4,11 @@ Every flag kvgate's launcher emits is here with SGLang's name, type and default,
 flags operators add by hand. A flag SGLang has but this engine does not know is an error (exit 2,
 like argparse in SGLang itself), never silently ignored: a test that passes a flag expects it to
 mean something.
+
+The flags whose value comes from a fixed set (--kv-cache-dtype, --disaggregation-transfer-backend,
+--disaggregation-mode, --kv-canary) take their choices from ``kvgate_engine.sglang_choices`` for
+the SGLang version the engine emulates (``KVGATE_ENGINE_VERSION``, default 0.5.23): a value that
+release refuses exits 2, as SGLang does.
 """
 
 from __future__ import annotations
@@ -13,9 +18,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-DISAGGREGATION_MODES = ("null", "prefill", "decode")
-TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "bfloat16", "bf16", "float16", "fp16", "mxfp8")
+from packaging.version import InvalidVersion, Version
+
+from kvgate_engine.sglang_choices import (
+    DISAGGREGATION_MODE,
+    KV_CACHE_DTYPE,
+    KV_CANARY,
+    NEWEST_CHECKED,
+    OLDEST_CHECKED,
+    TRANSFER_BACKEND,
+    accepted_values,
+)
+
+DEFAULT_VERSION = "0.5.23"
 LOAD_FORMATS = (
     "auto",
     "pt",
@@ -43,8 +58,26 @@ class _Parser(argparse.ArgumentParser):
         )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser: SGLang's flag names, types and defaults."""
+def choices_for(flag: str, version: str) -> tuple[str, ...]:
+    """``flag``'s choices in SGLang ``version``; a version older than the table's oldest row
+    takes that row, one that is not a version the newest."""
+    values = accepted_values(flag, version)
+    if values is not None:
+        return values
+    try:
+        Version(version)
+    except InvalidVersion:
+        fallback = NEWEST_CHECKED
+    else:
+        fallback = OLDEST_CHECKED
+    found = accepted_values(flag, fallback)
+    assert found is not None
+    return found
+
+
+def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
+    """The argument parser: SGLang's flag names, types and defaults, with the choices of SGLang
+    ``version``."""
     parser = _Parser(
         prog="python -m kvgate_engine.reference",
         description=(
@@ -66,18 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
     add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
     add("--page-size", type=int, default=1)
-    add("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto")
+    add("--kv-cache-dtype", choices=choices_for(KV_CACHE_DTYPE, version), default="auto")
     add("--dtype", default="auto")
     add("--max-total-tokens", type=int, default=None)
     add("--max-running-requests", type=int, default=None)
     add("--chunked-prefill-size", type=int, default=None)
     add("--max-prefill-tokens", type=int, default=16384)
-    add("--disaggregation-mode", choices=DISAGGREGATION_MODES, default="null")
-    add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
+    add("--disaggregation-mode", choices=choices_for(DISAGGREGATION_MODE, version), default="null")
+    add(
+        "--disaggregation-transfer-backend",
+        choices=choices_for(TRANSFER_BACKEND, version),
+        default="mooncake",
+    )
     add("--disaggregation-bootstrap-port", type=int, default=8998)
     add("--disaggregation-ib-device", default=None)
     add("--disaggregation-enable-kv-checksum", action="store_true")
-    add("--kv-canary", default=None)
+    # SGLang's default is "none"; None here tells "not given" apart (the same: no canary).
+    add("--kv-canary", choices=choices_for(KV_CANARY, version), default=None)
     add("--enable-metrics", action="store_true")
     add("--load-format", choices=LOAD_FORMATS, default="auto")
     add("--skip-tokenizer-init", action="store_true")
@@ -108,9 +146,10 @@ class LaunchArgs:
         return self.values[key]
 
 
-def parse_launch_args(argv: Sequence[str]) -> LaunchArgs:
-    """Parse sglang.launch_server flags; an unknown flag or bad value exits 2 with a message."""
-    parser = build_parser()
+def parse_launch_args(argv: Sequence[str], version: str = DEFAULT_VERSION) -> LaunchArgs:
+    """Parse sglang.launch_server flags as SGLang ``version`` does; an unknown flag or a value
+    that release refuses exits 2 with a message."""
+    parser = build_parser(version)
     namespace, unknown = parser.parse_known_args(list(argv))
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -3,7 +3,8 @@
 Environment:
 - ``KVGATE_GPU_MEMORY_GIB`` simulated memory of each GPU (default 80, one H100-80GB);
 - ``KVGATE_WEIGHTS_GIB`` weight size of one replica, for configs the estimator cannot size;
-- ``KVGATE_ENGINE_VERSION`` the SGLang version to report (default 0.5.23);
+- ``KVGATE_ENGINE_VERSION`` the SGLang version to report, whose flag choices the engine parses
+  with (default 0.5.23);
 - ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.21) turns on SGLang <= 0.5.20's
   rejection path that leaked stale KV across requests;
 - ``KVGATE_ADMIT_OVER_LENGTH=1`` no length admission (tokenizer and scheduler checks off) with an
@@ -25,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvgate_engine.reference.args import LaunchArgs, parse_launch_args
+from kvgate_engine.reference.args import DEFAULT_VERSION, LaunchArgs, parse_launch_args
 from kvgate_engine.reference.hostile import Hostile, HostileModeError
 from kvgate_engine.reference.hostile import from_env as hostile_from_env
 from kvgate_engine.reference.sizing import (
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from kvgate_engine.reference.engine import EngineSettings
     from kvgate_engine.reference.ranks import RankServer
 
-DEFAULT_VERSION = "0.5.23"
 SHUTDOWN_GRACE_SECONDS = 10.0
 log = logging.getLogger("kvgate_engine.reference")
 
@@ -84,7 +84,9 @@ def startup_limits(launch: LaunchArgs, env: Mapping[str, str]) -> tuple[ModelCon
 
 def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
-    launch = parse_launch_args(sys.argv[1:] if argv is None else argv)
+    # The flags are parsed as the emulated release's parser does (its choices of values).
+    version = os.environ.get("KVGATE_ENGINE_VERSION") or DEFAULT_VERSION
+    launch = parse_launch_args(sys.argv[1:] if argv is None else argv, version)
     logging.basicConfig(
         level=launch["log_level"].upper(),
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
@@ -114,7 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvgate_engine.reference.admission import emulates_incident
     from kvgate_engine.reference.engine import EngineSettings
 
-    version = env.get("KVGATE_ENGINE_VERSION") or DEFAULT_VERSION
     settings = EngineSettings(
         role=launch["disaggregation_mode"],
         version=version,

@@ -22,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate.admission import names
 from kvgate.admission.engine_args import check_engine
+from kvgate.admission.engine_flags import check_engine_flag_values
 from kvgate.admission.limits import size_message
 from kvgate.admission.plan_hint import pool_hint
 from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
@@ -393,6 +394,7 @@ def check_estimated_pool(
             if spec.engine.kv_cache_dtype in (
                 KvCacheDtype.AUTO,
                 KvCacheDtype.BFLOAT16,
+                KvCacheDtype.BF16,
                 KvCacheDtype.FLOAT16,
             ):
                 ways.append("use kvCacheDtype fp8_e4m3")
@@ -425,6 +427,7 @@ CHECKS: tuple[Check, ...] = (
     check_finite,
     check_shape,
     check_engine_version,
+    check_engine_flag_values,
     check_max_total_tokens,
     check_context_length,
     check_estimated_pool,
