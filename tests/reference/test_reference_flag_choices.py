@@ -45,9 +45,8 @@ def test_a_value_only_older_releases_list_is_refused_by_the_newer_emulation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """fp4_e2m1 left --kv-cache-dtype's choices in SGLang 0.5.21."""
-    assert parse_launch_args([*MODEL, "--kv-cache-dtype", "fp4_e2m1"], "0.5.20")[
-        "kv_cache_dtype"
-    ] == ("fp4_e2m1")
+    older = parse_launch_args([*MODEL, "--kv-cache-dtype", "fp4_e2m1"], "0.5.20")
+    assert older["kv_cache_dtype"] == "fp4_e2m1"
     with pytest.raises(SystemExit) as exit_info:
         parse_launch_args([*MODEL, "--kv-cache-dtype", "fp4_e2m1"], "0.5.21")
     assert exit_info.value.code == 2
