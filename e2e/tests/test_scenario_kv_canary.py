@@ -430,24 +430,28 @@ def assert_what_a_user_sees(world: World, ns: str, md: str, pod: str) -> None:
 
 
 @contextmanager
-def operator_down(world: World) -> Iterator[None]:
+def operator_down(world: World) -> Iterator[dict[str, float]]:
     """kvgate's controller Deployment at 0 replicas inside the block; back, with a leader,
-    afterwards, whatever happens inside."""
+    afterwards, whatever happens inside. The yielded dict gets the wall times ``scaled_up``
+    (the scale back up was asked) and ``leader_ready`` (a Ready leader, the webhook answering)."""
     deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)
     assert deployment is not None
     replicas = int(deployment["spec"]["replicas"])
     scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
     world.kubectl(*scale, "--replicas=0")
+    times: dict[str, float] = {}
     try:
         deadline_loop(
             "every controller pod to be gone",
             lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
             120,
         )
-        yield
+        yield times
     finally:
+        times["scaled_up"] = time.time()
         world.kubectl(*scale, f"--replicas={replicas}")
         world.wait_operator_ready()
+        times["leader_ready"] = time.time()
 
 
 def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is_back(
@@ -465,33 +469,29 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
         deadline_loop("a known-answer request through the router", lambda: send()[0], 60)
         (pod,) = engine_pods(world, ns, md, "decode")
         name = pod["metadata"]["name"]
-        with operator_down(world):
-            code, _ = http_json(f"{world.engine_url(pod)}/kvgate/canary/corrupt", body={})
-            assert code == 200
-            stamp = deadline_loop(
-                f"the canary violation line in {name}'s log",
-                lambda: send() and violation_stamp(world, ns, name),
-                90,
-            )
-            logged_at = parse_timestamp(stamp) / 1e9
-            # Nobody follows the log now: the gate still says True.
-            live = pod_state(world, ns, name)
-            gate = condition(live, GATE) if live else None
-            assert gate is not None and gate["status"] == "True", gate
-            down_until = time.time()
-        back = time.time()
-        deadline_loop(
-            "the gate False with KvCanaryViolation from the log read from the start",
-            lambda: tripped_gate(pod_state(world, ns, name)),
-            60,
-        )
-        tripped = time.time()
-        deadline_loop(
-            "the pod NotReady", lambda: not is_ready(pod_state(world, ns, name) or {}), 30
-        )
-        deadline_loop(
-            "out of smg's workers", lambda: not routed(world, ns, md, pod["status"]["podIP"]), 60
-        )
+        probes: dict[str, Callable[[], bool]] = {
+            "gate False": lambda: tripped_gate(pod_state(world, ns, name)),
+            "pod NotReady": lambda: not is_ready(pod_state(world, ns, name) or {}),
+            "out of smg's workers": lambda: not routed(world, ns, md, pod["status"]["podIP"]),
+        }
+        with FirstSeen(probes) as seen:
+            with operator_down(world) as times:
+                code, _ = http_json(f"{world.engine_url(pod)}/kvgate/canary/corrupt", body={})
+                assert code == 200
+                stamp = deadline_loop(
+                    f"the canary violation line in {name}'s log",
+                    lambda: send() and violation_stamp(world, ns, name),
+                    90,
+                )
+                logged_at = parse_timestamp(stamp) / 1e9
+                # Nobody follows the log now: the gate still says True, the pod is Ready.
+                live = pod_state(world, ns, name)
+                gate = condition(live, GATE) if live else None
+                assert gate is not None and gate["status"] == "True", gate
+                assert live is not None and is_ready(live)
+            for probe in probes:
+                seen.wait(probe, 90)
+        t = seen.seen
         found = deadline_loop(
             "the KvCanaryViolation Event",
             lambda: [e for e in events(world, ns, REASON) if name in e["message"]],
@@ -499,9 +499,14 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
         )
         assert found[0]["involvedObject"]["name"] == md
         assert f"at {stamp}" in found[0]["message"], found[0]["message"]  # the line's own time
+        assert t["gate False"] > times["scaled_up"] > logged_at
+        smg_out = t["out of smg's workers"]
         print(
             f"MEASURED kv canary, operator down: the violation was logged "
-            f"{down_until - logged_at:.1f} s before the operator came back; gate False "
-            f"{tripped - back:.1f} s after the leader was Ready again"
+            f"{times['scaled_up'] - logged_at:.1f} s before the operator was scaled back up; "
+            f"gate False {t['gate False'] - times['scaled_up']:.1f} s after the scale-up (leader "
+            f"Ready and webhook answering after {times['leader_ready'] - times['scaled_up']:.1f}"
+            f" s), pod NotReady {t['pod NotReady'] - times['scaled_up']:.1f} s, out of smg's "
+            f"workers {smg_out - times['scaled_up']:.1f} s"
         )
     assert sampler.violations == []
