@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,8 +92,10 @@ def generate_body() -> dict[str, Any]:
 
 
 class KnownAnswer:
-    """A unified real server of the tiny model (host network, 127.0.0.1), started at once; the
-    first ``ids()`` waits for it, records the greedy answer and stops it (its 3 GB are needed)."""
+    """A unified real server of the tiny model (host network, 127.0.0.1), started at once and
+    asked for the greedy answer by a background thread as soon as it is up, then stopped: an
+    idle CPU SGLang scheduler keeps a core busy and holds 3 GB, which the PD pair starting beside
+    it needs. ``ids()`` returns the answer (waiting for it if need be)."""
 
     def __init__(self, env: SglangCpu, model: Path, log: Path) -> None:
         with socket.socket() as s:
@@ -116,10 +119,11 @@ class KnownAnswer:
             start_new_session=True,
         )
         self._ids: list[int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._record, name="known-answer", daemon=True)
+        self._thread.start()
 
-    def ids(self) -> list[int]:
-        if self._ids is not None:
-            return self._ids
+    def _record(self) -> None:
         url = f"http://127.0.0.1:{self.port}"
 
         def answer() -> list[int] | None:
@@ -128,14 +132,25 @@ class KnownAnswer:
             code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
             return output_ids(body) if code == 200 else None
 
-        ids = deadline_loop("the unified real SGLang's known answer", answer, START_TIMEOUT)
-        print(
-            f"\nMEASURED unified real SGLang up and answered in "
-            f"{time.monotonic() - self.started:.1f}s: known answer {ids}"
-        )
-        self._ids = ids
-        self.stop()
-        return ids
+        try:
+            self._ids = deadline_loop(
+                "the unified real SGLang's known answer", answer, START_TIMEOUT
+            )
+            print(
+                f"\nMEASURED unified real SGLang up and answered in "
+                f"{time.monotonic() - self.started:.1f}s: known answer {self._ids}"
+            )
+        except BaseException as exc:  # reported by ids()
+            self._error = exc
+        finally:
+            self.stop()
+
+    def ids(self) -> list[int]:
+        self._thread.join(START_TIMEOUT + 60)
+        if self._error is not None:
+            raise self._error
+        assert self._ids is not None, "the unified real SGLang gave no known answer"
+        return self._ids
 
     def stop(self) -> None:
         if self.proc.poll() is None:

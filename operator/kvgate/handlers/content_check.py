@@ -88,11 +88,12 @@ async def send_probe(
     *,
     timeout: float,
     headers: Mapping[str, str] | None = None,
+    vocab_size: int | None = None,
 ) -> ProbeAnswer:
-    """One probe through the router; never raises."""
+    """One probe through the router (token ids inside ``vocab_size``); never raises."""
     body = {
         "model": model,
-        "input_ids": content_probe.prompt_ids(request.prompt_tokens),
+        "input_ids": content_probe.prompt_ids(request.prompt_tokens, vocab_size),
         "sampling_params": {
             "max_new_tokens": request.max_new_tokens,
             "temperature": 0,
@@ -170,6 +171,7 @@ async def run_content_check(
     headers = router_auth.bearer(key) if isinstance(key, str) else {}
     findings = []
     fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
+    vocab_size = content_probe.vocab_size_of(spec.model.config)
     async with aiohttp.ClientSession() as session:
         for probe in probes:
             answer = await send_probe(
@@ -179,6 +181,7 @@ async def run_content_check(
                 probe,
                 timeout=settings.timeout_seconds,
                 headers=headers,
+                vocab_size=vocab_size,
             )
             finding = content_probe.judge(probe, answer)
             log.info(
