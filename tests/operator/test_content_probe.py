@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -245,3 +247,38 @@ async def test_a_probe_sends_only_token_ids_of_the_models_vocabulary() -> None:
     assert answers[None].http_status == 500  # the default range is too wide for 384 tokens
     assert answers[384].http_status == 200 and answers[384].generated_tokens == 2
     assert len(seen[1]) == 2000 and max(seen[1]) < 384
+
+
+async def test_a_streamed_answer_is_read_to_its_end_not_only_its_first_event() -> None:
+    # The released SGLang streams a PD answer one token at a time; the content check read only
+    # what had arrived when it first looked (one event: "HTTP 200, 1 tokens generated") and
+    # refused a healthy revision of the real engine. The reference engine's burst hid it.
+    async def generate(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(1, 9):
+            event = {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n}}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            await asyncio.sleep(0.02)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            answer = await send_probe(
+                session,
+                f"http://127.0.0.1:{runner.addresses[0][1]}",
+                "tiny",
+                ProbeRequest("50%", 100, 8, Expect.ANSWER),
+                timeout=10,
+            )
+    finally:
+        await runner.cleanup()
+    assert answer.http_status == 200 and answer.generated_tokens == 8, answer
+    assert judge(ProbeRequest("50%", 100, 8, Expect.ANSWER), answer).passed

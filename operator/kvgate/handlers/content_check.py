@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+from kvgate_engine.untrusted import read_bounded
 
 from kvgate import content_probe, gate, labels, metrics, pod_identity, router_auth
 from kvgate.api import ModelDeploymentSpec
@@ -110,7 +111,7 @@ async def send_probe(
             allow_redirects=False,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
-            raw = await response.content.read(MAX_ANSWER_BYTES + 1)
+            raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
             truncated = len(raw) > MAX_ANSWER_BYTES
             return parse_stream(
                 response.status, raw[:MAX_ANSWER_BYTES], truncated, time.monotonic() - started
