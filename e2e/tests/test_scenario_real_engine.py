@@ -9,8 +9,9 @@ real server (started at the beginning, in parallel with the pair, and stopped on
 One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
 
-1. the real engines are verified, ``kubectl get md`` shows their real pools (8,192), and a request
-   through the router returns the recorded known answer;
+1. the real engines are verified, pass kvgate's content check at maximum length, ``kubectl get
+   md`` shows their real pools (8,192), and a request through the router returns the recorded
+   known answer;
 2. ``kvgate verify --url`` against each real engine gives the operator's verdict;
 3. the decode engine restarted with a smaller ``--max-total-tokens`` (the node's
    ``e2e.kvgate.io/max-total-tokens``, as the restart scenario shrinks GPU memory) loses
@@ -261,6 +262,27 @@ def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_kn
         md = wait_md_ready(real, "real")
         known = real.known.ids()
 
+        # The content check at maximum length (on by default) passed on the real engines:
+        # full answers at 50 % and 100 % of the longest prompt, refusals over the pool and over
+        # contextLength, all through smg.
+        checks = {c["revision"]: c for c in md["status"]["contentChecks"]}
+        check = checks[md["status"]["servingRevision"]]
+        print(f"content check: {check['message']}")
+        probes = check["probes"]
+        assert check["passed"], check
+        assert [(p["expect"], p["httpStatus"], p["generatedTokens"]) for p in probes[:2]] == [
+            ("Answer", 200, 8),
+            ("Answer", 200, 8),
+        ], probes
+        assert probes[1]["promptTokens"] == CONTEXT - 10, probes
+        # Refused: a 4xx, or (a stream's head is committed before the scheduler runs) a 200
+        # whose only event is SGLang's in-band error; never a 200 with tokens.
+        assert all(
+            p["expect"] == "Refusal"
+            and p["generatedTokens"] == 0
+            and (400 <= p["httpStatus"] < 500 or p["error"])
+            for p in probes[2:]
+        ), probes
         for role in ("prefill", "decode"):
             assert md["status"][role]["verifiedReplicas"] == 1, md["status"]
             assert md["status"][role]["minVerifiedKvPoolTokens"] == POOL, md["status"]
