@@ -31,6 +31,7 @@ one wins in SGLang's parser): the real engine then really starts with a pool of 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -206,7 +207,10 @@ def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dic
     What the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts CUDA
     tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
     stays on) and ``memFractionStatic: 0.05`` (the pool is sized from host RAM; the cap is
-    ``maxTotalTokens``)."""
+    ``maxTotalTokens``). ``model.config`` is the model's own config.json, as a user gives it:
+    kvgate's content check takes its probe token ids from inside ``vocab_size`` (384 here)."""
+    config_file = model / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else None
     role: dict[str, Any] = {
         "replicas": 1,
         "tensorParallel": 1,
@@ -220,7 +224,12 @@ def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dic
         "kind": "ModelDeployment",
         "metadata": {"name": name},
         "spec": {
-            "model": {"name": TINY_SERVED, "path": str(model), "contextLength": TINY_CONTEXT},
+            "model": {
+                "name": TINY_SERVED,
+                "path": str(model),
+                "contextLength": TINY_CONTEXT,
+                **({"config": config} if config is not None else {}),
+            },
             "engine": {"image": IMAGE},
             "safety": {"headroom": 1.0, "kvChecksum": False},
             "prefill": dict(role),

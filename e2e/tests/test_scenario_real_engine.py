@@ -9,8 +9,9 @@ real server (started at the beginning, in parallel with the pair, and stopped on
 One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
 
-1. the real engines are verified, ``kubectl get md`` shows their real pools (8,192), and a request
-   through the router returns the recorded known answer;
+1. the real engines are verified, pass kvgate's content check at maximum length, ``kubectl get
+   md`` shows their real pools (8,192), and a request through the router returns the recorded
+   known answer;
 2. ``kvgate verify --url`` against each real engine gives the operator's verdict;
 3. the decode engine restarted with a smaller ``--max-total-tokens`` (the node's
    ``e2e.kvgate.io/max-total-tokens``, as the restart scenario shrinks GPU memory) loses
@@ -38,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,8 +93,10 @@ def generate_body() -> dict[str, Any]:
 
 
 class KnownAnswer:
-    """A unified real server of the tiny model (host network, 127.0.0.1), started at once; the
-    first ``ids()`` waits for it, records the greedy answer and stops it (its 3 GB are needed)."""
+    """A unified real server of the tiny model (host network, 127.0.0.1), started at once and
+    asked for the greedy answer by a background thread as soon as it is up, then stopped: an
+    idle CPU SGLang scheduler keeps a core busy and holds 3 GB, which the PD pair starting beside
+    it needs. ``ids()`` returns the answer (waiting for it if need be)."""
 
     def __init__(self, env: SglangCpu, model: Path, log: Path) -> None:
         with socket.socket() as s:
@@ -116,10 +120,11 @@ class KnownAnswer:
             start_new_session=True,
         )
         self._ids: list[int] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._record, name="known-answer", daemon=True)
+        self._thread.start()
 
-    def ids(self) -> list[int]:
-        if self._ids is not None:
-            return self._ids
+    def _record(self) -> None:
         url = f"http://127.0.0.1:{self.port}"
 
         def answer() -> list[int] | None:
@@ -128,14 +133,25 @@ class KnownAnswer:
             code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
             return output_ids(body) if code == 200 else None
 
-        ids = deadline_loop("the unified real SGLang's known answer", answer, START_TIMEOUT)
-        print(
-            f"\nMEASURED unified real SGLang up and answered in "
-            f"{time.monotonic() - self.started:.1f}s: known answer {ids}"
-        )
-        self._ids = ids
-        self.stop()
-        return ids
+        try:
+            self._ids = deadline_loop(
+                "the unified real SGLang's known answer", answer, START_TIMEOUT
+            )
+            print(
+                f"\nMEASURED unified real SGLang up and answered in "
+                f"{time.monotonic() - self.started:.1f}s: known answer {self._ids}"
+            )
+        except BaseException as exc:  # reported by ids()
+            self._error = exc
+        finally:
+            self.stop()
+
+    def ids(self) -> list[int]:
+        self._thread.join(START_TIMEOUT + 60)
+        if self._error is not None:
+            raise self._error
+        assert self._ids is not None, "the unified real SGLang gave no known answer"
+        return self._ids
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -246,6 +262,27 @@ def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_kn
         md = wait_md_ready(real, "real")
         known = real.known.ids()
 
+        # The content check at maximum length (on by default) passed on the real engines:
+        # full answers at 50 % and 100 % of the longest prompt, refusals over the pool and over
+        # contextLength, all through smg.
+        checks = {c["revision"]: c for c in md["status"]["contentChecks"]}
+        check = checks[md["status"]["servingRevision"]]
+        print(f"content check: {check['message']}")
+        probes = check["probes"]
+        assert check["passed"], check
+        assert [(p["expect"], p["httpStatus"], p["generatedTokens"]) for p in probes[:2]] == [
+            ("Answer", 200, 8),
+            ("Answer", 200, 8),
+        ], probes
+        assert probes[1]["promptTokens"] == CONTEXT - 10, probes
+        # Refused: a 4xx, or (a stream's head is committed before the scheduler runs) a 200
+        # whose only event is SGLang's in-band error; never a 200 with tokens.
+        assert all(
+            p["expect"] == "Refusal"
+            and p["generatedTokens"] == 0
+            and (400 <= p["httpStatus"] < 500 or p["error"])
+            for p in probes[2:]
+        ), probes
         for role in ("prefill", "decode"):
             assert md["status"][role]["verifiedReplicas"] == 1, md["status"]
             assert md["status"][role]["minVerifiedKvPoolTokens"] == POOL, md["status"]

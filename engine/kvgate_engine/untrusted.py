@@ -115,15 +115,28 @@ def decode_json(body: bytes | bytearray, limits: BodyLimits, where: str) -> obje
         raise Unreadable(f"{where}: not JSON ({len(body):,} bytes)") from exc
 
 
-async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, where: str) -> bytearray:
+async def read_bounded(stream: aiohttp.StreamReader, limit: int) -> bytes:
+    """A body until its end or ``limit`` bytes, whichever comes first (a caller that reads
+    ``max + 1`` knows that more than ``max`` came). ``stream.read(n)`` alone is not that: it
+    returns as soon as any bytes are there, so of a streamed answer only its first event."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await stream.read(min(limit - size, 64 * 1024))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
+async def _read_capped(response: aiohttp.ClientResponse, max_bytes: int, where: str) -> bytes:
     too_big = f"{where}: body larger than the {size_text(max_bytes)} cap; kvgate reads no further"
     if response.content_length is not None and response.content_length > max_bytes:
         raise Unreadable(too_big)
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        if len(body) + len(chunk) > max_bytes:
-            raise Unreadable(too_big)
-        body += chunk
+    body = await read_bounded(response.content, max_bytes + 1)
+    if len(body) > max_bytes:
+        raise Unreadable(too_big)
     return body
 
 

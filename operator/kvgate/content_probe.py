@@ -216,10 +216,42 @@ def verdict(revision: str, findings: Sequence[ProbeFinding]) -> ContentVerdict:
     return ContentVerdict(True, REASON_PASSED, message, tuple(findings))
 
 
-def prompt_ids(count: int, vocab_floor: int = 1000, span: int = 30_000) -> list[int]:
-    """A deterministic prompt of ``count`` token ids in [vocab_floor, vocab_floor + span): inside
-    every real vocabulary, never a special token id (those sit below 1,000 or at the top)."""
-    return [vocab_floor + (i * 7919) % span for i in range(count)]
+# Probe token ids without a known vocabulary: [1,000, 31,000), inside the vocabularies of the
+# models people serve (32,000 and up), clear of special tokens (below 1,000 or at the top).
+DEFAULT_ID_RANGE = (1000, 31_000)
+
+
+def vocab_size_of(config: Mapping[str, Any] | None) -> int | None:
+    """``vocab_size`` of a model's config.json (multimodal configs nest it in ``text_config``),
+    or None when the config does not give a positive integer."""
+    if not config:
+        return None
+    text = config.get("text_config")
+    value = (text if isinstance(text, Mapping) else config).get("vocab_size")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def id_range(vocab_size: int | None) -> tuple[int, int]:
+    """[lo, hi) of the probe's token ids. An id at or above the model's vocabulary is not a
+    refusal test but an engine crash: SGLang 0.5.23 looks it up in the embedding unchecked
+    (``IndexError: index out of range`` in the scheduler on CPU, a device-side assert on a GPU),
+    and the whole engine dies. So a vocabulary smaller than the default range gets ids from its
+    middle: above its first quarter (special and byte tokens) and below its last eighth."""
+    lo, hi = DEFAULT_ID_RANGE
+    if vocab_size is None or vocab_size >= hi:
+        return lo, hi
+    lo, hi = vocab_size // 4, vocab_size - vocab_size // 8
+    return lo, max(hi, lo + 1)
+
+
+def prompt_ids(count: int, vocab_size: int | None = None) -> list[int]:
+    """A deterministic prompt of ``count`` ordinary token ids of a vocabulary of ``vocab_size``
+    (None: unknown; ``id_range``)."""
+    lo, hi = id_range(vocab_size)
+    span = hi - lo
+    return [lo + (i * 7919) % span for i in range(count)]
 
 
 # ------------------------------------------------------------------ the record in status

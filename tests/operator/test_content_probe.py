@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
 import pytest
+from aiohttp import web
 from kvgate.api import ContentProbeSpec
 from kvgate.content_probe import (
     REASON_FAILED,
@@ -20,8 +26,9 @@ from kvgate.content_probe import (
     record_of,
     updated_records,
     verdict,
+    vocab_size_of,
 )
-from kvgate.handlers.content_check import parse_stream
+from kvgate.handlers.content_check import parse_stream, send_probe
 
 CONTEXT = 131_072
 SETTINGS = ContentProbeSpec()  # 50 % and 100 %, 8 new tokens
@@ -153,6 +160,23 @@ def test_prompt_ids_are_deterministic_ordinary_tokens() -> None:
     ids = prompt_ids(100_000)
     assert ids == prompt_ids(100_000) and len(ids) == 100_000
     assert min(ids) >= 1000 and max(ids) < 31_000
+    assert prompt_ids(100, 128_256) == prompt_ids(100)  # a real vocabulary: the default range
+
+
+@pytest.mark.parametrize("vocab", [384, 1000, 8000, 30_999])
+def test_prompt_ids_stay_inside_a_small_vocabulary(vocab: int) -> None:
+    # An id >= vocab_size crashed the released SGLang's scheduler (IndexError in the embedding)
+    # when kvgate probed the e2e world's tiny Llama (384 tokens) with ids from [1,000, 31,000).
+    ids = prompt_ids(10_000, vocab)
+    assert max(ids) < vocab - vocab // 8 and min(ids) >= vocab // 4
+    assert len(set(ids)) > min(50, vocab // 2)  # not one token repeated
+
+
+def test_vocab_size_is_read_from_the_model_config() -> None:
+    assert vocab_size_of({"vocab_size": 384}) == 384
+    assert vocab_size_of({"text_config": {"vocab_size": 262_208}, "vocab_size": 1}) == 262_208
+    for config in (None, {}, {"vocab_size": 0}, {"vocab_size": "384"}, {"vocab_size": True}):
+        assert vocab_size_of(config) is None
 
 
 @pytest.mark.parametrize(
@@ -186,3 +210,75 @@ def test_stream_answers_are_read_as_a_client_sees_them(
     assert (answer.error or "").startswith(error or "") and (error is None) == (
         answer.error is None
     )
+
+
+async def test_a_probe_sends_only_token_ids_of_the_models_vocabulary() -> None:
+    # An engine that dies on an out-of-vocabulary id, as the released SGLang 0.5.23 did on the
+    # e2e world's 384-token tiny Llama (the scheduler's embedding lookup raised IndexError).
+    seen: list[list[int]] = []
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        ids = (await request.json())["input_ids"]
+        seen.append(ids)
+        if max(ids) >= 384:
+            return web.Response(status=500, text="Scheduler hit an exception: IndexError")
+        return web.Response(
+            text='data: {"output_ids": [1, 2], "meta_info": {"completion_tokens": 2}}\n\n',
+            content_type="text/event-stream",
+        )
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    request = ProbeRequest("50%", 2000, 2, Expect.ANSWER)
+    answers: dict[Any, ProbeAnswer] = {}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for vocab in (None, 384):
+                answers[vocab] = await send_probe(
+                    session, url, "tiny", request, timeout=10, vocab_size=vocab
+                )
+    finally:
+        await runner.cleanup()
+    assert answers[None].http_status == 500  # the default range is too wide for 384 tokens
+    assert answers[384].http_status == 200 and answers[384].generated_tokens == 2
+    assert len(seen[1]) == 2000 and max(seen[1]) < 384
+
+
+async def test_a_streamed_answer_is_read_to_its_end_not_only_its_first_event() -> None:
+    # The released SGLang streams a PD answer one token at a time; the content check read only
+    # what had arrived when it first looked (one event: "HTTP 200, 1 tokens generated") and
+    # refused a healthy revision of the real engine. The reference engine's burst hid it.
+    async def generate(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n in range(1, 9):
+            event = {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n}}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            await asyncio.sleep(0.02)
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            answer = await send_probe(
+                session,
+                f"http://127.0.0.1:{runner.addresses[0][1]}",
+                "tiny",
+                ProbeRequest("50%", 100, 8, Expect.ANSWER),
+                timeout=10,
+            )
+    finally:
+        await runner.cleanup()
+    assert answer.http_status == 200 and answer.generated_tokens == 8, answer
+    assert judge(ProbeRequest("50%", 100, 8, Expect.ANSWER), answer).passed

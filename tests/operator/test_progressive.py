@@ -106,3 +106,35 @@ def test_refusals_fail_the_check_only_above_their_own_limit() -> None:
     assert strict.failure == (
         "5 of 20 requests refused (25.0 % > rollout.stepCheck.maxRejectedPercent=10)"
     )
+
+
+async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
+    # A router's /metrics (~100 KiB) arrives in several TCP chunks; fetch_text read only what
+    # had arrived first, so counters past that point (the 5xx line) were never counted.
+    import asyncio
+
+    from aiohttp import web
+    from kvgate.handlers.step_check import fetch_text
+
+    head = "".join(f"# HELP filler_{i} padding\nfiller_{i} 0\n" for i in range(3000))
+    tail = 'smg_http_responses_total{status_code="500"} 7\n'
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(head.encode())
+        await asyncio.sleep(0.05)
+        await response.write(tail.encode())
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        text = await fetch_text(f"http://127.0.0.1:{runner.addresses[0][1]}/metrics")
+    finally:
+        await runner.cleanup()
+    assert text.endswith(tail) and len(text) == len(head) + len(tail)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import aiohttp
+from kvgate_engine.untrusted import read_bounded
 
 from kvgate import content_probe, gate, labels, metrics, pod_identity, router_auth
 from kvgate.api import ModelDeploymentSpec
@@ -88,11 +89,12 @@ async def send_probe(
     *,
     timeout: float,
     headers: Mapping[str, str] | None = None,
+    vocab_size: int | None = None,
 ) -> ProbeAnswer:
-    """One probe through the router; never raises."""
+    """One probe through the router (token ids inside ``vocab_size``); never raises."""
     body = {
         "model": model,
-        "input_ids": content_probe.prompt_ids(request.prompt_tokens),
+        "input_ids": content_probe.prompt_ids(request.prompt_tokens, vocab_size),
         "sampling_params": {
             "max_new_tokens": request.max_new_tokens,
             "temperature": 0,
@@ -109,7 +111,7 @@ async def send_probe(
             allow_redirects=False,
             timeout=aiohttp.ClientTimeout(total=timeout),
         ) as response:
-            raw = await response.content.read(MAX_ANSWER_BYTES + 1)
+            raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
             truncated = len(raw) > MAX_ANSWER_BYTES
             return parse_stream(
                 response.status, raw[:MAX_ANSWER_BYTES], truncated, time.monotonic() - started
@@ -170,6 +172,7 @@ async def run_content_check(
     headers = router_auth.bearer(key) if isinstance(key, str) else {}
     findings = []
     fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
+    vocab_size = content_probe.vocab_size_of(spec.model.config)
     async with aiohttp.ClientSession() as session:
         for probe in probes:
             answer = await send_probe(
@@ -179,6 +182,7 @@ async def run_content_check(
                 probe,
                 timeout=settings.timeout_seconds,
                 headers=headers,
+                vocab_size=vocab_size,
             )
             finding = content_probe.judge(probe, answer)
             log.info(

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
+from kvgate_engine.untrusted import read_bounded
 
 from kvgate import builders
 from kvgate.progressive import RouterCounters, counters_from_metrics
@@ -34,7 +35,7 @@ async def fetch_text(url: str) -> str:
     ):
         if response.status != 200:
             raise RuntimeError(f"GET {url}: HTTP {response.status}")
-        body = await response.content.read(MAX_METRICS_BYTES + 1)
+        body = await read_bounded(response.content, MAX_METRICS_BYTES + 1)
         if len(body) > MAX_METRICS_BYTES:
             raise RuntimeError(f"GET {url}: body over {MAX_METRICS_BYTES:,} bytes")
         return body.decode("utf-8", errors="replace")
