@@ -29,6 +29,7 @@ from kvgate.content_probe import (
     vocab_size_of,
 )
 from kvgate.handlers.content_check import parse_stream, send_probe
+from local_http import serving_app
 
 CONTEXT = 131_072
 SETTINGS = ContentProbeSpec()  # 50 % and 100 %, 8 new tokens
@@ -229,21 +230,13 @@ async def test_a_probe_sends_only_token_ids_of_the_models_vocabulary() -> None:
 
     app = web.Application()
     app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     request = ProbeRequest("50%", 2000, 2, Expect.ANSWER)
     answers: dict[Any, ProbeAnswer] = {}
-    try:
-        async with aiohttp.ClientSession() as session:
-            for vocab in (None, 384):
-                answers[vocab] = await send_probe(
-                    session, url, "tiny", request, timeout=10, vocab_size=vocab
-                )
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url, aiohttp.ClientSession() as session:
+        for vocab in (None, 384):
+            answers[vocab] = await send_probe(
+                session, url, "tiny", request, timeout=10, vocab_size=vocab
+            )
     assert answers[None].http_status == 500  # the default range is too wide for 384 tokens
     assert answers[384].http_status == 200 and answers[384].generated_tokens == 2
     assert len(seen[1]) == 2000 and max(seen[1]) < 384
@@ -265,20 +258,9 @@ async def test_a_streamed_answer_is_read_to_its_end_not_only_its_first_event() -
 
     app = web.Application()
     app.router.add_post("/generate", generate)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            answer = await send_probe(
-                session,
-                f"http://127.0.0.1:{runner.addresses[0][1]}",
-                "tiny",
-                ProbeRequest("50%", 100, 8, Expect.ANSWER),
-                timeout=10,
-            )
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url, aiohttp.ClientSession() as session:
+        answer = await send_probe(
+            session, url, "tiny", ProbeRequest("50%", 100, 8, Expect.ANSWER), timeout=10
+        )
     assert answer.http_status == 200 and answer.generated_tokens == 8, answer
     assert judge(ProbeRequest("50%", 100, 8, Expect.ANSWER), answer).passed

@@ -22,6 +22,7 @@ from kvgate.handlers.gateway_watch import read_workers
 from kvgate.main import make_verify
 from kvgate.settings import OperatorSettings
 from kvgate_engine.verdict import Outcome, Requirement
+from local_http import serving_app
 from operator_factories import NOW
 
 SECRET = "SECRET-7f3a9c"  # stands for whatever the operator's network position could read
@@ -36,14 +37,8 @@ async def serving(routes: dict[str, Handler]) -> AsyncIterator[str]:
     app = web.Application()
     for path, handler in routes.items():
         app.router.add_get(path, handler)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url
 
 
 def body(payload: bytes, status: int = 200) -> Handler:

@@ -115,6 +115,7 @@ async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
 
     from aiohttp import web
     from kvgate.handlers.step_check import fetch_text
+    from local_http import serving_app
 
     head = "".join(f"# HELP filler_{i} padding\nfiller_{i} 0\n" for i in range(3000))
     tail = 'smg_http_responses_total{status_code="500"} 7\n'
@@ -129,12 +130,6 @@ async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        text = await fetch_text(f"http://127.0.0.1:{runner.addresses[0][1]}/metrics")
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        text = await fetch_text(f"{url}/metrics")
     assert text.endswith(tail) and len(text) == len(head) + len(tail)
