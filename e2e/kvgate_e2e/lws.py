@@ -19,8 +19,12 @@ from the module's own ``config/`` in the Go module cache:
 
 TLS is LWS's own: its internal cert management (open-policy-agent/cert-controller's rotator,
 ``pkg/cert``) generates a CA and a serving cert for ``lws-webhook-service.lws-system.svc``,
-stores them in the Secret ``lws-webhook-server-cert``, writes them to the webhook server's cert
-dir and injects the CA into both webhook configurations; the API server reaches the webhooks
+stores them in the Secret ``lws-webhook-server-cert`` and injects the CA into both webhook
+configurations. In a cluster the controller's pod mounts that Secret at its cert dir and the
+rotator waits for the files to appear there (``ensureCertsMounted``); the controller is no pod
+here, so ``LwsController`` plays the kubelet's Secret volume: it copies the Secret's keys into
+the cert dir once the rotator has filled it (without that the webhook server never starts and
+every LeaderWorkerSet is refused). The API server reaches the webhooks
 through the Service's ClusterIP (aggregator routing off) and checks that name. Nothing is
 disabled: the pod webhook is what gives every group's pods ``LWS_LEADER_ADDRESS``,
 ``LWS_WORKER_INDEX`` and the worker-index label, so a world without it would not be LWS.
@@ -28,6 +32,7 @@ disabled: the pod webhook is what gives every group's pods ``LWS_LEADER_ADDRESS`
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import ipaddress
@@ -207,6 +212,29 @@ def webhook_service_objects(address: str) -> list[dict[str, Any]]:
     ]
 
 
+def secret_files(secret: Mapping[str, Any]) -> dict[str, bytes]:
+    """A Secret's keys as the files its volume would hold (base64-decoded ``data``)."""
+    return {
+        key: base64.b64decode(value)
+        for key, value in (secret.get("data") or {}).items()
+        if value and "/" not in key and key not in (".", "..")
+    }
+
+
+def project_files(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Write ``files`` into ``directory``, each replaced atomically (rename) and only when its
+    content changed, so a reader sees an old or a new file, never half of one."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name, content in files.items():
+        target = directory / name
+        if target.exists() and target.read_bytes() == content:
+            continue
+        tmp = directory / f".{name}.tmp"
+        tmp.write_bytes(content)
+        tmp.chmod(0o600)
+        tmp.replace(target)
+
+
 PROBE_LWS: dict[str, Any] = {
     "apiVersion": "leaderworkerset.x-k8s.io/v1",
     "kind": "LeaderWorkerSet",
@@ -259,8 +287,14 @@ class LwsController:
         config = module_config_dir()
         for crd in sorted((config / "crd" / "bases").glob("*.yaml")):
             self.cluster.kubectl("apply", "--server-side", "-f", str(crd))
-        self.cluster.kubectl(
-            "wait", "--for=condition=Established", *(f"crd/{n}" for n in CRD_NAMES), "--timeout=60s"
+        # Not `kubectl wait --for=condition=Established`: right after the apply a CRD may have
+        # no status.conditions yet, and kubectl wait then fails instead of waiting.
+        poll_until(
+            "the LeaderWorkerSet CRDs to be Established",
+            lambda: all(self._established(name) for name in CRD_NAMES),
+            deadline,
+            period=0.2,
+            error=LwsError,
         )
         webhook = config / "webhook"
         patches = {
@@ -297,13 +331,34 @@ class LwsController:
         probe = yaml.safe_dump(PROBE_LWS)
         poll_until(
             "the LeaderWorkerSet webhooks to admit a LeaderWorkerSet (server-side dry run)",
-            lambda: self._alive() and self._dry_run_ok(probe),
+            lambda: self._alive() and self._project_certs(cert_dir) and self._dry_run_ok(probe),
             deadline,
             period=0.5,
             error=LwsError,
             details=lambda: self.log_tail(),
         )
         self._say("LeaderWorkerSet webhooks serving (internal cert rotation)")
+
+    def _project_certs(self, cert_dir: Path) -> bool:
+        """Write the rotator's Secret into the cert dir, as a Secret volume would (True once
+        the serving cert is there)."""
+        proc = self.cluster.kubectl(
+            "get", "secret", SECRET, f"--namespace={NAMESPACE}", "-o", "json", check=False
+        )
+        if proc.returncode != 0:
+            return False
+        files = secret_files(json.loads(proc.stdout))
+        if "tls.crt" not in files or "tls.key" not in files:
+            return False
+        project_files(cert_dir, files)
+        return True
+
+    def _established(self, crd: str) -> bool:
+        proc = self.cluster.kubectl("get", "crd", crd, "-o", "json", check=False)
+        if proc.returncode != 0:
+            return False
+        conditions = (json.loads(proc.stdout).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     def _alive(self) -> bool:
         if self._proc is not None and self._proc.poll() is not None:

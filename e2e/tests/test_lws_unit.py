@@ -12,6 +12,8 @@ from kvgate_e2e.lws import (
     NAMESPACE,
     SERVICE,
     controller_config,
+    project_files,
+    secret_files,
     webhook_configurations,
     webhook_service_objects,
 )
@@ -132,3 +134,22 @@ def test_the_hosts_file_is_made_in_a_run_dir_that_does_not_exist_yet(tmp_path: P
     # The kubelet's run dir (<cluster run dir>/kubelet) is made only when its first pod starts.
     hosts = PodHosts(tmp_path / "kubelet" / "hosts", base=tmp_path / "no-base")
     assert hosts.path.read_text().startswith("127.0.0.1 localhost\n")
+
+
+def test_the_rotators_secret_is_projected_into_the_cert_dir_as_a_secret_volume_would(
+    tmp_path: Path,
+) -> None:
+    # The rotator (cert-controller) waits for tls.crt in its cert dir, which only a Secret
+    # volume would write: without this the LWS webhook server never started.
+    secret = {"data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5", "ca.crt": "Y2E=", "../x": "eA=="}}
+    files = secret_files(secret)
+    assert files == {"tls.crt": b"cert", "tls.key": b"key", "ca.crt": b"ca"}
+    certs = tmp_path / "certs"
+    project_files(certs, files)
+    assert (certs / "tls.crt").read_bytes() == b"cert"
+    before = (certs / "tls.key").stat().st_ino
+    project_files(certs, {**files, "tls.crt": b"new"})  # a rotation
+    assert (certs / "tls.crt").read_bytes() == b"new"
+    assert (certs / "tls.key").stat().st_ino == before  # unchanged files are left alone
+    assert sorted(p.name for p in certs.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+    assert secret_files({}) == {}
