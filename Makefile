@@ -31,8 +31,9 @@ conformance: $(STAMP)
 	$(BIN)/pytest -q -m conformance tests/conformance
 
 # The e2e world: iproute2 + iptables (Debian), Kubernetes v1.37.2 and helm built from Go modules
-# (cached by content hash; the first build takes ~13 min on 2 cores), run as root in a private
-# network namespace.
+# (cached by content hash; the first build takes ~13 min on 2 cores) and the LeaderWorkerSet
+# v0.9.0 controller for the multi-node scenarios (86 s after that build, which warms the Go build
+# cache it shares; then cached), run as root in a private network namespace.
 e2e-deps: $(STAMP)
 	@test "$$(id -u)" = 0 || { echo "the e2e tier needs root (it creates a network namespace)"; exit 1; }
 	@command -v ip >/dev/null && command -v iptables >/dev/null || { \
@@ -40,9 +41,10 @@ e2e-deps: $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables; }
 	e2e/controlplane/gen-replaces.py --check
 	e2e/controlplane/build.sh
+	e2e/controlplane/build-lws.sh
 
-# LeaderWorkerSet v0.9.0 for the multi-node e2e scenarios (issue 17, not yet in the e2e world):
-# built from the Go module proxy into a cache outside the clone.
+# LeaderWorkerSet v0.9.0 alone (part of e2e-deps): built from the Go module proxy into a cache
+# outside the clone (see e2e/controlplane/build-lws.sh).
 lws:
 	e2e/controlplane/build-lws.sh
 

@@ -52,6 +52,7 @@ import aiohttp
 
 from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
+from kvgate_e2e.kubelet_hosts import PodHosts
 from kvgate_e2e.kubelet_log_server import KUBELET_PORT, KubeletServer, server_ssl_context
 from kvgate_e2e.kubelet_mounts import MountPoints
 from kvgate_e2e.kubelet_node import (
@@ -248,6 +249,9 @@ class LoopbackKubelet:
                 backoff_max=self.config.backoff_max,
                 mount_namespaces=self.config.mount_namespaces,
                 mount_points=MountPoints(),
+                pod_hosts=(
+                    PodHosts(self.run_dir / "hosts") if self.config.mount_namespaces else None
+                ),
             )
             background: list[asyncio.Task[None]] = []
             try:
@@ -545,6 +549,15 @@ class KubeletThread:
         task = asyncio.create_task(self.kubelet.run())
         ready = asyncio.create_task(self.kubelet.ready.wait())
         await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() and not ready.done():
+            # run() ended before the nodes were registered: record why before start() looks,
+            # or start() could return on a dead kubelet (the world then waited for pods that
+            # no kubelet would ever run, and timed out on the operator's rollout).
+            ready.cancel()
+            exc = task.exception() if not task.cancelled() else None
+            self._error = exc or RuntimeError("loopback kubelet exited before registering")
+            self._started.set()
+            return
         self._started.set()
         await task
 

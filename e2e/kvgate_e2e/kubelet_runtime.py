@@ -41,9 +41,15 @@ import aiohttp
 
 from kvgate_e2e.kubelet_api import ApiError, KubeApi
 from kvgate_e2e.kubelet_env import container_env
+from kvgate_e2e.kubelet_hosts import PodHosts, pod_host_names
 from kvgate_e2e.kubelet_images import ImageError, expand_vars, image_kind, launch_for
 from kvgate_e2e.kubelet_logs import ContainerLogError, container_id_for_logs
-from kvgate_e2e.kubelet_mounts import MountPoints, container_mounts, in_mount_namespace
+from kvgate_e2e.kubelet_mounts import (
+    MountPoints,
+    container_mounts,
+    in_mount_namespace,
+    order_mounts,
+)
 from kvgate_e2e.kubelet_pod_status import now_rfc3339, pod_status_patch
 from kvgate_e2e.kubelet_podspec import PodSpecError, ProbeSettings, probe_settings
 from kvgate_e2e.kubelet_probes import probe_once
@@ -93,6 +99,7 @@ class RuntimeSettings:
     backoff_max: float = 300.0
     mount_namespaces: bool = True
     mount_points: MountPoints = field(default_factory=MountPoints)
+    pod_hosts: PodHosts | None = None  # pods' hostnames, at /etc/hosts (kubelet_hosts)
 
 
 class PodHost(Protocol):
@@ -292,8 +299,17 @@ class PodWorker:
             return
         self.pod_ip = await asyncio.to_thread(self.host.addresses.add_pod_ip)
         log.info("pod %s: IP %s", self.key, self.pod_ip)
+        hosts = self.host.settings.pod_hosts
+        if hosts is not None:
+            hosts.add(self.key, str(self.pod_ip), pod_host_names(self.pod))
+
+    def _has_hostname(self) -> bool:
+        return not self.host_network and bool(pod_host_names(self.pod))
 
     def _cleanup(self) -> None:
+        hosts = self.host.settings.pod_hosts
+        if hosts is not None:
+            hosts.remove(self.key)
         if self.pod_ip is not None:
             with contextlib.suppress(Exception):
                 self.host.addresses.release_pod_ip(self.pod_ip)
@@ -377,6 +393,10 @@ class PodWorker:
         env |= dict(launch.env)
         argv = list(launch.argv)
         mounts = container_mounts(self.pod, container, self.dir / "volumes", settings.mount_points)
+        if settings.pod_hosts is not None and self._has_hostname():
+            # Only pods with a headless-Service name (StatefulSet pods: LWS groups) get the file;
+            # ordered with the pod's own mounts: an emptyDir at /tmp must not hide it.
+            mounts = order_mounts([*mounts, (str(settings.pod_hosts.path), "/etc/hosts")])
         if settings.mount_namespaces:
             argv = in_mount_namespace(argv, mounts, settings.venv_bin, settings.mount_points)
         workdir = container.get("workingDir")

@@ -110,12 +110,22 @@ def pod_is_ready(pod: Obj) -> bool:
     return False
 
 
+# The EndpointSlice controller labels the slices of a headless Service (clusterIP None) so;
+# kube-proxy ignores them (it watches slices with !service.kubernetes.io/headless): no ClusterIP
+# routes there. Such a Service only names pods in DNS, e.g. LeaderWorkerSet's per-group Service,
+# which publishes not-ready addresses so that a group's ranks find their leader before it serves.
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+
+
 def routable_addresses(slices: Iterable[Obj]) -> list[tuple[str, str]]:
     """(service, address) of every endpoint kube-proxy would send traffic to: ``ready``, or
-    ``serving`` and ``terminating`` (the fallback when a Service has no ready endpoint)."""
+    ``serving`` and ``terminating`` (the fallback when a Service has no ready endpoint); slices
+    of headless Services are no traffic path (kube-proxy ignores them)."""
     out: list[tuple[str, str]] = []
     for s in slices:
         labels = (s.get("metadata") or {}).get("labels") or {}
+        if HEADLESS_LABEL in labels:
+            continue
         service = str(
             labels.get("kubernetes.io/service-name", (s.get("metadata") or {}).get("name"))
         )

@@ -37,6 +37,7 @@ import yaml
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet import KubeletThread
+from kvgate_e2e.lws import LwsController
 from kvgate_e2e.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +73,9 @@ class WorldConfig:
     operator_env: dict[str, str] = field(default_factory=lambda: dict(E2E_OPERATOR_ENV))
     helm_values: dict[str, Any] = field(default_factory=dict)  # merged over the world's own
     start_timeout: float = 240.0
+    # LeaderWorkerSet (kvgate_e2e.lws) started before kvgate, and the chart's
+    # leaderWorkerSet.enabled=true: the world for multi-node engines.
+    leaderworkerset: bool = False
     progress: IO[str] | None = None  # where to print start-up steps (the demo uses stdout)
     # More nodes beside the two GPU pools, as kubelet node specs
     # ("<name>:pool=<pool>:gpus=<n>:gpu-memory-gib=<GiB>"; the demo's real-SGLang pool).
@@ -94,6 +98,8 @@ def chart_values(config: WorldConfig) -> dict[str, Any]:
         "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 1},
         "logFormat": "text",
     }
+    if config.leaderworkerset:
+        values["leaderWorkerSet"] = {"enabled": True}
     return _deep_merge(values, config.helm_values)
 
 
@@ -119,6 +125,7 @@ class World:
         self._forwards: dict[tuple[str, int], int] = {}
         self._deleting: set[str] = set()  # namespaces delete_namespace(wait=False) left going
         self._reader: ApiReader | None = None
+        self._lws: LwsController | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> Self:
@@ -155,6 +162,11 @@ class World:
         self._stack.enter_context(self._kubelet)
         self._cluster.wait_for_kubernetes_service()
         self._say("nodes registered: pool big (8 x 80 GiB GPUs), pool small (8 x 24 GiB GPUs)")
+        # Before the kubelet and the control plane stop (LIFO), whenever LWS was started.
+        self._stack.callback(self._stop_lws)
+        if self.config.leaderworkerset:
+            self._lws = LwsController(self._cluster, progress=self.config.progress)
+            self._lws.start()
         self.install()
         self._say(f"kvgate installed and serving its webhook ({time.monotonic() - started:.0f}s)")
 
@@ -170,6 +182,11 @@ class World:
         self._cluster = None
         self._reader = None
         self._kubelet = None
+        self._lws = None
+
+    def _stop_lws(self) -> None:
+        if self._lws is not None:
+            self._lws.stop()
 
     # ------------------------------------------------------------------ parts
     @property
@@ -177,6 +194,42 @@ class World:
         if self._cluster is None:
             raise WorldError("world not started")
         return self._cluster
+
+    def enable_leaderworkerset(self) -> LwsController:
+        """Start LeaderWorkerSet in a running world (CRDs, webhooks, controller: kvgate_e2e.lws)
+        and ``helm upgrade`` kvgate with ``leaderWorkerSet.enabled=true``; idempotent. Undo it
+        with ``disable_leaderworkerset`` (a test module that enables it on the shared session
+        world must, so that later modules see the world as it was)."""
+        if self._lws is None:
+            self._lws = LwsController(self.cluster, progress=self.config.progress)
+            try:
+                self._lws.start()
+            except BaseException:
+                self._lws.stop()
+                self._lws = None
+                raise
+        if not self.config.leaderworkerset:
+            self.config.leaderworkerset = True
+            self.upgrade()
+        return self._lws
+
+    def disable_leaderworkerset(self) -> None:
+        """The reverse of ``enable_leaderworkerset``: ``helm upgrade`` kvgate without it, stop
+        the controller and delete what it installed (webhook configurations, CRDs and so every
+        LeaderWorkerSet left, ``lws-system``). Call it after the namespaces that ran groups are
+        gone."""
+        if self.config.leaderworkerset:
+            self.config.leaderworkerset = False
+            self.upgrade()
+        if self._lws is not None:
+            lws, self._lws = self._lws, None
+            lws.uninstall()
+
+    @property
+    def lws(self) -> LwsController:
+        if self._lws is None:
+            raise WorldError("world started without LeaderWorkerSet (WorldConfig.leaderworkerset)")
+        return self._lws
 
     @property
     def kubelet(self) -> KubeletThread:

@@ -6,10 +6,11 @@ No cluster needed; these run in well under a second.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate_e2e.kubelet import container_pid
+from kvgate_e2e.kubelet import KubeletConfig, KubeletThread, LoopbackKubelet, container_pid
 from kvgate_e2e.kubelet_images import (
     ImageError,
     expand_vars,
@@ -624,3 +625,23 @@ def test_guard_sidecar_runs_the_kvgate_cli_reading_and_serving_on_the_pod_ip() -
         "--host",
         "198.18.1.7",
     )
+
+
+def test_a_kubelet_that_fails_before_registering_fails_its_start(tmp_path: Path) -> None:
+    """A kubelet whose run() raised before its nodes registered must not look started: the
+    world then waited for pods no kubelet ran and timed out on the operator's rollout (how the
+    LeaderWorkerSet world of 3b8965a failed: its hosts file's directory did not exist yet)."""
+
+    class Failing(LoopbackKubelet):
+        async def run(self) -> None:
+            raise FileNotFoundError("no such directory: kubelet/hosts")
+
+    thread = KubeletThread(
+        KubeletConfig(kubeconfig=tmp_path / "kubeconfig", nodes=[], run_dir=tmp_path),
+        addresses=None,  # type: ignore[arg-type]  # run() never gets that far
+        netns_path=None,
+    )
+    thread.kubelet = Failing(thread.kubelet.config, None)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="failed to start: no such directory"):
+        thread.start(timeout=10)
+    thread.stop()

@@ -304,6 +304,17 @@ def test_routable_addresses_follow_kube_proxy() -> None:
     ]
 
 
+def test_a_headless_services_slices_are_no_traffic_path() -> None:
+    # LeaderWorkerSet's group Service is headless and publishes not-ready addresses: its slices
+    # list a refused leader as ready, but kube-proxy never routes through them (seen in the
+    # multi-node e2e scenario: the workers' addresses were counted as traffic paths).
+    headless = slice_("grp", ("198.18.1.1", READY), ("198.18.1.2", NOT_READY))
+    headless["metadata"]["labels"]["service.kubernetes.io/headless"] = ""
+    assert routable_addresses([headless, slice_("svc", ("198.18.1.3", READY))]) == [
+        ("svc", "198.18.1.3")
+    ]
+
+
 def test_windows_group_consecutive_samples_and_split_on_a_gap() -> None:
     times = [0.0, 0.2, 0.4, 0.6, 0.8]
 

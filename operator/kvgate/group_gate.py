@@ -144,12 +144,7 @@ def condition_for_group(
     """The leader's engine-verified condition: True only for a SAFE verdict on a complete group
     whose members are the ones it was last verified with (or the first verification)."""
     if not group.complete:
-        return gate.condition_for_unverifiable(
-            leader,
-            GROUP_INCOMPLETE,
-            f"engine group incomplete: {group.message}; verified again once every rank runs",
-            now,
-        )
+        return condition_for_incomplete(leader, group, now)
     if gate.is_verified(leader) and verified_with is not None and verified_with != group.members:
         return gate.condition_for_unverifiable(
             leader,
@@ -162,6 +157,18 @@ def condition_for_group(
         return gate.condition_for_verdict(leader, verdict, requirement, now)
     message = f"{gate.verdict_message(leader, verdict, requirement)}; {group.message}"
     return gate._condition(leader, "True", verdict.reason, message, now)
+
+
+def condition_for_incomplete(
+    leader: Obj, group: GroupState, now: datetime
+) -> gate.Condition | None:
+    """The leader's condition while its group misses a rank (whatever its own engine says)."""
+    return gate.condition_for_unverifiable(
+        leader,
+        GROUP_INCOMPLETE,
+        f"engine group incomplete: {group.message}; verified again once every rank runs",
+        now,
+    )
 
 
 def _show(members: Members) -> str:

@@ -67,3 +67,60 @@ def test_gpus_per_node_reaches_the_webhook_and_the_operator_only_when_set(helm: 
 def test_gpus_per_node_outside_one_to_sixteen_fails_the_install(helm: Helm, value: str) -> None:
     result = helm.template_result(f"gpusPerNode={value}")
     assert result.returncode != 0 and "gpusPerNode" in result.stderr
+
+
+def _pod_creation(rendered: Any) -> dict[str, Any]:
+    (policy,) = [
+        p
+        for p in rendered.all("ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-pod-creation")
+    ]
+    return dict(policy)
+
+
+def test_with_leader_worker_sets_the_pod_creation_policy_admits_the_groups_pods(
+    helm: Helm,
+) -> None:
+    """A LeaderWorkerSet group's pods are created by the StatefulSet controller, controlled by a
+    StatefulSet, and its workers carry no gate: with only the ReplicaSet rules every one of them
+    was denied, so no multi-node engine could ever start where the policies are on (found on the
+    real API server, e2e/tests/test_scenario_multinode.py)."""
+    off = _pod_creation(helm.template())
+    on = _pod_creation(helm.template("leaderWorkerSet.enabled=true"))
+    off_checks = [v["expression"] for v in off["spec"]["validations"]]
+    checks = [v["expression"] for v in on["spec"]["validations"]]
+    variables = {v["name"]: v["expression"] for v in on["spec"]["variables"]}
+    assert "controlledByStatefulSet" not in {v["name"] for v in off["spec"]["variables"]}
+    assert "r.kind == 'StatefulSet'" in variables["controlledByStatefulSet"]
+    assert "'engine-worker'" in variables["groupWorker"]
+    assert "variables.controlledByStatefulSet" in variables["groupWorker"]
+    # the gate: routers, gated pods, and (only) a StatefulSet's engine-worker pods
+    assert checks[0] == "variables.router || variables.gated || variables.groupWorker"
+    assert checks[1] == "variables.controlledByReplicaSet || variables.controlledByStatefulSet"
+    # who creates them: the StatefulSet controller for StatefulSet pods, as before otherwise
+    assert checks[2] == (
+        "!variables.controlledByStatefulSet || request.userInfo.username in "
+        '["system:serviceaccount:kube-system:statefulset-controller",'
+        '"system:kube-controller-manager"]'
+    )
+    assert checks[3] == "variables.controlledByStatefulSet || " + off_checks[2]
+    # and with LWS off nothing changed
+    assert off_checks[:2] == [
+        "variables.router || variables.gated",
+        "variables.controlledByReplicaSet",
+    ]
+
+
+def test_stateful_set_pod_creators_come_from_values(helm: Helm) -> None:
+    on = _pod_creation(
+        helm.template(
+            "leaderWorkerSet.enabled=true",
+            "admissionPolicy.statefulSetPodCreators={system:openshift:controller:statefulset-controller}",
+        )
+    )
+    assert (
+        "system:openshift:controller:statefulset-controller"
+        in on["spec"]["validations"][2]["expression"]
+    )
+    result = helm.template_result("admissionPolicy.statefulSetPodCreators=null")
+    assert result.returncode != 0 and "statefulSetPodCreators" in result.stderr

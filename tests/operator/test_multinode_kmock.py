@@ -232,3 +232,55 @@ async def test_a_worker_event_wakes_its_leader_for_an_immediate_check(rt: Runtim
     assert rt.pod_wake("leader-uid").is_set()
     assert engine_pods.fingerprint(leader) != before  # the verifier checks at once
     group_verify.forget("leader-uid")
+
+
+@pytest.mark.parametrize(
+    ("worker", "deleting", "reason", "words"),
+    [
+        ("restarted", False, "EngineGroupIncomplete", ["1 of 2 ranks run", "restarted its engine"]),
+        ("missing", True, "EngineGroupIncomplete", ["rank 1 has no pod"]),
+        ("running", False, "EngineNotReady", ["engine container is not ready"]),
+    ],
+    ids=["a worker restarted", "the group is being recreated", "only the leader's engine"],
+)
+async def test_a_verified_leader_whose_engine_went_down_with_a_lost_rank_names_the_group(
+    kmock: kmock.KubernetesEmulator,
+    rt: Runtime,
+    worker: str,
+    deleting: bool,
+    reason: str,
+    words: list[str],
+) -> None:
+    """A lost rank takes rank 0 down with it (the reference engine exits, SGLang's leader fails;
+    LeaderWorkerSet deletes the leader to recreate the group). The gate named only the leader's
+    symptom (EngineNotReady) then, never the lost rank the README promises (seen on the real
+    API server: e2e/tests/test_scenario_multinode.py)."""
+    leader = group_world(kmock, 1, worker=worker)
+    leader["status"]["containerStatuses"][0]["ready"] = False
+    leader["status"]["conditions"] = [
+        {"type": "kvgate.io/engine-verified", "status": "True", "reason": "EngineVerified"}
+    ]
+    if worker == "restarted" and deleting is False:
+        # the leader's engine was seen down first, the worker's restart after: named then
+        seen_down = dict(
+            leader,
+            status={
+                **leader["status"],
+                "conditions": [
+                    {
+                        "type": "kvgate.io/engine-verified",
+                        "status": "False",
+                        "reason": "EngineNotReady",
+                    }
+                ],
+            },
+        )
+        later = await engine_pods.check_pod(rt, seen_down)
+        assert later is not None and later["reason"] == "EngineGroupIncomplete", later
+    if deleting:
+        leader["metadata"]["deletionTimestamp"] = "2026-11-05T11:00:00Z"
+    condition = await engine_pods.check_pod(rt, leader)
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", reason), condition
+    for word in words:
+        assert word in condition["message"], condition["message"]

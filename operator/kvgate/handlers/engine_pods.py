@@ -291,7 +291,10 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
         condition = gate.condition_for_unverifiable(pod, *api_key, now)
     else:
         url = gate.engine_url(pod)
-        if url is None:
+        if url is None and group_verify.is_group_pod(pod):  # a leader: is a rank gone?
+            md_uid = (rt.mds.get(_md_of(pod)) or {}).get("metadata", {}).get("uid")
+            condition = await group_verify.condition_engine_down(rt, pod, md_uid)
+        elif url is None:
             condition = gate.condition_for_engine_down(pod, now)
         else:
             started = time.perf_counter()

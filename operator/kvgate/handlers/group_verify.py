@@ -87,6 +87,29 @@ async def condition(
     return result
 
 
+async def condition_engine_down(rt: Runtime, pod: Pod, md_uid: str | None) -> gate.Condition | None:
+    """A verified leader whose own engine is not ready (or that is being deleted): a lost rank
+    usually takes rank 0 down with it (SGLang's leader fails with its group; LeaderWorkerSet then
+    deletes the leader to recreate the group), so the cause is named when the group misses a
+    rank (``EngineGroupIncomplete``), not only the leader's symptom (``EngineNotReady``)."""
+    now = rt.clock()
+    current = gate.current_condition(pod) or {}
+    # Verified until now, or already out for its engine or its group: the worker's status may
+    # show the lost rank only after the leader's engine was seen down.
+    lost = current.get("status") == "True" or current.get("reason") in (
+        gate.ENGINE_NOT_READY,
+        group_gate.GROUP_INCOMPLETE,
+    )
+    if lost:
+        identity = await leader_identity(rt, pod, md_uid)
+        if not isinstance(identity, Unproven):
+            group = await group_of(rt, pod, identity)
+            if not group.complete:
+                _VERIFIED_WITH.pop(str(pod.get("metadata", {}).get("uid", "")), None)
+                return group_gate.condition_for_incomplete(pod, group, now)
+    return gate.condition_for_engine_down(pod, now)
+
+
 def worker_events(uid: str) -> int:
     return _WORKER_EVENTS.get(uid, 0)
 
