@@ -248,7 +248,8 @@ def test_objects_squatting_on_kvgates_names_are_never_adopted_and_the_conflict_i
     assert f"ServiceAccount {md}-router already exists" in cond["message"]
     ready = md_condition(world, md, ns, "Ready")
     assert ready is not None and ready["status"] == "False" and ready["reason"] == "Conflict"
-    assert any(e.get("reason") == "Conflict" for e in events(world, ns))
+    # The Event is posted after the status write that carries the condition.
+    deadline_loop("a Conflict Event", lambda: events(world, ns, "Conflict"), 30)
 
     # Once the revision is verified, kvgate would switch traffic; it still never re-points the
     # tenant's Service.

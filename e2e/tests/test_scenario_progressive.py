@@ -190,8 +190,11 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
             ),
             120,
         )
-    started = [e["message"] for e in events(world, ns, "TrafficStepStarted")]
-    assert len(started) == 2 and "takes 10 % of requests" in started[0], started
+    # The API lists Events in no particular order: match each step's by its number.
+    started = sorted(e["message"] for e in events(world, ns, "TrafficStepStarted"))
+    assert len(started) == 2, started
+    assert "step 1" in started[0] and "takes 10 % of requests" in started[0], started
+    assert "step 2" in started[1] and "takes 50 % of requests" in started[1], started
     print("MEASURED progressive: " + "; ".join(measured) + f"; all traffic at {done:.1f}s")
     print(
         f"MEASURED progressive traffic: {len(traffic.results)} known-answer requests, "

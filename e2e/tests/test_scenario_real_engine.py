@@ -486,6 +486,9 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
 
     small = real_md("small", real.model)
     small["spec"]["engine"]["args"] = ["--max-total-tokens", str(SMALL_POOL)]
+    # Keep the refused engines running so their own /server_info can be read after the refusal
+    # (by default kvgate scales a refused revision to 0 to free its GPUs).
+    small["spec"]["rollout"]["scaleDownRefused"] = False
     seen_workers: list[dict[str, Any]] = []
     with InvariantSampler(world.cluster, ns, name="real-engine-small"):
         world.apply(small, ns)
