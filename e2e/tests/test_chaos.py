@@ -74,7 +74,18 @@ def serving(world: World, name: str, ns: str, revision_not: str | None = None) -
 
 
 def known_answer(world: World, name: str, ns: str) -> bool:
-    code, answer = world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
+    """The known answer through the Service. A connection reset or refusal in the first
+    seconds after the Service switched is kube-proxy still programming the new endpoints (seen
+    in fresh-clone runs right after a revision started serving): retried for up to 15 s; any
+    answer that arrives must be the known one."""
+
+    def ask() -> tuple[int, Any] | None:
+        try:
+            return world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
+        except OSError:  # reset, refused (urllib wraps it in URLError, an OSError)
+            return None
+
+    code, answer = deadline_loop("an answer through the Service", ask, 15, retry_on=())
     return code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4]
 
 

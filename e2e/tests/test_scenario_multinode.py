@@ -357,7 +357,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
                 world.kubelet.kubelet.restart_container(ns, worker["metadata"]["name"], "engine")
             )
             assert pid is not None, "the decode worker's engine was not running"
-            deadline_loop(
+            ended = deadline_loop(
                 "the old decode leader's gate to say EngineGroupIncomplete (or the pod to go)",
                 watch_gate,
                 30,
@@ -397,11 +397,18 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
                 60,
             )
         print(get_md_table(world, ns))
-        assert gate_changes, "the old leader's gate was never seen False"
-        gate_false, _, reason = gate_changes[0]
-        assert ("False", "EngineGroupIncomplete") in [c[1:] for c in gate_changes], gate_changes
-        incomplete_at = next(t for t, _, r in gate_changes if r == "EngineGroupIncomplete")
-        print(f"old decode leader's gate: {gate_changes}")
+        print(f"old decode leader's gate: {gate_changes} ({ended})")
+        if not gate_changes:
+            # LeaderWorkerSet deleted the old leader (recreating the group) before a 50 ms poll
+            # saw its gate turn False: the traffic checks below still hold; the reason itself is
+            # tested in tests/operator/test_multinode_kmock.py.
+            assert ended == "gone", (ended, gate_changes)
+            gate_false = incomplete_at = out_of_traffic
+            reason = "deleted before a poll saw it False"
+        else:
+            gate_false, _, reason = gate_changes[0]
+            assert ("False", "EngineGroupIncomplete") in [c[1:] for c in gate_changes], gate_changes
+            incomplete_at = next(t for t, _, r in gate_changes if r == "EngineGroupIncomplete")
         # No traffic path to the old leader from when it left, nor to the new one before it was
         # verified (the first sample with its gate True).
         late = [t for t in paths.paths_to(old_uid) if t > out_of_traffic]
