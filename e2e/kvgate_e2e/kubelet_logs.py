@@ -299,15 +299,24 @@ def select_records(data: bytes, opts: LogOptions, now_ns: int) -> bytes:
     if lines and lines[-1] == b"":
         lines.pop()
     limit = opts.tail_lines if opts.tail_lines is not None else math.inf
+    rendered, _ = render_lines(lines, writer, limit)
+    out += rendered
+    return bytes(out)
+
+
+def render_lines(lines: list[bytes], writer: LogWriter, left: float) -> tuple[bytes, float]:
+    """``lines`` (CRI records without their newline) rendered until ``left`` records were
+    written or the writer is exhausted; returns the bytes and how many records may still go."""
+    out = bytearray()
     for raw in lines:
-        if limit <= 0 or writer.exhausted:
+        if left <= 0 or writer.exhausted:
             break
         record = parse_record(raw + b"\n")
         if record is None:
             continue
         out += writer.render(record)
-        limit -= 1
-    return bytes(out)
+        left -= 1
+    return bytes(out), left
 
 
 async def stream_log(
@@ -349,17 +358,9 @@ async def stream_log(
             data = pending + chunk
             lines = data.split(b"\n")
             pending = lines.pop()
-            out = bytearray()
-            for raw in lines:
-                if left <= 0 or writer.exhausted:
-                    break
-                record = parse_record(raw + b"\n")
-                if record is None:
-                    continue
-                out += writer.render(record)
-                left -= 1
+            out, left = render_lines(lines, writer, left)
             if out:
-                await write(bytes(out))
+                await write(out)
             if left <= 0 or writer.exhausted:
                 return
 
