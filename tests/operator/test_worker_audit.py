@@ -139,7 +139,13 @@ async def served() -> AsyncIterator[tuple[Runtime, FakeRouter]]:
         EngineIdentity("llama", "rev", "router", "llama-rev-router"),
     )
     decode_pod = {
-        "metadata": {"name": "d", "namespace": "ns", "uid": "uid-d", "labels": {}},
+        # A proven engine pod carries its Deployment's labels (kvgate.pod_identity checks them).
+        "metadata": {
+            "name": "d",
+            "namespace": "ns",
+            "uid": "uid-d",
+            "labels": {labels.DEPLOYMENT: "llama", labels.REVISION: "rev", labels.ROLE: "decode"},
+        },
         "spec": {
             "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 30000}]}]
         },

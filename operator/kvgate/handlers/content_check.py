@@ -132,7 +132,7 @@ async def revision_router(
     rt: Runtime, namespace: str, md_name: str, md_uid: str | None, revision: str
 ) -> tuple[dict[str, Any], str] | None:
     """A Ready router pod of the revision, proven the ModelDeployment's, and its URL."""
-    for pod in list(rt.routers.values()):
+    for _, pod in rt.routers.of_md(namespace, md_name):
         meta = pod.get("metadata", {})
         lab = meta.get("labels", {})
         if (

@@ -22,7 +22,7 @@ from typing import Any
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate import gate, labels, metrics, requirements
+from kvgate import gate, labels, metrics, pod_view, requirements
 from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
@@ -56,8 +56,10 @@ def _md_of(pod: Pod) -> tuple[str, str]:
     return meta.get("namespace", ""), meta.get("labels", {}).get(labels.DEPLOYMENT, "")
 
 
-def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
-    """Watch event on an engine pod: keep its latest body, wake its verifier and its MD."""
+def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
+    """Watch event on an engine pod: keep its latest body (the fields kvgate reads:
+    kvgate.pod_view), wake its verifier and its MD."""
+    pod = pod_view.slim(body)
     uid = pod.get("metadata", {}).get("uid")
     if not uid:
         return
@@ -75,7 +77,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     task = rt.verifiers.get(uid)
     if task is None or task.done():
         rt.verifiers[uid] = asyncio.create_task(
-            run_verifier(rt, pod, lambda: False), name=f"verify-{gate.pod_name(pod)}"
+            run_verifier(rt, uid, lambda: False), name=f"verify-{gate.pod_name(pod)}"
         )
     if previous is None or fingerprint(previous) != fingerprint(pod):
         rt.pod_wake(uid).set()
@@ -324,10 +326,10 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     return condition
 
 
-async def run_verifier(rt: Runtime, pod: Pod, stopped: Callable[[], bool]) -> None:
-    """The per-pod loop: check on change, else every reverify interval, until stopped."""
-    uid = pod["metadata"]["uid"]
-    rt.pods.setdefault(uid, pod)
+async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> None:
+    """The per-pod loop over ``rt.pods[uid]``: check on change, else every reverify interval,
+    until stopped or the pod is gone (the loop holds no body of its own: the latest is in
+    ``rt.pods``)."""
     wake = rt.pod_wake(uid)
     last: Fingerprint | None = None
     last_check = float("-inf")

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvgate_engine.verdict import Requirement, Verdict
 
-from kvgate import gate, group_gate, lws_identity, multinode
+from kvgate import gate, group_gate, labels, lws_identity, multinode
 from kvgate.handlers.runtime import Runtime
 from kvgate.lws_identity import LeaderIdentity
 from kvgate.pod_identity import Unproven
@@ -127,7 +127,8 @@ def on_worker_event(rt: Runtime, event_type: str | None, worker: Pod) -> None:
     group = worker_labels.get(multinode.GROUP_INDEX_LABEL)
     if not lws_name or group is None:
         return
-    for uid, pod in list(rt.pods.items()):
+    md_name = str(worker_labels.get(labels.DEPLOYMENT, ""))
+    for uid, pod in rt.pods.of_md(str(meta.get("namespace", "")), md_name):
         pod_meta = pod.get("metadata", {})
         pod_labels = pod_meta.get("labels") or {}
         if (

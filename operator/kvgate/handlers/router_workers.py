@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from kvgate import gate, labels, metrics, pod_identity, router_auth, worker_audit
+from kvgate import gate, labels, metrics, pod_identity, pod_view, router_auth, worker_audit
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers.gateway_watch import UNREADABLE, read_workers, router_url
 from kvgate.handlers.identity import resolve_identity
@@ -41,14 +41,14 @@ def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         rt.routers.pop(uid, None)
         rt.identities.pop(uid, None)
     else:
-        rt.routers[uid] = pod
+        rt.routers[uid] = pod_view.slim(pod)  # the fields kvgate reads (kvgate.pod_view)
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
 
 
 def known_engines(rt: Runtime, namespace: str, md_name: str, revision: str) -> list[KnownEngine]:
     """Verified engine pods of one revision, proven by their controller chain."""
     out = []
-    for uid, pod in rt.pods.items():
+    for uid, pod in rt.pods.of_md(namespace, md_name):
         cached = rt.identities.get(uid)
         identity = cached[1] if cached else None
         if (
@@ -91,12 +91,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         return 0
     md_uid = md.get("metadata", {}).get("uid")
     removed = 0
-    routers = [
-        p
-        for p in list(rt.routers.values())
-        if p.get("metadata", {}).get("namespace") == namespace
-        and p.get("metadata", {}).get("labels", {}).get(labels.DEPLOYMENT) == md_name
-    ]
+    routers = [p for _, p in rt.routers.of_md(namespace, md_name)]
     for router in routers:
         url = router_url(router)
         if url is None:

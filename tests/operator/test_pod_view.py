@@ -1,0 +1,124 @@
+"""The operator stores a projection of each watched pod (kvgate.pod_view), indexed by its
+ModelDeployment (handlers.runtime.PodStore): issue 16's 1,000 ModelDeployments / 9,000 pods
+within 300 MB, and per-ModelDeployment questions that cost its own pods, not the fleet's."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from kvgate import gate, labels, pod_view
+from kvgate.handlers import engine_pods, router_workers
+from kvgate.handlers.runtime import PodStore, Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.settings import OperatorSettings
+
+# An engine pod as the API server returns it: kvgate's template, a controller, the kubelet's
+# status, kvgate's gate condition and three managers' managedFields.
+API_POD = Path(__file__).resolve().parents[1] / "fixtures" / "pods" / "engine-pod-api.json"
+
+
+def api_pod() -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(API_POD.read_text())
+    return body
+
+
+def test_the_projection_drops_managed_fields_and_the_container_spec() -> None:
+    full = api_pod()
+    slim = pod_view.slim(full)
+    assert "managedFields" not in slim["metadata"]
+    (engine,) = [c for c in slim["spec"]["containers"] if c["name"] == gate.ENGINE_CONTAINER]
+    assert set(engine) == {"name", "ports"}  # no command, args, env, resources, probes
+    assert "volumes" not in slim["spec"]
+    for status in slim["status"]["containerStatuses"]:
+        assert "image" not in status and "imageID" not in status and "lastState" not in status
+    assert len(json.dumps(slim)) < len(json.dumps(full)) / 3
+
+
+def test_the_projection_keeps_every_field_the_gate_and_identity_read() -> None:
+    full = api_pod()
+    slim = pod_view.slim(full)
+    for read in (
+        gate.engine_url,
+        gate.current_condition,
+        gate.is_verified,
+        gate.restart_count,
+        gate.pod_name,
+        gate.pod_role,
+        engine_pods.fingerprint,
+    ):
+        assert read(slim) == read(full), read.__name__
+    for key in ("uid", "namespace", "labels", "ownerReferences", "resourceVersion"):
+        assert slim["metadata"][key] == full["metadata"][key]
+    assert slim["metadata"]["annotations"] == {
+        k: v for k, v in full["metadata"]["annotations"].items() if k.startswith("kvgate.io/")
+    }
+    assert slim["status"]["conditions"] == full["status"]["conditions"]
+
+
+def test_the_projection_shares_nothing_with_the_input_it_drops() -> None:
+    full = api_pod()
+    before = copy.deepcopy(full)
+    pod_view.slim(full)
+    assert full == before  # the input is not modified
+
+
+def test_a_watched_engine_pod_is_stored_as_its_projection() -> None:
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=OperatorSettings(),
+        verify=None,  # type: ignore[arg-type]
+    )
+    full = api_pod()
+    uid = full["metadata"]["uid"]
+    # No running loop: store and index only (what on_pod_event keeps is the point here).
+    rt.pods[uid] = pod_view.slim(full)
+    assert "managedFields" not in rt.pods[uid]["metadata"]
+    namespace = full["metadata"]["namespace"]
+    md_name = full["metadata"]["labels"][labels.DEPLOYMENT]
+    assert [u for u, _ in rt.pods.of_md(namespace, md_name)] == [uid]
+
+
+async def test_the_verifier_and_router_stores_hold_projections() -> None:
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=OperatorSettings(),
+        verify=None,  # type: ignore[arg-type]
+    )
+    full = api_pod()
+    engine_pods.on_pod_event(rt, "ADDED", copy.deepcopy(full))
+    router = copy.deepcopy(full)
+    router["metadata"]["uid"] = "router-uid"
+    router_workers.on_router_pod_event(rt, "ADDED", router)
+    try:
+        assert rt.pods[full["metadata"]["uid"]] == pod_view.slim(full)
+        assert rt.routers["router-uid"] == pod_view.slim(router)
+    finally:
+        await rt.shutdown()
+        await rt.api.close()
+
+
+def _pod(uid: str, namespace: str, md_name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": namespace, "labels": {labels.DEPLOYMENT: md_name}}
+    }
+
+
+def test_the_store_answers_per_model_deployment_and_follows_relabels_and_deletes() -> None:
+    store = PodStore()
+    store["a"] = _pod("a", "ns", "x")
+    store["b"] = _pod("b", "ns", "y")
+    store["c"] = _pod("c", "other", "x")  # same name, another namespace
+    assert [u for u, _ in store.of_md("ns", "x")] == ["a"]
+    store["a"] = _pod("a", "ns", "y")  # relabelled: moves
+    assert [u for u, _ in store.of_md("ns", "x")] == []
+    assert sorted(u for u, _ in store.of_md("ns", "y")) == ["a", "b"]
+    store.pop("b")
+    del store["a"]
+    assert list(store.of_md("ns", "y")) == []
+    store.setdefault("d", _pod("d", "ns", "x"))
+    assert [u for u, _ in store.of_md("ns", "x")] == ["d"]
+    assert sorted(store) == ["c", "d"]
+    assert store._by_md.keys() == {("other", "x"), ("ns", "x")}  # no empty sets left behind
