@@ -118,6 +118,7 @@ class ClusterConfig:
     stop_grace: float = 10.0
     extra_apiserver_args: tuple[str, ...] = ()
     extra_controller_manager_args: tuple[str, ...] = ()
+    extra_scheduler_args: tuple[str, ...] = ()
 
     @property
     def kubernetes_service_ip(self) -> ipaddress.IPv4Address:
@@ -653,6 +654,7 @@ class Cluster:
             f"--secure-port={c.scheduler_port}",
             f"--cert-dir={self.run_dir / 'scheduler-certs'}",
             "--profiling=false",
+            *c.extra_scheduler_args,
         ]
 
     def _proxy_args(self) -> list[str]:

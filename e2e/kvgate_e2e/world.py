@@ -35,7 +35,7 @@ from typing import IO, Any, Protocol, Self, TypeVar
 import yaml
 
 from kvgate_e2e.api_reader import ApiReader
-from kvgate_e2e.cluster import Cluster
+from kvgate_e2e.cluster import Cluster, ClusterConfig
 from kvgate_e2e.kubelet import KubeletThread
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.polling import poll_until
@@ -80,6 +80,8 @@ class WorldConfig:
     # More nodes beside the two GPU pools, as kubelet node specs
     # ("<name>:pool=<pool>:gpus=<n>:gpu-memory-gib=<GiB>"; the demo's real-SGLang pool).
     extra_nodes: tuple[str, ...] = ()
+    # The control plane's own knobs (e.g. the scale benchmark raises the controllers' API rates).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def chart_values(config: WorldConfig) -> dict[str, Any]:
@@ -149,7 +151,7 @@ class World:
     def start(self) -> None:
         started = time.monotonic()
         self._say("starting the control plane (etcd, apiserver, controller-manager, ...)")
-        self._cluster = self._stack.enter_context(Cluster())
+        self._cluster = self._stack.enter_context(Cluster(self.config.cluster))
         self._say(f"control plane up in network namespace {self._cluster.netns_name}")
         nodes = [
             f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus=8:gpu-memory-gib=80",

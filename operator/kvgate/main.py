@@ -35,6 +35,7 @@ from kvgate.handlers import deployments, engine_pods, group_verify, md_loops, ro
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi, load_credentials
 from kvgate.leader import LeaderElector
+from kvgate.probe_slots import ProbeSlots
 from kvgate.settings import OperatorSettings
 
 log = logging.getLogger("kvgate.main")
@@ -197,11 +198,12 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
 
 def make_verify(settings: OperatorSettings) -> Any:
     """The operator's probe: at most ``max_concurrent_probes`` engines are read at once, across
-    every pod, so the bodies in flight stay bounded however many pods (or tenants) there are."""
-    slots = asyncio.Semaphore(settings.max_concurrent_probes)
+    every pod, so the bodies in flight stay bounded however many pods (or tenants) there are;
+    a changed engine's read goes before the periodic ones (kvgate.probe_slots)."""
+    slots = ProbeSlots(settings.max_concurrent_probes)
 
     async def verify(url: str, requirement: Requirement, *, api_key: str | None = None) -> Verdict:
-        async with slots:
+        async with slots.slot():
             return await probe.verify(
                 url, requirement, timeout=settings.probe_timeout_seconds, api_key=api_key
             )

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate import gate, labels, metrics, pod_view, requirements
+from kvgate import gate, labels, metrics, pod_view, probe_slots, requirements
 from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
@@ -34,6 +35,7 @@ from kvgate.revision import revision_of
 log = logging.getLogger("kvgate.engine_pods")
 
 DEFAULT_REVERIFY_SECONDS = 30.0
+REVERIFY_JITTER = 0.2  # a periodic re-verify comes 0-20 % before its interval (never after)
 Pod = dict[str, Any]
 Fingerprint = tuple[str | None, bool, int, bool, int]
 
@@ -336,18 +338,27 @@ async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> No
     gateway = GatewayWatch(
         rt, grace_seconds=rt.settings.gateway_grace_seconds
     )  # deletes the pod if a gateway ignores its NotReady
+    period = float("inf")  # this round's re-verify period: within (1 - JITTER, 1] x interval
     while not stopped():
         current = rt.pods.get(uid)
         if current is None:  # deleted
             return
         interval = reverify_seconds(rt, current)
-        due = fingerprint(current) != last or time.monotonic() - last_check >= interval
-        if due:
+        changed = fingerprint(current) != last
+        if changed or time.monotonic() - last_check >= min(period, interval):
             last = fingerprint(current)
             last_check = time.monotonic()
+            # Never later than the interval, and spread so that pods verified together (a
+            # rollout, an operator start) do not all come due in the same instant again.
+            period = interval * (1.0 - REVERIFY_JITTER * random.random())
+            token = probe_slots.URGENT.set(changed)  # a changed engine is read first
             try:
                 await check_pod(rt, current)
             except Exception as exc:
                 log.warning("verification of pod %s failed: %s", gate.pod_name(current), exc)
+            finally:
+                probe_slots.URGENT.reset(token)
         gateway_due = await gateway.step(current)
-        await sleep_until_woken(wake, min(interval - (time.monotonic() - last_check), gateway_due))
+        await sleep_until_woken(
+            wake, min(min(period, interval) - (time.monotonic() - last_check), gateway_due)
+        )
