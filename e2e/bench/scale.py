@@ -192,6 +192,8 @@ def start_standin(world: World) -> tuple[subprocess.Popen[str], int]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(kv.split("=", 1) for kv in args.operator_env)
+    if args.memory_profile:
+        env["KVGATE_DEBUG_MEMORY"] = "1"  # tracing costs memory: RSS figures are not comparable
     result: dict[str, Any] = {"mds": args.mds, "engines_per_md": args.engines}
     with World(WorldConfig(operator_env=env, cluster=CONTROL_PLANE)) as world:
         standin, control_port = start_standin(world)
@@ -284,6 +286,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for c in (pod.get("status") or {}).get("containerStatuses") or []
             )
             report(result, "apiserver_requests_per_min", "rss_mib", "operator_cpu_cores")
+            if args.memory_profile:  # KVGATE_DEBUG_MEMORY=1: the operator's traced heap
+                leader = world.operator_pod()
+                assert leader is not None
+                port = world.forward(leader["status"]["podIP"], 8081)
+                url = f"http://127.0.0.1:{port}/debug/memory?top=60"
+                args.memory_profile.write_text(
+                    urllib.request.urlopen(url, timeout=60).read().decode()
+                )
+                say(f"operator heap profile written to {args.memory_profile}")
             report(result, "operator_restarts")
 
             started = time.monotonic()
@@ -325,6 +336,12 @@ def main() -> None:
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--memory-profile",
+        type=Path,
+        help="trace the operator's heap (KVGATE_DEBUG_MEMORY=1) and write its largest "
+        "allocation sites here after the steady-state window",
+    )
     args = parser.parse_args()
     result = run(args)
     print(json.dumps(result, indent=2))

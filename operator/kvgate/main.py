@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
+import tracemalloc
 from typing import Any
 
 import aiohttp.web
@@ -215,6 +217,19 @@ class LeadershipLost(RuntimeError):
     """This replica could not renew its Lease in time and stopped reconciling."""
 
 
+async def _memory_report(request: aiohttp.web.Request) -> aiohttp.web.Response:
+    """``GET /debug/memory?top=N``: the traced Python heap and its N largest allocation sites
+    (only with KVGATE_DEBUG_MEMORY=1, which starts tracemalloc at startup; tracing costs memory
+    and CPU, so never by default)."""
+    top = int(request.query.get("top", "40"))
+    gc.collect()
+    current, peak = tracemalloc.get_traced_memory()
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    lines = [f"traced {current / 2**20:.1f} MiB (peak {peak / 2**20:.1f} MiB)"]
+    lines += [f"{st.size / 2**20:9.2f} MiB {st.count:9d} {st.traceback}" for st in stats[:top]]
+    return aiohttp.web.Response(text="\n".join(lines) + "\n")
+
+
 async def _health_server(settings: OperatorSettings) -> aiohttp.web.AppRunner:
     """``GET /healthz`` on the health port for the process's whole life (leading or standing
     by): 200 while the event loop runs. Standbys must pass their livenessProbe too."""
@@ -224,6 +239,8 @@ async def _health_server(settings: OperatorSettings) -> aiohttp.web.AppRunner:
 
     app = aiohttp.web.Application()
     app.router.add_get("/healthz", healthz)
+    if tracemalloc.is_tracing():  # KVGATE_DEBUG_MEMORY=1 (kvgate.main.run)
+        app.router.add_get("/debug/memory", _memory_report)
     runner = aiohttp.web.AppRunner(app, access_log=None)
     await runner.setup()
     await aiohttp.web.TCPSite(runner, settings.bind_address, settings.health_port).start()
@@ -373,6 +390,8 @@ def configure_logging(settings: OperatorSettings) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`kvgate operator`."""
+    if os.environ.get("KVGATE_DEBUG_MEMORY") == "1":
+        tracemalloc.start(1)  # served at the health port's /debug/memory
     settings = OperatorSettings.from_args(args)
     if settings.webhook and not settings.tls_dir:
         print(

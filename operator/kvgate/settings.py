@@ -175,6 +175,11 @@ class OperatorSettings:
     # KVGATE_MAX_CONCURRENT_PROBES: engine probes in flight at once, across every pod. A probe
     # holds at most 5 MiB of body (4 MiB /server_info + 1 MiB /v1/models), so 16 hold <= 80 MiB.
     max_concurrent_probes: int = 16
+    # KVGATE_MAX_CONCURRENT_RECONCILES: ModelDeployment passes in flight at once. A pass holds
+    # its ModelDeployment's Deployments and engine pods as the API server sends them (~0.5 MB
+    # for 8 engines); 1,000 ModelDeployments applied together would otherwise all hold theirs at
+    # the same instant, and the process keeps that peak (issue 16: 300 MB at 1,000).
+    max_concurrent_reconciles: int = 8
     # KVGATE_GATEWAY_GRACE_SECONDS: how long a gateway may keep routing to a NotReady engine pod
     # before the operator deletes the pod (smg 1.13 drains within ~1 s).
     gateway_grace_seconds: float = 15.0
@@ -224,6 +229,7 @@ class OperatorSettings:
             ),
             probe_timeout_seconds=_env_seconds("KVGATE_PROBE_TIMEOUT_SECONDS", 5.0),
             max_concurrent_probes=_env_count("KVGATE_MAX_CONCURRENT_PROBES", 16),
+            max_concurrent_reconciles=_env_count("KVGATE_MAX_CONCURRENT_RECONCILES", 8),
             gateway_grace_seconds=_env_seconds("KVGATE_GATEWAY_GRACE_SECONDS", 15.0, minimum=0),
             # Checked in main.run (exit 2 naming the chart value engineVersionFloor).
             min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),

@@ -669,9 +669,10 @@ async def _reconcile_until_stopped(
     key = (reconciler.namespace, reconciler.name)
     quiet = 0  # timer passes in a row that no change woke
     while not stopped():
-        wake.clear()
         try:
-            step = await reconciler.reconcile()
+            async with rt.pass_slots():
+                wake.clear()  # a change from here on calls for another pass
+                step = await reconciler.reconcile()
         except Exception as exc:
             log.warning(
                 "reconcile failed: %s", exc, extra={"namespace": key[0], "deployment": key[1]}

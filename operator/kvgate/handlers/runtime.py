@@ -106,8 +106,15 @@ class Runtime:
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
+    _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
+
+    def pass_slots(self) -> asyncio.Semaphore:
+        """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
+        if self._pass_slots is None:
+            self._pass_slots = asyncio.Semaphore(self.settings.max_concurrent_reconciles)
+        return self._pass_slots
 
     def pod_wake(self, uid: str) -> asyncio.Event:
         return self._pod_wakes.setdefault(uid, asyncio.Event())

@@ -1,0 +1,71 @@
+"""At most KVGATE_MAX_CONCURRENT_RECONCILES ModelDeployment passes run at once (issue 16: 1,000
+ModelDeployments applied together each held their listed Deployments and pods at the same
+instant, and the operator kept that peak: 353 MiB at 300 of them)."""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from typing import Any
+
+from kvgate.handlers import modeldeployment
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.settings import OperatorSettings
+
+
+class CountingReconciler:
+    def __init__(self, name: str, tally: dict[str, Any]) -> None:
+        self.namespace, self.name, self.tally = "ns", name, tally
+
+    async def reconcile(self) -> None:
+        self.tally["running"] += 1
+        self.tally["peak"] = max(self.tally["peak"], self.tally["running"])
+        await asyncio.sleep(0.01)
+        self.tally["running"] -= 1
+        self.tally["done"].add(self.name)
+
+
+async def test_passes_beyond_the_bound_wait_their_turn_and_all_run() -> None:
+    settings = OperatorSettings(max_concurrent_reconciles=3, reconcile_seconds=0.1)
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=settings,
+        verify=None,  # type: ignore[arg-type]
+    )
+    tally: dict[str, Any] = {"running": 0, "peak": 0, "done": set()}
+    names = [f"md-{i}" for i in range(20)]
+
+    async def one(name: str) -> None:
+        reconciler = CountingReconciler(name, tally)
+        await modeldeployment._reconcile_until_stopped(
+            rt,
+            reconciler,  # type: ignore[arg-type]
+            rt.md_wake(("ns", name)),
+            lambda: name in tally["done"],
+        )
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(one(n) for n in names)), timeout=20)
+    finally:
+        await rt.api.close()
+    assert tally["done"] == set(names)
+    assert tally["peak"] == 3
+
+
+async def test_the_debug_memory_report_names_the_largest_allocation_sites() -> None:
+    from aiohttp.test_utils import make_mocked_request
+    from kvgate import main
+
+    tracemalloc.start(1)
+    try:
+        hoard = [bytearray(1 << 20) for _ in range(8)]  # 8 MiB from one line
+        answer = await main._memory_report(make_mocked_request("GET", "/debug/memory?top=5"))
+    finally:
+        tracemalloc.stop()
+    text = answer.text or ""
+    first, *sites = text.splitlines()
+    assert first.startswith("traced ")
+    assert len(sites) == 5
+    assert "test_pass_slots.py" in sites[0] and float(sites[0].split()[0]) >= 8.0
+    assert len(hoard) == 8
