@@ -75,6 +75,13 @@ def register_handlers() -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 310
         settings.watching.connect_timeout = 30
         settings.watching.reconnect_backoff = 1.0
+        # Owned kinds whose handlers match only kvgate's label: filter them on the server, so
+        # the operator never receives (or keeps kopf state for) a cluster's other Deployments,
+        # Services, RBAC objects and NetworkPolicies. Pods are not filtered: a look-alike pod
+        # with kvgate's component labels but not its managed-by label must still be seen.
+        managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+        for group, version, plural in SERVER_FILTERED_RESOURCES:
+            settings.watching.label_selectors[group, version, plural] = managed
         settings.peering.name = "kvgate"
         settings.peering.standalone = rt.settings.standalone
         settings.peering.clusterwide = not rt.settings.namespaces
@@ -173,11 +180,18 @@ def register_handlers() -> kopf.OperatorRegistry:
     return registry
 
 
-# What the router of each ModelDeployment runs as (watched: see register_handlers).
+# What the router of each ModelDeployment runs as, and each revision's NetworkPolicies (watched:
+# see register_handlers), so a settled ModelDeployment needs no timer to notice them drift.
 ROUTER_ACCESS_RESOURCES = (
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+)
+SERVER_FILTERED_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    *ROUTER_ACCESS_RESOURCES,
 )
 
 

@@ -140,10 +140,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "networking.k8s.io",
         ("networkpolicies",),
-        ("get", "create", "patch", "delete"),
+        ("get", "list", "watch", "create", "patch", "delete"),
         "per-revision NetworkPolicies (kvgate.network_policy): created with a revision, patched "
         "back when they drift, deleted (after a get proves them kvgate's) with a superseded "
-        "revision or when turned off",
+        "revision or when turned off; watched (kopf, kvgate-labelled) so a deleted or edited one "
+        "is put back at once",
     ),
     Rule(
         "",

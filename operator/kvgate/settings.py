@@ -165,11 +165,13 @@ class OperatorSettings:
     webhook: bool = True
     bind_address: str = "0.0.0.0"  # KVGATE_BIND_ADDRESS; tests use 127.0.0.1
     reconcile_seconds: float = 5.0  # KVGATE_RECONCILE_SECONDS: while a rollout is in flight
-    # KVGATE_STEADY_RECONCILE_SECONDS: the resync of a settled ModelDeployment. Every change to
-    # what kvgate watches wakes its loop at once; the resync only catches drift in objects it
-    # does not watch (the router's RBAC and key Secret, NetworkPolicies), so it is long: API
-    # traffic at rest is ~8 reads per ModelDeployment per period (README, Measured: Scale).
-    steady_reconcile_seconds: float = 300.0
+    # KVGATE_STEADY_RECONCILE_SECONDS: the safety-net resync of a settled ModelDeployment.
+    # Every change to what kvgate watches (the ModelDeployment, its Deployments, engine and
+    # router pods, Service, router RBAC, NetworkPolicies) wakes its loop at once; the resync
+    # only catches drift in what no watch reports (the router's key Secret, LeaderWorkerSets),
+    # so it is as long as controller-runtime's default SyncPeriod, 10 h: API traffic at rest
+    # is then ~10 reads per ModelDeployment per 10 h, not per minute (README, Measured: Scale).
+    steady_reconcile_seconds: float = 36_000.0
     reverify_seconds: float | None = None  # KVGATE_REVERIFY_SECONDS overrides the CR's interval
     probe_timeout_seconds: float = 5.0  # KVGATE_PROBE_TIMEOUT_SECONDS
     # KVGATE_MAX_CONCURRENT_PROBES: engine probes in flight at once, across every pod. A probe
@@ -221,7 +223,7 @@ class OperatorSettings:
             webhook=not args.no_webhook,
             bind_address=_bind_address(),
             reconcile_seconds=_env_seconds("KVGATE_RECONCILE_SECONDS", 5.0),
-            steady_reconcile_seconds=_env_seconds("KVGATE_STEADY_RECONCILE_SECONDS", 300.0),
+            steady_reconcile_seconds=_env_seconds("KVGATE_STEADY_RECONCILE_SECONDS", 36_000.0),
             reverify_seconds=_env_seconds_or_none(
                 "KVGATE_REVERIFY_SECONDS",
                 MIN_PERIOD_SECONDS,

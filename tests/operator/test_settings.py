@@ -41,7 +41,7 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
     ("KVGATE_RECONCILE_SECONDS", "", "reconcile_seconds", 5.0),
     ("KVGATE_RECONCILE_SECONDS", "1", "reconcile_seconds", 1.0),
     ("KVGATE_RECONCILE_SECONDS", "0.1", "reconcile_seconds", 0.1),
-    ("KVGATE_STEADY_RECONCILE_SECONDS", UNSET, "steady_reconcile_seconds", 300.0),
+    ("KVGATE_STEADY_RECONCILE_SECONDS", UNSET, "steady_reconcile_seconds", 36_000.0),
     ("KVGATE_STEADY_RECONCILE_SECONDS", "5", "steady_reconcile_seconds", 5.0),
     ("KVGATE_REVERIFY_SECONDS", UNSET, "reverify_seconds", None),
     ("KVGATE_REVERIFY_SECONDS", "2", "reverify_seconds", 2.0),
@@ -110,7 +110,7 @@ def _seconds(name: str, raw: str, minimum: str, unset: str) -> tuple[str, str, s
 
 PERIODS = [
     ("KVGATE_RECONCILE_SECONDS", "the default, 5 s"),
-    ("KVGATE_STEADY_RECONCILE_SECONDS", "the default, 300 s"),
+    ("KVGATE_STEADY_RECONCILE_SECONDS", "the default, 36000 s"),
     ("KVGATE_REVERIFY_SECONDS", "each ModelDeployment's rollout.reverifyIntervalSeconds"),
     ("KVGATE_PROBE_TIMEOUT_SECONDS", "the default, 5 s"),
     ("KVGATE_WORKER_AUDIT_SECONDS", "the default, 2 s"),

@@ -77,10 +77,10 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
   verbs: ["get", "create", "patch"]
 # per-revision NetworkPolicies (kvgate.network_policy): created with a revision, patched back when
 # they drift, deleted (after a get proves them kvgate's) with a superseded revision or when turned
-# off
+# off; watched (kopf, kvgate-labelled) so a deleted or edited one is put back at once
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # transition Events on pods and ModelDeployments (kvgate's and kopf's, core v1 Events)
 - apiGroups: [""]
   resources: ["events"]

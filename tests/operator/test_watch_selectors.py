@@ -1,0 +1,85 @@
+"""What the operator watches, and how (issue 16: at rest, API traffic proportional to changes,
+not to fleet size): every object a settled pass would repair is watched, so no timer has to
+find it; owned kinds are filtered by kvgate's label on the server; pods are not."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+from kopf._cogs.structs import references
+from kvgate import labels, main
+from kvgate.handlers.runtime import Runtime
+from kvgate.k8s import Credentials, KubeApi
+from kvgate.settings import OperatorSettings
+
+
+def _resource(group: str, plural: str, kind: str) -> references.Resource:
+    return references.Resource(
+        group=group, version="v1", plural=plural, kind=kind, singular=kind.lower(), namespaced=True
+    )
+
+
+@pytest.fixture
+async def configured() -> kopf.OperatorSettings:
+    registry = main.register_handlers()
+    (configure,) = [h for h in registry._activities.get_all_handlers() if h.id.endswith(".configure")]
+    settings = kopf.OperatorSettings()
+    api = KubeApi(Credentials(server="http://127.0.0.1:9"))
+    main._runtime = Runtime(
+        api=api,
+        settings=OperatorSettings(webhook=False),
+        verify=None,  # type: ignore[arg-type]
+    )
+    try:
+        await configure.fn(settings=settings)  # type: ignore[call-arg]
+    finally:
+        main._runtime = None
+        await api.close()
+    return settings
+
+
+MANAGED = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+
+
+@pytest.mark.parametrize(
+    ("group", "plural", "kind"),
+    [
+        ("apps", "deployments", "Deployment"),
+        ("", "services", "Service"),
+        ("", "serviceaccounts", "ServiceAccount"),
+        ("rbac.authorization.k8s.io", "roles", "Role"),
+        ("rbac.authorization.k8s.io", "rolebindings", "RoleBinding"),
+        ("networking.k8s.io", "networkpolicies", "NetworkPolicy"),
+    ],
+)
+def test_owned_kinds_are_filtered_by_kvgates_label_on_the_server(
+    configured: kopf.OperatorSettings, group: str, plural: str, kind: str
+) -> None:
+    selectors = configured.watching.label_selectors.collect(_resource(group, plural, kind))
+    assert selectors == [MANAGED]
+
+
+def test_pods_are_not_filtered_so_look_alikes_are_still_seen(
+    configured: kopf.OperatorSettings,
+) -> None:
+    assert configured.watching.label_selectors.collect(_resource("", "pods", "Pod")) == []
+
+
+def test_every_kind_a_settled_pass_repairs_is_watched() -> None:
+    registry = main.register_handlers()
+    watched = {
+        (h.selector.group or "", h.selector.plural or h.selector.any_name)
+        for h in registry._watching.get_all_handlers()
+        if h.selector is not None
+    }
+    for group, plural in [
+        ("kvgate.io", "modeldeployments"),
+        ("", "pods"),
+        ("apps", "deployments"),
+        ("", "services"),
+        ("", "serviceaccounts"),
+        ("rbac.authorization.k8s.io", "roles"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("networking.k8s.io", "networkpolicies"),
+    ]:
+        assert (group, plural) in watched, (group, plural)
