@@ -43,6 +43,7 @@ import yaml
 from kvgate_e2e.cluster import ClusterConfig
 from kvgate_e2e.kubelet import container_pid
 from kvgate_e2e.polling import poll_until
+from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import World, WorldConfig, load_sample
 
 NAMESPACE = "bench-scale"
@@ -343,6 +344,7 @@ def main() -> None:
         "allocation sites here after the steady-state window",
     )
     args = parser.parse_args()
+    interrupt_on_signals()  # Ctrl-C or SIGTERM: the world is removed on the way out
     result = run(args)
     print(json.dumps(result, indent=2))
     if args.json:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,6 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from kvgate_e2e.build_artifacts import BIN_DIR_ENV, BUILD_SCRIPT, find_binaries
@@ -50,6 +48,7 @@ from kvgate_e2e.real_engine import (
     sglang_cpu,
     tiny_llama_md,
 )
+from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import (
     SAMPLES,
     World,
@@ -270,10 +269,6 @@ def run_demo(world: World, real_model: Path | None = None) -> bool:
     return ok
 
 
-def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         say(
@@ -290,10 +285,7 @@ def main(args: argparse.Namespace) -> int:
     if not ensure_built():
         say(f"the control-plane build failed or is incomplete; see the output of {BUILD_SCRIPT}")
         return 1
-    # Ctrl-C and SIGTERM both stop everything (also when started with SIGINT ignored, as a
-    # background job is).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    interrupt_on_signals()  # Ctrl-C and SIGTERM both stop everything
     ok = False
     real = not args.reference_only
     if real:

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
@@ -310,7 +311,13 @@ async def serve(
                 ready_flag=ready_flag,
             )
         )
-        holder = asyncio.create_task(elector.hold(stop.event)) if elector is not None else None
+        holder = (
+            asyncio.ensure_future(
+                _hold_in_thread(elector, lambda: KubeApi(api.credentials), stop.event)
+            )
+            if elector is not None
+            else None
+        )
         waits: set[asyncio.Future[Any]] = {kopf_task, asyncio.ensure_future(stop.event.wait())}
         if holder is not None:
             waits.add(holder)
@@ -339,6 +346,72 @@ async def serve(
         await api.close()
         if lease_api is not None:
             await lease_api.close()
+
+
+async def _hold_in_thread(
+    elector: LeaderElector, make_client: Callable[[], Any], stop: asyncio.Event
+) -> None:
+    """``elector.hold`` on a thread of its own, with its own event loop and API client; returns
+    when it stops holding (``elector.leading`` says whether it still leads).
+
+    The renewals must not wait for the operator's event loop: with 1,000 ModelDeployments that
+    loop has thousands of ready callbacks (watch events, verifiers, audits), a renewal queued
+    behind them missed the renew deadline, the leader stepped down and restarted, and the new
+    leader re-listed everything, loading the loop more (scale benchmark, issue 16). A loop that
+    is wedged rather than busy still fails its liveness probe (/healthz runs on it).
+    ``make_client()`` builds the thread's API client (bound to the thread's loop)."""
+    main_loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = main_loop.create_future()
+    ready = threading.Event()
+    thread_side: dict[str, Any] = {}
+
+    def finish(error: BaseException | None) -> None:
+        if not done.done():
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+    async def thread_main() -> None:
+        thread_stop = asyncio.Event()
+        thread_side.update(loop=asyncio.get_running_loop(), stop=thread_stop)
+        ready.set()
+        own = make_client()
+        shared, elector.api = elector.api, own
+        try:
+            await elector.hold(thread_stop)
+        finally:
+            elector.api = shared  # release() runs on the main loop, with its own client
+            await own.close()
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            asyncio.run(thread_main())
+        except BaseException as exc:  # reported to the main loop, never lost
+            error = exc
+        finally:
+            ready.set()
+            main_loop.call_soon_threadsafe(finish, error)
+
+    thread = threading.Thread(target=run, name="kvgate-lease", daemon=True)
+    thread.start()
+    await asyncio.to_thread(ready.wait)
+
+    def stop_thread() -> None:
+        loop, thread_stop = thread_side.get("loop"), thread_side.get("stop")
+        if loop is not None and thread_stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # its loop already finished
+                loop.call_soon_threadsafe(thread_stop.set)
+
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        both: set[asyncio.Future[Any]] = {done, stopper}
+        await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        stop_thread()  # the caller stops leading (or was cancelled): end the renewals too
+        await asyncio.shield(done)
 
 
 def _stop_budget(settings: OperatorSettings) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import pytest
@@ -232,3 +233,37 @@ async def test_a_leader_whose_lease_was_taken_over_stops_leading_at_its_next_ren
     assert not a.leading and changes == [("pod-a", True), ("pod-a", False)]
     await a.release()  # not ours any more: release must not clear pod-z's Lease
     assert server.holder == "pod-z"
+
+
+async def test_renewals_go_on_while_the_operators_event_loop_is_blocked() -> None:
+    """Issue 16: with 1,000 ModelDeployments the operator's loop was so busy that a renewal
+    queued on it missed the renew deadline; the leader stepped down and restarted over and
+    over. The holder runs on a thread of its own with its own client."""
+    from kvgate import main
+
+    server, changes = LeaseServer(), []
+    a = elector(server, "pod-a", changes)
+    stop = asyncio.Event()
+    assert await a.acquire(stop)
+
+    def thread_client() -> Any:
+        client = server.client("pod-a")
+        client.close = _no_close
+        return client
+
+    holding = asyncio.ensure_future(main._hold_in_thread(a, thread_client, stop))
+    await asyncio.sleep(0.3)  # the thread has started renewing
+    before = len(server.writes)
+    time.sleep(1.5)  # the main loop runs nothing: 2.5 renew deadlines, 1.5 lease durations
+    during = len(server.writes) - before
+    assert during >= 5, server.writes  # every 0.1 s, from the thread
+    assert a.leading and server.holder == "pod-a"
+    stop.set()
+    await asyncio.wait_for(holding, timeout=5)
+    assert a.leading  # a stop is no loss: the caller releases
+    await a.release()
+    assert not server.holder  # released
+
+
+async def _no_close() -> None:
+    return None

@@ -22,7 +22,9 @@ def _resource(group: str, plural: str, kind: str) -> references.Resource:
 @pytest.fixture
 async def configured() -> kopf.OperatorSettings:
     registry = main.register_handlers()
-    (configure,) = [h for h in registry._activities.get_all_handlers() if h.id.endswith(".configure")]
+    (configure,) = [
+        h for h in registry._activities.get_all_handlers() if h.id.endswith(".configure")
+    ]
     settings = kopf.OperatorSettings()
     api = KubeApi(Credentials(server="http://127.0.0.1:9"))
     main._runtime = Runtime(
