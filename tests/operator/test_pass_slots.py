@@ -5,9 +5,11 @@ instant, and the operator kept that peak: 353 MiB at 300 of them)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import tracemalloc
 from typing import Any
 
+import pytest
 from kvgate.handlers import modeldeployment
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
@@ -69,3 +71,16 @@ async def test_the_debug_memory_report_names_the_largest_allocation_sites() -> N
     assert len(sites) == 5
     assert "test_pass_slots.py" in sites[0] and float(sites[0].split()[0]) >= 8.0
     assert len(hoard) == 8
+
+
+def test_the_audit_pacer_spaces_reads_across_the_fleet_in_request_order() -> None:
+    from kvgate.handlers.runtime import Pacer
+
+    now = [100.0]
+    pacer = Pacer(50.0, clock=lambda: now[0])
+    waits = [pacer.reserve() for _ in range(100)]  # 100 routers asking at the same instant
+    assert waits[0] == 0.0
+    assert waits[-1] == pytest.approx(99 / 50)  # the 100th read 1.98 s later: 50 a second
+    assert all(b > a for a, b in itertools.pairwise(waits))
+    now[0] += 10.0  # idle for long: no burst is saved up beyond the next instant
+    assert pacer.reserve() == 0.0 and pacer.reserve() == pytest.approx(0.02)

@@ -53,6 +53,8 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
     ("KVGATE_GATEWAY_GRACE_SECONDS", "0", "gateway_grace_seconds", 0.0),
     ("KVGATE_WORKER_AUDIT_SECONDS", UNSET, "worker_audit_seconds", 2.0),
     ("KVGATE_WORKER_AUDIT_SECONDS", "0.5", "worker_audit_seconds", 0.5),
+    ("KVGATE_WORKER_AUDIT_READS_PER_SECOND", UNSET, "worker_audit_reads_per_second", 50.0),
+    ("KVGATE_WORKER_AUDIT_READS_PER_SECOND", "0.5", "worker_audit_reads_per_second", 0.5),
     ("KVGATE_MAX_CONCURRENT_PROBES", UNSET, "max_concurrent_probes", 16),
     ("KVGATE_MAX_CONCURRENT_PROBES", "8", "max_concurrent_probes", 8),
     ("KVGATE_MAX_CONCURRENT_RECONCILES", UNSET, "max_concurrent_reconciles", 8),
@@ -125,6 +127,15 @@ REFUSED: list[tuple[str, str, str]] = [
     *(
         _seconds("KVGATE_GATEWAY_GRACE_SECONDS", raw, "0", "the default, 15 s")
         for raw in ("-1", "-0.5", "soon", "nan", "inf")
+    ),
+    *(
+        (
+            "KVGATE_WORKER_AUDIT_READS_PER_SECOND",
+            raw,
+            f"KVGATE_WORKER_AUDIT_READS_PER_SECOND={raw!r}: must be a number of reads per second "
+            "> 0; unset it for the default, 50",
+        )
+        for raw in ("0", "-1", "fast", "nan", "inf")
     ),
     *(
         (

@@ -101,6 +101,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             log.debug("worker audit skips %s: %s", gate.pod_name(router), identity.message)
             continue  # not kvgate's router: never send it the key
         name = gate.pod_name(router)
+        await rt.audit_pacer().turn()  # the fleet's audit reads, paced (settings)
         answer = await read_workers(name, url, headers=router_auth.bearer(key))
         if answer.workers is None:
             log.debug("worker audit could not read %s: %s", name, answer.error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import UserDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -80,6 +81,28 @@ class PodStore(UserDict[str, dict[str, Any]]):
                 yield uid, pod
 
 
+class Pacer:
+    """Spaces calls at most ``rate`` a second across every caller, in the order they asked
+    (each takes the next free instant). Used for the worker audit's router reads."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = 1.0 / rate
+        self._clock = clock
+        self._next = float("-inf")
+
+    def reserve(self) -> float:
+        """Seconds until the caller's turn (0: now); the turn is taken."""
+        now = self._clock()
+        turn = max(now, self._next)
+        self._next = turn + self.interval
+        return turn - now
+
+    async def turn(self) -> None:
+        wait = self.reserve()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
 @dataclass
 class VerifiedEngine:
     """The last verdict on one pod's live engine (in memory; re-read after a restart)."""
@@ -107,6 +130,7 @@ class Runtime:
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
+    _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 
@@ -115,6 +139,12 @@ class Runtime:
         if self._pass_slots is None:
             self._pass_slots = asyncio.Semaphore(self.settings.max_concurrent_reconciles)
         return self._pass_slots
+
+    def audit_pacer(self) -> Pacer:
+        """The worker audit's router reads, at most ``worker_audit_reads_per_second``."""
+        if self._audit_pacer is None:
+            self._audit_pacer = Pacer(self.settings.worker_audit_reads_per_second)
+        return self._audit_pacer
 
     def pod_wake(self, uid: str) -> asyncio.Event:
         return self._pod_wakes.setdefault(uid, asyncio.Event())
