@@ -31,7 +31,7 @@ from kvgate_engine import probe
 from kvgate_engine.verdict import Requirement, Verdict
 from prometheus_client import start_http_server
 
-from kvgate import labels, metrics, multinode
+from kvgate import http_pool, labels, metrics, multinode
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import GROUP, PLURAL, VERSION
 from kvgate.handlers import deployments, engine_pods, group_verify, md_loops, router_workers
@@ -213,19 +213,39 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
     kopf_settings.admission.managed = None
 
 
-def make_verify(settings: OperatorSettings) -> Any:
+class Prober:
     """The operator's probe: at most ``max_concurrent_probes`` engines are read at once, across
     every pod, so the bodies in flight stay bounded however many pods (or tenants) there are;
-    a changed engine's read goes before the periodic ones (kvgate.probe_slots)."""
-    slots = ProbeSlots(settings.max_concurrent_probes)
+    a changed engine's read goes before the periodic ones (kvgate.probe_slots). Connections are
+    kept alive between re-verifications of the same engine (kvgate.http_pool): with 8,000
+    engines, opening two TCP connections per read was a fifth of the operator's CPU."""
 
-    async def verify(url: str, requirement: Requirement, *, api_key: str | None = None) -> Verdict:
-        async with slots.slot():
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.slots = ProbeSlots(settings.max_concurrent_probes)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __call__(
+        self, url: str, requirement: Requirement, *, api_key: str | None = None
+    ) -> Verdict:
+        async with self.slots.slot():
+            if self._session is None or self._session.closed:
+                self._session = http_pool.new_session()
             return await probe.verify(
-                url, requirement, timeout=settings.probe_timeout_seconds, api_key=api_key
+                url,
+                requirement,
+                timeout=self.settings.probe_timeout_seconds,
+                api_key=api_key,
+                session=self._session,
             )
 
-    return verify
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def make_verify(settings: OperatorSettings) -> Prober:
+    return Prober(settings)
 
 
 class LeadershipLost(RuntimeError):
@@ -479,6 +499,7 @@ def run(args: argparse.Namespace) -> int:
     """`kvgate operator`."""
     if os.environ.get("KVGATE_DEBUG_MEMORY") == "1":
         tracemalloc.start(1)  # served at the health port's /debug/memory
+    http_pool.raise_open_files_limit()
     settings = OperatorSettings.from_args(args)
     if settings.webhook and not settings.tls_dir:
         print(

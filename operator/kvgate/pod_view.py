@@ -15,6 +15,7 @@ feed full API bodies through the watch handlers, so a reader of a dropped field 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,30 @@ METADATA_FIELDS = (
 CONTAINER_FIELDS = ("name", "ports")
 STATUS_FIELDS = ("phase", "podIP", "conditions")
 CONTAINER_STATUS_FIELDS = ("name", "ready", "started", "restartCount", "state", "containerID")
+
+
+INTERN_MAX = 64  # strings up to this length are shared (keys, condition types, labels, ...)
+
+
+def compact(value: Any) -> Any:
+    """A copy of JSON data whose keys and short strings are interned: thousands of stored pods
+    and ModelDeployments then share one "lastTransitionTime", one "True", one label value, one
+    node name, instead of holding a copy each (json.loads shares keys only within a document)."""
+    if isinstance(value, dict):
+        return {sys.intern(k) if isinstance(k, str) else k: compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    if isinstance(value, str) and len(value) <= INTERN_MAX:
+        return sys.intern(value)
+    return value
+
+
+def slim_md(md: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator keeps of a ModelDeployment between passes: everything but
+    ``metadata.managedFields`` (the status alone is a dozen fields' worth), compacted."""
+    meta = {k: v for k, v in (md.get("metadata") or {}).items() if k != "managedFields"}
+    out: dict[str, Any] = compact({**md, "metadata": meta})
+    return out
 
 
 def _pick(source: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -71,4 +96,5 @@ def slim(pod: Mapping[str, Any]) -> Pod:
             _pick(s, CONTAINER_STATUS_FIELDS) for s in status.get("containerStatuses") or []
         ]
     out["status"] = out_status
-    return out
+    compacted: Pod = compact(out)
+    return compacted

@@ -57,7 +57,7 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
     ("KVGATE_WORKER_AUDIT_READS_PER_SECOND", "0.5", "worker_audit_reads_per_second", 0.5),
     ("KVGATE_MAX_CONCURRENT_PROBES", UNSET, "max_concurrent_probes", 16),
     ("KVGATE_MAX_CONCURRENT_PROBES", "8", "max_concurrent_probes", 8),
-    ("KVGATE_MAX_CONCURRENT_RECONCILES", UNSET, "max_concurrent_reconciles", 8),
+    ("KVGATE_MAX_CONCURRENT_RECONCILES", UNSET, "max_concurrent_reconciles", 32),
     ("KVGATE_MAX_CONCURRENT_RECONCILES", "1", "max_concurrent_reconciles", 1),
     ("KVGATE_BIND_ADDRESS", UNSET, "bind_address", "0.0.0.0"),
     ("KVGATE_BIND_ADDRESS", "", "bind_address", "0.0.0.0"),

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import aiohttp
 from kvgate_engine.verdict import Requirement, Verdict
 
-from kvgate import labels, router_auth
+from kvgate import http_pool, labels, pod_view, router_auth
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers import step_check
 from kvgate.k8s import KubeApi
@@ -103,6 +104,14 @@ class Pacer:
             await asyncio.sleep(wait)
 
 
+class MdStore(UserDict[MdKey, dict[str, Any]]):
+    """(namespace, name) -> latest ModelDeployment body, as kvgate.pod_view.slim_md keeps it
+    (no managedFields; keys and short strings shared across the fleet)."""
+
+    def __setitem__(self, key: MdKey, body: dict[str, Any]) -> None:
+        super().__setitem__(key, pod_view.slim_md(body))
+
+
 @dataclass
 class VerifiedEngine:
     """The last verdict on one pod's live engine (in memory; re-read after a restart)."""
@@ -119,7 +128,7 @@ class Runtime:
     verify: VerifyFn
     clock: Callable[[], datetime] = utc_now
     pods: PodStore = field(default_factory=PodStore)  # uid -> latest engine pod (pod_view)
-    mds: dict[MdKey, dict[str, Any]] = field(default_factory=dict)  # latest MD bodies
+    mds: MdStore = field(default_factory=MdStore)  # latest MD bodies (pod_view.slim_md)
     engines: dict[str, VerifiedEngine] = field(default_factory=dict)  # uid -> last verdict
     verifiers: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> loop
     # (namespace, name) -> (uid, reconcile loop); see handlers.md_loops
@@ -131,6 +140,7 @@ class Runtime:
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
+    _http: aiohttp.ClientSession | None = None  # see http()
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 
@@ -185,14 +195,25 @@ class Runtime:
         self.mds.pop(key, None)
         self._md_wakes.pop(key, None)
 
+    def http(self) -> aiohttp.ClientSession:
+        """The keep-alive session for reads of routers (kvgate.http_pool)."""
+        if self._http is None or self._http.closed:
+            self._http = http_pool.new_session()
+        return self._http
+
     async def shutdown(self) -> None:
-        """Stop every verifier and reconcile loop (operator exit)."""
+        """Stop every verifier and reconcile loop (operator exit), close the HTTP sessions."""
         tasks = [*self.verifiers.values(), *(task for _, task in self.md_loops.values())]
         self.verifiers.clear()
         self.md_loops.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+        close = getattr(self.verify, "close", None)
+        if close is not None:
+            await close()
 
 
 async def sleep_until_woken(wake: asyncio.Event, seconds: float) -> bool:
