@@ -11,7 +11,6 @@ smg drops the worker.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
@@ -28,7 +27,7 @@ from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
-from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken
+from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken, spawn
 from kvgate.pod_identity import Unproven
 from kvgate.revision import revision_of
 
@@ -78,7 +77,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
     _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
     if task is None or task.done():
-        rt.verifiers[uid] = asyncio.create_task(
+        rt.verifiers[uid] = spawn(
             run_verifier(rt, uid, lambda: False), name=f"verify-{gate.pod_name(pod)}"
         )
     if previous is None or fingerprint(previous) != fingerprint(pod):

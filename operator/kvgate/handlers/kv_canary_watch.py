@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from kvgate import gate, kv_canary, labels, metrics
 from kvgate.api import API_VERSION, KIND, ModelDeploymentSpec
-from kvgate.handlers.runtime import Runtime
+from kvgate.handlers.runtime import Runtime, spawn
 from kvgate.kv_canary import CanaryViolation, LineSplitter
 
 log = logging.getLogger("kvgate.kv_canary")
@@ -97,7 +97,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         return
     if uid in _tripped or not gate.is_verified(pod) or not _canary_on(rt, pod):
         return
-    _followers[uid] = asyncio.create_task(follow(rt, uid), name=f"canary-{gate.pod_name(pod)}")
+    _followers[uid] = spawn(follow(rt, uid), name=f"canary-{gate.pod_name(pod)}")
 
 
 def log_path(pod: Mapping[str, Any]) -> str:

@@ -17,13 +17,12 @@ it (``release_legacy_finalizer``). With no kvgate running, ``kubectl patch md NA
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from kvgate import labels
 from kvgate.handlers import modeldeployment
-from kvgate.handlers.runtime import MdKey, Runtime
+from kvgate.handlers.runtime import MdKey, Runtime, spawn
 from kvgate.k8s import JSON_PATCH, ApiError
 
 log = logging.getLogger("kvgate.md_loops")
@@ -50,7 +49,7 @@ def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
         if running[0] == uid:
             return
         running[1].cancel()  # a new object of the same name: the old one's loop ends
-    task = asyncio.create_task(
+    task = spawn(
         modeldeployment.run_reconciler(rt, key, lambda: False), name=f"reconcile-{key[0]}/{key[1]}"
     )
     rt.md_loops[key] = (uid, task)
