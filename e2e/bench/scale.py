@@ -75,13 +75,15 @@ def report(result: dict[str, Any], *keys: str) -> None:
         say(f"MEASURED {key}: {result[key]}")
 
 
-def manifest(index: int, engines: int) -> dict[str, Any]:
+def manifest(index: int, engines: int, reverify_seconds: int | None = None) -> dict[str, Any]:
     md = copy.deepcopy(load_sample("llama-8b"))
     md["metadata"] = {"name": f"md-{index:04d}"}
     for role in ("prefill", "decode"):
         md["spec"][role]["replicas"] = engines // 2
         md["spec"][role]["nodeSelector"] = {"kvgate.io/pool": POOL}
     md["spec"]["rollout"]["verifyTimeoutSeconds"] = 3600
+    if reverify_seconds is not None:  # the CR's own field (default 30 s)
+        md["spec"]["rollout"]["reverifyIntervalSeconds"] = reverify_seconds
     # The content check sends real prompts through the router; a stand-in generates nothing.
     md["spec"].setdefault("safety", {})["contentProbe"] = {"enabled": False}
     return md
@@ -195,7 +197,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(kv.split("=", 1) for kv in args.operator_env)
     if args.memory_profile:
         env["KVGATE_DEBUG_MEMORY"] = "1"  # tracing costs memory: RSS figures are not comparable
-    result: dict[str, Any] = {"mds": args.mds, "engines_per_md": args.engines}
+    result: dict[str, Any] = {
+        "mds": args.mds,
+        "engines_per_md": args.engines,
+        "reverify_seconds": args.reverify_seconds or 30,
+    }
     with World(WorldConfig(operator_env=env, cluster=CONTROL_PLANE)) as world:
         standin, control_port = start_standin(world)
         try:
@@ -207,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             world.create_namespace(NAMESPACE)
             pid = operator_pid(world)
             result["rss_idle_mib"] = round(rss_mib(pid), 1)
-            docs = [manifest(i, args.engines) for i in range(args.mds)]
+            docs = [manifest(i, args.engines, args.reverify_seconds) for i in range(args.mds)]
             first = time.monotonic()
             for start in range(0, len(docs), 100):
                 world.cluster.kubectl(
@@ -332,6 +338,11 @@ def main() -> None:
         "--engines", type=int, default=8, help="engine pods per ModelDeployment (even)"
     )
     parser.add_argument("--restarts", type=int, default=5)
+    parser.add_argument(
+        "--reverify-seconds",
+        type=int,
+        help="spec.rollout.reverifyIntervalSeconds of each ModelDeployment (default: the CR's, 30)",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--settle-seconds", type=float, default=35.0)
     parser.add_argument("--steady-seconds", type=float, default=60.0)
