@@ -15,7 +15,8 @@ machine. This stand-in kubelet registers one Node (pool ``bench`` by default, ca
   ``--pool-factor`` x the context length; a router's ``/workers`` lists none;
 * on deletion, stops at once (removes the pod with grace period 0).
 
-All of it is one asyncio process (one aiohttp application, one listening socket per pod port).
+All of it is one asyncio process (one aiohttp application, one wildcard listening socket per
+port number, answering for the pod whose address the request came to; a pod gone answers 404).
 A control listener on ``--control`` (``host:port``) lets the benchmark restart one engine:
 ``POST /restart?namespace=NS&pod=NAME&pool=TOKENS`` bumps the engine container's restartCount
 (status patch), answers the new pool from then on, and returns the time the patch was
@@ -202,6 +203,10 @@ class StandInKubelet:
         self.free = list(net.hosts())[::-1]
         self.pods: dict[str, StandIn] = {}  # uid -> stand-in
         self.by_ip: dict[str, StandIn] = {}
+        # One listener per port on every address (requests find their pod by the address they
+        # came to): 9,000 pods' ports as ~14,000 sockets each exceeded the open-files limit once
+        # the operator kept its connections alive.
+        self.port_sites: dict[int, web.TCPSite] = {}
         self.app = web.Application()
         for path in ("/server_info", "/get_server_info"):
             self.app.router.add_get(path, self.server_info)
@@ -314,9 +319,16 @@ class StandInKubelet:
             self.pods[uid] = s
             self.by_ip[s.ip] = s
             for port in s.ports:
-                site = web.TCPSite(self.runner, s.ip, port, reuse_address=True)
-                await site.start()
-                s.sites.append(site)
+                if port in self.port_sites:
+                    continue  # one wildcard listener serves this port for every pod
+                try:
+                    site = web.TCPSite(self.runner, "0.0.0.0", port, reuse_address=True)
+                    await site.start()
+                    self.port_sites[port] = site
+                except OSError:  # the port is taken on some address: listen per pod
+                    site = web.TCPSite(self.runner, s.ip, port, reuse_address=True)
+                    await site.start()
+                    s.sites.append(site)
         # Status writes run beside the watch (one at a time per pod, with its latest body), so
         # thousands of new pods do not queue behind each other's PATCH.
         self.latest[uid] = pod
