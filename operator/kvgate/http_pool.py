@@ -1,32 +1,19 @@
-"""The operator's HTTP client to engines and routers: one session whose connections are kept
-alive between reads of the same pod (its periodic re-verification, its router's audit).
+"""The operator's file-descriptor headroom: with 1,000 ModelDeployments it holds watch streams,
+probe and audit connections for thousands of pods at once, over a typical soft limit of 1,024.
 
-Opening a TCP connection per read (two per probe) cost a fifth of the operator's CPU with 8,000
-engines (py-spy in the scale benchmark, issue 16). ``KEEPALIVE_SECONDS`` outlasts the default
-re-verify interval (30 s, spread 0-20 % earlier) so each engine's next read reuses its
-connection; a pod that is gone or restarted breaks it, and the read opens a new one. Cookies
-are never kept: what one engine sets must not reach another.
+(Connections to engines are deliberately not kept alive between reads: across an engine restart
+at the same pod address a kept-alive connection can outlive the engine process in a child that
+inherited it, and the next read hangs; the fresh-clone run with kept-alive probes failed both
+engine-restart scenarios, issue 16.)
 """
 
 from __future__ import annotations
 
 import resource
 
-import aiohttp
-
-KEEPALIVE_SECONDS = 75.0
-
-
-def new_session() -> aiohttp.ClientSession:
-    """A session for untrusted peers: no connection cap (callers bound their reads), idle
-    connections kept ``KEEPALIVE_SECONDS``, no cookie jar."""
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
-    return aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar())
-
 
 def raise_open_files_limit() -> int:
-    """Raise the soft open-files limit to the hard one (a kept-alive connection per engine is
-    8,000 sockets with 1,000 ModelDeployments; soft limits are often 1,024). Returns it."""
+    """Raise the soft open-files limit to the hard one. Returns the limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         try:

@@ -216,32 +216,25 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
 class Prober:
     """The operator's probe: at most ``max_concurrent_probes`` engines are read at once, across
     every pod, so the bodies in flight stay bounded however many pods (or tenants) there are;
-    a changed engine's read goes before the periodic ones (kvgate.probe_slots). Connections are
-    kept alive between re-verifications of the same engine (kvgate.http_pool): with 8,000
-    engines, opening two TCP connections per read was a fifth of the operator's CPU."""
+    a changed engine's read goes before the periodic ones (kvgate.probe_slots). Each read opens
+    its own connections: a connection kept alive across an engine restart (same pod address)
+    can outlive the engine process in a child that inherited it and hang the next read; the
+    fresh-clone run with kept-alive probes failed both engine-restart scenarios."""
 
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
         self.slots = ProbeSlots(settings.max_concurrent_probes)
-        self._session: aiohttp.ClientSession | None = None
 
     async def __call__(
         self, url: str, requirement: Requirement, *, api_key: str | None = None
     ) -> Verdict:
         async with self.slots.slot():
-            if self._session is None or self._session.closed:
-                self._session = http_pool.new_session()
             return await probe.verify(
-                url,
-                requirement,
-                timeout=self.settings.probe_timeout_seconds,
-                api_key=api_key,
-                session=self._session,
+                url, requirement, timeout=self.settings.probe_timeout_seconds, api_key=api_key
             )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        return None
 
 
 def make_verify(settings: OperatorSettings) -> Prober:

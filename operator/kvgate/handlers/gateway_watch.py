@@ -10,7 +10,6 @@ lets ``kvgate.gateway.decide`` say keep or delete. The loop (and so this watch) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import re
@@ -86,24 +85,17 @@ async def read_workers(
     *,
     timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
     headers: Mapping[str, str] | None = None,
-    session: aiohttp.ClientSession | None = None,
 ) -> RouterWorkers:
-    """``GET <base_url>/workers`` of one smg router; never raises. ``session``: a shared
-    keep-alive session (kvgate.http_pool), else one for this read.
+    """``GET <base_url>/workers`` of one smg router; never raises.
 
     Read like an engine (kvgate_engine.untrusted): no redirects, a 4 MiB body and value cap, one
     deadline; an error names what failed, never what the router sent.
     """
     url = f"{base_url}/workers"
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            client = (
-                session
-                if session is not None
-                else await stack.enter_async_context(aiohttp.ClientSession())
-            )
+        async with aiohttp.ClientSession() as session:
             workers = await get_json(
-                client,
+                session,
                 url,
                 timeout=timeout,
                 limits=WORKERS_LIMITS,

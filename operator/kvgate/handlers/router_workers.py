@@ -102,7 +102,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             continue  # not kvgate's router: never send it the key
         name = gate.pod_name(router)
         await rt.audit_pacer().turn()  # the fleet's audit reads, paced (settings)
-        answer = await read_workers(name, url, headers=router_auth.bearer(key), session=rt.http())
+        answer = await read_workers(name, url, headers=router_auth.bearer(key))
         if answer.workers is None:
             log.debug("worker audit could not read %s: %s", name, answer.error)
             continue

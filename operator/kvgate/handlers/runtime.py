@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-import aiohttp
 from kvgate_engine.verdict import Requirement, Verdict
 
-from kvgate import http_pool, labels, pod_view, router_auth
+from kvgate import labels, pod_view, router_auth
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers import step_check
 from kvgate.k8s import KubeApi
@@ -155,7 +154,6 @@ class Runtime:
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
-    _http: aiohttp.ClientSession | None = None  # see http()
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 
@@ -210,22 +208,14 @@ class Runtime:
         self.mds.pop(key, None)
         self._md_wakes.pop(key, None)
 
-    def http(self) -> aiohttp.ClientSession:
-        """The keep-alive session for reads of routers (kvgate.http_pool)."""
-        if self._http is None or self._http.closed:
-            self._http = http_pool.new_session()
-        return self._http
-
     async def shutdown(self) -> None:
-        """Stop every verifier and reconcile loop (operator exit), close the HTTP sessions."""
+        """Stop every verifier and reconcile loop (operator exit), close the probe."""
         tasks = [*self.verifiers.values(), *(task for _, task in self.md_loops.values())]
         self.verifiers.clear()
         self.md_loops.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._http is not None:
-            await self._http.close()
         close = getattr(self.verify, "close", None)
         if close is not None:
             await close()
