@@ -233,9 +233,6 @@ class Prober:
                 url, requirement, timeout=self.settings.probe_timeout_seconds, api_key=api_key
             )
 
-    async def close(self) -> None:
-        return None
-
 
 def make_verify(settings: OperatorSettings) -> Prober:
     return Prober(settings)

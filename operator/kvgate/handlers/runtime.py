@@ -209,16 +209,13 @@ class Runtime:
         self._md_wakes.pop(key, None)
 
     async def shutdown(self) -> None:
-        """Stop every verifier and reconcile loop (operator exit), close the probe."""
+        """Stop every verifier and reconcile loop (operator exit)."""
         tasks = [*self.verifiers.values(), *(task for _, task in self.md_loops.values())]
         self.verifiers.clear()
         self.md_loops.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        close = getattr(self.verify, "close", None)
-        if close is not None:
-            await close()
 
 
 async def sleep_until_woken(wake: asyncio.Event, seconds: float) -> bool:
