@@ -216,22 +216,45 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
 class Prober:
     """The operator's probe: at most ``max_concurrent_probes`` engines are read at once, across
     every pod, so the bodies in flight stay bounded however many pods (or tenants) there are;
-    a changed engine's read goes before the periodic ones (kvgate.probe_slots). Each read opens
-    its own connections: a connection kept alive across an engine restart (same pod address)
-    can outlive the engine process in a child that inherited it and hang the next read; the
-    fresh-clone run with kept-alive probes failed both engine-restart scenarios."""
+    a changed engine's read goes before the periodic ones (kvgate.probe_slots).
+
+    Every read opens its own connection and closes it after the answer (``force_close``): a
+    connection kept alive across an engine restart (same pod address) can outlive the engine
+    process in a child that inherited it and hang the next read; the fresh-clone run with
+    kept-alive probes failed both engine-restart scenarios. What the reads share is one client
+    session (no cookie jar, so nothing an engine sets reaches another): a session of its own per
+    read cost a third of the probe's CPU (1.38 -> 0.93 ms a read, 8,000 engines re-read every
+    30 s are ~270 a second; issue 16)."""
 
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
         self.slots = ProbeSlots(settings.max_concurrent_probes)
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True, limit=0),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
 
     async def __call__(
         self, url: str, requirement: Requirement, *, api_key: str | None = None
     ) -> Verdict:
         async with self.slots.slot():
             return await probe.verify(
-                url, requirement, timeout=self.settings.probe_timeout_seconds, api_key=api_key
+                url,
+                requirement,
+                timeout=self.settings.probe_timeout_seconds,
+                api_key=api_key,
+                session=self.session(),
             )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def make_verify(settings: OperatorSettings) -> Prober:

@@ -97,6 +97,14 @@ RECONCILE_DURATION = Histogram(
     registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+REVERIFY_WAIT = Histogram(
+    "kvgate_reverify_wait_seconds",
+    "How long a due periodic re-verification waited for its turn in the fleet's budget "
+    "(KVGATE_REVERIFY_READS_PER_SECOND), seconds; a read after a change never waits. Waits "
+    "near the reverify interval mean engines are re-read every engines / budget seconds.",
+    registry=REGISTRY,
+    buckets=(0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 VERIFICATION_DURATION = Histogram(
     "kvgate_verification_duration_seconds",
     "Time to read one live engine and judge it, seconds.",

@@ -221,6 +221,14 @@ class OperatorSettings:
     # the period stretches to routers / this (1,000 routers at 50/s: every 20 s) instead of
     # the operator spending a core on 500 reads a second (issue 16).
     worker_audit_reads_per_second: float = 50.0
+    # KVGATE_REVERIFY_READS_PER_SECOND: periodic engine re-verifications across the whole fleet.
+    # A read that follows a change (first sighting, new IP, readiness, restart) never waits for
+    # this budget; the periodic ones take turns at most this many a second, so up to
+    # this x interval engines (100 x 30 s: 3,000) are each re-read every interval, and beyond
+    # that every engines / this seconds (8,000 engines: every 80 s) instead of the operator
+    # spending its CPU on re-reading unchanged engines while restarts and new ModelDeployments
+    # wait (issue 16; kvgate_reverify_wait_seconds shows the wait).
+    reverify_reads_per_second: float = 100.0
     # KVGATE_NETWORK_POLICIES (+ KVGATE_OPERATOR_NAMESPACE/_POD_LABELS, KVGATE_ROUTER_EGRESS_*):
     # per-revision NetworkPolicies (kvgate.network_policy); None = off.
     network_policy: NetworkPolicySettings | None = None
@@ -262,6 +270,7 @@ class OperatorSettings:
             router_key_seed=_router_key_seed(),
             worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),
             worker_audit_reads_per_second=_env_rate("KVGATE_WORKER_AUDIT_READS_PER_SECOND", 50.0),
+            reverify_reads_per_second=_env_rate("KVGATE_REVERIFY_READS_PER_SECOND", 100.0),
             network_policy=network_policy_settings(os.environ),
             guard_image=_guard_image(),
             leader_election=leader_config(bool(getattr(args, "leader_elect", False))),

@@ -6,6 +6,7 @@ Issue 16: among 8,000 engines re-read every 30 s, a restarted engine must be re-
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -124,6 +125,60 @@ async def test_the_verifier_marks_reads_of_a_changed_engine_urgent_and_periodic_
         await api.close()
     assert seen[0] is True and seen[1:3] == [False, False]
     assert after_restart is True
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_periodic_rereads_keep_to_the_fleet_budget_and_a_restart_never_waits_for_it(
+    kmock: kmock.KubernetesEmulator,
+) -> None:
+    """Four engines due every 0.1 s would be re-read ~40 times a second; with a budget of 2 a
+    second they are read at most that often, and a restarted engine's read comes at once
+    although the budget's queue is seconds deep (issue 16: periodic re-reads of 8,000 engines
+    must not delay a restart's verdict or starve the rest of the operator)."""
+    declare_resources(kmock)
+    api = KubeApi(Credentials(server=str(kmock.url).rstrip("/")))
+    settings = OperatorSettings(
+        probe_timeout_seconds=2.0, reverify_seconds=0.1, reverify_reads_per_second=2.0
+    )
+    inner = make_verify(settings)
+    reads: list[tuple[float, bool]] = []
+    loop = asyncio.get_running_loop()
+
+    async def recording(url: str, requirement: Requirement, **kw: Any) -> Verdict:
+        reads.append((loop.time(), URGENT.get()))
+        return await inner(url, requirement, **kw)
+
+    rt = Runtime(api=api, settings=settings, verify=recording, clock=lambda: NOW)
+    pods = []
+    try:
+        async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
+            for i in range(4):
+                pod = engine_pod(engine.port)
+                pod["metadata"]["name"] += f"-{i}"
+                pod["metadata"]["uid"] = f"pod-uid-{i}"
+                kmock.objects[kmock.resource("", "v1", "pods"), NS, pod["metadata"]["name"]] = pod
+                pods.append(pod)
+                engine_pods.on_pod_event(rt, "ADDED", pod)  # first sightings: at once
+            await poll(lambda: len(reads) >= 4)
+            started = loop.time()
+            await asyncio.sleep(2.0)
+            periodic = [t for t, urgent in reads if not urgent and t >= started]
+            restarted = dict(pods[0], status={**pods[0]["status"]})
+            restarted["status"]["containerStatuses"] = [
+                {**pods[0]["status"]["containerStatuses"][0], "restartCount": 1}
+            ]
+            count, restarted_at = len(reads), loop.time()
+            engine_pods.on_pod_event(rt, "MODIFIED", restarted)
+            await poll(lambda: any(urgent for _, urgent in reads[count:]))
+            after_restart = next(t for t, urgent in reads[count:] if urgent)
+    finally:
+        await rt.shutdown()
+        await api.close()
+    assert [urgent for _, urgent in reads[:4]] == [True] * 4
+    # 2 s at 2 a second: 4 turns, plus the one the window may open on.
+    assert 2 <= len(periodic) <= 5, periodic
+    assert all(b - a >= 0.45 for a, b in itertools.pairwise(periodic)), periodic
+    assert after_restart - restarted_at < 0.3
 
 
 async def poll(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -55,6 +55,8 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
     ("KVGATE_WORKER_AUDIT_SECONDS", "0.5", "worker_audit_seconds", 0.5),
     ("KVGATE_WORKER_AUDIT_READS_PER_SECOND", UNSET, "worker_audit_reads_per_second", 50.0),
     ("KVGATE_WORKER_AUDIT_READS_PER_SECOND", "0.5", "worker_audit_reads_per_second", 0.5),
+    ("KVGATE_REVERIFY_READS_PER_SECOND", UNSET, "reverify_reads_per_second", 100.0),
+    ("KVGATE_REVERIFY_READS_PER_SECOND", "250", "reverify_reads_per_second", 250.0),
     ("KVGATE_MAX_CONCURRENT_PROBES", UNSET, "max_concurrent_probes", 16),
     ("KVGATE_MAX_CONCURRENT_PROBES", "8", "max_concurrent_probes", 8),
     ("KVGATE_MAX_CONCURRENT_RECONCILES", UNSET, "max_concurrent_reconciles", 32),
@@ -134,6 +136,15 @@ REFUSED: list[tuple[str, str, str]] = [
             raw,
             f"KVGATE_WORKER_AUDIT_READS_PER_SECOND={raw!r}: must be a number of reads per second "
             "> 0; unset it for the default, 50",
+        )
+        for raw in ("0", "-1", "fast", "nan", "inf")
+    ),
+    *(
+        (
+            "KVGATE_REVERIFY_READS_PER_SECOND",
+            raw,
+            f"KVGATE_REVERIFY_READS_PER_SECOND={raw!r}: must be a number of reads per second "
+            "> 0; unset it for the default, 100",
         )
         for raw in ("0", "-1", "fast", "nan", "inf")
     ),

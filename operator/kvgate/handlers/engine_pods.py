@@ -4,7 +4,9 @@ One verifier loop per engine pod: an asyncio task started on the pod's first wat
 cancelled on its deletion. (Not a kopf daemon: kopf puts a finalizer on every object with a
 daemon, and engine pods must never wait for the operator to be deleted.) It probes when the
 pod has an IP and a ready engine container, at once after a container restart or readiness
-change, and every reverify interval. A verified pod whose engine stops being ready or fails
+change, and every reverify interval; those periodic re-reads of unchanged engines take turns
+within the fleet's budget (KVGATE_REVERIFY_READS_PER_SECOND), a read after a change never
+waits for it. A verified pod whose engine stops being ready or fails
 re-verification gets its gate condition set False at once: it leaves the Service endpoints and
 smg drops the worker.
 """
@@ -338,13 +340,22 @@ async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> No
         rt, grace_seconds=rt.settings.gateway_grace_seconds
     )  # deletes the pod if a gateway ignores its NotReady
     period = float("inf")  # this round's re-verify period: within (1 - JITTER, 1] x interval
+    turn: float | None = None  # when a due periodic read may run (the fleet's budget)
     while not stopped():
         current = rt.pods.get(uid)
         if current is None:  # deleted
             return
         interval = reverify_seconds(rt, current)
         changed = fingerprint(current) != last
-        if changed or time.monotonic() - last_check >= min(period, interval):
+        now = time.monotonic()
+        if not changed and turn is None and now - last_check >= min(period, interval):
+            # Periodic re-reads of unchanged engines take turns across the fleet
+            # (KVGATE_REVERIFY_READS_PER_SECOND); a change below never waits for one.
+            wait = rt.reverify_pacer().reserve()
+            metrics.REVERIFY_WAIT.observe(wait)
+            turn = now + wait
+        if changed or (turn is not None and now >= turn):
+            turn = None
             last = fingerprint(current)
             last_check = time.monotonic()
             # Never later than the interval, and spread so that pods verified together (a
@@ -358,6 +369,5 @@ async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> No
             finally:
                 probe_slots.URGENT.reset(token)
         gateway_due = await gateway.step(current)
-        await sleep_until_woken(
-            wake, min(min(period, interval) - (time.monotonic() - last_check), gateway_due)
-        )
+        due = turn if turn is not None else last_check + min(period, interval)
+        await sleep_until_woken(wake, min(due - time.monotonic(), gateway_due))

@@ -98,7 +98,8 @@ class PodStore(UserDict[str, dict[str, Any]]):
 
 class Pacer:
     """Spaces calls at most ``rate`` a second across every caller, in the order they asked
-    (each takes the next free instant). Used for the worker audit's router reads."""
+    (each takes the next free instant). Used for the worker audit's router reads and the
+    periodic engine re-reads."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = 1.0 / rate
@@ -154,6 +155,7 @@ class Runtime:
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
+    _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
     _pod_wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _md_wakes: dict[MdKey, asyncio.Event] = field(default_factory=dict)
 
@@ -168,6 +170,13 @@ class Runtime:
         if self._audit_pacer is None:
             self._audit_pacer = Pacer(self.settings.worker_audit_reads_per_second)
         return self._audit_pacer
+
+    def reverify_pacer(self) -> Pacer:
+        """The periodic engine re-reads, at most ``reverify_reads_per_second`` across the fleet
+        (a read after a change never waits for it: kvgate.handlers.engine_pods)."""
+        if self._reverify_pacer is None:
+            self._reverify_pacer = Pacer(self.settings.reverify_reads_per_second)
+        return self._reverify_pacer
 
     def pod_wake(self, uid: str) -> asyncio.Event:
         return self._pod_wakes.setdefault(uid, asyncio.Event())
@@ -216,6 +225,9 @@ class Runtime:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        close = getattr(self.verify, "close", None)  # kvgate.main.Prober: its client session
+        if close is not None:
+            await close()
 
 
 async def sleep_until_woken(wake: asyncio.Event, seconds: float) -> bool:
