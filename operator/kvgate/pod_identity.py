@@ -49,6 +49,11 @@ def _ref(obj: Obj, kind: str, api_group: str) -> Mapping[str, Any] | None:
     return ref
 
 
+def controller_reference(obj: Obj, kind: str) -> Mapping[str, Any] | None:
+    """The object's controller reference when it is an ``apps/*`` ``kind`` (not yet proof)."""
+    return _ref(obj, kind, "apps")
+
+
 def replica_set_name(pod: Obj) -> str | None:
     """Name of the ReplicaSet that controls the pod, per its ownerReference (not yet proof)."""
     ref = _ref(pod, "ReplicaSet", "apps")

@@ -46,6 +46,14 @@ async def resolve_identity(
             return result
         rt.identities.pop(uid, None)
         return result if isinstance(result, Unproven) else Unproven("not an engine pod")
+    chain_key = _chain_key(pod, namespace)
+    chain = rt.owner_chains.get(chain_key) if chain_key is not None else None
+    if chain is not None:  # a sibling pod proved this ReplicaSet's chain moments ago
+        cached_rs, cached_deployment = chain
+        result = pod_identity.identify(pod, cached_rs, cached_deployment, md_uid, roles)
+        if isinstance(result, EngineIdentity):
+            rt.identities[uid] = (key, result)
+            return result
     replica_set = deployment = None
     rs_name = pod_identity.replica_set_name(pod)
     if rs_name:
@@ -56,6 +64,24 @@ async def resolve_identity(
     result = pod_identity.identify(pod, replica_set, deployment, md_uid, roles)
     if isinstance(result, EngineIdentity):
         rt.identities[uid] = (key, result)
+        if chain_key is not None and replica_set is not None and deployment is not None:
+            rt.owner_chains.put(chain_key, (_chain_part(replica_set), _chain_part(deployment)))
     else:
         rt.identities.pop(uid, None)
     return result
+
+
+def _chain_key(pod: Pod, namespace: str) -> tuple[str, str, str] | None:
+    """(namespace, ReplicaSet name, ReplicaSet uid) of the pod's controller reference."""
+    ref = pod_identity.controller_reference(pod, "ReplicaSet")
+    if ref is None or not ref.get("name") or not ref.get("uid"):
+        return None
+    return namespace, str(ref["name"]), str(ref["uid"])
+
+
+def _chain_part(obj: Pod) -> Pod:
+    """What pod_identity.identify reads of a ReplicaSet or Deployment."""
+    meta = obj.get("metadata", {})
+    return {
+        "metadata": {k: meta[k] for k in ("name", "uid", "labels", "ownerReferences") if k in meta}
+    }

@@ -1,0 +1,81 @@
+"""A proven ReplicaSet -> Deployment chain serves its sibling pods for a short while
+(kvgate.handlers.identity, issue 16: two GETs per pod were 18,000 reads for 1,000
+ModelDeployments); every sibling is still checked against it, and a recreated ReplicaSet or an
+expired entry is read again."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kmock
+import pytest
+from kvgate.handlers.identity import resolve_identity
+from kvgate.handlers.runtime import OwnerChains, Runtime
+from kvgate.pod_identity import EngineIdentity, Unproven
+from operator_factories import MD_UID
+from test_handlers_kmock import engine_pod, requests, revision_chain, rt
+
+__all__ = ["revision_chain", "rt"]  # fixtures, used by name
+
+
+def _sibling(index: int, **labels: str) -> dict[str, Any]:
+    pod = copy.deepcopy(engine_pod(8000))
+    pod["metadata"]["name"] += f"-{index}"
+    pod["metadata"]["uid"] = f"pod-uid-sibling-{index}"
+    pod["metadata"]["labels"].update(labels)
+    return pod
+
+
+def _chain_reads(km: kmock.KubernetesEmulator) -> int:
+    """GETs of a ReplicaSet or a Deployment so far."""
+    return sum(
+        1
+        for r in requests(km, "GET")
+        if "/replicasets/" in str(r.url.path) or "/deployments/" in str(r.url.path)
+    )
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_sibling_pods_of_one_replica_set_are_proven_with_one_pair_of_reads(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    results = [await resolve_identity(rt, _sibling(i), MD_UID) for i in range(4)]
+    assert all(isinstance(r, EngineIdentity) and r.role == "decode" for r in results), results
+    assert _chain_reads(kmock) == 2  # one ReplicaSet and one Deployment read, for four pods
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_relabelled_sibling_is_not_proven_by_the_cached_chain(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    assert isinstance(await resolve_identity(rt, _sibling(0), MD_UID), EngineIdentity)
+    relabelled = await resolve_identity(rt, _sibling(1, **{"kvgate.io/role": "prefill"}), MD_UID)
+    assert isinstance(relabelled, Unproven)
+    assert "was the pod relabelled" in relabelled.message
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_pod_of_a_recreated_replica_set_is_read_again(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    assert isinstance(await resolve_identity(rt, _sibling(0), MD_UID), EngineIdentity)
+    other = _sibling(1)
+    other["metadata"]["ownerReferences"][0]["uid"] = "rs-decode-recreated"
+    result = await resolve_identity(rt, other, MD_UID)
+    assert isinstance(result, Unproven)  # the API's ReplicaSet has another uid
+    assert _chain_reads(kmock) == 4
+
+
+def test_an_entry_expires_after_its_ttl_and_expired_ones_are_dropped() -> None:
+    now = [100.0]
+    chains = OwnerChains(ttl=30.0, clock=lambda: now[0])
+    chains.put(("ns", "rs-a", "uid-a"), "chain-a")
+    now[0] = 120.0
+    chains.put(("ns", "rs-b", "uid-b"), "chain-b")
+    assert chains.get(("ns", "rs-a", "uid-a")) == "chain-a"
+    now[0] = 131.0
+    assert chains.get(("ns", "rs-a", "uid-a")) is None
+    assert chains.get(("ns", "rs-b", "uid-b")) == "chain-b"
+    chains.put(("ns", "rs-c", "uid-c"), "chain-c")
+    assert len(chains) == 2  # rs-a dropped
