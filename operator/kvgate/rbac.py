@@ -110,30 +110,33 @@ RULES: tuple[Rule, ...] = (
         "",
         ("serviceaccounts",),
         ("get", "list", "watch", "create"),
-        "`<md>-router`, ensured every pass: get checks an existing one is the ModelDeployment's "
-        "own (never adopted); watched (kopf, kvgate-labelled) so a deleted one is put back at once",
+        "`<md>-router`, ensured on a loop's first pass, after a watch event about it and at the "
+        "safety-net resync (kvgate.access_checks): get checks an existing one is the "
+        "ModelDeployment's own (never adopted); watched (kopf, kvgate-labelled) so a deleted one "
+        "is put back at once",
     ),
     Rule(
         "rbac.authorization.k8s.io",
         ("roles",),
         ("get", "list", "watch", "create", "patch"),
         "`<md>-router` Role (pods get/list/watch, which the operator holds itself, so no "
-        "escalate/bind is needed), ensured every pass: patch restores edited rules; watched "
-        "(kopf, kvgate-labelled) so a deleted or edited one is put back at once",
+        "escalate/bind is needed), ensured as the ServiceAccount: patch restores edited rules; "
+        "watched (kopf, kvgate-labelled) so a deleted or edited one is put back at once",
     ),
     Rule(
         "rbac.authorization.k8s.io",
         ("rolebindings",),
         ("get", "list", "watch", "create", "patch", "delete"),
-        "`<md>-router` RoleBinding, ensured every pass: patch restores edited subjects, delete "
-        "replaces a binding whose (immutable) roleRef changed; watched (kopf, kvgate-labelled) "
-        "so a deleted or edited one is put back at once",
+        "`<md>-router` RoleBinding, ensured as the ServiceAccount: patch restores edited "
+        "subjects, delete replaces a binding whose (immutable) roleRef changed; watched (kopf, "
+        "kvgate-labelled) so a deleted or edited one is put back at once",
     ),
     Rule(
         "",
         ("secrets",),
         ("get", "create", "patch"),
-        "`<md>-router-control`, the router's control-plane key: get checks it is the "
+        "`<md>-router-control`, the router's control-plane key (not watched, so read every "
+        "pass): get checks it is the "
         "ModelDeployment's own, patch restores the key (derived from the seed, never read "
         "back); get: the engine API key (spec.engine.apiKeySecretRef) for the probe",
     ),

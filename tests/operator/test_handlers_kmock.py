@@ -15,7 +15,7 @@ import pytest
 from fake_engine import FakeEngine, running
 from kvgate import builders, labels, metrics
 from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
-from kvgate.handlers import content_check, engine_pods
+from kvgate.handlers import content_check, deployments, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
@@ -460,7 +460,7 @@ async def test_router_gets_its_control_plane_key_from_an_owned_secret(
     assert key not in json.dumps(router)  # only a secretKeyRef and a one-way fingerprint
 
 
-async def test_an_edited_router_role_is_restored_every_pass(
+async def test_an_edited_router_role_is_restored_on_the_pass_its_watch_event_wakes(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
     put_md(kmock)
@@ -468,9 +468,31 @@ async def test_an_edited_router_role_is_restored_every_pass(
     await reconciler.reconcile()
     roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
     kmock.objects[roles, NS, "llama-router"].patch({"rules": []})  # a tenant's edit
+    # What the Role watch (kvgate.main, label-filtered) delivers for that edit.
+    deployments.on_router_access_event(rt, dict(kmock.objects[roles, NS, "llama-router"]))
+    assert rt.md_wake((NS, "llama")).is_set()
     await reconciler.reconcile()
     (restore,) = [r for r in requests(kmock, "PATCH") if "/roles/llama-router" in str(r.url.path)]
     assert restore.data["rules"][0]["resources"] == ["pods"]
+
+
+async def test_a_pass_no_access_event_woke_reads_the_key_secret_but_not_the_watched_objects(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    """The router's ServiceAccount, Role, RoleBinding and the NetworkPolicies are watched: a
+    pass woken by pods or Deployments does not GET them again (kvgate.access_checks); the key
+    Secret is not watched and is read every pass."""
+    put_md(kmock)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    before = len(list(kmock))
+    await reconciler.reconcile()
+    read = sorted(
+        str(r.url.path).rsplit("/", 2)[-2]
+        for r in list(kmock)[before:]
+        if r.method.value == "GET" and "/llama-router" in str(r.url.path)
+    )
+    assert read == ["secrets"]
 
 
 async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
@@ -487,8 +509,11 @@ async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
         ),
         ("Secret", "llama-router-control"): kmock.resource("", "v1", "secrets"),
     }
-    for (_, name), resource in lost.items():
+    for (kind, name), resource in lost.items():
+        body = dict(kmock.objects[resource, NS, name])
         del kmock.objects[resource, NS, name]  # e.g. a tenant's kubectl delete
+        if kind != "Secret":  # watched: the DELETED event marks and wakes the ModelDeployment
+            deployments.on_router_access_event(rt, body)
     before = len(requests(kmock, "POST"))
     await reconciler.reconcile()  # the same operator process: nothing cached survives the loss
     recreated = {
@@ -497,7 +522,8 @@ async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
     assert set(lost) <= recreated
     for (_, name), resource in lost.items():
         assert kmock.objects[resource, NS, name]["metadata"]["ownerReferences"][0]["uid"] == MD_UID
-    # Converged: the next pass compares (one GET each) and writes none of them.
+    # Converged: the next pass (no watch event about them) reads only the key Secret, which
+    # is not watched, and writes none of them.
     before = len(list(kmock))
     await reconciler.reconcile()
     touched = [
@@ -506,9 +532,7 @@ async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
         if "/llama-router" in str(r.url.path)
         or (isinstance(r.data, dict) and (r.data.get("kind"), _key_of(r.data)) in lost)
     ]
-    assert sorted(touched) == sorted(
-        ("GET", plural) for plural in ("serviceaccounts", "roles", "rolebindings", "secrets")
-    ), touched
+    assert touched == [("GET", "secrets")], touched
 
 
 def _key_of(body: dict[str, Any]) -> str | None:

@@ -52,26 +52,27 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# `<md>-router`, ensured every pass: get checks an existing one is the ModelDeployment's own
+# `<md>-router`, ensured on a loop's first pass, after a watch event about it and at the safety-
+# net resync (kvgate.access_checks): get checks an existing one is the ModelDeployment's own
 # (never adopted); watched (kopf, kvgate-labelled) so a deleted one is put back at once
 - apiGroups: [""]
   resources: ["serviceaccounts"]
   verbs: ["get", "list", "watch", "create"]
 # `<md>-router` Role (pods get/list/watch, which the operator holds itself, so no escalate/bind is
-# needed), ensured every pass: patch restores edited rules; watched (kopf, kvgate-labelled) so a
-# deleted or edited one is put back at once
+# needed), ensured as the ServiceAccount: patch restores edited rules; watched (kopf, kvgate-
+# labelled) so a deleted or edited one is put back at once
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# `<md>-router` RoleBinding, ensured every pass: patch restores edited subjects, delete replaces a
-# binding whose (immutable) roleRef changed; watched (kopf, kvgate-labelled) so a deleted or
-# edited one is put back at once
+# `<md>-router` RoleBinding, ensured as the ServiceAccount: patch restores edited subjects, delete
+# replaces a binding whose (immutable) roleRef changed; watched (kopf, kvgate-labelled) so a
+# deleted or edited one is put back at once
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["rolebindings"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# `<md>-router-control`, the router's control-plane key: get checks it is the ModelDeployment's
-# own, patch restores the key (derived from the seed, never read back); get: the engine API key
-# (spec.engine.apiKeySecretRef) for the probe
+# `<md>-router-control`, the router's control-plane key (not watched, so read every pass): get
+# checks it is the ModelDeployment's own, patch restores the key (derived from the seed, never
+# read back); get: the engine API key (spec.engine.apiKeySecretRef) for the probe
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]

@@ -1,8 +1,10 @@
 """ModelDeployments: gather cluster state -> plan the rollout step -> apply it -> write status.
 
-Runs as one loop per ModelDeployment (a kopf daemon), woken by changes to the CR, its engine
-pods and its Deployments, and on a timer. Nothing is kept in memory between passes except the
-engines' last pool sizes (for status only): a restarted operator resumes from cluster state.
+Runs as one loop per ModelDeployment (kvgate.handlers.md_loops), woken by changes to the CR,
+its engine pods, its Deployments and the other objects it owns, and on a timer. Nothing is kept
+in memory between passes except the engines' last pool sizes (for status only) and when the
+router access objects and NetworkPolicies were last read (kvgate.access_checks): a restarted
+operator resumes from cluster state.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvgate import (
+    access_checks,
     builders,
     content_probe,
     gate,
@@ -132,6 +135,7 @@ class Reconciler:
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
         self.network_policies_cleared = False
+        self.access_check: access_checks.AccessCheck | None = None  # kvgate.access_checks
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -343,12 +347,36 @@ class Reconciler:
         leader_worker_sets: bool = True,
     ) -> list[OwnershipConflict]:
         """Write the step; returns the objects kvgate needed but may not touch (not its own)."""
-        # Every pass, so a deleted or edited object comes back (never only once per lifetime);
-        # independent objects, so ensured at once (in order in the result).
-        ensured = await asyncio.gather(
-            *(self._ensure(obj, md.metadata.uid) for obj in self._per_md_objects(md))
+        # The router's ServiceAccount, Role and RoleBinding and the NetworkPolicies: when due
+        # (kvgate.access_checks: they are watched, so a change to one wakes a pass that reads
+        # it); the key Secret every pass. A deleted or edited object comes back either way.
+        # Independent objects, so ensured at once (in order in the result).
+        revisions = {i.revision for i in step.workloads}
+        deleted = set(step.delete_revisions)
+        check_due = access_checks.access_check_due(
+            self.access_check,
+            revisions=frozenset(revisions - deleted),
+            deleting=bool(deleted),
+            changed=self.rt.take_access_changed((self.namespace, self.name)),
+            now=time.monotonic(),
+            safety_net_seconds=self.rt.settings.steady_reconcile_seconds,
         )
-        conflicts: list[OwnershipConflict] = [c for c in ensured if c is not None]
+        access, secret = self._per_md_objects(md)
+        if check_due:
+            started = time.monotonic()
+            self.access_check = None  # a pass that fails from here on leaves the next one due
+            ensured = await asyncio.gather(
+                *(self._ensure(obj, md.metadata.uid) for obj in [*access, secret])
+            )
+            access_conflicts = tuple(c for c in ensured[:-1] if c is not None)
+            secret_conflict = ensured[-1]
+        else:
+            assert self.access_check is not None  # check_due is True without one
+            access_conflicts = self.access_check.access_conflicts
+            secret_conflict = await self._ensure(secret, md.metadata.uid)
+        conflicts: list[OwnershipConflict] = [*access_conflicts]
+        if secret_conflict is not None:
+            conflicts.append(secret_conflict)
         fingerprint = router_auth.key_fingerprint(self._router_key(md))
         settings = self.rt.settings
         guard = (  # engine pods' guard sidecar (kvgate.guard); none outside the chart
@@ -363,9 +391,12 @@ class Reconciler:
             conflict = await self._write(write, md.metadata.uid)
             if conflict is not None:
                 conflicts.append(conflict)
-        conflicts += await self._network_policies(
-            md, {i.revision for i in step.workloads}, set(step.delete_revisions)
-        )
+        if check_due:
+            policy_conflicts = tuple(await self._network_policies(md, revisions, deleted))
+            self.access_check = access_checks.AccessCheck(
+                frozenset(revisions - deleted), started, access_conflicts, policy_conflicts
+            )
+        conflicts += self.access_check.policy_conflicts if self.access_check else ()
 
         service_conflict = conflict_for(service, md.metadata.uid) if service is not None else None
         if service_conflict is not None:
@@ -441,14 +472,14 @@ class Reconciler:
             self.rt.settings.router_key_seed, self.namespace, self.name, md.metadata.uid or ""
         )  # == rt.router_key(ns, name) once the MD's body is in rt.mds
 
-    def _per_md_objects(self, md: ModelDeployment) -> list[Body]:
-        """Objects one per ModelDeployment: the router's identity, access and control key."""
+    def _per_md_objects(self, md: ModelDeployment) -> tuple[list[Body], Body]:
+        """Objects one per ModelDeployment: the router's identity and access (watched), and its
+        control key Secret (not watched)."""
         return [
             builders.router_service_account(md),
             builders.router_role(md),
             builders.router_role_binding(md),
-            builders.router_control_secret(md, self._router_key(md)),
-        ]
+        ], builders.router_control_secret(md, self._router_key(md))
 
     async def _create(self, desired: Body, owner_uid: str | None) -> OwnershipConflict | None:
         """Create; an object of that name that already exists must be the MD's own."""

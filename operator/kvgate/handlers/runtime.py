@@ -183,6 +183,9 @@ class Runtime:
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
     owner_chains: OwnerChains = field(default_factory=OwnerChains)  # see identity.resolve_identity
+    # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
+    # event reported since their last pass read them (kvgate.access_checks)
+    access_changed: set[MdKey] = field(default_factory=set)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
@@ -209,6 +212,13 @@ class Runtime:
         if self._reverify_pacer is None:
             self._reverify_pacer = Pacer(self.settings.reverify_reads_per_second)
         return self._reverify_pacer
+
+    def take_access_changed(self, key: MdKey) -> bool:
+        """Whether a watch event reported the MD's router access objects or NetworkPolicies
+        since this was last asked (kvgate.access_checks); clears the mark."""
+        changed = key in self.access_changed
+        self.access_changed.discard(key)
+        return changed
 
     def pod_wake(self, uid: str) -> asyncio.Event:
         return self._pod_wakes.setdefault(uid, asyncio.Event())
@@ -247,6 +257,7 @@ class Runtime:
 
     def forget_md(self, key: MdKey) -> None:
         self.mds.pop(key, None)
+        self.access_changed.discard(key)
         self._md_wakes.pop(key, None)
 
     async def shutdown(self) -> None:
