@@ -5,6 +5,7 @@ expired entry is read again."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -43,6 +44,39 @@ async def test_sibling_pods_of_one_replica_set_are_proven_with_one_pair_of_reads
     results = [await resolve_identity(rt, _sibling(i), MD_UID) for i in range(4)]
     assert all(isinstance(r, EngineIdentity) and r.role == "decode" for r in results), results
     assert _chain_reads(kmock) == 2  # one ReplicaSet and one Deployment read, for four pods
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_siblings_first_seen_at_once_share_one_pair_of_reads(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    """A ReplicaSet's pods are first seen together, before any of them proved the chain."""
+    results = await asyncio.gather(*(resolve_identity(rt, _sibling(i), MD_UID) for i in range(4)))
+    assert all(isinstance(r, EngineIdentity) and r.role == "decode" for r in results), results
+    assert _chain_reads(kmock) == 2
+
+
+async def test_a_read_one_caller_gave_up_on_still_serves_the_others() -> None:
+    chains = OwnerChains()
+    release = asyncio.Event()
+    calls = 0
+
+    async def read() -> str:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return "chain"
+
+    key = ("ns", "rs", "uid")
+    first = asyncio.create_task(chains.read_once(key, read))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(chains.read_once(key, read))
+    await asyncio.sleep(0)
+    first.cancel()
+    release.set()
+    assert await second == "chain"
+    assert calls == 1
+    assert await chains.read_once(key, read) == "chain" and calls == 2  # done: read afresh
 
 
 @pytest.mark.usefixtures("revision_chain")

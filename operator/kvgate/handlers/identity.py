@@ -54,13 +54,12 @@ async def resolve_identity(
         if isinstance(result, EngineIdentity):
             rt.identities[uid] = (key, result)
             return result
-    replica_set = deployment = None
-    rs_name = pod_identity.replica_set_name(pod)
-    if rs_name:
-        replica_set = await rt.api.get("ReplicaSet", namespace, rs_name)
-    dep_name = pod_identity.deployment_name(replica_set) if replica_set else None
-    if dep_name:
-        deployment = await rt.api.get("Deployment", namespace, dep_name)
+    if chain_key is None:
+        replica_set, deployment = await _read_chain(rt, pod, namespace)
+    else:  # the pods of one ReplicaSet start together: one read serves those asking at once
+        replica_set, deployment = await rt.owner_chains.read_once(
+            chain_key, lambda: _read_chain(rt, pod, namespace)
+        )
     result = pod_identity.identify(pod, replica_set, deployment, md_uid, roles)
     if isinstance(result, EngineIdentity):
         rt.identities[uid] = (key, result)
@@ -69,6 +68,18 @@ async def resolve_identity(
     else:
         rt.identities.pop(uid, None)
     return result
+
+
+async def _read_chain(rt: Runtime, pod: Pod, namespace: str) -> tuple[Pod | None, Pod | None]:
+    """The pod's ReplicaSet and that ReplicaSet's Deployment, as the API server has them."""
+    replica_set = deployment = None
+    rs_name = pod_identity.replica_set_name(pod)
+    if rs_name:
+        replica_set = await rt.api.get("ReplicaSet", namespace, rs_name)
+    dep_name = pod_identity.deployment_name(replica_set) if replica_set else None
+    if dep_name:
+        deployment = await rt.api.get("Deployment", namespace, dep_name)
+    return replica_set, deployment
 
 
 def _chain_key(pod: Pod, namespace: str) -> tuple[str, str, str] | None:

@@ -9,7 +9,7 @@ from collections import UserDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from kvgate_engine.verdict import Requirement, Verdict
 
@@ -130,6 +130,23 @@ class OwnerChains:
     def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl, self._clock = ttl, clock
         self._chains: dict[tuple[str, str, str], tuple[float, Any]] = {}
+        self._reading: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
+
+    async def read_once(self, key: tuple[str, str, str], read: Callable[[], Awaitable[T]]) -> T:
+        """``read()``, unless a read for ``key`` is already under way: then its result (the
+        siblings of a ReplicaSet are first seen together, before any chain is proven)."""
+        pending = self._reading.get(key)
+        if pending is not None:
+            return cast(T, await asyncio.shield(pending))
+        future: asyncio.Future[Any] = asyncio.ensure_future(read())
+        self._reading[key] = future
+        try:
+            return cast(T, await asyncio.shield(future))
+        finally:
+            if future.done():
+                self._reading.pop(key, None)
+            else:  # this caller was cancelled: the read goes on for the others, then leaves
+                future.add_done_callback(lambda _: self._reading.pop(key, None))
 
     def get(self, key: tuple[str, str, str]) -> Any | None:
         entry = self._chains.get(key)
