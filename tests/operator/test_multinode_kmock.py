@@ -11,7 +11,7 @@ import pytest
 from fake_engine import FakeEngine, running
 from kvgate import labels, lws_builders, multinode
 from kvgate.api import Role
-from kvgate.handlers import engine_pods, group_verify
+from kvgate.handlers import engine_pods, group_verify, modeldeployment
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
 from kvgate.revision import revision_of
@@ -80,6 +80,25 @@ async def test_multi_node_model_deployment_without_leader_worker_set_says_why_an
         assert words in degraded["message"], degraded["message"]
     events = [r.data for r in requests(kmock, "POST", "/events")]
     assert any(e["reason"] == "LeaderWorkerSetUnavailable" for e in events)
+
+
+async def test_an_unserved_leader_worker_set_api_is_asked_again_only_after_a_while(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    """Without LeaderWorkerSet every pass of every ModelDeployment asked for them (a request a
+    pass at 1,000 ModelDeployments); the 404 is reused across the fleet for a while."""
+    declare(kmock, lws=False)
+    put_md(kmock)
+    for _ in range(3):
+        await Reconciler(rt, NS, "llama").reconcile()
+    assert len(requests(kmock, "GET", "/leaderworkersets")) == 1
+    assert rt.lws_unavailable is not None
+    # Installed since: seen once the answer has aged out.
+    declare(kmock, lws=True)
+    rt.lws_unavailable = (rt.lws_unavailable[0] - modeldeployment.LWS_RECHECK_SECONDS, 404)
+    await Reconciler(rt, NS, "llama").reconcile()
+    assert len(requests(kmock, "GET", "/leaderworkersets")) == 2
+    assert rt.lws_unavailable is None
 
 
 # ---------------------------------------------------------------------- the leader's gate

@@ -55,6 +55,7 @@ from kvgate.status import compute_status, events_for, invalid_spec_status, rollo
 
 log = logging.getLogger("kvgate.modeldeployment")
 MIN_PASS_SECONDS = 0.2
+LWS_RECHECK_SECONDS = 30.0  # see Reconciler._leader_worker_sets
 Body = dict[str, Any]
 
 
@@ -327,13 +328,22 @@ class Reconciler:
     ) -> tuple[lws_availability.LwsAccess, list[Body]]:
         """The ModelDeployment's own LeaderWorkerSets (with their kind, which list items lack)
         and whether kvgate may use that API. Asked every pass, whatever the spec says now: a
-        revision that still serves may be a multi-node one."""
+        revision that still serves may be a multi-node one. An API that is not served (404) or
+        not allowed (403) holds no LeaderWorkerSet of this ModelDeployment: that answer is
+        reused for LWS_RECHECK_SECONDS across the fleet instead of asked again every pass (a
+        request in every pass of 1,000 ModelDeployments on a cluster without LeaderWorkerSet,
+        issue 16); installing LeaderWorkerSet is seen within that."""
+        unavailable = self.rt.lws_unavailable
+        if unavailable is not None and time.monotonic() - unavailable[0] < LWS_RECHECK_SECONDS:
+            return lws_availability.access_from_status(unavailable[1]), []
         try:
             found = await self.rt.api.list("LeaderWorkerSet", self.namespace, selector)
         except ApiError as exc:
             if exc.status in (403, 404):
+                self.rt.lws_unavailable = (time.monotonic(), exc.status)
                 return lws_availability.access_from_status(exc.status), []
             raise
+        self.rt.lws_unavailable = None
         own = [{"kind": "LeaderWorkerSet", **g} for g in found if is_controlled_by(g, md_uid)]
         return lws_availability.LwsAccess.SERVED, own
 

@@ -203,6 +203,9 @@ class Runtime:
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
+    # (time.monotonic(), HTTP status) of the last LeaderWorkerSet list the API refused with 404
+    # or 403; None once one worked (see modeldeployment.Reconciler._leader_worker_sets)
+    lws_unavailable: tuple[float, int] | None = None
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
