@@ -183,7 +183,7 @@ def register_handlers() -> kopf.OperatorRegistry:
     for group, version, plural in ROUTER_ACCESS_RESOURCES:
 
         async def router_access_event(event: kopf.RawEvent, **_: Any) -> None:
-            deployments.on_router_access_event(_rt(), dict(event["object"]))
+            deployments.on_router_access_event(_rt(), event.get("type"), dict(event["object"]))
 
         kopf.on.event(
             group,

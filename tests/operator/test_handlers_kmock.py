@@ -469,7 +469,8 @@ async def test_an_edited_router_role_is_restored_on_the_pass_its_watch_event_wak
     roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
     kmock.objects[roles, NS, "llama-router"].patch({"rules": []})  # a tenant's edit
     # What the Role watch (kvgate.main, label-filtered) delivers for that edit.
-    deployments.on_router_access_event(rt, dict(kmock.objects[roles, NS, "llama-router"]))
+    role = dict(kmock.objects[roles, NS, "llama-router"])
+    deployments.on_router_access_event(rt, "MODIFIED", role)
     assert rt.md_wake((NS, "llama")).is_set()
     await reconciler.reconcile()
     (restore,) = [r for r in requests(kmock, "PATCH") if "/roles/llama-router" in str(r.url.path)]
@@ -480,11 +481,13 @@ async def test_a_pass_no_access_event_woke_reads_the_key_secret_but_not_the_watc
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
     """The router's ServiceAccount, Role, RoleBinding and the NetworkPolicies are watched: a
-    pass woken by pods or Deployments does not GET them again (kvgate.access_checks); the key
-    Secret is not watched and is read every pass."""
+    pass woken by pods or Deployments, or by the ADDED echo of its own creations, does not GET
+    them again (kvgate.access_checks); the key Secret is not watched and is read every pass."""
     put_md(kmock)
     reconciler = Reconciler(rt, NS, "llama")
     await reconciler.reconcile()
+    roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
+    deployments.on_router_access_event(rt, "ADDED", dict(kmock.objects[roles, NS, "llama-router"]))
     before = len(list(kmock))
     await reconciler.reconcile()
     read = sorted(
@@ -513,7 +516,7 @@ async def test_deleted_router_rbac_and_key_secret_come_back_on_the_next_pass(
         body = dict(kmock.objects[resource, NS, name])
         del kmock.objects[resource, NS, name]  # e.g. a tenant's kubectl delete
         if kind != "Secret":  # watched: the DELETED event marks and wakes the ModelDeployment
-            deployments.on_router_access_event(rt, body)
+            deployments.on_router_access_event(rt, "DELETED", body)
     before = len(requests(kmock, "POST"))
     await reconciler.reconcile()  # the same operator process: nothing cached survives the loss
     recreated = {

@@ -50,6 +50,19 @@ async def test_a_deleted_or_edited_router_access_object_wakes_its_modeldeploymen
     assert not rt.md_wake(key).is_set()
     await handler.fn(event={"type": event_type, "object": body})
     assert rt.md_wake(key).is_set()
+    # ... and its pass reads them again (kvgate.access_checks).
+    assert rt.take_access_changed(key) and not rt.take_access_changed(key)
+
+
+@pytest.mark.parametrize("plural", sorted(ROUTER_ACCESS))
+async def test_the_echo_of_kvgates_own_creation_does_not_make_the_next_pass_read_it_again(
+    rt: Runtime, plural: str
+) -> None:
+    (handler,) = [h for h in _watch_handlers() if h.selector.any_name == plural]
+    key = (MD.metadata.namespace or "", MD.metadata.name or "")
+    await handler.fn(event={"type": "ADDED", "object": ROUTER_ACCESS[plural]})
+    assert rt.md_wake(key).is_set()
+    assert not rt.take_access_changed(key)
 
 
 def test_the_operator_may_list_and_watch_everything_kopf_watches() -> None:
