@@ -148,3 +148,33 @@ def test_settings_that_would_run_two_active_operators_fail_the_install_with_the_
     result = helm.template_result(*values)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_the_lease_requests_of_the_operator_go_to_the_leader_election_priority_level(
+    default: Rendered, helm: Helm
+) -> None:
+    """Without the FlowSchema the operator's Lease renewals wait in its own flow
+    (service-accounts, workload-low) behind its reconcile traffic: at 1,000 ModelDeployments a
+    leader missed its renew deadline that way (issue 16)."""
+    (schema,) = default.all("FlowSchema")
+    spec = schema["spec"]
+    assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}
+    assert spec["matchingPrecedence"] < 9000  # the built-in service-accounts schema
+    (rule,) = spec["rules"]
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": FULLNAME, "namespace": "kvgate-system"},
+        }
+    ]
+    assert rule["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+            "namespaces": ["kvgate-system"],
+        }
+    ]
+    assert helm.template("leaderElection.flowSchema=false").all("FlowSchema") == []
+    single = helm.template("replicas=1", "leaderElection.enabled=false")
+    assert single.all("FlowSchema") == []
