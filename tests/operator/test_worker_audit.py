@@ -170,12 +170,29 @@ async def test_an_injected_worker_is_removed_with_the_key_and_announced(
         worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-d"}),
         {**worker("http://10.9.9.9:30000", status="pending"), "id": "injected"},
     ]
-    assert await router_workers.audit_md(rt, "ns", "llama") == 1
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0  # a suspect, first
+    assert await router_workers.audit_md(rt, "ns", "llama") == 1  # still unknown: removed
     assert router.deleted == ["injected"]
     (event,) = rt.posted  # type: ignore[attr-defined]
     assert event["reason"] == "UnknownWorkerRemoved"
     assert "decode worker http://10.9.9.9:30000" in event["message"]
     assert "not a verified engine pod of revision rev" in event["message"]
+
+
+async def test_a_verified_engine_a_new_leader_has_not_identified_yet_keeps_its_worker(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    """A leader that just took over can audit before its pod watch and verifiers have caught
+    up: a verified engine it does not know yet must not lose its place in the router."""
+    rt, router = served
+    router.workers = [worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-d"})]
+    identity = rt.identities.pop("uid-d")  # not resolved yet by its verifier
+    pod = rt.pods.pop("uid-d")  # nor listed yet by the pod watch
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    rt.pods["uid-d"], rt.identities["uid-d"] = pod, identity  # caught up
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert router.deleted == []
 
 
 async def test_a_router_that_is_not_provably_kvgates_never_gets_the_key(

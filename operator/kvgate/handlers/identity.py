@@ -29,7 +29,8 @@ async def resolve_identity(
 ) -> EngineIdentity | Unproven:
     """Prove the pod's revision and role through its controller chain (ReplicaSet -> Deployment
     -> ModelDeployment). A proven chain is cached until the pod's ownerReferences or labels
-    change (a ReplicaSet's or Deployment's controller never changes without a new uid)."""
+    change (a ReplicaSet's or Deployment's controller never changes without a new uid), and
+    serves the pod's siblings of the same ReplicaSet for a while (Runtime.owner_chains)."""
     meta = pod.get("metadata", {})
     uid, namespace = str(meta.get("uid", "")), str(meta.get("namespace", ""))
     key = _ownership_fingerprint(pod)

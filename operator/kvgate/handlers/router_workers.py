@@ -40,6 +40,7 @@ def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     if event_type == "DELETED":
         rt.routers.pop(uid, None)
         rt.identities.pop(uid, None)
+        rt.audit_suspects.pop(uid, None)
     else:
         rt.routers[uid] = pod_view.slim(pod)  # the fields kvgate reads (kvgate.pod_view)
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
@@ -113,8 +114,19 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             len(answer.workers),
             len(engines),
         )
-        for worker in worker_audit.unknown_workers(answer.workers, engines):
-            removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
+        unknown = worker_audit.unknown_workers(answer.workers, engines)
+        # Removed only when the audit before found it unknown too: a leader that just took over
+        # may audit before its pod watch has listed (and its verifiers identified) the verified
+        # engines a router serves, and removing those would leave the revision without workers
+        # (an injected worker goes one audit later).
+        router_uid = str(router.get("metadata", {}).get("uid", ""))
+        previous = rt.audit_suspects.pop(router_uid, set())
+        now_unknown = {str(w.get("id")) for w in unknown}
+        if now_unknown:
+            rt.audit_suspects[router_uid] = now_unknown
+        for worker in unknown:
+            if str(worker.get("id")) in previous:
+                removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
     return removed
 
 

@@ -206,6 +206,9 @@ class Runtime:
     # (time.monotonic(), HTTP status) of the last LeaderWorkerSet list the API refused with 404
     # or 403; None once one worked (see modeldeployment.Reconciler._leader_worker_sets)
     lws_unavailable: tuple[float, int] | None = None
+    # router pod uid -> ids of the workers its last audit found unknown (removed when the next
+    # audit finds them unknown again; see router_workers.audit_md)
+    audit_suspects: dict[str, set[str]] = field(default_factory=dict)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
