@@ -74,7 +74,8 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         group_verify.forget(uid)
         rt.wake_md(namespace, md_name)
         return
-    previous = rt.pods.get(uid)
+    # First sight, even when the listing's index handler (on_pod_listed) stored it already.
+    previous = None if rt.pods.take_listed(uid) else rt.pods.get(uid)
     rt.pods[uid] = pod
     _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
@@ -90,6 +91,17 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         or (fingerprint(previous) != fingerprint(pod))
     ):
         rt.wake_md(namespace, md_name)
+
+
+def on_pod_listed(rt: Runtime, body: Pod) -> None:
+    """kopf's index handler for engine pods: it runs for every pod of the initial listing before
+    any other handler may run (kopf's index barrier), so once a ModelDeployment's loop runs,
+    ``rt.pods`` holds every engine pod that existed when the operator started and passes read
+    them from there instead of listing a namespace of thousands of pods (issue 16). Stores a
+    pod only on first sight; ``on_pod_event`` then still treats it as new."""
+    uid = str(body.get("metadata", {}).get("uid", ""))
+    if uid and uid not in rt.pods:
+        rt.pods.put_listed(uid, pod_view.slim(body))
 
 
 def _series(pod: Pod) -> tuple[str, str, str, str]:
@@ -149,6 +161,7 @@ async def _write(rt: Runtime, pod: Pod, condition: dict[str, str]) -> bool:
         meta["namespace"], meta["name"], meta["uid"], condition
     )
     if result is None:
+        _gone(rt, pod)
         return False
     # Keep our copy current so the next decision compares against what we wrote.
     conditions = [
@@ -159,6 +172,15 @@ async def _write(rt: Runtime, pod: Pod, condition: dict[str, str]) -> bool:
     pod.setdefault("status", {})["conditions"] = [*conditions, condition]
     await _announce(rt, pod, previous, condition)
     return True
+
+
+def _gone(rt: Runtime, pod: Pod) -> None:
+    """The API server has no pod with this uid (its status patch got 404 or 409): forget it as
+    its DELETED event would. A pod whose deletion the watch never reported (kopf re-lists after
+    a "410 Gone" without telling what vanished meanwhile) would otherwise stay in ``rt.pods``,
+    where its ModelDeployment's passes count it (kvgate.handlers.modeldeployment)."""
+    if str(pod.get("metadata", {}).get("uid", "")) in rt.pods:
+        on_pod_event(rt, "DELETED", pod)
 
 
 async def _announce(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import time
 from collections import UserDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -58,6 +59,7 @@ class PodStore(UserDict[str, dict[str, Any]]):
     def __init__(self) -> None:
         self._by_md: dict[MdKey, dict[str, None]] = {}  # insertion-ordered uid sets
         self._key_of: dict[str, MdKey] = {}
+        self._listed: set[str] = set()  # stored by the listing, not handled yet (put_listed)
         super().__init__()
 
     @staticmethod
@@ -86,6 +88,19 @@ class PodStore(UserDict[str, dict[str, Any]]):
     def __delitem__(self, uid: str) -> None:
         super().__delitem__(uid)
         self._unindex(uid)
+        self._listed.discard(uid)
+
+    def put_listed(self, uid: str, pod: dict[str, Any]) -> None:
+        """Store a pod seen by the initial listing before its watch handler ran."""
+        self[uid] = pod
+        self._listed.add(uid)
+
+    def take_listed(self, uid: str) -> bool:
+        """Whether the pod was stored by ``put_listed`` and not handled since (clears it)."""
+        if uid in self._listed:
+            self._listed.discard(uid)
+            return True
+        return False
 
     def of_md(self, namespace: str, md_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """(uid, body) of every pod labelled for this ModelDeployment (a snapshot: safe to
@@ -200,6 +215,10 @@ class Runtime:
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[str, Any]] = field(default_factory=dict)
     owner_chains: OwnerChains = field(default_factory=OwnerChains)  # see identity.resolve_identity
+    # True once kopf's index barrier passed: every engine pod of the initial listing is in
+    # ``pods`` (engine_pods.on_pod_listed), so passes read a ModelDeployment's engine pods from
+    # there instead of listing them (kvgate.handlers.modeldeployment)
+    engine_pods_listed: bool = False
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
@@ -297,11 +316,18 @@ class Runtime:
 
 
 async def sleep_until_woken(wake: asyncio.Event, seconds: float) -> bool:
-    """Wait for a wake-up or the timeout; True when woken. Clears the wake-up."""
-    try:
-        await asyncio.wait_for(wake.wait(), timeout=max(0.0, seconds))
-        woken = True
-    except TimeoutError:
-        woken = False
+    """Wait for a wake-up or the timeout; True when woken. Clears the wake-up.
+
+    Every verifier and every ModelDeployment loop sleeps here. ``asyncio.timeout`` waits in the
+    caller's own task; ``asyncio.wait_for`` (Python 3.11) wraps the wait in a task of its own,
+    ~1.1 KiB more per sleeper: 11 MiB at 1,000 ModelDeployments with 9,000 engine pods, whose
+    operator must fit in 300 MB (issue 16)."""
+    woken = wake.is_set()
+    if not woken:
+        try:
+            async with asyncio.timeout(None if math.isinf(seconds) else max(0.0, seconds)):
+                woken = await wake.wait()
+        except TimeoutError:
+            woken = False
     wake.clear()
     return woken
