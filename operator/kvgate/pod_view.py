@@ -66,6 +66,20 @@ def _pick(source: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {key: source[key] for key in keys if key in source}
 
 
+def _read_conditions(conditions: list[Any]) -> list[dict[str, Any]]:
+    """The conditions kvgate reads: kvgate's own (whole) and whether the pod is Ready. The
+    kubelet's others (PodScheduled, Initialized, ContainersReady, ...) and their timestamps
+    were a fifth of a stored pod."""
+    out = []
+    for cond in conditions:
+        kind = cond.get("type") if isinstance(cond, Mapping) else None
+        if isinstance(kind, str) and kind.startswith(f"{labels.PREFIX}/"):
+            out.append(dict(cond))
+        elif kind == "Ready":
+            out.append({"type": kind, "status": cond.get("status")})
+    return out
+
+
 def slim(pod: Mapping[str, Any]) -> Pod:
     """The projection of a pod body the operator stores (plain data in, plain data out; the
     input is not modified, and nothing in the result is shared with a dropped field)."""
@@ -91,6 +105,8 @@ def slim(pod: Mapping[str, Any]) -> Pod:
         out_spec["nodeName"] = spec["nodeName"]
     out["spec"] = out_spec
     out_status = _pick(status, STATUS_FIELDS)
+    if "conditions" in status:
+        out_status["conditions"] = _read_conditions(status.get("conditions") or [])
     if "containerStatuses" in status:
         out_status["containerStatuses"] = [
             _pick(s, CONTAINER_STATUS_FIELDS) for s in status.get("containerStatuses") or []

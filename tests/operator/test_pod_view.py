@@ -40,6 +40,25 @@ def test_the_projection_drops_managed_fields_and_the_container_spec() -> None:
     assert len(json.dumps(slim)) < len(json.dumps(full)) / 3
 
 
+def test_the_projection_keeps_kvgates_conditions_whole_and_of_the_kubelets_only_ready() -> None:
+    full = api_pod()
+    full["status"]["conditions"].append({"type": "Ready", "status": "False", "reason": "x"})
+    slim = pod_view.slim(full)
+    kinds = [c["type"] for c in full["status"]["conditions"]]
+    assert {"PodScheduled", "ContainersReady"} <= set(kinds)  # the fixture has the kubelet's
+    ours = [c for c in full["status"]["conditions"] if c["type"] == labels.ENGINE_VERIFIED]
+    readiness = [
+        {"type": "Ready", "status": c["status"]}
+        for c in full["status"]["conditions"]
+        if c["type"] == "Ready"
+    ]
+    assert ours and readiness
+    assert sorted(slim["status"]["conditions"], key=json.dumps) == sorted(
+        [*ours, *readiness], key=json.dumps
+    )
+    assert gate.current_condition(slim) == gate.current_condition(full)
+
+
 def test_the_projection_keeps_every_field_the_gate_and_identity_read() -> None:
     full = api_pod()
     slim = pod_view.slim(full)
@@ -58,7 +77,8 @@ def test_the_projection_keeps_every_field_the_gate_and_identity_read() -> None:
     assert slim["metadata"]["annotations"] == {
         k: v for k, v in full["metadata"]["annotations"].items() if k.startswith("kvgate.io/")
     }
-    assert slim["status"]["conditions"] == full["status"]["conditions"]
+    ready = [c["status"] for c in full["status"]["conditions"] if c["type"] == "Ready"]
+    assert [c["status"] for c in slim["status"]["conditions"] if c["type"] == "Ready"] == ready
 
 
 def test_the_projection_shares_nothing_with_the_input_it_drops() -> None:

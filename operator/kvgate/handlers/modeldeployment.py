@@ -38,7 +38,7 @@ from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta, Rollout
 from kvgate.conflict_status import conflict_events, with_conflicts
 from kvgate.handlers import content_check, step_check
 from kvgate.handlers.router_workers import audit_loop
-from kvgate.handlers.runtime import MdKey, Runtime, sleep_until_woken
+from kvgate.handlers.runtime import MdKey, Runtime, Wake, sleep_until_woken
 from kvgate.k8s import JSON_PATCH, MERGE_PATCH, ApiError
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import (
@@ -716,7 +716,7 @@ async def run_reconciler(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -
 
 
 async def _reconcile_until_stopped(
-    rt: Runtime, reconciler: Reconciler, wake: asyncio.Event, stopped: Callable[[], bool]
+    rt: Runtime, reconciler: Reconciler, wake: Wake, stopped: Callable[[], bool]
 ) -> None:
     key = (reconciler.namespace, reconciler.name)
     quiet = 0  # timer passes in a row that no change woke
