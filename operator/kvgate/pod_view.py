@@ -15,6 +15,8 @@ feed full API bodies through the watch handlers, so a reader of a dropped field 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -80,9 +82,36 @@ def _read_conditions(conditions: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+# Equal in every pod of one ReplicaSet, so one copy serves them all: ~2.5 KiB a pod, 22 MiB at
+# 9,000 engine pods (issue 16). Nothing modifies them in place (a stored pod's status is
+# replaced whole, kvgate.handlers.engine_pods._write); test_pod_view proves the sharing.
+SHARED_FIELDS = (
+    ("metadata", "labels"),
+    ("metadata", "ownerReferences"),
+    ("metadata", "annotations"),
+    ("spec", "containers"),
+)
+SHARED_MAX = 50_000  # distinct values kept; then the table starts over (pods keep theirs)
+_shared: dict[bytes, Any] = {}  # 16-byte digest of the value's JSON -> the value
+
+
+def _share(value: Any) -> Any:
+    """The one stored copy of a value equal to ``value`` (which becomes it, if none)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    found = _shared.get(key)
+    if found is None:
+        if len(_shared) >= SHARED_MAX:
+            _shared.clear()
+        found = _shared[key] = value
+    return found
+
+
 def slim(pod: Mapping[str, Any]) -> Pod:
     """The projection of a pod body the operator stores (plain data in, plain data out; the
-    input is not modified, and nothing in the result is shared with a dropped field)."""
+    input is not modified, and nothing in the result is shared with a dropped field). Its
+    SHARED_FIELDS are shared with every stored pod that has equal ones: read them, never
+    modify them in place."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -113,4 +142,7 @@ def slim(pod: Mapping[str, Any]) -> Pod:
         ]
     out["status"] = out_status
     compacted: Pod = compact(out)
+    for part, key in SHARED_FIELDS:
+        if key in compacted[part]:
+            compacted[part][key] = _share(compacted[part][key])
     return compacted

@@ -179,3 +179,18 @@ async def test_a_verifier_started_from_a_handler_does_not_keep_the_handlers_cont
     finally:
         await rt.shutdown()
         await rt.api.close()
+
+
+def test_sibling_pods_share_one_copy_of_their_labels_owner_annotations_and_containers() -> None:
+    first, second, other = api_pod(), api_pod(), api_pod()
+    second["metadata"].update(name="sibling", uid="uid-2")
+    second["status"]["podIP"] = "10.0.0.2"
+    other["metadata"]["labels"] = {**other["metadata"]["labels"], labels.REVISION: "def456"}
+    a, b, c = (pod_view.slim(p) for p in (first, second, other))
+    for part, key in pod_view.SHARED_FIELDS:
+        assert a[part][key] is b[part][key], key
+    assert a["metadata"]["labels"] is not c["metadata"]["labels"]
+    assert c["metadata"]["labels"][labels.REVISION] == "def456"
+    assert a["metadata"]["labels"][labels.REVISION] == first["metadata"]["labels"][labels.REVISION]
+    assert (a["metadata"]["uid"], b["metadata"]["uid"]) == (first["metadata"]["uid"], "uid-2")
+    assert b["status"]["podIP"] == "10.0.0.2" != a["status"]["podIP"]
