@@ -60,8 +60,11 @@ real-engine-deps: $(STAMP)
 # KVGATE_REQUIRE_E2E=1: a missing control-plane build fails the tier instead of skipping it.
 # It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU);
 # `make e2e-real` runs only those.
+# E2E_WORKERS worlds side by side (pytest-xdist, a module stays on one world): the tier waits
+# more than it computes, so two worlds on 2 cores take 17 min where one takes 25.
+E2E_WORKERS ?= 2
 e2e: e2e-deps real-engine-deps
-	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q e2e/tests
+	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile e2e/tests
 
 e2e-real: e2e-deps real-engine-deps
 	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -s -m real_engine e2e/tests

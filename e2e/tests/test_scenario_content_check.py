@@ -84,7 +84,10 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
         ], probes
         assert all(400 <= p["httpStatus"] < 500 or p["error"] for p in probes[2:]), probes
         assert [p["promptTokens"] for p in probes][1] == 131_072 - 10
-        assert events(world, ns, "ContentCheckPassed"), "no ContentCheckPassed event"
+        # The pass writes the status, then posts its Events: the Event may trail the status.
+        deadline_loop(
+            "the ContentCheckPassed event", lambda: events(world, ns, "ContentCheckPassed"), 30
+        )
         old_pods = {p["metadata"]["uid"] for p in engine_pods(world, ns, MD)}
 
         def known_answer() -> tuple[bool, str]:
