@@ -283,18 +283,24 @@ async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge
     assert deployment["metadata"]["annotations"][labels.VERIFY_STARTED_AT] == "2026-11-05T12:00:00Z"
 
 
-@pytest.mark.usefixtures("revision_chain")
-async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
+async def _first_pass_with_a_passing_content_check(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[Reconciler, str]:
     async def content_check_passes(*_: Any) -> ContentVerdict:
         return ContentVerdict(True, REASON_PASSED, "content check passed", ())
 
     monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
     put_md(kmock)
-    rev = revision_of(make_md().spec)
     reconciler = Reconciler(rt, NS, "llama")
     await reconciler.reconcile()
+    return reconciler, revision_of(make_md().spec)
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
     # The cluster moves on: both engines verified, the router Ready.
     deployments = kmock.resource("apps", "v1", "deployments")
     kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
@@ -716,10 +722,8 @@ async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forge
         assert _series_value(name, pod) is None
 
 
-async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
-    deployments = kmock.resource("apps", "v1", "deployments")
-    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
-    pods = kmock.resource("", "v1", "pods")
+def _verified_pods(rev: str) -> list[dict[str, Any]]:
+    out = []
     for role in ("prefill", "decode"):
         pod = engine_pod(30000, role=role)
         pod["metadata"]["uid"] = f"uid-{role}"
@@ -727,6 +731,19 @@ async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) 
             {"type": "Ready", "status": "True"},
             {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"},
         ]
+        out.append(pod)
+    return out
+
+
+def _router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+
+
+async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    _router_ready(kmock, rev)
+    pods = kmock.resource("", "v1", "pods")
+    for pod in _verified_pods(rev):
         kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
 
 
@@ -777,33 +794,12 @@ async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
     assert status.get("contentChecks", []) == []
 
 
-def _verified_pods(rev: str) -> list[dict[str, Any]]:
-    out = []
-    for role in ("prefill", "decode"):
-        pod = engine_pod(30000, role=role)
-        pod["metadata"]["uid"] = f"uid-{role}"
-        pod["status"]["conditions"] = [
-            {"type": "Ready", "status": "True"},
-            {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"},
-        ]
-        out.append(pod)
-    return out
-
-
 @pytest.mark.usefixtures("revision_chain")
 async def test_once_the_pod_listing_is_in_a_pass_counts_the_watched_engine_pods_and_lists_none(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def content_check_passes(*_: Any) -> ContentVerdict:
-        return ContentVerdict(True, REASON_PASSED, "content check passed", ())
-
-    monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    reconciler = Reconciler(rt, NS, "llama")
-    await reconciler.reconcile()
-    deployments = kmock.resource("apps", "v1", "deployments")
-    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
+    _router_ready(kmock, rev)
     first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
     mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
     kmock.objects[mds, NS, "llama"].patch({"status": first_status})
