@@ -376,7 +376,8 @@ class World:
         """Stop everything a namespace runs, then delete it (with ``wait``, until it is gone).
 
         ModelDeployments go first (kvgate's finalizer: the operator stops reconciling them), then
-        Deployments and ReplicaSets (nothing recreates a pod after that), then the pods with a
+        Deployments and ReplicaSets, and with LeaderWorkerSet on its groups and their
+        StatefulSets (nothing recreates a pod after that), then the pods with a
         1 s grace period (this is clean-up; smg alone drains 5 s on SIGTERM, and the namespace
         controller, finding pods still terminating, re-checks only after their grace period).
         Returns once the kubelet has stopped every process of the namespace. The namespace
@@ -384,7 +385,13 @@ class World:
         kube-controller-manager): with ``wait=False`` that part runs on in the background, and
         ``wait_namespaces_deleted`` waits for all such namespaces."""
         ns = f"--namespace={name}"
-        for kinds in ("modeldeployments.kvgate.io", "deployments.apps,replicasets.apps"):
+        workloads = "deployments.apps,replicasets.apps"
+        if self._lws is not None:
+            # Multi-node groups too: their StatefulSets recreate a deleted pod until the garbage
+            # collector, behind on a loaded machine, has removed them (a group being recreated
+            # after a killed worker outlived the 180 s below with two worlds side by side).
+            workloads += ",leaderworkersets.leaderworkerset.x-k8s.io,statefulsets.apps"
+        for kinds in ("modeldeployments.kvgate.io", workloads):
             self.kubectl(
                 "delete", kinds, "--all", ns, "--ignore-not-found", "--timeout=120s", check=False
             )

@@ -5,6 +5,7 @@ A real (tiny) SGLang-shaped engine runs on 127.0.0.1 and the real probe reads it
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -18,7 +19,7 @@ from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, deployments, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
+from kvgate.k8s import ApiError, Credentials, KubeApi
 from kvgate.main import make_verify
 from kvgate.revision import revision_of
 from kvgate.settings import OperatorSettings
@@ -281,6 +282,33 @@ async def test_first_reconcile_creates_the_revision_and_writes_status_as_a_merge
         r.data for r in requests(kmock, "POST") if r.data["metadata"]["name"].endswith("-decode")
     )
     assert deployment["metadata"]["annotations"][labels.VERIFY_STARTED_AT] == "2026-11-05T12:00:00Z"
+
+
+async def test_the_first_pass_creates_the_router_role_binding_once_its_role_exists(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API server resolves a RoleBinding's roleRef when it is created: 404 while the Role
+    is not there yet (every new ModelDeployment's first pass failed on it)."""
+    put_md(kmock)
+    create = rt.api.create
+    roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
+
+    async def like_the_api_server(body: dict[str, Any]) -> dict[str, Any] | None:
+        if body["kind"] == "Role":
+            await asyncio.sleep(0.05)  # the Role's write takes a while
+        if body["kind"] == "RoleBinding":
+            role = body["roleRef"]["name"]
+            if (roles, NS, role) not in kmock.objects:
+                path = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings"
+                raise ApiError(404, "POST", path, f'rolebindings "{role}" not found')
+        return await create(body)
+
+    monkeypatch.setattr(rt.api, "create", like_the_api_server)
+    step = await Reconciler(rt, NS, "llama").reconcile()
+    assert step is not None
+    kinds = [r.data["kind"] for r in requests(kmock, "POST")]
+    assert kinds.index("Role") < kinds.index("RoleBinding")
+    assert requests(kmock, "PATCH", "/status")  # the pass went on to write its status
 
 
 async def _first_pass_with_a_passing_content_check(

@@ -388,10 +388,15 @@ class Reconciler:
         if check_due:
             started = time.monotonic()
             self.access_check = None  # a pass that fails from here on leaves the next one due
+            *independent, binding = access
             ensured = await asyncio.gather(
-                *(self._ensure(obj, md.metadata.uid) for obj in [*access, secret])
+                *(self._ensure(obj, md.metadata.uid) for obj in [*independent, secret])
             )
-            access_conflicts = tuple(c for c in ensured[:-1] if c is not None)
+            # The RoleBinding once its Role exists: the API server resolves the roleRef when it
+            # is created (404 until the Role is there). Created together, the first pass of
+            # every new ModelDeployment failed on it and a second pass did it all again.
+            bound = await self._ensure(binding, md.metadata.uid)
+            access_conflicts = tuple(c for c in [*ensured[:-1], bound] if c is not None)
             secret_conflict = ensured[-1]
         else:
             assert self.access_check is not None  # check_due is True without one
