@@ -136,18 +136,8 @@ def register_handlers() -> kopf.OperatorRegistry:
 
     # One reconcile loop per ModelDeployment (handlers.md_loops), started and stopped by these
     # events: no kopf daemon, so no finalizer and no operator round trip on deletion.
-    # An index that keeps nothing (the handler returns None): kopf runs it for every engine pod
-    # of the initial listing and holds every other handler until all of them ran (its index
-    # barrier), so the first ModelDeployment pass finds every engine pod in the runtime's store.
-    @kopf.index(
-        "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ENGINE}, registry=registry
-    )
-    async def engine_pods_listed(body: kopf.Body, **_: Any) -> None:
-        engine_pods.on_pod_listed(_rt(), dict(body))
-
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def modeldeployment_event(event: kopf.RawEvent, **_: Any) -> None:
-        _rt().engine_pods_listed = True  # past kopf's index barrier (engine_pods_listed above)
         body = dict(event["object"])
         md_loops.on_md_event(_rt(), event.get("type"), body)
         if event.get("type") != "DELETED":

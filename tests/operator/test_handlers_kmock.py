@@ -14,7 +14,7 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate import builders, labels, metrics
+from kvgate import builders, labels, metrics, pod_view
 from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, deployments, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
@@ -823,62 +823,14 @@ async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
 
 
 @pytest.mark.usefixtures("revision_chain")
-async def test_once_the_pod_listing_is_in_a_pass_counts_the_watched_engine_pods_and_lists_none(
-    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
-    _router_ready(kmock, rev)
-    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
-    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
-    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
-    # Both engines verified, as the operator's pod watch holds them (the API has none listed).
-    for pod in _verified_pods(rev):
-        engine_pods.on_pod_listed(rt, pod)
-    rt.engine_pods_listed = True
-    pod_lists = len(requests(kmock, "GET", f"/namespaces/{NS}/pods"))
-
-    step = await reconciler.reconcile()
-
-    assert step is not None and step.serving_revision == rev
-    assert len(requests(kmock, "GET", f"/namespaces/{NS}/pods")) == pod_lists
-
-
-@pytest.mark.usefixtures("revision_chain")
-async def test_before_the_pod_listing_is_in_a_pass_lists_the_engine_pods(
-    kmock: kmock.KubernetesEmulator, rt: Runtime
-) -> None:
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    for pod in _verified_pods(rev):  # in the operator's store, not yet known to be complete
-        engine_pods.on_pod_listed(rt, pod)
-    await Reconciler(rt, NS, "llama").reconcile()
-    assert requests(kmock, "GET", f"/namespaces/{NS}/pods")
-
-
-async def test_a_pod_stored_by_the_listing_is_new_to_its_first_watch_event(rt: Runtime) -> None:
-    pod = engine_pod(9)
-    engine_pods.on_pod_listed(rt, pod)
-    engine_pods.on_pod_listed(rt, {**pod, "status": {}})  # a later event: the store keeps its own
-    assert rt.pods["pod-uid-1"]["status"]["podIP"] == "127.0.0.1"
-    assert _series_value("kvgate_engine_last_verified_timestamp_seconds", pod) is None
-    engine_pods.on_pod_event(rt, None, pod)
-    # First sight: the age of its verification counts from now, its MD and verifier are woken.
-    assert _series_value("kvgate_engine_last_verified_timestamp_seconds", pod) == NOW.timestamp()
-    assert rt.md_wake((NS, "llama")).is_set()
-    assert rt.pod_wake("pod-uid-1").is_set()
-    rt.md_wake((NS, "llama")).clear()
-    engine_pods.on_pod_event(rt, "MODIFIED", pod)  # unchanged: nobody is woken
-    assert not rt.md_wake((NS, "llama")).is_set()
-
-
-@pytest.mark.usefixtures("revision_chain")
 async def test_a_pod_whose_status_patch_finds_it_gone_is_forgotten(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:
-    # Its deletion never reached the watch (a re-list after "410 Gone" reports no deletions).
+    # Its deletion never reached the watch (kopf re-lists after "410 Gone" without reporting
+    # deletions): the verifier's status write finds it gone.
     async with running(FakeEngine("decode", 131_072, 200_000)) as engine:
         pod = engine_pod(engine.port)
-        engine_pods.on_pod_listed(rt, pod)
+        rt.pods["pod-uid-1"] = pod_view.slim(pod)  # as its watch stored it
         assert await engine_pods.check_pod(rt, rt.pods["pod-uid-1"]) is None
     assert "pod-uid-1" not in rt.pods
     assert list(rt.pods.of_md(NS, "llama")) == []

@@ -8,7 +8,6 @@ import kopf
 import pytest
 from kopf._cogs.structs import references
 from kvgate import labels, main
-from kvgate.api import PLURAL
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
 from kvgate.settings import OperatorSettings
@@ -115,47 +114,3 @@ async def test_the_initial_listing_comes_in_pages(configured: kopf.OperatorSetti
     """An unpaged list of 9,000 pods is ~90 MB of JSON at once (a leader restarted at 1,000
     ModelDeployments peaked at 750 MB RSS)."""
     assert configured.watching.chunk_size == main.LIST_CHUNK_SIZE == 500
-
-
-async def test_engine_pods_are_indexed_so_no_handler_runs_before_the_listing_is_stored() -> None:
-    """kopf runs index handlers for every listed object and holds every other handler (the
-    ModelDeployment events that start the passes) until all of them ran: a pass that reads the
-    engine pods from the operator's store never finds it half-filled."""
-    registry = main.register_handlers()
-    (index,) = [
-        h
-        for h in registry._indexing.get_all_handlers()
-        if h.selector is not None and "pods" in (h.selector.plural, h.selector.any_name)
-    ]
-    assert index.labels == {labels.COMPONENT: labels.COMPONENT_ENGINE}
-    (md_event,) = [
-        h
-        for h in registry._watching.get_all_handlers()
-        if h.selector is not None and PLURAL in (h.selector.plural, h.selector.any_name)
-    ]
-    api = KubeApi(Credentials(server="http://127.0.0.1:9"))
-    rt = main._runtime = Runtime(
-        api=api,
-        settings=OperatorSettings(webhook=False),
-        verify=None,  # type: ignore[arg-type]
-    )
-    pod = {
-        "metadata": {
-            "name": "p",
-            "namespace": "ns",
-            "uid": "u1",
-            "labels": {labels.COMPONENT: labels.COMPONENT_ENGINE, labels.DEPLOYMENT: "llama"},
-        },
-        "status": {"podIP": "10.0.0.1"},
-    }
-    try:
-        assert await index.fn(body=kopf.Body(pod)) is None  # type: ignore[call-arg]  # keeps nothing
-        assert [uid for uid, _ in rt.pods.of_md("ns", "llama")] == ["u1"]
-        assert not rt.engine_pods_listed
-        md = {"metadata": {"name": "llama", "namespace": "ns", "uid": "m1"}, "spec": {}}
-        await md_event.fn(event={"type": None, "object": md})  # type: ignore[call-arg]
-        assert rt.engine_pods_listed
-    finally:
-        await rt.shutdown()
-        main._runtime = None
-        await api.close()

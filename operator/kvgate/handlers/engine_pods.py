@@ -74,8 +74,7 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         group_verify.forget(uid)
         rt.wake_md(namespace, md_name)
         return
-    # First sight, even when the listing's index handler (on_pod_listed) stored it already.
-    previous = None if rt.pods.take_listed(uid) else rt.pods.get(uid)
+    previous = rt.pods.get(uid)
     rt.pods[uid] = pod
     _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
@@ -91,17 +90,6 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         or (fingerprint(previous) != fingerprint(pod))
     ):
         rt.wake_md(namespace, md_name)
-
-
-def on_pod_listed(rt: Runtime, body: Pod) -> None:
-    """kopf's index handler for engine pods: it runs for every pod of the initial listing before
-    any other handler may run (kopf's index barrier), so once a ModelDeployment's loop runs,
-    ``rt.pods`` holds every engine pod that existed when the operator started and passes read
-    them from there instead of listing a namespace of thousands of pods (issue 16). Stores a
-    pod only on first sight; ``on_pod_event`` then still treats it as new."""
-    uid = str(body.get("metadata", {}).get("uid", ""))
-    if uid and uid not in rt.pods:
-        rt.pods.put_listed(uid, pod_view.slim(body))
 
 
 def _series(pod: Pod) -> tuple[str, str, str, str]:

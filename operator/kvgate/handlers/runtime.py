@@ -59,7 +59,6 @@ class PodStore(UserDict[str, dict[str, Any]]):
     def __init__(self) -> None:
         self._by_md: dict[MdKey, dict[str, None]] = {}  # insertion-ordered uid sets
         self._key_of: dict[str, MdKey] = {}
-        self._listed: set[str] = set()  # stored by the listing, not handled yet (put_listed)
         super().__init__()
 
     @staticmethod
@@ -88,19 +87,6 @@ class PodStore(UserDict[str, dict[str, Any]]):
     def __delitem__(self, uid: str) -> None:
         super().__delitem__(uid)
         self._unindex(uid)
-        self._listed.discard(uid)
-
-    def put_listed(self, uid: str, pod: dict[str, Any]) -> None:
-        """Store a pod seen by the initial listing before its watch handler ran."""
-        self[uid] = pod
-        self._listed.add(uid)
-
-    def take_listed(self, uid: str) -> bool:
-        """Whether the pod was stored by ``put_listed`` and not handled since (clears it)."""
-        if uid in self._listed:
-            self._listed.discard(uid)
-            return True
-        return False
 
     def of_md(self, namespace: str, md_name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """(uid, body) of every pod labelled for this ModelDeployment (a snapshot: safe to
@@ -262,10 +248,6 @@ class Runtime:
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[bytes, Any]] = field(default_factory=dict)
     owner_chains: OwnerChains = field(default_factory=OwnerChains)  # see identity.resolve_identity
-    # True once kopf's index barrier passed: every engine pod of the initial listing is in
-    # ``pods`` (engine_pods.on_pod_listed), so passes read a ModelDeployment's engine pods from
-    # there instead of listing them (kvgate.handlers.modeldeployment)
-    engine_pods_listed: bool = False
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
