@@ -60,9 +60,10 @@ real-engine-deps: $(STAMP)
 # KVGATE_REQUIRE_E2E=1: a missing control-plane build fails the tier instead of skipping it.
 # It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU);
 # `make e2e-real` runs only those.
-# E2E_WORKERS worlds side by side (pytest-xdist, a module stays on one world): the tier waits
-# more than it computes, so two worlds on 2 cores take 17 min where one takes 25.
-E2E_WORKERS ?= 2
+# E2E_WORKERS worlds side by side (pytest-xdist, a module stays on one world): two worlds on
+# 2 cores take 16-20 min where one takes 25, but under that load 2 of 227 timing-bound tests
+# failed in one of two fresh-clone runs, so `make test` keeps one world; E2E_WORKERS=2 opts in.
+E2E_WORKERS ?= 1
 e2e: e2e-deps real-engine-deps
 	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile e2e/tests
 

@@ -6,8 +6,8 @@
 Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest.mark.e2e``):
 
 ``world`` (session scope)
-    One ``kvgate_e2e.world.World`` for the whole session (per pytest-xdist worker: `make e2e`
-    runs two, each module on one of them): the control plane in its own network
+    One ``kvgate_e2e.world.World`` for the whole session (per pytest-xdist worker with
+    `make e2e E2E_WORKERS=2`, each module on one of them): the control plane in its own network
     namespace, the loopback kubelet with two GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
     node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``), and
     ``helm install kvgate charts/kvgate`` in ``kvgate-system`` (operator re-verifies every 2 s).
