@@ -36,7 +36,7 @@ METADATA_FIELDS = (
     "ownerReferences",
 )
 CONTAINER_FIELDS = ("name", "ports")
-STATUS_FIELDS = ("phase", "podIP", "conditions")
+STATUS_FIELDS = ("phase", "podIP")  # and the conditions kvgate reads (_read_conditions)
 CONTAINER_STATUS_FIELDS = ("name", "ready", "started", "restartCount", "state", "containerID")
 
 
@@ -95,10 +95,16 @@ SHARED_MAX = 50_000  # distinct values kept; then the table starts over (pods ke
 _shared: dict[bytes, Any] = {}  # 16-byte digest of the value's JSON -> the value
 
 
+def digest(value: Any) -> bytes:
+    """16 bytes that tell JSON values apart (sorted keys): a key kept per pod instead of the
+    JSON itself."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
 def _share(value: Any) -> Any:
     """The one stored copy of a value equal to ``value`` (which becomes it, if none)."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    key = digest(value)
     found = _shared.get(key)
     if found is None:
         if len(_shared) >= SHARED_MAX:

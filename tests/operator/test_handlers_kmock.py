@@ -311,24 +311,18 @@ async def test_the_first_pass_creates_the_router_role_binding_once_its_role_exis
     assert requests(kmock, "PATCH", "/status")  # the pass went on to write its status
 
 
-async def _first_pass_with_a_passing_content_check(
+@pytest.mark.usefixtures("revision_chain")
+async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Reconciler, str]:
+) -> None:
     async def content_check_passes(*_: Any) -> ContentVerdict:
         return ContentVerdict(True, REASON_PASSED, "content check passed", ())
 
     monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
     put_md(kmock)
+    rev = revision_of(make_md().spec)
     reconciler = Reconciler(rt, NS, "llama")
     await reconciler.reconcile()
-    return reconciler, revision_of(make_md().spec)
-
-
-@pytest.mark.usefixtures("revision_chain")
-async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
-    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
     # The cluster moves on: both engines verified, the router Ready.
     deployments = kmock.resource("apps", "v1", "deployments")
     kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
@@ -750,8 +744,10 @@ async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forge
         assert _series_value(name, pod) is None
 
 
-def _verified_pods(rev: str) -> list[dict[str, Any]]:
-    out = []
+async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+    pods = kmock.resource("", "v1", "pods")
     for role in ("prefill", "decode"):
         pod = engine_pod(30000, role=role)
         pod["metadata"]["uid"] = f"uid-{role}"
@@ -759,19 +755,6 @@ def _verified_pods(rev: str) -> list[dict[str, Any]]:
             {"type": "Ready", "status": "True"},
             {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"},
         ]
-        out.append(pod)
-    return out
-
-
-def _router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
-    deployments = kmock.resource("apps", "v1", "deployments")
-    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
-
-
-async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
-    _router_ready(kmock, rev)
-    pods = kmock.resource("", "v1", "pods")
-    for pod in _verified_pods(rev):
         kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
 
 

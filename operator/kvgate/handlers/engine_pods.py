@@ -165,8 +165,8 @@ async def _write(rt: Runtime, pod: Pod, condition: dict[str, str]) -> bool:
 def _gone(rt: Runtime, pod: Pod) -> None:
     """The API server has no pod with this uid (its status patch got 404 or 409): forget it as
     its DELETED event would. A pod whose deletion the watch never reported (kopf re-lists after
-    a "410 Gone" without telling what vanished meanwhile) would otherwise stay in ``rt.pods``,
-    where its ModelDeployment's passes count it (kvgate.handlers.modeldeployment)."""
+    a "410 Gone" without telling what vanished meanwhile) would otherwise keep its verifier and
+    its place in ``rt.pods``, whose readers (the worker audit's verified engines) trust it."""
     if str(pod.get("metadata", {}).get("uid", "")) in rt.pods:
         on_pod_event(rt, "DELETED", pod)
 

@@ -5,11 +5,9 @@ Reads the pod's ReplicaSet and that ReplicaSet's Deployment; a proven chain is c
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, cast
 
-from kvgate import pod_identity
+from kvgate import pod_identity, pod_view
 from kvgate.handlers import group_verify
 from kvgate.handlers.runtime import Runtime
 from kvgate.pod_identity import EngineIdentity, Unproven
@@ -21,8 +19,7 @@ def _ownership_fingerprint(pod: Pod) -> bytes:
     """A digest of the pod's ownerReferences and labels (kept per pod: the JSON itself was
     ~350 bytes a pod, 3 MiB at 9,000 engine pods)."""
     meta = pod.get("metadata", {})
-    text = json.dumps([meta.get("ownerReferences"), meta.get("labels")], sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return pod_view.digest([meta.get("ownerReferences"), meta.get("labels")])
 
 
 async def resolve_identity(

@@ -138,12 +138,6 @@ class Wake:
         return True
 
 
-class Wakeable(Protocol):
-    def is_set(self) -> bool: ...
-    def clear(self) -> None: ...
-    async def wait(self) -> bool: ...
-
-
 class Pacer:
     """Spaces calls at most ``rate`` a second across every caller, in the order they asked
     (each takes the next free instant). Used for the worker audit's router reads and the
@@ -350,7 +344,7 @@ class Runtime:
             await close()
 
 
-async def sleep_until_woken(wake: Wakeable, seconds: float) -> bool:
+async def sleep_until_woken(wake: Wake, seconds: float) -> bool:
     """Wait for a wake-up or the timeout; True when woken. Clears the wake-up.
 
     Every verifier and every ModelDeployment loop sleeps here. ``asyncio.timeout`` waits in the
