@@ -18,7 +18,12 @@ node (E/2 prefill + E/2 decode engines and one router each):
 3. **steady state**: the operator's API requests per minute (``kvgate_api_requests_total``,
    by verb and resource) and every client's (``apiserver_request_total``, WATCH excluded) over
    ``--steady-seconds``, with no change in the cluster; operator RSS (median and max);
-4. **delete**: ``kubectl delete md --all``: seconds until none is left, and until their pods
+4. **leader killed** at full size (SIGKILL, no Lease release; the standby starts with every
+   engine pod to list): seconds from the kill to the new Lease holder, to an engine restarted
+   with a pool below the context just after the kill refused and then re-admitted, and to a
+   ModelDeployment applied just after the kill reconciled; the new leader's RSS (max) and the
+   controller's container restarts;
+5. **delete**: ``kubectl delete md --all``: seconds until none is left, and until their pods
    are gone.
 
 Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
@@ -27,6 +32,7 @@ Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -36,6 +42,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +51,7 @@ from kvgate_e2e.cluster import ClusterConfig
 from kvgate_e2e.kubelet import container_pid
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.signals import interrupt_on_signals
-from kvgate_e2e.world import World, WorldConfig, load_sample
+from kvgate_e2e.world import OPERATOR_NAMESPACE, World, WorldConfig, load_sample
 
 NAMESPACE = "bench-scale"
 POOL = "bench"
@@ -193,6 +200,95 @@ def start_standin(world: World) -> tuple[subprocess.Popen[str], int]:
     return proc, world.forward(node_ip, CONTROL_PORT)
 
 
+def kill_leader(world: World) -> str:
+    """SIGKILL the leading controller pod (force delete, grace 0): no Lease release."""
+    leader = world.leader_name()
+    assert leader, "no replica holds the controller Lease"
+    world.kubectl(
+        "delete",
+        "pod",
+        leader,
+        f"--namespace={OPERATOR_NAMESPACE}",
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    )
+    return leader
+
+
+def leader_killed(
+    world: World, args: argparse.Namespace, control_port: int, result: dict[str, Any]
+) -> None:
+    """The leader killed at full size: the standby takes the Lease and starts with every
+    engine pod to list (round 8's operator never finished that list and restarted in a loop).
+    Seconds from the kill to: the new Lease holder; an engine restarted just after the kill
+    refused (gate False) and re-admitted (gate True) by the new leader; a ModelDeployment
+    applied just after the kill reconciled. Also the new leader's RSS (max) and restarts."""
+    killed = kill_leader(world)
+    kill = time.monotonic()
+    fresh = manifest(args.mds, args.engines, args.reverify_seconds)
+    world.apply(fresh, NAMESPACE)
+    md = f"md-{(args.restarts * 7919) % args.mds:04d}"
+    pods = world.list("pods", NAMESPACE, f"kvgate.io/deployment={md},kvgate.io/component=engine")
+    name = pods[0]["metadata"]["name"]
+    control(control_port, f"/restart?namespace={NAMESPACE}&pod={name}&pool=1000")
+    rss: list[float] = []
+
+    def new_leader() -> bool:
+        holder = world.leader_name()
+        return holder is not None and holder != killed
+
+    poll_until("a new Lease holder", new_leader, 120, period=0.2)
+    result["leader_kill_to_new_holder_s"] = round(time.monotonic() - kill, 1)
+
+    def sampled(predicate: Callable[[], bool]) -> Callable[[], bool]:
+        def check() -> bool:
+            with contextlib.suppress(AssertionError, FileNotFoundError, RuntimeError):
+                rss.append(rss_mib(operator_pid(world)))
+            return predicate()
+
+        return check
+
+    poll_until(
+        f"pod {name}: gate False after the leader kill",
+        sampled(lambda: gate(world.get("pods", name, NAMESPACE)) == "False"),
+        args.timeout,
+        period=0.5,
+    )
+    result["leader_kill_to_restarted_engine_refused_s"] = round(time.monotonic() - kill, 1)
+    ack = control(control_port, f"/restart?namespace={NAMESPACE}&pod={name}&pool={2 * 131_072}")
+    until_gate(world, name, "True", ack["acknowledged"])
+    result["leader_kill_to_engine_readmitted_s"] = round(time.monotonic() - kill, 1)
+    poll_until(
+        "the ModelDeployment applied after the leader kill reconciled",
+        sampled(
+            lambda: (
+                (got := world.get("modeldeployments", fresh["metadata"]["name"], NAMESPACE))
+                is not None
+                and reconciled(got)
+            )
+        ),
+        args.timeout,
+        period=1.0,
+    )
+    result["leader_kill_to_new_md_reconciled_s"] = round(time.monotonic() - kill, 1)
+    result["new_leader_rss_max_mib"] = round(max(rss), 1) if rss else None
+    result["operator_restarts_after_kill"] = sum(
+        int(c.get("restartCount", 0))
+        for pod in world.operator_pods()
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    report(
+        result,
+        "leader_kill_to_new_holder_s",
+        "leader_kill_to_restarted_engine_refused_s",
+        "leader_kill_to_engine_readmitted_s",
+        "leader_kill_to_new_md_reconciled_s",
+        "new_leader_rss_max_mib",
+        "operator_restarts_after_kill",
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     env = dict(kv.split("=", 1) for kv in args.operator_env)
     if args.memory_profile:
@@ -303,6 +399,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 say(f"operator heap profile written to {args.memory_profile}")
             report(result, "operator_restarts")
+
+            leader_killed(world, args, control_port, result)
 
             started = time.monotonic()
             world.cluster.kubectl(

@@ -18,7 +18,7 @@ import os
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -180,6 +180,20 @@ def load_credentials() -> Credentials:
     )
 
 
+def _api_error(response: aiohttp.ClientResponse, method: str, path: str, text: str) -> ApiError:
+    try:
+        message = str(json.loads(text).get("message", text))
+    except (ValueError, AttributeError):
+        message = text[:500]
+    return ApiError(
+        response.status,
+        method,
+        path,
+        message,
+        retry_after=_retry_after(response.headers.get("Retry-After")),
+    )
+
+
 def _selector(selector: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in selector.items())
 
@@ -210,6 +224,13 @@ class KubeApi:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": JSON}
+        token = self.credentials.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
     async def request(
         self,
         method: str,
@@ -220,10 +241,7 @@ class KubeApi:
         params: dict[str, str] | None = None,
         missing_ok: bool = False,
     ) -> Body | None:
-        headers = {"Accept": JSON}
-        token = self.credentials.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = self._headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -236,21 +254,38 @@ class KubeApi:
             if response.status == 404 and missing_ok:
                 return None
             if response.status >= 400:
-                try:
-                    message = str(json.loads(text).get("message", text))
-                except (ValueError, AttributeError):
-                    message = text[:500]
-                raise ApiError(
-                    response.status,
-                    method,
-                    path,
-                    message,
-                    retry_after=_retry_after(response.headers.get("Retry-After")),
-                )
+                raise _api_error(response, method, path, text)
             if not text:
                 return {}
             result: Body = json.loads(text)
             return result
+
+    async def watch(
+        self, path: str, params: dict[str, str], *, read_timeout: float
+    ) -> AsyncIterator[Body]:
+        """``GET path?watch=true``: yields each event ({"type", "object"}) as the API server
+        streams it, until the server ends the watch (its timeoutSeconds) or nothing arrives for
+        ``read_timeout`` seconds (aiohttp raises then). Counted as verb WATCH."""
+        metrics.API_REQUESTS.labels("WATCH", resource_of(path)).inc()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=read_timeout)
+        async with self._session_now().get(
+            self.credentials.server + path,
+            params={**params, "watch": "true"},
+            headers=self._headers(),
+            timeout=timeout,
+        ) as response:
+            if response.status >= 400:
+                raise _api_error(response, "WATCH", path, await response.text())
+            pending = b""
+            # Split on newlines by hand: one event is one line, and a line may be larger than
+            # aiohttp's readline limit (a pod with long managedFields).
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event: Body = json.loads(line)
+                        yield event
 
     # -- paths ------------------------------------------------------------------------------
     @staticmethod

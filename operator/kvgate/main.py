@@ -1,9 +1,10 @@
 """`kvgate operator`: kopf start-up settings and the wiring of triggers to handlers.
 
 Triggers (kopf watches): ModelDeployments (one reconcile loop each, an asyncio task started and
-cancelled by the CR's watch events: no finalizer, see handlers.md_loops), engine pods (watch
-events start/stop each pod's verifier task; no finalizer on pods) and kvgate-managed
-Deployments (wake their MD).
+cancelled by the CR's watch events: no finalizer, see handlers.md_loops), kvgate-managed
+Deployments (wake their MD), routers and multi-node workers. Engine pods are listed and watched
+by the operator itself (kvgate.informer): their events start/stop each pod's verifier task (no
+finalizer on pods), and passes read them from its store once it has listed them all.
 
 Peering: with --standalone kopf does not look for KopfPeering objects; run ONE replica
 (Deployment strategy Recreate). Without it, kopf uses peering objects named "kvgate" (the chart
@@ -98,11 +99,14 @@ def register_handlers() -> kopf.OperatorRegistry:
         settings.watching.chunk_size = LIST_CHUNK_SIZE
         # Owned kinds whose handlers match only kvgate's label: filter them on the server, so
         # the operator never receives (or keeps kopf state for) a cluster's other Deployments,
-        # Services, RBAC objects and NetworkPolicies. Pods are not filtered: a look-alike pod
-        # with kvgate's component labels but not its managed-by label must still be seen.
+        # Services, RBAC objects and NetworkPolicies. kopf's pods are filtered by component
+        # only (routers and multi-node workers; engine pods are the operator's own watch): a
+        # look-alike pod with kvgate's component label but not its managed-by label must still
+        # be seen.
         managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
         for group, version, plural in SERVER_FILTERED_RESOURCES:
             settings.watching.label_selectors[group, version, plural] = managed
+        settings.watching.label_selectors["", "v1", "pods"] = KOPF_POD_SELECTOR
         settings.peering.name = "kvgate"
         settings.peering.standalone = rt.settings.standalone
         settings.peering.clusterwide = not rt.settings.namespaces
@@ -143,11 +147,8 @@ def register_handlers() -> kopf.OperatorRegistry:
         if event.get("type") != "DELETED":
             await md_loops.release_legacy_finalizer(_rt(), body)
 
-    @kopf.on.event(
-        "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ENGINE}, registry=registry
-    )
-    async def engine_pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        engine_pods.on_pod_event(_rt(), event.get("type"), dict(event["object"]))
+    # Engine pods are not kopf's: the operator lists and watches them itself (kvgate.informer,
+    # started in serve), so a pass knows when every engine pod is in its store.
 
     @kopf.on.event(
         "", "v1", "pods", labels={labels.COMPONENT: multinode.COMPONENT_WORKER}, registry=registry
@@ -202,6 +203,10 @@ def register_handlers() -> kopf.OperatorRegistry:
 
 
 LIST_CHUNK_SIZE = 500  # objects per page of kopf's initial listing (see configure)
+# The pods kopf watches (its handlers' components), filtered on the server.
+KOPF_POD_SELECTOR = (
+    f"{labels.COMPONENT} in ({labels.COMPONENT_ROUTER},{multinode.COMPONENT_WORKER})"
+)
 
 # What the router of each ModelDeployment runs as, and each revision's NetworkPolicies (watched:
 # see register_handlers), so a settled ModelDeployment needs no timer to notice them drift.
@@ -355,6 +360,7 @@ async def serve(
             )
             if not await elector.acquire(stop.event):
                 return
+        engine_pods.start_reflectors(_runtime, settings.namespaces)
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(

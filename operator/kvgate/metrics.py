@@ -102,6 +102,14 @@ POD_READY = _PER_POD.gauge(
     "endpoints), else 0; from the pod watch, not from the verifier.",
 )
 REGISTRY.register(_PER_POD)  # after its gauges: the registry reads their names on registration
+WATCH_LISTS = Counter(
+    "kvgate_watch_lists",
+    "Complete lists by the operator's own list-then-watch (kvgate.informer), by resource: the "
+    "first at start, then one each time the watch expired (410 Gone). A climbing count means "
+    "the watch keeps losing its place.",
+    ["resource"],
+    registry=REGISTRY,
+)
 LEADER = Gauge(
     "kvgate_leader",
     "1 on the operator replica that runs kvgate's handlers (with --standalone: every running "

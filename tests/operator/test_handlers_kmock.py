@@ -19,6 +19,7 @@ from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, deployments, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
+from kvgate.informer import Reflector
 from kvgate.k8s import ApiError, Credentials, KubeApi
 from kvgate.main import make_verify
 from kvgate.revision import revision_of
@@ -744,10 +745,8 @@ async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forge
         assert _series_value(name, pod) is None
 
 
-async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
-    deployments = kmock.resource("apps", "v1", "deployments")
-    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
-    pods = kmock.resource("", "v1", "pods")
+def _verified_pods() -> list[dict[str, Any]]:
+    out = []
     for role in ("prefill", "decode"):
         pod = engine_pod(30000, role=role)
         pod["metadata"]["uid"] = f"uid-{role}"
@@ -755,7 +754,76 @@ async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) 
             {"type": "Ready", "status": "True"},
             {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"},
         ]
+        out.append(pod)
+    return out
+
+
+def _router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+
+
+async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) -> None:
+    _router_ready(kmock, rev)
+    pods = kmock.resource("", "v1", "pods")
+    for pod in _verified_pods():
         kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
+
+
+def _every_engine_pod_listed(rt: Runtime) -> None:
+    """As the operator's engine pod reflector has it after its first complete list."""
+    rt.pod_reflectors.append(
+        Reflector(
+            api=rt.api,
+            path="/api/v1/pods",
+            selector=engine_pods.ENGINE_SELECTOR,
+            kind="Pod",
+            api_version="v1",
+            on_event=lambda *_: None,
+            on_vanished=lambda _: None,
+            stored=lambda: (),
+            synced=True,
+        )
+    )
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_once_every_engine_pod_is_listed_a_pass_reads_them_from_the_store_and_lists_none(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def content_check_passes(*_: Any) -> ContentVerdict:
+        return ContentVerdict(True, REASON_PASSED, "content check passed", ())
+
+    monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    _router_ready(kmock, rev)
+    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
+    # Both engines verified, as the operator's watch holds them (the API lists none).
+    for pod in _verified_pods():
+        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
+    _every_engine_pod_listed(rt)
+    pod_lists = len(requests(kmock, "GET", f"/namespaces/{NS}/pods"))
+
+    step = await reconciler.reconcile()
+
+    assert step is not None and step.serving_revision == rev
+    assert len(requests(kmock, "GET", f"/namespaces/{NS}/pods")) == pod_lists
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_until_every_engine_pod_is_listed_a_pass_lists_its_engine_pods(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    for pod in _verified_pods():  # in the store, not yet known to be complete
+        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
+    await Reconciler(rt, NS, "llama").reconcile()
+    assert requests(kmock, "GET", f"/namespaces/{NS}/pods")
 
 
 @pytest.mark.usefixtures("revision_chain")

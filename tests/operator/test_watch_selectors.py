@@ -61,10 +61,26 @@ def test_owned_kinds_are_filtered_by_kvgates_label_on_the_server(
     assert selectors == [MANAGED]
 
 
-def test_pods_are_not_filtered_so_look_alikes_are_still_seen(
+def test_kopfs_pods_are_filtered_by_component_only_so_look_alikes_are_still_seen(
     configured: kopf.OperatorSettings,
 ) -> None:
-    assert configured.watching.label_selectors.collect(_resource("", "pods", "Pod")) == []
+    """kopf watches routers and multi-node workers (engine pods are the operator's own watch,
+    kvgate.informer): not the 9,000 engine pods of 1,000 ModelDeployments a second time, yet
+    any pod with one of those components, whoever manages it."""
+    selectors = configured.watching.label_selectors.collect(_resource("", "pods", "Pod"))
+    assert selectors == ["kvgate.io/component in (router,engine-worker)"]
+
+
+def test_engine_pods_have_no_kopf_handler_the_operators_own_watch_delivers_them() -> None:
+    registry = main.register_handlers()
+    pod_handlers = [
+        h
+        for h in registry._watching.get_all_handlers()
+        if h.selector is not None and (h.selector.plural or h.selector.any_name) == "pods"
+    ]
+    components = {(h.labels or {}).get(labels.COMPONENT) for h in pod_handlers}
+    assert components == {labels.COMPONENT_ROUTER, "engine-worker"}
+    assert len(components) == len(pod_handlers)
 
 
 def test_every_kind_a_settled_pass_repairs_is_watched() -> None:

@@ -20,10 +20,12 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: ["kvgate.io"]
   resources: ["modeldeployments/finalizers"]
   verbs: ["update"]
-# engine and router pods are watched (kopf, by kvgate.io/component) and listed per ModelDeployment
-# and by the gateway watch; delete (uid precondition) removes an engine pod a gateway still routes
-# to after its verification gate turned False; get, list, watch: the `<md>-router` Role grants
-# them, and RBAC lets the operator grant only what it holds (no escalate)
+# engine pods are listed and watched by the operator's own reflector and router and worker pods by
+# kopf (both by kvgate.io/component); engine pods are listed per ModelDeployment until the
+# reflector's first list, and by the gateway watch; delete (uid precondition) removes an engine
+# pod a gateway still routes to after its verification gate turned False; get, list, watch: the
+# `<md>-router` Role grants them, and RBAC lets the operator grant only what it holds (no
+# escalate)
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "delete"]

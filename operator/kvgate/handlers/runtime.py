@@ -17,6 +17,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 from kvgate import labels, pod_view, router_auth
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers import step_check
+from kvgate.informer import Reflector
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
@@ -258,6 +259,16 @@ class Runtime:
     _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
     _pod_wakes: dict[str, Wake] = field(default_factory=dict)
     _md_wakes: dict[MdKey, Wake] = field(default_factory=dict)
+    # The operator's own list-then-watch of engine pods (kvgate.informer; one per watched
+    # namespace, or one for all), and their tasks: see engine_pods.start_reflectors
+    pod_reflectors: list[Reflector] = field(default_factory=list)
+    reflector_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def engine_pods_listed(self) -> bool:
+        """Whether ``pods`` holds every engine pod: each reflector finished a complete list (a
+        ModelDeployment's pass then reads its pods from there instead of listing them)."""
+        return bool(self.pod_reflectors) and all(r.synced for r in self.pod_reflectors)
 
     def pass_slots(self) -> asyncio.Semaphore:
         """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
@@ -333,7 +344,12 @@ class Runtime:
 
     async def shutdown(self) -> None:
         """Stop every verifier and reconcile loop (operator exit)."""
-        tasks = [*self.verifiers.values(), *(task for _, task in self.md_loops.values())]
+        tasks = [
+            *self.reflector_tasks,
+            *self.verifiers.values(),
+            *(task for _, task in self.md_loops.values()),
+        ]
+        self.reflector_tasks.clear()
         self.verifiers.clear()
         self.md_loops.clear()
         for task in tasks:
