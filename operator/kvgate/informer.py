@@ -60,8 +60,9 @@ class Reflector:
     _sleep: Callable[[float], Any] = field(default=asyncio.sleep, repr=False)
 
     async def run(self) -> None:
-        """List, then watch, for ever (until cancelled). API and connection errors are logged
-        and retried with backoff; they never end the loop."""
+        """List, then watch, for ever (until cancelled). Errors are logged and retried with
+        backoff; none ends the loop (a dead reflector would leave new engine pods unverified
+        and never serving)."""
         delay = BACKOFF_SECONDS[0]
         while True:
             try:
@@ -70,13 +71,11 @@ class Reflector:
                 delay = BACKOFF_SECONDS[0]
                 await self._watch(version)
             except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                log.warning(
-                    "listing %s failed (%s); again in %.0fs",
-                    self.path,
-                    exc,
-                    delay,
-                    extra={"path": self.path},
-                )
+                log.warning("listing %s failed (%s); again in %.0fs", self.path, exc, delay)
+                await self._sleep(delay)
+                delay = min(delay * 2, BACKOFF_SECONDS[1])
+            except Exception:  # a bug: say so, and keep the store alive
+                log.exception("the list-then-watch of %s failed; again in %.0fs", self.path, delay)
                 await self._sleep(delay)
                 delay = min(delay * 2, BACKOFF_SECONDS[1])
 

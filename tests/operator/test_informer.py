@@ -275,3 +275,21 @@ async def test_until_its_first_complete_list_the_operator_does_not_claim_every_p
         assert not rt.engine_pods_listed  # the second namespace is not listed (no route: 404)
     finally:
         await rt.shutdown()
+
+
+async def test_an_event_it_cannot_read_is_logged_and_the_reflector_lists_again(
+    server: tuple[FakeApiServer, KubeApi],
+) -> None:
+    """A dead reflector would leave every new engine pod unverified: nothing may end it."""
+    fake, api = server
+    fake.pods = [pod("a")]
+    fake.streams = [[{"type": "ADDED", "object": "not an object"}]]
+    recorder = Recorder()
+    backoffs: list[float] = []
+    task = await running(reflector_for(api, recorder), backoffs)
+    try:
+        await until(lambda: len(fake.lists) == 2)
+        assert not task.done()
+    finally:
+        await stop(task)
+    assert backoffs == [1.0]
