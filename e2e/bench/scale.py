@@ -51,7 +51,7 @@ from kvgate_e2e.cluster import ClusterConfig
 from kvgate_e2e.kubelet import container_pid
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.signals import interrupt_on_signals
-from kvgate_e2e.world import OPERATOR_NAMESPACE, World, WorldConfig, load_sample
+from kvgate_e2e.world import World, WorldConfig, load_sample
 
 NAMESPACE = "bench-scale"
 POOL = "bench"
@@ -200,22 +200,6 @@ def start_standin(world: World) -> tuple[subprocess.Popen[str], int]:
     return proc, world.forward(node_ip, CONTROL_PORT)
 
 
-def kill_leader(world: World) -> str:
-    """SIGKILL the leading controller pod (force delete, grace 0): no Lease release."""
-    leader = world.leader_name()
-    assert leader, "no replica holds the controller Lease"
-    world.kubectl(
-        "delete",
-        "pod",
-        leader,
-        f"--namespace={OPERATOR_NAMESPACE}",
-        "--grace-period=0",
-        "--force",
-        "--wait=false",
-    )
-    return leader
-
-
 def leader_killed(
     world: World, args: argparse.Namespace, control_port: int, result: dict[str, Any]
 ) -> None:
@@ -224,7 +208,7 @@ def leader_killed(
     Seconds from the kill to: the new Lease holder; an engine restarted just after the kill
     refused (gate False) and re-admitted (gate True) by the new leader; a ModelDeployment
     applied just after the kill reconciled. Also the new leader's RSS (max) and restarts."""
-    killed = kill_leader(world)
+    killed = world.kill_leader()
     kill = time.monotonic()
     fresh = manifest(args.mds, args.engines, args.reverify_seconds)
     world.apply(fresh, NAMESPACE)

@@ -288,6 +288,23 @@ class World:
         holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
         return str(holder) if holder else None
 
+    def kill_leader(self) -> str:
+        """SIGKILL the leading controller pod (force delete, grace 0): no Lease release.
+        Returns its name."""
+        leader = self.leader_name()
+        assert leader, "no replica holds the controller Lease"
+        self.kubectl(
+            "delete",
+            "pod",
+            leader,
+            f"--namespace={OPERATOR_NAMESPACE}",
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+            check=False,
+        )
+        return leader
+
     def operator_pod(self) -> dict[str, Any] | None:
         """The leading controller pod (the one reconciling); without a leader, any live one."""
         live = self.operator_pods()

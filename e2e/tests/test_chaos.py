@@ -108,20 +108,8 @@ class Failovers:
 
 
 def kill_leader(world: World) -> tuple[str, float]:
-    """SIGKILL the leading controller pod (force delete, grace 0): no Lease release."""
-    leader = world.leader_name()
-    assert leader, "no replica holds the controller Lease"
-    world.kubectl(
-        "delete",
-        "pod",
-        leader,
-        f"--namespace={OPERATOR_NAMESPACE}",
-        "--grace-period=0",
-        "--force",
-        "--wait=false",
-        check=False,
-    )
-    return leader, time.monotonic()
+    """SIGKILL the leader (``World.kill_leader``); its name and when."""
+    return world.kill_leader(), time.monotonic()
 
 
 def failover(

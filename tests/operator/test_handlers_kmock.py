@@ -312,18 +312,24 @@ async def test_the_first_pass_creates_the_router_role_binding_once_its_role_exis
     assert requests(kmock, "PATCH", "/status")  # the pass went on to write its status
 
 
-@pytest.mark.usefixtures("revision_chain")
-async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
+async def _first_pass_with_a_passing_content_check(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[Reconciler, str]:
     async def content_check_passes(*_: Any) -> ContentVerdict:
         return ContentVerdict(True, REASON_PASSED, "content check passed", ())
 
     monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
     put_md(kmock)
-    rev = revision_of(make_md().spec)
     reconciler = Reconciler(rt, NS, "llama")
     await reconciler.reconcile()
+    return reconciler, revision_of(make_md().spec)
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewritten(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
     # The cluster moves on: both engines verified, the router Ready.
     deployments = kmock.resource("apps", "v1", "deployments")
     kmock.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
@@ -791,14 +797,7 @@ def _every_engine_pod_listed(rt: Runtime) -> None:
 async def test_once_every_engine_pod_is_listed_a_pass_reads_them_from_the_store_and_lists_none(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def content_check_passes(*_: Any) -> ContentVerdict:
-        return ContentVerdict(True, REASON_PASSED, "content check passed", ())
-
-    monkeypatch.setattr(content_check, "run_content_check", content_check_passes)
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    reconciler = Reconciler(rt, NS, "llama")
-    await reconciler.reconcile()
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
     _router_ready(kmock, rev)
     first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
     mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
