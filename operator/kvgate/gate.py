@@ -73,6 +73,21 @@ def is_verified(pod: Pod) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
+def verified_since_engine_start(pod: Pod) -> bool:
+    """Whether the pod's gate has been True since before or when its engine container last
+    started (``lastTransitionTime`` ≥ ``state.running.startedAt``, both RFC 3339 UTC to the
+    second, so they compare as text): an operator that starts (a new leader) re-reads such an
+    engine after the ones that restarted or were never verified (kvgate.probe_slots), which
+    the replica before it did not get to see. Anything missing: False (read it first)."""
+    cond = current_condition(pod)
+    status = engine_container_status(pod) or {}
+    started = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+    verified = (cond or {}).get("lastTransitionTime")
+    if cond is None or cond.get("status") != "True" or not started or not verified:
+        return False
+    return bool(status.get("ready")) and str(verified) >= str(started)
+
+
 def engine_container_status(pod: Pod) -> Mapping[str, Any] | None:
     for status in pod.get("status", {}).get("containerStatuses", None) or []:
         if status.get("name") == ENGINE_CONTAINER:

@@ -405,12 +405,16 @@ async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> No
             turn = now + wait
         if changed or (turn is not None and now >= turn):
             turn = None
+            first = last is None
             last = fingerprint(current)
             last_check = time.monotonic()
             # Never later than the interval, and spread so that pods verified together (a
             # rollout, an operator start) do not all come due in the same instant again.
             period = interval * (1.0 - REVERIFY_JITTER * random.random())
-            token = probe_slots.URGENT.set(changed)  # a changed engine is read first
+            # A changed engine is read first; on first sight (e.g. a new leader with thousands
+            # of pods) one verified since its engine started waits behind those that are not.
+            urgent = changed and not (first and gate.verified_since_engine_start(current))
+            token = probe_slots.URGENT.set(urgent)
             try:
                 await check_pod(rt, current)
             except Exception as exc:
