@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import InvariantSampler, Obj
 from kvgate_e2e.world import World, http_json, is_ready
 from kvgate_engine.verdict import Requirement
@@ -65,9 +66,28 @@ def body(ids: list[int], max_new: int) -> dict[str, Any]:
     return {"model": MODEL, "input_ids": ids, "sampling_params": {"max_new_tokens": max_new}}
 
 
-def incident_traffic(generate_url: str) -> tuple[StreamAnswer, StreamAnswer]:
-    """Request A (the canary), then the over-length request B, both streamed."""
-    a = stream_generate(generate_url, body(REQUEST_A, 4), timeout=60)
+def incident_traffic(
+    generate_url: str, *, retry_reset: bool = False
+) -> tuple[StreamAnswer, StreamAnswer]:
+    """Request A (the canary), then the over-length request B, both streamed. ``retry_reset``:
+    a connection reset before any answer is retried for up to 30 s (the Service's path to a
+    router that just turned Ready dropped the first connection in a fresh-clone run at cef6c7c,
+    with both workers already in the router; nothing was answered then)."""
+
+    def request_a() -> StreamAnswer:
+        return stream_generate(generate_url, body(REQUEST_A, 4), timeout=60)
+
+    a = (
+        poll_until(
+            "the router to answer request A through its Service",
+            request_a,
+            30,
+            period=0.5,
+            retry_on=(ConnectionResetError,),
+        )
+        if retry_reset
+        else request_a()
+    )
     b = stream_generate(generate_url, body(REQUEST_B, 40), timeout=60)
     return a, b
 
@@ -186,7 +206,7 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
 
         # A user's streamed requests through the gateway's Service.
         generate = world.service_url("leaky-router", ns) + "/generate"
-        a, b = incident_traffic(generate)
+        a, b = incident_traffic(generate, retry_reset=True)
         print(f"smg answer to A (streamed): HTTP {a.status} {a.raw[:160]!r}")
         print(f"smg answer to the over-length B (streamed): HTTP {b.status} {b.raw[:300]!r}")
         assert a.status == 200 and a.output_ids == REQUEST_A[:4], a
