@@ -124,6 +124,15 @@ def operator_pid(world: World) -> int:
     return pid
 
 
+def operator_restarts(world: World) -> int:
+    """Container restarts of the live controller pods (the leader and its standby)."""
+    return sum(
+        int(c.get("restartCount", 0))
+        for pod in world.operator_pods()
+        for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -257,11 +266,7 @@ def leader_killed(
     )
     result["leader_kill_to_new_md_reconciled_s"] = round(time.monotonic() - kill, 1)
     result["new_leader_rss_max_mib"] = round(max(rss), 1) if rss else None
-    result["operator_restarts_after_kill"] = sum(
-        int(c.get("restartCount", 0))
-        for pod in world.operator_pods()
-        for c in (pod.get("status") or {}).get("containerStatuses") or []
-    )
+    result["operator_restarts_after_kill"] = operator_restarts(world)
     report(
         result,
         "leader_kill_to_new_holder_s",
@@ -367,11 +372,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "max": round(max(rss), 1),
             }
             report(result, "operator_requests_per_min", "operator_requests_per_min_by")
-            result["operator_restarts"] = sum(
-                int(c.get("restartCount", 0))
-                for pod in world.operator_pods()
-                for c in (pod.get("status") or {}).get("containerStatuses") or []
-            )
+            result["operator_restarts"] = operator_restarts(world)
             report(result, "apiserver_requests_per_min", "rss_mib", "operator_cpu_cores")
             if args.memory_profile:  # KVGATE_DEBUG_MEMORY=1: the operator's traced heap
                 leader = world.operator_pod()

@@ -39,10 +39,6 @@ WATCH_SECONDS = 300  # the API server ends each watch after this; it is re-opene
 BACKOFF_SECONDS = (1.0, 30.0)  # first and longest wait after a failed list or watch
 
 
-class _Expired(Exception):
-    """The resourceVersion or continue token is too old (410 Gone): list again."""
-
-
 @dataclass(eq=False)
 class Reflector:
     api: KubeApi
@@ -72,12 +68,15 @@ class Reflector:
                 await self._watch(version)
             except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("listing %s failed (%s); again in %.0fs", self.path, exc, delay)
-                await self._sleep(delay)
-                delay = min(delay * 2, BACKOFF_SECONDS[1])
+                delay = await self._backoff(delay)
             except Exception:  # a bug: say so, and keep the store alive
                 log.exception("the list-then-watch of %s failed; again in %.0fs", self.path, delay)
-                await self._sleep(delay)
-                delay = min(delay * 2, BACKOFF_SECONDS[1])
+                delay = await self._backoff(delay)
+
+    async def _backoff(self, delay: float) -> float:
+        """Wait ``delay`` seconds; the next wait (doubled, at most BACKOFF_SECONDS[1])."""
+        await self._sleep(delay)
+        return min(delay * 2, BACKOFF_SECONDS[1])
 
     def _deliver(self, event_type: str | None, body: Body) -> None:
         body.setdefault("kind", self.kind)
@@ -138,27 +137,21 @@ class Reflector:
                 ):
                     version = self._on_watch_event(event) or version
                 delay = BACKOFF_SECONDS[0]
-            except _Expired:
-                log.info("the watch of %s expired (410 Gone): listing again", self.path)
-                return
-            except ApiError as exc:
+            except ApiError as exc:  # an HTTP error, or an ERROR event (_on_watch_event)
                 if exc.status == 410:
+                    log.info("the watch of %s expired (410 Gone): listing again", self.path)
                     return
                 log.warning("watching %s failed (%s); again in %.0fs", self.path, exc, delay)
-                await self._sleep(delay)
-                delay = min(delay * 2, BACKOFF_SECONDS[1])
+                delay = await self._backoff(delay)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.info("the watch of %s broke (%r): re-opening it", self.path, exc)
-                await self._sleep(delay)
-                delay = min(delay * 2, BACKOFF_SECONDS[1])
+                delay = await self._backoff(delay)
 
     def _on_watch_event(self, event: Body) -> str | None:
         """Deliver one watch event; the resourceVersion to resume from after it."""
         event_type = event.get("type")
         obj = event.get("object") or {}
-        if event_type == "ERROR":
-            if obj.get("code") == 410:
-                raise _Expired()
+        if event_type == "ERROR":  # a Status: 410 when the version is too old
             raise ApiError(int(obj.get("code") or 500), "WATCH", self.path, str(obj))
         version = obj.get("metadata", {}).get("resourceVersion")
         if event_type in ("ADDED", "MODIFIED", "DELETED"):
