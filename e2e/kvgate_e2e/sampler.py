@@ -425,15 +425,18 @@ class InvariantSampler:
         with self._lock:
             return windows(list(self.violations), list(self.sample_times))
 
-    def wait_for_violation(self, timeout: float) -> Violation:
-        """Block until the sampler has seen a violation (for scenarios that expect one)."""
+    def wait_for_violation(self, timeout: float, path: str | None = None) -> Violation:
+        """Block until the sampler has seen a violation (for scenarios that expect one), on
+        ``path`` (POD_READY, ENDPOINT, WORKER) when given: a scenario that asserts a path was
+        unsafe waits until the sampler has actually read it (a router's ``/workers`` can be
+        unreadable for its first seconds)."""
 
         def first() -> Violation | None:
             with self._lock:
-                return self.violations[0] if self.violations else None
+                return next((v for v in self.violations if path in (None, v.path)), None)
 
         return poll_until(
-            f"sampler {self.name} to see a violation",
+            f"sampler {self.name} to see a violation" + (f" on the {path} path" if path else ""),
             first,
             timeout,
             period=0.05,
