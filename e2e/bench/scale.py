@@ -98,13 +98,19 @@ def manifest(index: int, engines: int, reverify_seconds: int | None = None) -> d
 
 def reconciled(md: dict[str, Any]) -> bool:
     status = md.get("status") or {}
-    if status.get("observedGeneration") != md["metadata"].get("generation"):
+    if not pass_current(md):
         return False
     spec = md["spec"]
     return all(
         (status.get(role) or {}).get("verifiedReplicas") == spec[role]["replicas"]
         for role in ("prefill", "decode")
     )
+
+
+def pass_current(md: dict[str, Any]) -> bool:
+    """kvgate's pass has seen the ModelDeployment's current spec."""
+    observed = (md.get("status") or {}).get("observedGeneration")
+    return bool(observed == md["metadata"].get("generation"))
 
 
 def gate(pod: dict[str, Any] | None) -> str | None:
@@ -170,8 +176,9 @@ def apiserver_requests(world: World) -> float:
     return total
 
 
-def control(port: int, path: str) -> dict[str, Any]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST", data=b"")
+def control(port: int, path: str, method: str = "POST") -> dict[str, Any]:
+    data = b"" if method == "POST" else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=data)
     with urllib.request.urlopen(req, timeout=30) as answer:
         result: dict[str, Any] = json.loads(answer.read())
         return result
@@ -312,14 +319,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             last_apply = time.monotonic()
             say(f"applied {args.mds} ModelDeployments in {last_apply - first:.1f}s")
 
+            timeline: list[dict[str, Any]] = []
+
             def done() -> bool:
                 items = world.list("modeldeployments", NAMESPACE)
                 ok = sum(1 for m in items if reconciled(m))
-                say(f"  {time.monotonic() - last_apply:6.1f}s: {ok}/{args.mds} reconciled")
+                # Where the rest are: the cluster's share (pods not yet bound to the stand-in
+                # node, no Running status written yet) against kvgate's (passes behind,
+                # engines Running but not yet verified).
+                at = {
+                    "s": round(time.monotonic() - last_apply, 1),
+                    "reconciled": ok,
+                    "passes_current": sum(1 for m in items if pass_current(m)),
+                    **control(control_port, "/stats", method="GET"),
+                }
+                timeline.append(at)
+                say(
+                    f"  {at['s']:6.1f}s: {ok}/{args.mds} reconciled; passes current "
+                    f"{at['passes_current']}; pods bound {at['pods']}/{expected_pods}; engines "
+                    f"running {at['engines_running']}, verified {at['engines_verified']}, "
+                    f"ready {at['engines_ready']} of {args.mds * args.engines}; "
+                    f"status writes in flight {at['writes']}"
+                )
                 return bool(ok == args.mds)
+
+            expected_pods = args.mds * (args.engines + 1)  # engines and one router each
 
             poll_until("every ModelDeployment reconciled", done, args.timeout, period=5.0)
             result["reconciled_after_last_apply_s"] = round(time.monotonic() - last_apply, 1)
+            result["reconcile_timeline"] = timeline
             report(result, "reconciled_after_last_apply_s")
 
             lost, regained = [], []

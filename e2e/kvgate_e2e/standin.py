@@ -39,13 +39,14 @@ import logging
 import resource
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from kvgate.labels import ENGINE_VERIFIED
 
 from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
 from kvgate_e2e.kubelet_images import parse_image
@@ -95,6 +96,7 @@ class StandIn:
     restart_count: int = 0
     started_at: str = field(default_factory=now_rfc3339)
     ready: bool | None = None  # the Ready condition last written
+    gate: bool = False  # kvgate's readiness gate True in the last pod seen from the watch
     probes: int = 0
     sites: list[web.TCPSite] = field(default_factory=list)
 
@@ -146,6 +148,29 @@ def stand_in_for(pod: Pod, ip: str, pool_factor: float) -> StandIn:
         out.version = (parse_image(engine.get("image", "")).tag or "v0.5.23").lstrip("v")
         out.pool_tokens = int(out.context_length * pool_factor)
     return out
+
+
+def condition(pod: Pod, kind: str) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def stages(pods: Collection[StandIn]) -> dict[str, int]:
+    """Where the pods this node plays are on their way to serving (pure), for the benchmark's
+    account of a slow reconcile: bound here (``pods``), engines among them, engines whose
+    Running status is written (``engines_running``), verified by kvgate (``engines_verified``,
+    the gate seen True on the watch) and Ready (``engines_ready``); ``probes``: engine reads."""
+    engines = [p for p in pods if p.role is not None]
+    return {
+        "pods": len(pods),
+        "engines": len(engines),
+        "engines_running": sum(1 for p in engines if p.ready is not None),
+        "engines_verified": sum(1 for p in engines if p.gate),
+        "engines_ready": sum(1 for p in engines if p.ready),
+        "probes": sum(p.probes for p in engines),
+    }
 
 
 def pod_status(pod: Pod, s: StandIn, node_ip: str) -> tuple[dict[str, Any], bool]:
@@ -329,6 +354,7 @@ class StandInKubelet:
                     site = web.TCPSite(self.runner, s.ip, port, reuse_address=True)
                     await site.start()
                     s.sites.append(site)
+        s.gate = condition(pod, ENGINE_VERIFIED) == "True"
         # Status writes run beside the watch (one at a time per pod, with its latest body), so
         # thousands of new pods do not queue behind each other's PATCH.
         self.latest[uid] = pod
@@ -394,14 +420,7 @@ class StandInKubelet:
         return web.json_response({"acknowledged": acknowledged, "restartCount": s.restart_count})
 
     async def stats(self, _: web.Request) -> web.Response:
-        engines = [p for p in self.pods.values() if p.role is not None]
-        return web.json_response(
-            {
-                "pods": len(self.pods),
-                "engines": len(engines),
-                "probes": sum(p.probes for p in engines),
-            }
-        )
+        return web.json_response({**stages(self.pods.values()), "writes": len(self.writing)})
 
     async def run(self) -> None:
         await self.runner.setup()

@@ -12,7 +12,7 @@ from typing import Any
 from kvgate import builders
 from kvgate.api import ModelDeployment
 from kvgate.revision import revision_of
-from kvgate_e2e.standin import flag, pod_status, stand_in_for
+from kvgate_e2e.standin import flag, pod_status, stages, stand_in_for
 from kvgate_e2e.world import load_sample
 
 GATE = "kvgate.io/engine-verified"
@@ -58,3 +58,23 @@ def test_ready_only_when_every_readiness_gate_is_true() -> None:
     status, _ = pod_status(pod, s, "198.18.0.200")
     engine = next(c for c in status["containerStatuses"] if c["name"] == "engine")
     assert engine["restartCount"] == 3 and engine["ready"] is True
+
+
+def test_stages_count_each_engine_by_how_far_it_got_and_routers_only_as_pods() -> None:
+    bound = stand_in_for(engine_pod(), "198.18.128.1", 2.0)  # no status written yet
+    running = stand_in_for(engine_pod(), "198.18.128.2", 2.0)
+    running.ready = False  # Running written, gate not yet True
+    verified = stand_in_for(engine_pod(), "198.18.128.3", 2.0)
+    verified.ready, verified.gate = False, True  # gate True seen, Ready not yet rewritten
+    serving = stand_in_for(engine_pod(), "198.18.128.4", 2.0)
+    serving.ready, serving.gate, serving.probes = True, True, 3
+    router = stand_in_for({**engine_pod(), "spec": {"containers": []}}, "198.18.128.5", 2.0)
+    router.ready = True
+    assert stages([bound, running, verified, serving, router]) == {
+        "pods": 5,
+        "engines": 4,
+        "engines_running": 3,
+        "engines_verified": 2,
+        "engines_ready": 1,
+        "probes": 3,
+    }
