@@ -306,6 +306,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pid = operator_pid(world)
             result["rss_idle_mib"] = round(rss_mib(pid), 1)
             docs = [manifest(i, args.engines, args.reverify_seconds) for i in range(args.mds)]
+            timeline: list[dict[str, Any]] = []
+            expected_pods = args.mds * (args.engines + 1)  # engines and one router each
+
+            def where(since: float, applied: int) -> dict[str, Any]:
+                """How many are reconciled, and where the rest are: the cluster's share (pods
+                not yet bound to the stand-in node, no Running status written yet) against
+                kvgate's (passes behind, engines Running but not yet verified)."""
+                items = world.list("modeldeployments", NAMESPACE)
+                at = {
+                    "s": round(time.monotonic() - since, 1),
+                    "applied": applied,
+                    "reconciled": sum(1 for m in items if reconciled(m)),
+                    "passes_current": sum(1 for m in items if pass_current(m)),
+                    **control(control_port, "/stats", method="GET"),
+                    "operator_cpu_s": round(cpu_seconds(pid), 1),
+                }
+                timeline.append(at)
+                say(
+                    f"  {at['s']:6.1f}s: {at['reconciled']}/{applied} reconciled; passes "
+                    f"current {at['passes_current']}; pods bound {at['pods']}/{expected_pods}; "
+                    f"engines running {at['engines_running']}, verified "
+                    f"{at['engines_verified']}, ready {at['engines_ready']}; status writes in "
+                    f"flight {at['writes']}; operator CPU {at['operator_cpu_s']} s"
+                )
+                return at
+
             first = time.monotonic()
             for start in range(0, len(docs), 100):
                 world.cluster.kubectl(
@@ -316,34 +342,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     input=yaml.safe_dump_all(docs[start : start + 100]),
                     timeout=600,
                 )
+                where(first, min(start + 100, len(docs)))
             last_apply = time.monotonic()
             say(f"applied {args.mds} ModelDeployments in {last_apply - first:.1f}s")
 
-            timeline: list[dict[str, Any]] = []
-
             def done() -> bool:
-                items = world.list("modeldeployments", NAMESPACE)
-                ok = sum(1 for m in items if reconciled(m))
-                # Where the rest are: the cluster's share (pods not yet bound to the stand-in
-                # node, no Running status written yet) against kvgate's (passes behind,
-                # engines Running but not yet verified).
-                at = {
-                    "s": round(time.monotonic() - last_apply, 1),
-                    "reconciled": ok,
-                    "passes_current": sum(1 for m in items if pass_current(m)),
-                    **control(control_port, "/stats", method="GET"),
-                }
-                timeline.append(at)
-                say(
-                    f"  {at['s']:6.1f}s: {ok}/{args.mds} reconciled; passes current "
-                    f"{at['passes_current']}; pods bound {at['pods']}/{expected_pods}; engines "
-                    f"running {at['engines_running']}, verified {at['engines_verified']}, "
-                    f"ready {at['engines_ready']} of {args.mds * args.engines}; "
-                    f"status writes in flight {at['writes']}"
-                )
-                return bool(ok == args.mds)
-
-            expected_pods = args.mds * (args.engines + 1)  # engines and one router each
+                return bool(where(last_apply, args.mds)["reconciled"] == args.mds)
 
             poll_until("every ModelDeployment reconciled", done, args.timeout, period=5.0)
             result["reconciled_after_last_apply_s"] = round(time.monotonic() - last_apply, 1)
