@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from kvgate.labels import ENGINE_VERIFIED
 
@@ -173,14 +174,23 @@ def stages(pods: Collection[StandIn]) -> dict[str, int]:
     }
 
 
+def needs_write(pod: Pod, s: StandIn) -> bool:
+    """Whether the pod's status must be written (pure): its Ready would change, or it does not
+    show the stand-in's address yet. Decided before a write slot is taken, so the events that
+    need none (kvgate's gate patches, the stand-in's own echoes) never queue behind writes."""
+    return ready_of(pod) != s.ready or (pod.get("status") or {}).get("podIP") != s.ip
+
+
+def ready_of(pod: Pod) -> bool:
+    """Ready as the kubelet rules it for a running stand-in: every readinessGate True."""
+    gates = [g.get("conditionType") for g in pod.get("spec", {}).get("readinessGates") or []]
+    return all(condition(pod, g) == "True" for g in gates)
+
+
 def pod_status(pod: Pod, s: StandIn, node_ip: str) -> tuple[dict[str, Any], bool]:
     """The status patch for a running stand-in, and its Ready (pure): every container ready,
     and every readinessGate condition True (the kubelet's rule)."""
-    gates = [g.get("conditionType") for g in pod.get("spec", {}).get("readinessGates") or []]
-    current = {
-        c.get("type"): c.get("status") for c in pod.get("status", {}).get("conditions") or []
-    }
-    ready = all(current.get(g) == "True" for g in gates)
+    ready = ready_of(pod)
     now = now_rfc3339()
 
     def cond(kind: str, ok: bool) -> dict[str, Any]:
@@ -304,22 +314,51 @@ class StandInKubelet:
 
     # -------------------------------------------------------------- pods
     async def watch(self, api: KubeApi) -> None:
+        """List the node's pods, then watch them, resuming each watch from the last version
+        seen (as the kubelet's informer does). It lists again only after 410 Gone: a re-list of
+        thousands of pods every time the server ends a watch (240 s) loaded the API server the
+        benchmark measures, queued a status check for every pod, and once timed out and ended
+        the stand-in (round 10's first run)."""
         path = "/api/v1/pods"
         params = {"fieldSelector": f"spec.nodeName={self.node.name}"}
+        version: str | None = None
         while True:
-            listing = await api.get(path, params)
-            for pod in listing.get("items", []):
-                await self.on_pod("ADDED", pod)
-            version = listing["metadata"]["resourceVersion"]
             try:
+                if version is None:
+                    version = await self.list_pods(api, path, params)
                 async for event in api.watch(path, params, version):
-                    if event.get("type") == "BOOKMARK":
-                        continue
-                    await self.on_pod(event["type"], event["object"])
+                    obj = event.get("object") or {}
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        await self.on_pod(event["type"], obj)
             except ApiError as exc:
-                if exc.status != 410:
+                if exc.status == 410:
+                    version = None  # too old: list again
+                else:
                     log.warning("watch failed: %s", exc)
                     await asyncio.sleep(1)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.warning("watch broke (%r): resuming", exc)
+                await asyncio.sleep(1)
+
+    async def list_pods(self, api: KubeApi, path: str, params: dict[str, str]) -> str:
+        """Every pod bound to the node, in pages of 500; forgets those no longer listed.
+        Returns the list's resourceVersion."""
+        listed: set[str] = set()
+        token = ""
+        while True:
+            query = {**params, "limit": "500", **({"continue": token} if token else {})}
+            page = await api.request("GET", path, params=query, timeout=120)
+            for pod in page.get("items", []):
+                listed.add(pod["metadata"]["uid"])
+                await self.on_pod("ADDED", pod)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                break
+        for uid in [uid for uid in self.pods if uid not in listed]:
+            await self.forget(uid)
+        return str(meta["resourceVersion"])
 
     async def on_pod(self, kind: str, pod: Pod) -> None:
         assert self.api is not None
@@ -370,6 +409,8 @@ class StandInKubelet:
                 s = self.pods.get(uid)
                 if s is None:
                     return
+                if not needs_write(pod, s):  # most events (e.g. kvgate's gate patch) need none
+                    continue
                 async with self.slots:
                     await self.write_status(pod, s)
         finally:
@@ -377,10 +418,9 @@ class StandInKubelet:
 
     async def write_status(self, pod: Pod, s: StandIn, force: bool = False) -> float | None:
         assert self.api is not None
-        status, ready = pod_status(pod, s, self.args.node_ip)
-        reported = pod.get("status", {})
-        if not force and ready == s.ready and reported.get("podIP") == s.ip:
+        if not force and not needs_write(pod, s):
             return None
+        status, ready = pod_status(pod, s, self.args.node_ip)
         path = f"/api/v1/namespaces/{s.namespace}/pods/{s.name}/status"
         patch = {"metadata": {"uid": s.uid}, "status": status}
         try:

@@ -12,7 +12,7 @@ from typing import Any
 from kvgate import builders
 from kvgate.api import ModelDeployment
 from kvgate.revision import revision_of
-from kvgate_e2e.standin import flag, pod_status, stages, stand_in_for
+from kvgate_e2e.standin import flag, needs_write, pod_status, stages, stand_in_for
 from kvgate_e2e.world import load_sample
 
 GATE = "kvgate.io/engine-verified"
@@ -78,3 +78,16 @@ def test_stages_count_each_engine_by_how_far_it_got_and_routers_only_as_pods() -
         "engines_ready": 1,
         "probes": 3,
     }
+
+
+def test_a_status_write_is_needed_only_when_ready_or_the_address_would_change() -> None:
+    pod = engine_pod()
+    s = stand_in_for(pod, "198.18.128.9", 2.0)
+    assert needs_write(pod, s)  # never written
+    status, ready = pod_status(pod, s, "198.18.0.200")
+    pod["status"], s.ready = status, ready
+    assert not needs_write(pod, s)  # an echo of its own write
+    pod["status"]["conditions"].append({"type": GATE, "status": "True"})
+    assert needs_write(pod, s)  # kvgate verified it: Ready turns True
+    s.ready = True
+    assert not needs_write(pod, s)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,3 +157,46 @@ class Reflector:
         if event_type in ("ADDED", "MODIFIED", "DELETED"):
             self._deliver(event_type, obj)
         return str(version) if version else None
+
+
+def per_namespace(
+    api: KubeApi,
+    *,
+    kind: str,
+    api_version: str,
+    cluster_path: str,
+    selector: str,
+    namespaces: tuple[str, ...],
+    store: Mapping[str, Body],
+    on_event: Callable[[str | None, Body], None],
+) -> list[Reflector]:
+    """One reflector per watched namespace, or one cluster-wide (``cluster_path``) when
+    ``namespaces`` is empty, feeding ``on_event``, which keeps ``store`` (uid -> body). A
+    stored object that a complete list of its namespace no longer holds is delivered as
+    DELETED."""
+
+    def reflector(namespace: str | None) -> Reflector:
+        def stored() -> list[str]:
+            return [
+                uid
+                for uid, body in store.items()
+                if namespace is None or body.get("metadata", {}).get("namespace") == namespace
+            ]
+
+        def vanished(uid: str) -> None:
+            body = store.get(uid)
+            if body is not None:
+                on_event("DELETED", body)
+
+        return Reflector(
+            api=api,
+            path=api.path(kind, namespace) if namespace else cluster_path,
+            selector=selector,
+            kind=kind,
+            api_version=api_version,
+            on_event=on_event,
+            on_vanished=vanished,
+            stored=stored,
+        )
+
+    return [reflector(namespace) for namespace in namespaces or (None,)]

@@ -343,9 +343,15 @@ class KubeApi:
         patch: Body | Sequence[Body],
         *,
         content_type: str = MERGE_PATCH,
+        missing_ok: bool = False,
     ) -> Body | None:
+        """Patch one object; None when it does not exist and ``missing_ok``."""
         return await self.request(
-            "PATCH", self.path(kind, namespace, name), body=patch, content_type=content_type
+            "PATCH",
+            self.path(kind, namespace, name),
+            body=patch,
+            content_type=content_type,
+            missing_ok=missing_ok,
         )
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:

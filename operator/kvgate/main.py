@@ -1,10 +1,11 @@
 """`kvgate operator`: kopf start-up settings and the wiring of triggers to handlers.
 
 Triggers (kopf watches): ModelDeployments (one reconcile loop each, an asyncio task started and
-cancelled by the CR's watch events: no finalizer, see handlers.md_loops), kvgate-managed
-Deployments (wake their MD), routers and multi-node workers. Engine pods are listed and watched
-by the operator itself (kvgate.informer): their events start/stop each pod's verifier task (no
-finalizer on pods), and passes read them from its store once it has listed them all.
+cancelled by the CR's watch events: no finalizer, see handlers.md_loops), kvgate's Services and
+router access objects (wake their MD), routers and multi-node workers. Engine pods and kvgate's
+Deployments are listed and watched by the operator itself (kvgate.informer): engine pod events
+start/stop each pod's verifier task (no finalizer on pods), Deployment events wake their MD, and
+passes read both from its stores once it has listed them all.
 
 Peering: with --standalone kopf does not look for KopfPeering objects; run ONE replica
 (Deployment strategy Recreate). Without it, kopf uses peering objects named "kvgate" (the chart
@@ -163,15 +164,8 @@ def register_handlers() -> kopf.OperatorRegistry:
     async def router_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         router_workers.on_router_pod_event(_rt(), event.get("type"), dict(event["object"]))
 
-    @kopf.on.event(
-        "apps",
-        "v1",
-        "deployments",
-        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
-        registry=registry,
-    )
-    async def managed_deployment_event(event: kopf.RawEvent, **_: Any) -> None:
-        deployments.on_deployment_event(_rt(), dict(event["object"]))
+    # kvgate's Deployments are not kopf's either: the operator lists and watches them itself
+    # (deployments.start_reflectors, in serve), so a pass reads them from memory.
 
     @kopf.on.event(
         "", "v1", "services", labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE}, registry=registry
@@ -180,7 +174,7 @@ def register_handlers() -> kopf.OperatorRegistry:
         # A deleted or re-pointed Service <md> is put back on the next pass, not the next timer
         # (up to KVGATE_STEADY_RECONCILE_SECONDS of no traffic). Same wake as a Deployment's: its
         # kvgate.io/deployment label names the ModelDeployment.
-        deployments.on_deployment_event(_rt(), dict(event["object"]))
+        deployments.wake_owner(_rt(), dict(event["object"]))
 
     # The router's ServiceAccount, Role and RoleBinding (kvgate.builders): deleted or edited,
     # they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_
@@ -217,7 +211,6 @@ ROUTER_ACCESS_RESOURCES = (
     ("networking.k8s.io", "v1", "networkpolicies"),
 )
 SERVER_FILTERED_RESOURCES = (
-    ("apps", "v1", "deployments"),
     ("", "v1", "services"),
     *ROUTER_ACCESS_RESOURCES,
 )
@@ -361,6 +354,7 @@ async def serve(
             if not await elector.acquire(stop.event):
                 return
         engine_pods.start_reflectors(_runtime, settings.namespaces)
+        deployments.start_reflectors(_runtime, settings.namespaces)
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(

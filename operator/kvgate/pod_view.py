@@ -152,3 +152,52 @@ def slim(pod: Mapping[str, Any]) -> Pod:
         if key in compacted[part]:
             compacted[part][key] = _share(compacted[part][key])
     return compacted
+
+
+WORKLOAD_METADATA_FIELDS = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "labels",
+    "ownerReferences",
+)
+WORKLOAD_SPEC_FIELDS = ("replicas", "selector")
+WORKLOAD_STATUS_FIELDS = (
+    "observedGeneration",
+    "replicas",
+    "updatedReplicas",
+    "readyReplicas",
+    "availableReplicas",
+    "unavailableReplicas",
+)
+
+
+def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operator keeps of one of its Deployments (Runtime.deployments): identity and
+    ownership, labels, kvgate's own annotations, the replicas asked and reached. Its pod
+    template (~10 KB of JSON a Deployment, with managedFields; 3,000 of them at 1,000
+    ModelDeployments) is kvgate's own build, which the passes compare through the template hash
+    annotation, never field by field. Readers: the pass's workload_state, _pods_of and
+    workload_writes.deployment_writes (replicas, annotations, kind); test_pod_view feeds them
+    full bodies and slim ones and asserts the same writes."""
+    meta = body.get("metadata") or {}
+    out_meta = _pick(meta, WORKLOAD_METADATA_FIELDS)
+    if "annotations" in meta:  # absent stays absent: a JSON patch must then add the map
+        annotations = meta["annotations"]
+        out_meta["annotations"] = (
+            {k: v for k, v in annotations.items() if k.startswith(f"{labels.PREFIX}/")}
+            if isinstance(annotations, Mapping)
+            else annotations
+        )
+    out: dict[str, Any] = {
+        **{key: body[key] for key in ("apiVersion", "kind") if key in body},
+        "metadata": out_meta,
+        "spec": _pick(body.get("spec") or {}, WORKLOAD_SPEC_FIELDS),
+        "status": _pick(body.get("status") or {}, WORKLOAD_STATUS_FIELDS),
+    }
+    compacted: dict[str, Any] = compact(out)
+    return compacted

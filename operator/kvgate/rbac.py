@@ -90,8 +90,9 @@ RULES: tuple[Rule, ...] = (
         ("deployments",),
         ("get", "list", "watch", "create", "patch", "delete"),
         "per-revision prefill/decode/router Deployments: created, scaled, annotated, template "
-        "drift patched back, superseded ones deleted; watched (kopf) so a change wakes its "
-        "ModelDeployment; get: an engine pod's controller chain",
+        "drift patched back, superseded ones deleted; listed and watched (the operator's own "
+        "store, kvgate.informer) so a change wakes its ModelDeployment and a pass reads them "
+        "from memory; get: an engine pod's controller chain",
     ),
     Rule(
         "apps",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -823,6 +823,100 @@ async def test_until_every_engine_pod_is_listed_a_pass_lists_its_engine_pods(
         rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
     await Reconciler(rt, NS, "llama").reconcile()
     assert requests(kmock, "GET", f"/namespaces/{NS}/pods")
+
+
+def _plain(value: Any) -> Any:
+    """kmock's stored object as the plain JSON data a watch event carries."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _every_deployment_listed(kmock: kmock.KubernetesEmulator, rt: Runtime, rev: str) -> None:
+    """The MD's Deployments in the operator's store, as its Deployment reflector delivers them
+    (full bodies in, slim ones kept), and that reflector past its first complete list."""
+    resource = kmock.resource("apps", "v1", "deployments")
+    for component in ("prefill", "decode", "router"):
+        body = _plain(kmock.objects[resource, NS, f"llama-{rev}-{component}"])
+        body["metadata"].setdefault("uid", f"dep-{component}")
+        deployments.on_deployment_event(rt, "ADDED", body)
+    rt.deployment_reflectors.append(
+        Reflector(
+            api=rt.api,
+            path="/apis/apps/v1/deployments",
+            selector=deployments.MANAGED_SELECTOR,
+            kind="Deployment",
+            api_version="apps/v1",
+            on_event=lambda *_: None,
+            on_vanished=lambda _: None,
+            stored=lambda: (),
+            synced=True,
+        )
+    )
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_once_every_deployment_is_listed_a_pass_reads_them_from_the_store_and_lists_none(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
+    _router_ready(kmock, rev)
+    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
+    for pod in _verified_pods():
+        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
+    _every_engine_pod_listed(rt)
+    _every_deployment_listed(kmock, rt, rev)  # the router's readyReplicas: 1 among them
+    assert all("template" not in d["spec"] for d in rt.deployments.values())  # kept slim
+    deployment_lists = len(requests(kmock, "GET", f"/namespaces/{NS}/deployments"))
+    before = len(list(kmock))
+
+    step = await reconciler.reconcile()
+
+    # Served from the store alone, and the slim bodies asked for no Deployment write.
+    assert step is not None and step.serving_revision == rev
+    assert len(requests(kmock, "GET", f"/namespaces/{NS}/deployments")) == deployment_lists
+    deployment_writes = [
+        r
+        for r in list(kmock)[before:]
+        if r.method.value in ("POST", "PATCH", "DELETE") and "/deployments" in str(r.url.path)
+    ]
+    assert deployment_writes == []
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_until_every_deployment_is_listed_a_pass_lists_its_deployments(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    put_md(kmock)
+    await Reconciler(rt, NS, "llama").reconcile()
+    assert requests(kmock, "GET", f"/namespaces/{NS}/deployments")
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_deployment_deleted_after_the_store_saw_it_is_not_an_error_of_the_pass(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is a watch event behind the API: a Deployment it still holds may be gone. The
+    pass's patch of it answers 404 and the pass carries on (the deletion wakes the next)."""
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
+    _every_engine_pod_listed(rt)
+    _every_deployment_listed(kmock, rt, rev)
+    (uid,) = [u for u, d in rt.deployments.items() if d["metadata"]["name"].endswith("-decode")]
+    stale = json.loads(json.dumps(rt.deployments[uid]))
+    stale["spec"]["replicas"] = 0  # the pass will want to scale it back
+    rt.deployments[uid] = stale
+    resource = kmock.resource("apps", "v1", "deployments")
+    del kmock.objects[resource, NS, f"llama-{rev}-decode"]
+
+    step = await reconciler.reconcile()
+
+    assert step is not None
+    patches = requests(kmock, "PATCH", f"/deployments/llama-{rev}-decode")
+    assert patches  # it was asked, and the 404 did not fail the pass
 
 
 @pytest.mark.usefixtures("revision_chain")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from kvgate import labels
-from kvgate.handlers import engine_pods
+from kvgate.handlers import deployments, engine_pods
 from kvgate.handlers.runtime import Runtime
 from kvgate.informer import Reflector
 from kvgate.k8s import Credentials, KubeApi
@@ -24,6 +24,7 @@ from local_http import serving_app
 
 NS = "models"
 PATH = f"/api/v1/namespaces/{NS}/pods"
+DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 GONE = {"kind": "Status", "status": "Failure", "reason": "Expired", "code": 410}
 
 
@@ -51,6 +52,7 @@ class FakeApiServer:
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
+        self.deployments: list[dict[str, Any]] = []  # served at DEPLOYMENTS, the same way
         self.version = "100"
         self.expire_next_continue = False
         self.streams: list[list[dict[str, Any]]] = []
@@ -75,18 +77,18 @@ class FakeApiServer:
         if "continue" in query and self.expire_next_continue:
             self.expire_next_continue = False
             return web.json_response({**GONE, "message": "continue too old"}, status=410)
+        items = self.deployments if request.path == DEPLOYMENTS else self.pods
         start = int(query.get("continue", "0"))
         end = start + int(query["limit"])
         meta: dict[str, Any] = {"resourceVersion": self.version}
-        if end < len(self.pods):
+        if end < len(items):
             meta["continue"] = str(end)
-        return web.json_response(
-            {"kind": "PodList", "metadata": meta, "items": self.pods[start:end]}
-        )
+        return web.json_response({"kind": "List", "metadata": meta, "items": items[start:end]})
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get(PATH, self.handle)
+        app.router.add_get(DEPLOYMENTS, self.handle)
         return app
 
 
@@ -293,3 +295,49 @@ async def test_an_event_it_cannot_read_is_logged_and_the_reflector_lists_again(
     finally:
         await stop(task)
     assert backoffs == [1.0]
+
+
+def deployment(uid: str, md: str = "llama") -> dict[str, Any]:
+    """A kvgate Deployment as a list returns it (no kind), its pod template included."""
+    return {
+        "metadata": {
+            "name": f"{md}-rev-{uid}",
+            "namespace": NS,
+            "uid": uid,
+            "resourceVersion": "1",
+            "labels": {labels.DEPLOYMENT: md, labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+            "annotations": {
+                "kvgate.io/template-hash": "abc",
+                "deployment.kubernetes.io/revision": "1",
+            },
+            "managedFields": [{"manager": "kvgate"}],
+        },
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "engine"}]}}},
+        "status": {"replicas": 2, "readyReplicas": 1},
+    }
+
+
+async def test_the_operators_deployment_store_follows_list_and_watch_and_wakes_their_passes(
+    server: tuple[FakeApiServer, KubeApi],
+) -> None:
+    """The real wiring (deployments.start_reflectors): listed Deployments are stored slim and
+    wake their ModelDeployment; a watched deletion leaves the store; the store counts as
+    complete only after the first list."""
+    fake, api = server
+    fake.deployments = [deployment("a"), deployment("b", md="other")]
+    fake.streams = [[{"type": "DELETED", "object": deployment("b", md="other")}]]
+    rt = Runtime(api=api, settings=OperatorSettings(), verify=None)  # type: ignore[arg-type]
+    woken = rt.md_wake((NS, "other"))
+    assert not rt.deployments_listed
+    deployments.start_reflectors(rt, (NS,))
+    try:
+        await until(lambda: rt.deployments_listed and "b" not in rt.deployments)
+        (uid, kept), *_ = list(rt.deployments.of_md(NS, "llama"))
+        assert uid == "a" and kept["kind"] == "Deployment"
+        assert kept["metadata"]["annotations"] == {"kvgate.io/template-hash": "abc"}
+        assert "template" not in kept["spec"] and "managedFields" not in kept["metadata"]
+        assert (kept["spec"]["replicas"], kept["status"]["readyReplicas"]) == (2, 1)
+        assert woken.is_set()
+        assert fake.lists[0]["labelSelector"] == "app.kubernetes.io/managed-by=kvgate"
+    finally:
+        await rt.shutdown()

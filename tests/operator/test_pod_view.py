@@ -12,11 +12,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from kvgate import gate, labels, pod_view
+from kvgate import builders, gate, labels, pod_view, workload_writes
 from kvgate.handlers import engine_pods, router_workers
+from kvgate.handlers.modeldeployment import workload_state
 from kvgate.handlers.runtime import PodStore, Runtime
 from kvgate.k8s import Credentials, KubeApi
+from kvgate.revision import revision_of
 from kvgate.settings import OperatorSettings
+from operator_factories import make_md
 
 # An engine pod as the API server returns it: kvgate's template, a controller, the kubelet's
 # status, kvgate's gate condition and three managers' managedFields.
@@ -194,3 +197,55 @@ def test_sibling_pods_share_one_copy_of_their_labels_owner_annotations_and_conta
     assert a["metadata"]["labels"][labels.REVISION] == first["metadata"]["labels"][labels.REVISION]
     assert (a["metadata"]["uid"], b["metadata"]["uid"]) == (first["metadata"]["uid"], "uid-2")
     assert b["status"]["podIP"] == "10.0.0.2" != a["status"]["podIP"]
+
+
+def _deployment(**spec_and_meta: Any) -> dict[str, Any]:
+    """A revision Deployment as the API server returns it (kvgate.builders' body, plus what the
+    server adds: managedFields, other annotations, status)."""
+    md = make_md(model__contextLength=131_072)
+    body = builders.deployment(md, revision_of(md.spec), "decode", replicas=2)
+    body["metadata"].update(uid="d1", resourceVersion="7", managedFields=[{"manager": "kvgate"}])
+    body["metadata"]["annotations"]["deployment.kubernetes.io/revision"] = "3"
+    body["status"] = {"replicas": 2, "readyReplicas": 1, "conditions": [{"type": "Available"}]}
+    for key, value in spec_and_meta.items():
+        part, field = key.split("__")
+        body[part][field] = value
+    return body
+
+
+def test_a_pass_plans_the_same_deployment_writes_and_state_from_the_slim_deployment() -> None:
+    """What the pass reads of a stored Deployment (workload_writes.deployment_writes,
+    workload_state) is the same from the projection as from the API's full body."""
+    md = make_md(model__contextLength=131_072)
+    desired = builders.deployment(md, revision_of(md.spec), "decode", replicas=3)
+    cases = [
+        _deployment(),  # replicas 2 -> 3
+        _deployment(spec__replicas=3),  # nothing to do
+        _deployment(metadata__annotations={"other": "x"}),  # template hash lost
+        {**_deployment(), "metadata": {"name": desired["metadata"]["name"], "uid": "d1"}},
+        _deployment(metadata__annotations=None),
+    ]
+    for full in cases:
+        slim = pod_view.slim_workload(full)
+        assert "template" not in slim["spec"] and "managedFields" not in slim["metadata"]
+        for notes, new_refusal in [({}, False), ({labels.REFUSED_REASON: "KvPoolTooSmall"}, True)]:
+            assert workload_writes.deployment_writes(
+                slim, desired, create_annotations={}, notes=notes, new_refusal=new_refusal
+            ) == workload_writes.deployment_writes(
+                full, desired, create_annotations={}, notes=notes, new_refusal=new_refusal
+            )
+        assert workload_state(slim) == workload_state(full)
+
+
+def test_the_deployment_projection_keeps_its_identity_owner_and_kvgates_annotations() -> None:
+    full = _deployment()
+    slim = pod_view.slim_workload(full)
+    meta = slim["metadata"]
+    assert meta["ownerReferences"] == full["metadata"]["ownerReferences"]
+    assert meta["labels"] == full["metadata"]["labels"]
+    assert (meta["uid"], meta["resourceVersion"]) == ("d1", "7")
+    assert set(meta["annotations"]) == {
+        k for k in full["metadata"]["annotations"] if k.startswith(f"{labels.PREFIX}/")
+    }
+    assert slim["status"] == {"replicas": 2, "readyReplicas": 1}
+    assert slim["kind"] == "Deployment" and slim["spec"]["selector"] == full["spec"]["selector"]

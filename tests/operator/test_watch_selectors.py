@@ -8,6 +8,7 @@ import kopf
 import pytest
 from kopf._cogs.structs import references
 from kvgate import labels, main
+from kvgate.handlers import deployments
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
 from kvgate.settings import OperatorSettings
@@ -46,7 +47,6 @@ MANAGED = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 @pytest.mark.parametrize(
     ("group", "plural", "kind"),
     [
-        ("apps", "deployments", "Deployment"),
         ("", "services", "Service"),
         ("", "serviceaccounts", "ServiceAccount"),
         ("rbac.authorization.k8s.io", "roles", "Role"),
@@ -93,7 +93,6 @@ def test_every_kind_a_settled_pass_repairs_is_watched() -> None:
     for group, plural in [
         ("kvgate.io", "modeldeployments"),
         ("", "pods"),
-        ("apps", "deployments"),
         ("", "services"),
         ("", "serviceaccounts"),
         ("rbac.authorization.k8s.io", "roles"),
@@ -130,3 +129,17 @@ async def test_the_initial_listing_comes_in_pages(configured: kopf.OperatorSetti
     """An unpaged list of 9,000 pods is ~90 MB of JSON at once (a leader restarted at 1,000
     ModelDeployments peaked at 750 MB RSS)."""
     assert configured.watching.chunk_size == main.LIST_CHUNK_SIZE == 500
+
+
+def test_kvgates_deployments_are_the_operators_own_watch_not_kopfs() -> None:
+    """kopf would keep its own state per Deployment and the pass could not know when every
+    Deployment is stored; the operator's reflector (deployments.start_reflectors) has them,
+    filtered by kvgate's label on the server."""
+    registry = main.register_handlers()
+    kopf_plurals = {
+        h.selector.plural or h.selector.any_name
+        for h in registry._watching.get_all_handlers()
+        if h.selector is not None
+    }
+    assert "deployments" not in kopf_plurals
+    assert deployments.MANAGED_SELECTOR == MANAGED

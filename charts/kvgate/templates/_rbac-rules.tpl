@@ -39,8 +39,9 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
   resources: ["pods/log"]
   verbs: ["get"]
 # per-revision prefill/decode/router Deployments: created, scaled, annotated, template drift
-# patched back, superseded ones deleted; watched (kopf) so a change wakes its ModelDeployment;
-# get: an engine pod's controller chain
+# patched back, superseded ones deleted; listed and watched (the operator's own store,
+# kvgate.informer) so a change wakes its ModelDeployment and a pass reads them from memory; get:
+# an engine pod's controller chain
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

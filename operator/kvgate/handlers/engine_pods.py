@@ -24,13 +24,12 @@ from typing import Any
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate import gate, labels, metrics, pod_view, probe_slots, requirements
+from kvgate import gate, informer, labels, metrics, pod_view, probe_slots, requirements
 from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken, spawn
-from kvgate.informer import Reflector
 from kvgate.pod_identity import Unproven
 from kvgate.revision import revision_of
 
@@ -100,35 +99,17 @@ def start_reflectors(rt: Runtime, namespaces: tuple[str, ...]) -> None:
     """Start the operator's list-then-watch of engine pods (kvgate.informer): one per watched
     namespace, or one cluster-wide when ``namespaces`` is empty. Each listed or watched pod
     goes to ``on_pod_event``; a stored pod that a complete list no longer holds is deleted."""
-
-    def reflector(namespace: str | None) -> Reflector:
-        def stored() -> list[str]:
-            return [
-                uid
-                for uid, pod in rt.pods.items()
-                if namespace is None or pod.get("metadata", {}).get("namespace") == namespace
-            ]
-
-        def vanished(uid: str) -> None:
-            pod = rt.pods.get(uid)
-            if pod is not None:
-                on_pod_event(rt, "DELETED", pod)
-
-        return Reflector(
-            api=rt.api,
-            path=rt.api.path("Pod", namespace) if namespace else "/api/v1/pods",
-            selector=ENGINE_SELECTOR,
-            kind="Pod",
-            api_version="v1",
-            on_event=lambda event_type, body: on_pod_event(rt, event_type, body),
-            on_vanished=vanished,
-            stored=stored,
-        )
-
-    for namespace in namespaces or (None,):
-        one = reflector(namespace)
-        rt.pod_reflectors.append(one)
-        rt.reflector_tasks.append(spawn(one.run(), name=f"engine-pods-{namespace or 'all'}"))
+    reflectors = informer.per_namespace(
+        rt.api,
+        kind="Pod",
+        api_version="v1",
+        cluster_path="/api/v1/pods",
+        selector=ENGINE_SELECTOR,
+        namespaces=namespaces,
+        store=rt.pods,
+        on_event=lambda event_type, body: on_pod_event(rt, event_type, body),
+    )
+    rt.start_reflectors(reflectors, into=rt.pod_reflectors, name="engine-pods")
 
 
 def _series(pod: Pod) -> tuple[str, str, str, str]:

@@ -182,7 +182,7 @@ class Reconciler:
         # on a loaded API server a pass is bound by its requests' latency, issue 16)
         selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
         listed, (lws_access, groups), listed_pods, service = await asyncio.gather(
-            api.list("Deployment", ns, selector),
+            self._deployments(selector),
             # Multi-node engines' LeaderWorkerSets count as workloads like Deployments.
             self._leader_worker_sets(selector, meta.get("uid")),
             self._engine_pods(),
@@ -301,6 +301,16 @@ class Reconciler:
                 extra={"namespace": ns, "deployment": name, "revision": target},
             )
         return step
+
+    async def _deployments(self, selector: dict[str, str]) -> list[Body]:
+        """The ModelDeployment's kvgate Deployments: from the operator's own watch once it has
+        listed them all (``Runtime.deployments_listed``; slim: pod_view.slim_workload), else
+        listed. A Deployment a pass just created may not be there yet: planned again, its
+        create finds it (409) and reads it; a change after the read wakes the next pass."""
+        if self.rt.deployments_listed:  # in name order, as a list returns them
+            found = [d for _, d in self.rt.deployments.of_md(self.namespace, self.name)]
+            return sorted(found, key=_key)
+        return await self.rt.api.list("Deployment", self.namespace, selector)
 
     async def _engine_pods(self) -> list[Body]:
         """The ModelDeployment's engine pods: from the operator's own watch once it has listed
@@ -451,8 +461,15 @@ class Reconciler:
                 return None
             return await self._create(write.body, owner_uid)
         if isinstance(write, workload_writes.Patch):
+            # Gone since the pass read it (the store can be a watch event behind): nothing to
+            # patch; its deletion event wakes the pass that creates it again.
             await api.patch(
-                write.kind, ns, write.name, write.patch, content_type=write.content_type
+                write.kind,
+                ns,
+                write.name,
+                write.patch,
+                content_type=write.content_type,
+                missing_ok=True,
             )
         else:
             await api.delete(write.kind, ns, write.name)

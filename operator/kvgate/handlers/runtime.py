@@ -240,6 +240,8 @@ class Runtime:
     # (namespace, name) -> (uid, reconcile loop); see handlers.md_loops
     md_loops: dict[MdKey, tuple[str, asyncio.Task[None]]] = field(default_factory=dict)
     routers: PodStore = field(default_factory=PodStore)  # uid -> router pod (pod_view)
+    # uid -> kvgate Deployment (pod_view.slim_workload), indexed by ModelDeployment like pods
+    deployments: PodStore = field(default_factory=PodStore)
     # pod uid -> (ownership fingerprint, proven identity); see identity.resolve_identity
     identities: dict[str, tuple[bytes, Any]] = field(default_factory=dict)
     owner_chains: OwnerChains = field(default_factory=OwnerChains)  # see identity.resolve_identity
@@ -259,9 +261,11 @@ class Runtime:
     _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
     _pod_wakes: dict[str, Wake] = field(default_factory=dict)
     _md_wakes: dict[MdKey, Wake] = field(default_factory=dict)
-    # The operator's own list-then-watch of engine pods (kvgate.informer; one per watched
-    # namespace, or one for all), and their tasks: see engine_pods.start_reflectors
+    # The operator's own list-then-watch of engine pods and of its Deployments (kvgate.informer;
+    # one per watched namespace, or one for all), and their tasks: see start_reflectors in
+    # engine_pods and deployments
     pod_reflectors: list[Reflector] = field(default_factory=list)
+    deployment_reflectors: list[Reflector] = field(default_factory=list)
     reflector_tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -269,6 +273,22 @@ class Runtime:
         """Whether ``pods`` holds every engine pod: each reflector finished a complete list (a
         ModelDeployment's pass then reads its pods from there instead of listing them)."""
         return bool(self.pod_reflectors) and all(r.synced for r in self.pod_reflectors)
+
+    @property
+    def deployments_listed(self) -> bool:
+        """Whether ``deployments`` holds every kvgate Deployment (as ``engine_pods_listed``)."""
+        return bool(self.deployment_reflectors) and all(
+            r.synced for r in self.deployment_reflectors
+        )
+
+    def start_reflectors(
+        self, reflectors: list[Reflector], *, into: list[Reflector], name: str
+    ) -> None:
+        """Run these reflectors until shutdown; ``into`` is the list their ``synced`` is read
+        from."""
+        for reflector in reflectors:
+            into.append(reflector)
+            self.reflector_tasks.append(spawn(reflector.run(), name=f"{name}:{reflector.path}"))
 
     def pass_slots(self) -> asyncio.Semaphore:
         """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
