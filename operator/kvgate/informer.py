@@ -159,21 +159,27 @@ class Reflector:
         return str(version) if version else None
 
 
+@dataclass(frozen=True)
+class Watched:
+    """One kind the operator lists and watches itself."""
+
+    kind: str  # as KubeApi.path knows it; list items carry neither kind nor apiVersion
+    api_version: str
+    cluster_path: str  # the cluster-wide collection, when no namespace is configured
+    selector: str  # labelSelector, applied by the API server
+
+
 def per_namespace(
     api: KubeApi,
+    watched: Watched,
     *,
-    kind: str,
-    api_version: str,
-    cluster_path: str,
-    selector: str,
     namespaces: tuple[str, ...],
     store: Mapping[str, Body],
     on_event: Callable[[str | None, Body], None],
 ) -> list[Reflector]:
-    """One reflector per watched namespace, or one cluster-wide (``cluster_path``) when
-    ``namespaces`` is empty, feeding ``on_event``, which keeps ``store`` (uid -> body). A
-    stored object that a complete list of its namespace no longer holds is delivered as
-    DELETED."""
+    """One reflector per watched namespace, or one cluster-wide when ``namespaces`` is empty,
+    feeding ``on_event``, which keeps ``store`` (uid -> body). A stored object that a complete
+    list of its namespace no longer holds is delivered as DELETED."""
 
     def reflector(namespace: str | None) -> Reflector:
         def stored() -> list[str]:
@@ -190,10 +196,10 @@ def per_namespace(
 
         return Reflector(
             api=api,
-            path=api.path(kind, namespace) if namespace else cluster_path,
-            selector=selector,
-            kind=kind,
-            api_version=api_version,
+            path=api.path(watched.kind, namespace) if namespace else watched.cluster_path,
+            selector=watched.selector,
+            kind=watched.kind,
+            api_version=watched.api_version,
             on_event=on_event,
             on_vanished=vanished,
             stored=stored,

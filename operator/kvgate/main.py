@@ -353,8 +353,8 @@ async def serve(
             )
             if not await elector.acquire(stop.event):
                 return
-        engine_pods.start_reflectors(_runtime, settings.namespaces)
-        deployments.start_reflectors(_runtime, settings.namespaces)
+        engine_pods.start_reflectors(_runtime)
+        deployments.start_reflectors(_runtime)
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(

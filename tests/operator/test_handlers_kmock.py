@@ -19,7 +19,7 @@ from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, deployments, engine_pods
 from kvgate.handlers.modeldeployment import Reconciler
 from kvgate.handlers.runtime import Runtime
-from kvgate.informer import Reflector
+from kvgate.informer import Reflector, Watched, per_namespace
 from kvgate.k8s import ApiError, Credentials, KubeApi
 from kvgate.main import make_verify
 from kvgate.revision import revision_of
@@ -776,36 +776,39 @@ async def _verified_and_router_ready(kmock: kmock.KubernetesEmulator, rev: str) 
         kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
 
 
+def _listed(rt: Runtime, watched: Watched) -> Reflector:
+    """A reflector of ``watched`` past its first complete list (nothing to run)."""
+    (reflector,) = per_namespace(rt.api, watched, namespaces=(), store={}, on_event=lambda *_: None)
+    reflector.synced = True
+    return reflector
+
+
 def _every_engine_pod_listed(rt: Runtime) -> None:
     """As the operator's engine pod reflector has it after its first complete list."""
-    rt.pod_reflectors.append(
-        Reflector(
-            api=rt.api,
-            path="/api/v1/pods",
-            selector=engine_pods.ENGINE_SELECTOR,
-            kind="Pod",
-            api_version="v1",
-            on_event=lambda *_: None,
-            on_vanished=lambda _: None,
-            stored=lambda: (),
-            synced=True,
-        )
-    )
+    rt.pod_reflectors.append(_listed(rt, engine_pods.ENGINE_PODS))
+
+
+async def _engines_verified_in_the_store(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Reconciler, str]:
+    """After the first pass: the router Ready, and both engines verified as the operator's
+    engine pod watch holds them, past its first complete list (the API lists none)."""
+    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
+    _router_ready(kmock, rev)
+    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
+    for pod in _verified_pods():
+        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
+    _every_engine_pod_listed(rt)
+    return reconciler, rev
 
 
 @pytest.mark.usefixtures("revision_chain")
 async def test_once_every_engine_pod_is_listed_a_pass_reads_them_from_the_store_and_lists_none(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
-    _router_ready(kmock, rev)
-    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
-    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
-    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
-    # Both engines verified, as the operator's watch holds them (the API lists none).
-    for pod in _verified_pods():
-        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
-    _every_engine_pod_listed(rt)
+    reconciler, rev = await _engines_verified_in_the_store(kmock, rt, monkeypatch)
     pod_lists = len(requests(kmock, "GET", f"/namespaces/{NS}/pods"))
 
     step = await reconciler.reconcile()
@@ -842,33 +845,14 @@ def _every_deployment_listed(kmock: kmock.KubernetesEmulator, rt: Runtime, rev: 
         body = _plain(kmock.objects[resource, NS, f"llama-{rev}-{component}"])
         body["metadata"].setdefault("uid", f"dep-{component}")
         deployments.on_deployment_event(rt, "ADDED", body)
-    rt.deployment_reflectors.append(
-        Reflector(
-            api=rt.api,
-            path="/apis/apps/v1/deployments",
-            selector=deployments.MANAGED_SELECTOR,
-            kind="Deployment",
-            api_version="apps/v1",
-            on_event=lambda *_: None,
-            on_vanished=lambda _: None,
-            stored=lambda: (),
-            synced=True,
-        )
-    )
+    rt.deployment_reflectors.append(_listed(rt, deployments.DEPLOYMENTS))
 
 
 @pytest.mark.usefixtures("revision_chain")
 async def test_once_every_deployment_is_listed_a_pass_reads_them_from_the_store_and_lists_none(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reconciler, rev = await _first_pass_with_a_passing_content_check(kmock, rt, monkeypatch)
-    _router_ready(kmock, rev)
-    first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
-    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
-    kmock.objects[mds, NS, "llama"].patch({"status": first_status})
-    for pod in _verified_pods():
-        rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
-    _every_engine_pod_listed(rt)
+    reconciler, rev = await _engines_verified_in_the_store(kmock, rt, monkeypatch)
     _every_deployment_listed(kmock, rt, rev)  # the router's readyReplicas: 1 among them
     assert all("template" not in d["spec"] for d in rt.deployments.values())  # kept slim
     deployment_lists = len(requests(kmock, "GET", f"/namespaces/{NS}/deployments"))

@@ -242,7 +242,7 @@ async def test_an_engine_pod_deleted_while_the_watch_was_down_is_forgotten_by_th
     monkeypatch.setattr(engine_pods, "check_pod", no_probe)
     fake, api = server
     fake.pods = [pod("a"), pod("b")]
-    rt = Runtime(api=api, settings=OperatorSettings(), verify=None)  # type: ignore[arg-type]
+    rt = Runtime(api=api, settings=OperatorSettings(namespaces=(NS,)), verify=None)  # type: ignore[arg-type]
     seen: dict[str, Any] = {}
 
     def b_deleted_while_nobody_watched() -> None:
@@ -251,7 +251,7 @@ async def test_an_engine_pod_deleted_while_the_watch_was_down_is_forgotten_by_th
 
     fake.before_watch = b_deleted_while_nobody_watched
     fake.streams = [[{"type": "ERROR", "object": GONE}]]
-    engine_pods.start_reflectors(rt, (NS,))
+    engine_pods.start_reflectors(rt)
     try:
         await until(lambda: len(fake.watches) == 2)
         assert seen["listed"] and seen["pods"] == ["a", "b"]
@@ -267,10 +267,11 @@ async def test_until_its_first_complete_list_the_operator_does_not_claim_every_p
     server: tuple[FakeApiServer, KubeApi],
 ) -> None:
     fake, api = server
-    rt = Runtime(api=api, settings=OperatorSettings(), verify=None)  # type: ignore[arg-type]
+    settings = OperatorSettings(namespaces=("models", "other"))
+    rt = Runtime(api=api, settings=settings, verify=None)  # type: ignore[arg-type]
     assert not rt.engine_pods_listed  # no reflector yet
     fake.pods = []  # nothing to verify
-    engine_pods.start_reflectors(rt, ("models", "other"))
+    engine_pods.start_reflectors(rt)
     try:
         assert not rt.engine_pods_listed
         await until(lambda: rt.pod_reflectors[0].synced)
@@ -326,10 +327,11 @@ async def test_the_operators_deployment_store_follows_list_and_watch_and_wakes_t
     fake, api = server
     fake.deployments = [deployment("a"), deployment("b", md="other")]
     fake.streams = [[{"type": "DELETED", "object": deployment("b", md="other")}]]
-    rt = Runtime(api=api, settings=OperatorSettings(), verify=None)  # type: ignore[arg-type]
+    settings = OperatorSettings(namespaces=(NS,))
+    rt = Runtime(api=api, settings=settings, verify=None)  # type: ignore[arg-type]
     woken = rt.md_wake((NS, "other"))
     assert not rt.deployments_listed
-    deployments.start_reflectors(rt, (NS,))
+    deployments.start_reflectors(rt)
     try:
         await until(lambda: rt.deployments_listed and "b" not in rt.deployments)
         (uid, kept), *_ = list(rt.deployments.of_md(NS, "llama"))

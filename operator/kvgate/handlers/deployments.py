@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate import informer, labels, pod_view
+from kvgate import labels, pod_view
 from kvgate.handlers.runtime import Runtime
+from kvgate.informer import Watched
 
 MANAGED_SELECTOR = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
 
@@ -33,20 +34,18 @@ def on_deployment_event(rt: Runtime, event_type: str | None, body: dict[str, Any
     wake_owner(rt, body)
 
 
-def start_reflectors(rt: Runtime, namespaces: tuple[str, ...]) -> None:
+DEPLOYMENTS = Watched("Deployment", "apps/v1", "/apis/apps/v1/deployments", MANAGED_SELECTOR)
+
+
+def start_reflectors(rt: Runtime) -> None:
     """Start the list-then-watch of kvgate's Deployments (label managed-by=kvgate, filtered on
     the server), one per watched namespace or one cluster-wide."""
-    reflectors = informer.per_namespace(
-        rt.api,
-        kind="Deployment",
-        api_version="apps/v1",
-        cluster_path="/apis/apps/v1/deployments",
-        selector=MANAGED_SELECTOR,
-        namespaces=namespaces,
+    rt.reflect(
+        DEPLOYMENTS,
         store=rt.deployments,
         on_event=lambda event_type, body: on_deployment_event(rt, event_type, body),
+        into=rt.deployment_reflectors,
     )
-    rt.start_reflectors(reflectors, into=rt.deployment_reflectors, name="deployments")
 
 
 def on_router_access_event(rt: Runtime, event_type: str | None, body: dict[str, Any]) -> None:

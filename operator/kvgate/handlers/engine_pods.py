@@ -24,12 +24,13 @@ from typing import Any
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate import gate, informer, labels, metrics, pod_view, probe_slots, requirements
+from kvgate import gate, labels, metrics, pod_view, probe_slots, requirements
 from kvgate.api import ModelDeploymentSpec
 from kvgate.handlers import group_verify, kv_canary_watch
 from kvgate.handlers.gateway_watch import GatewayWatch
 from kvgate.handlers.identity import resolve_identity
 from kvgate.handlers.runtime import Runtime, VerifiedEngine, sleep_until_woken, spawn
+from kvgate.informer import Watched
 from kvgate.pod_identity import Unproven
 from kvgate.revision import revision_of
 
@@ -95,21 +96,19 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
 ENGINE_SELECTOR = f"{labels.COMPONENT}={labels.COMPONENT_ENGINE}"
 
 
-def start_reflectors(rt: Runtime, namespaces: tuple[str, ...]) -> None:
+ENGINE_PODS = Watched("Pod", "v1", "/api/v1/pods", ENGINE_SELECTOR)
+
+
+def start_reflectors(rt: Runtime) -> None:
     """Start the operator's list-then-watch of engine pods (kvgate.informer): one per watched
-    namespace, or one cluster-wide when ``namespaces`` is empty. Each listed or watched pod
-    goes to ``on_pod_event``; a stored pod that a complete list no longer holds is deleted."""
-    reflectors = informer.per_namespace(
-        rt.api,
-        kind="Pod",
-        api_version="v1",
-        cluster_path="/api/v1/pods",
-        selector=ENGINE_SELECTOR,
-        namespaces=namespaces,
+    namespace, or one cluster-wide. Each listed or watched pod goes to ``on_pod_event``; a
+    stored pod that a complete list no longer holds is deleted."""
+    rt.reflect(
+        ENGINE_PODS,
         store=rt.pods,
         on_event=lambda event_type, body: on_pod_event(rt, event_type, body),
+        into=rt.pod_reflectors,
     )
-    rt.start_reflectors(reflectors, into=rt.pod_reflectors, name="engine-pods")
 
 
 def _series(pod: Pod) -> tuple[str, str, str, str]:

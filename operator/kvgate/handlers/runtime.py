@@ -7,7 +7,7 @@ import contextvars
 import math
 import time
 from collections import UserDict
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar, cast
@@ -17,7 +17,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 from kvgate import labels, pod_view, router_auth
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers import step_check
-from kvgate.informer import Reflector
+from kvgate.informer import Reflector, Watched, per_namespace
 from kvgate.k8s import KubeApi
 from kvgate.settings import OperatorSettings
 
@@ -281,14 +281,22 @@ class Runtime:
             r.synced for r in self.deployment_reflectors
         )
 
-    def start_reflectors(
-        self, reflectors: list[Reflector], *, into: list[Reflector], name: str
+    def reflect(
+        self,
+        watched: Watched,
+        *,
+        store: Mapping[str, dict[str, Any]],
+        on_event: Callable[[str | None, dict[str, Any]], None],
+        into: list[Reflector],
     ) -> None:
-        """Run these reflectors until shutdown; ``into`` is the list their ``synced`` is read
-        from."""
-        for reflector in reflectors:
+        """List and watch ``watched`` in every watched namespace (or cluster-wide) until
+        shutdown, feeding ``on_event``, which keeps ``store``; ``into`` holds the reflectors
+        whose ``synced`` says the store is complete."""
+        for reflector in per_namespace(
+            self.api, watched, namespaces=self.settings.namespaces, store=store, on_event=on_event
+        ):
             into.append(reflector)
-            self.reflector_tasks.append(spawn(reflector.run(), name=f"{name}:{reflector.path}"))
+            self.reflector_tasks.append(spawn(reflector.run(), name=f"reflector:{reflector.path}"))
 
     def pass_slots(self) -> asyncio.Semaphore:
         """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
