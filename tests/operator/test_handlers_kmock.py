@@ -17,7 +17,7 @@ from fake_engine import FakeEngine, running
 from kvgate import builders, labels, metrics, pod_view
 from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from kvgate.handlers import content_check, deployments, engine_pods
-from kvgate.handlers.modeldeployment import Reconciler
+from kvgate.handlers.modeldeployment import Reconciler, on_md_event
 from kvgate.handlers.runtime import Runtime
 from kvgate.informer import Reflector, Watched, per_namespace
 from kvgate.k8s import ApiError, Credentials, KubeApi
@@ -53,7 +53,6 @@ async def rt(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Runtime]:
     api = KubeApi(Credentials(server=str(kmock.url).rstrip("/")))
     settings = OperatorSettings(probe_timeout_seconds=2.0)
     runtime = Runtime(api=api, settings=settings, verify=make_verify(settings), clock=lambda: NOW)
-    content_check._last_inconclusive.clear()  # an earlier test's inconclusive check backs off
     yield runtime
     await runtime.shutdown()
     await api.close()
@@ -948,6 +947,33 @@ async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
     assert step.content_check_due
     status = requests(kmock, "PATCH", "/status")[-1].data["status"]
     assert status.get("contentChecks", []) == []
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_an_inconclusive_checks_backoff_belongs_to_the_runtime_and_ends_with_its_md(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retried RETRY_SECONDS later, not at the next pass; kept by this operator's runtime (a
+    new leader starts clean) and dropped when the ModelDeployment is deleted (no leak)."""
+    checks: list[str] = []
+
+    async def no_router(*args: Any) -> None:
+        checks.append(args[4])  # the revision
+
+    monkeypatch.setattr(content_check, "run_content_check", no_router)
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    await _verified_and_router_ready(kmock, rev)
+    await reconciler.reconcile()
+    await reconciler.reconcile()
+    assert checks == [rev]  # the second pass backed off
+    assert list(rt.content_inconclusive) == [(NS, "llama", rev)]
+    other = Runtime(api=rt.api, settings=rt.settings, verify=rt.verify)
+    assert other.content_inconclusive == {}
+    on_md_event(rt, "DELETED", {"metadata": {"namespace": NS, "name": "llama"}})
+    assert rt.content_inconclusive == {}
 
 
 @pytest.mark.usefixtures("revision_chain")

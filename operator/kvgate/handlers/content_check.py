@@ -196,10 +196,6 @@ async def run_content_check(
     return content_probe.verdict(revision, findings)
 
 
-# (namespace, name, revision) -> monotonic time of the last inconclusive check
-_last_inconclusive: dict[tuple[str, str, str], float] = {}
-
-
 def _verified_pool(step: RolloutStep) -> int | None:
     pools = [
         p.min_verified_kv_pool_tokens
@@ -225,7 +221,7 @@ async def check_if_due(
         return step, None, None
     target = step.target_revision
     key = (namespace, md_name, target)
-    last = _last_inconclusive.get(key)
+    last = rt.content_inconclusive.get(key)
     if last is not None and time.monotonic() - last < content_probe.RETRY_SECONDS:
         return step, None, None
     started = time.monotonic()
@@ -234,14 +230,14 @@ async def check_if_due(
     )
     fields = {"namespace": namespace, "deployment": md_name, "revision": target}
     if result is None or not result.conclusive:
-        _last_inconclusive[key] = time.monotonic()
+        rt.content_inconclusive[key] = time.monotonic()
         log.warning(
             "%s",
             result.message if result else f"content check of {target}: no Ready router yet",
             extra=fields,
         )
         return step, None, None
-    _last_inconclusive.pop(key, None)
+    rt.content_inconclusive.pop(key, None)
     metrics.CONTENT_CHECK_DURATION.labels(namespace, md_name).observe(time.monotonic() - started)
     metrics.CONTENT_CHECKS.labels(namespace, md_name, "passed" if result.passed else "failed").inc()
     (log.info if result.passed else log.warning)("%s", result.message, extra=fields)

@@ -248,6 +248,9 @@ class Runtime:
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
+    # (namespace, name, revision) -> monotonic time of its last inconclusive content check
+    # (handlers.content_check backs off from it); forgotten with the ModelDeployment
+    content_inconclusive: dict[tuple[str, str, str], float] = field(default_factory=dict)
     # (time.monotonic(), HTTP status) of the last LeaderWorkerSet list the API refused with 404
     # or 403; None once one worked (see modeldeployment.Reconciler._leader_worker_sets)
     lws_unavailable: tuple[float, int] | None = None
@@ -369,6 +372,8 @@ class Runtime:
         self.mds.pop(key, None)
         self.access_changed.discard(key)
         self._md_wakes.pop(key, None)
+        for check in [c for c in self.content_inconclusive if c[:2] == key]:
+            del self.content_inconclusive[check]
 
     async def shutdown(self) -> None:
         """Stop every verifier and reconcile loop (operator exit)."""
