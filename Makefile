@@ -63,9 +63,10 @@ real-engine-deps: $(STAMP)
 # E2E_WORKERS worlds side by side (pytest-xdist, a module stays on one world): two worlds on
 # 2 cores take 16-20 min where one takes 25, but under that load 2 of 227 timing-bound tests
 # failed in one of two fresh-clone runs, so `make test` keeps one world; E2E_WORKERS=2 opts in.
+# --durations: the 30 slowest steps in the log, what the warm-run budget (20 min) is spent on.
 E2E_WORKERS ?= 1
 e2e: e2e-deps real-engine-deps
-	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile e2e/tests
+	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile --durations=30 e2e/tests
 
 e2e-real: e2e-deps real-engine-deps
 	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -s -m real_engine e2e/tests
