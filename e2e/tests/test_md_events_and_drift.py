@@ -36,7 +36,6 @@ REFUSAL = re.compile(
     r"× headroom 1\.0"
 )
 DROPPED = "kvgate.io/dropped-by-a-newer-build"
-TAMPERED = "example.com/edited-by-a-tenant"
 T = TypeVar("T")
 
 
@@ -191,49 +190,6 @@ def test_a_template_key_a_newer_build_dropped_is_removed_from_the_deployment(
         current["spec"]["template"],
         built_template,
     )
-
-
-def test_a_template_edited_by_someone_else_is_put_back_though_its_hash_annotation_matches(
-    world: World, namespace: str
-) -> None:
-    """``kubectl patch`` of a revision Deployment's pod template (as any editor could) leaves
-    kvgate's hash annotation as it was; the generation the API server bumped for the edit is
-    past the one kvgate recorded after its own last write, so the built template goes back."""
-    ns, name = namespace, "edited"
-    md = on_pool_without_estimate(sample_md(name), "small")
-    assert "created" in world.apply(md, namespace=ns)
-    selector = f"kvgate.io/deployment={name},kvgate.io/component=router"
-
-    def recorded() -> dict[str, Any] | None:
-        found = next(iter(world.list("deployments", ns, selector)), None)
-        annotations = ((found or {}).get("metadata") or {}).get("annotations") or {}
-        generation = str((found or {}).get("metadata", {}).get("generation"))
-        return found if annotations.get(labels.SPEC_GENERATION) == generation else None
-
-    router = wait(world, "the router Deployment, its generation recorded", recorded, 120)
-    dname, built_template = router["metadata"]["name"], router["spec"]["template"]
-    edit = {"spec": {"template": {"metadata": {"annotations": {TAMPERED: "yes"}}}}}
-    world.kubectl("patch", "deployment", dname, "-n", ns, "--type=merge", "-p", json.dumps(edit))
-    edited = world.get("deployments", dname, ns)
-    assert (
-        edited is not None and edited["metadata"]["generation"] > router["metadata"]["generation"]
-    )
-    assert (
-        edited["metadata"]["annotations"][labels.TEMPLATE_HASH]
-        == (router["metadata"]["annotations"][labels.TEMPLATE_HASH])
-    )
-
-    def put_back() -> dict[str, Any] | None:
-        current = world.get("deployments", dname, ns)
-        template = (current or {}).get("spec", {}).get("template") or {}
-        gone = TAMPERED not in ((template.get("metadata") or {}).get("annotations") or {})
-        return current if current is not None and gone else None
-
-    current = wait(
-        world, f"the operator to take {TAMPERED} out of {dname}'s template", put_back, 60
-    )
-    assert current["spec"]["template"] == built_template
-    wait(world, "kvgate's write of the template recorded", recorded, 30)
 
 
 def test_deleted_router_rbac_comes_back_without_an_operator_restart(

@@ -25,9 +25,6 @@ REFUSED_REASON: Final = f"{PREFIX}/refused-reason"  # refused revision's Deploym
 REFUSED_MESSAGE: Final = f"{PREFIX}/refused-message"
 ROUTER_KEY_FINGERPRINT: Final = f"{PREFIX}/router-key"  # router pod template: key digest
 TEMPLATE_HASH: Final = f"{PREFIX}/template-hash"  # hash of the built object, to detect drift
-# A revision workload's metadata.generation after kvgate's last write of its spec: a higher
-# generation means someone else changed the spec since (kvgate.workload_writes.spec_edited).
-SPEC_GENERATION: Final = f"{PREFIX}/spec-generation"
 BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"  # smg reads the prefill bootstrap port here
 
 # The pod readiness gate the operator sets after verifying the live engine.

@@ -6,14 +6,6 @@ refusal notes); otherwise scale it, add a new refusal's notes, and replace a tem
 differs from what this operator builds. The template is replaced whole (a JSON patch), in the
 same write as its hash annotation, so a key a newer builder dropped is removed (a merge patch
 only adds and changes keys) and the hash never claims a template the object does not have.
-
-Whether the template differs is known two ways, neither of which compares the live template
-with the built one (the API server adds defaults to every template it stores): the recorded
-hash is not the built one's (a newer build), or the workload's ``metadata.generation`` is past
-the one kvgate recorded after its own last write of the spec (``kvgate.io/spec-generation``;
-the API server bumps the generation on every spec change and on nothing else): someone else
-edited it, e.g. ``kubectl edit`` of the engine's image or args. After each of its spec writes
-the handler records the generation the API server answered (``generation_record``).
 """
 
 from __future__ import annotations
@@ -80,49 +72,12 @@ def _annotation_path(key: str) -> str:
     return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
-WORKLOAD_KINDS = ("Deployment", multinode.LWS_KIND)
-
-
-def spec_edited(current: Body) -> bool:
-    """Whether someone other than kvgate changed the workload's spec since kvgate last wrote
-    it: its generation is past the one kvgate recorded. No record (a workload an older kvgate
-    made): not known to be edited. A record that is not a number: edited (rebuilt, recorded
-    again)."""
-    meta = current.get("metadata") or {}
-    recorded = (meta.get("annotations") or {}).get(labels.SPEC_GENERATION)
-    generation = meta.get("generation")
-    if recorded is None or generation is None:
-        return False
-    try:
-        return int(generation) > int(recorded)
-    except (TypeError, ValueError):
-        return True
-
-
-def generation_record(kind: str, name: str, written: Body | None) -> Patch | None:
-    """After kvgate wrote a workload (``written``: the API server's answer), the patch that
-    records its generation as kvgate's own; None when already recorded or not a workload."""
-    if kind not in WORKLOAD_KINDS or not written:
-        return None
-    meta = written.get("metadata") or {}
-    generation = meta.get("generation")
-    if generation is None:
-        return None
-    if (meta.get("annotations") or {}).get(labels.SPEC_GENERATION) == str(generation):
-        return None
-    record = {"metadata": {"annotations": {labels.SPEC_GENERATION: str(generation)}}}
-    return Patch(kind, name, record, MERGE_PATCH)
-
-
-def template_replacement(
-    current: Body, desired: Body, *, edited: bool = False
-) -> list[Body] | None:
+def template_replacement(current: Body, desired: Body) -> list[Body] | None:
     """The JSON patch that makes ``current``'s pod template exactly ``desired``'s and records
-    its hash in the same write; None when the recorded hash already matches and the spec was
-    not ``edited`` by someone else."""
+    its hash in the same write; None when the recorded hash already matches."""
     desired_hash = desired["metadata"]["annotations"][labels.TEMPLATE_HASH]
     annotations = current.get("metadata", {}).get("annotations")
-    if not edited and (annotations or {}).get(labels.TEMPLATE_HASH) == desired_hash:
+    if (annotations or {}).get(labels.TEMPLATE_HASH) == desired_hash:
         return None
     hash_op: Body = (
         {"op": "add", "path": _annotation_path(labels.TEMPLATE_HASH), "value": desired_hash}
@@ -158,7 +113,6 @@ def deployment_writes(
         body["metadata"]["annotations"] = {
             **desired["metadata"].get("annotations", {}),
             **create_annotations,
-            labels.SPEC_GENERATION: "1",  # what the API server gives a new object
         }
         return [Create(body)]
     name = desired["metadata"]["name"]
@@ -167,20 +121,14 @@ def deployment_writes(
     replicas = desired["spec"]["replicas"]
     if int(current.get("spec", {}).get("replicas", 0) or 0) != replicas:
         merge["spec"] = {"replicas": replicas}
-    meta = current.get("metadata", {})
-    annotations = meta.get("annotations") or {}
+    annotations = current.get("metadata", {}).get("annotations") or {}
     missing = {k: v for k, v in notes.items() if annotations.get(k) != v}
     if missing and new_refusal:
         merge["metadata"] = {"annotations": missing}
-    if labels.SPEC_GENERATION not in annotations and meta.get("generation") is not None:
-        # Made by an older kvgate: its spec as it is now counts as kvgate's from here on.
-        adopted = {labels.SPEC_GENERATION: str(meta["generation"])}
-        merge.setdefault("metadata", {}).setdefault("annotations", {}).update(adopted)
     kind = str(desired.get("kind", "Deployment"))
     if merge:
         writes.append(Patch(kind, name, merge, MERGE_PATCH))
-    edited = spec_edited(current)
-    replacement = template_replacement(current, desired, edited=edited) if retemplate else None
+    replacement = template_replacement(current, desired) if retemplate else None
     if replacement is not None:
         writes.append(Patch(kind, name, replacement, JSON_PATCH))
     return writes

@@ -18,7 +18,6 @@ from kvgate.workload_writes import (
     Delete,
     Patch,
     PlannedWrite,
-    generation_record,
     revision_writes,
     service_writes,
 )
@@ -99,7 +98,6 @@ def test_a_missing_target_deployment_is_created_with_its_start_and_refusal_notes
         labels.VERIFY_STARTED_AT: "2026-11-05T12:00:00Z",
         labels.REFUSED_REASON: "EngineUnsafe",
         labels.REFUSED_MESSAGE: REFUSAL.message,
-        labels.SPEC_GENERATION: "1",
     }
     assert write.body["spec"] == built()["spec"]
 
@@ -113,10 +111,7 @@ def test_a_lost_router_of_the_serving_revision_is_created_without_the_targets_no
     )
     (write,) = writes
     assert isinstance(write, Create)
-    assert write.body["metadata"]["annotations"] == {
-        **built(OLD, "router")["metadata"]["annotations"],
-        labels.SPEC_GENERATION: "1",
-    }
+    assert write.body["metadata"]["annotations"] == built(OLD, "router")["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize(
@@ -274,70 +269,3 @@ def test_a_split_selector_drops_the_revision_key_and_a_switch_back_restores_it()
     (back,) = service_writes(split, one, foreign=False)
     assert isinstance(back, Patch)
     assert merge(split, back.patch)["spec"]["selector"] == one["spec"]["selector"]
-
-
-def as_stored(body: dict[str, Any], generation: int, recorded: str | None) -> dict[str, Any]:
-    """``body`` as the API server holds it at ``generation``, with kvgate's record (or none)."""
-    out = copy.deepcopy(body)
-    out["metadata"]["generation"] = generation
-    if recorded is not None:
-        out["metadata"]["annotations"][labels.SPEC_GENERATION] = recorded
-    return out
-
-
-def test_a_template_edited_by_someone_else_is_rebuilt_though_its_hash_annotation_matches() -> None:
-    """kubectl edit of the engine's image keeps kvgate's hash annotation; the generation the
-    API server bumped for it is past kvgate's record, so the built template goes back."""
-    edited = as_stored(built(), generation=3, recorded="2")
-    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "lmsysorg/sglang:v0.5.20"
-    writes = revision_writes(MD, step(), {name(): edited}, BuildInputs())
-    after = applied(edited, writes)
-    assert after["spec"]["template"] == built()["spec"]["template"]
-    # kvgate's own write is then recorded from the API server's answer (generation 4) ...
-    assert generation_record(
-        "Deployment", name(), {**after, "metadata": {**after["metadata"], "generation": 4}}
-    ) == Patch(
-        "Deployment",
-        name(),
-        {"metadata": {"annotations": {labels.SPEC_GENERATION: "4"}}},
-        MERGE_PATCH,
-    )
-    # ... and once recorded, the next pass writes nothing.
-    assert revision_writes(MD, step(), {name(): as_stored(built(), 4, "4")}, BuildInputs()) == []
-
-
-@pytest.mark.parametrize(
-    ("case", "current", "expected"),
-    [
-        ("kvgate's own last write: nothing", as_stored(built(), 5, "5"), []),
-        (
-            "an older kvgate's, never recorded: adopted as it is, not rebuilt",
-            as_stored(built(), 7, None),
-            [
-                Patch(
-                    "Deployment",
-                    name(),
-                    {"metadata": {"annotations": {labels.SPEC_GENERATION: "7"}}},
-                    MERGE_PATCH,
-                )
-            ],
-        ),
-    ],
-)
-def test_a_recorded_or_unrecorded_generation_asks_only_for_what_is_missing(
-    case: str, current: dict[str, Any], expected: list[PlannedWrite]
-) -> None:
-    assert revision_writes(MD, step(), {name(): current}, BuildInputs()) == expected, case
-
-
-def test_an_unreadable_record_counts_as_edited_and_the_template_is_rebuilt() -> None:
-    current = as_stored(built(), 2, "two")
-    (write,) = revision_writes(MD, step(), {name(): current}, BuildInputs())
-    assert isinstance(write, Patch) and write.content_type == JSON_PATCH
-
-
-def test_only_a_workload_whose_generation_is_not_yet_recorded_gets_a_record() -> None:
-    recorded = as_stored(built(), 4, "4")
-    assert generation_record("Deployment", name(), recorded) is None
-    assert generation_record("Service", "llama", {"metadata": {"generation": 2}}) is None
-    assert generation_record("Deployment", name(), None) is None  # gone (404)

@@ -463,7 +463,7 @@ class Reconciler:
         if isinstance(write, workload_writes.Patch):
             # Gone since the pass read it (the store can be a watch event behind): nothing to
             # patch; its deletion event wakes the pass that creates it again.
-            written = await api.patch(
+            await api.patch(
                 write.kind,
                 ns,
                 write.name,
@@ -471,17 +471,6 @@ class Reconciler:
                 content_type=write.content_type,
                 missing_ok=True,
             )
-            # The generation of kvgate's own spec write, so a later edit by anyone else shows.
-            record = workload_writes.generation_record(write.kind, write.name, written)
-            if record is not None:
-                await api.patch(
-                    record.kind,
-                    ns,
-                    record.name,
-                    record.patch,
-                    content_type=record.content_type,
-                    missing_ok=True,
-                )
         else:
             await api.delete(write.kind, ns, write.name)
         return None
