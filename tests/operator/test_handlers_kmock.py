@@ -902,6 +902,19 @@ async def test_a_deployment_deleted_after_the_store_saw_it_is_not_an_error_of_th
     assert patches  # it was asked, and the 404 did not fail the pass
 
 
+async def _content_check_due(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> tuple[Reconciler, str]:
+    """A first pass, then both engines verified and the router Ready: the next pass runs the
+    target's content check (whatever ``run_content_check`` is patched to answer)."""
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    reconciler = Reconciler(rt, NS, "llama")
+    await reconciler.reconcile()
+    await _verified_and_router_ready(kmock, rev)
+    return reconciler, rev
+
+
 @pytest.mark.usefixtures("revision_chain")
 async def test_a_failed_content_check_refuses_the_verified_revision_and_nothing_serves(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
@@ -912,11 +925,7 @@ async def test_a_failed_content_check_refuses_the_verified_revision_and_nothing_
         return ContentVerdict(False, REASON_FAILED, leak, ())
 
     monkeypatch.setattr(content_check, "run_content_check", content_check_fails)
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    reconciler = Reconciler(rt, NS, "llama")
-    await reconciler.reconcile()
-    await _verified_and_router_ready(kmock, rev)
+    reconciler, rev = await _content_check_due(kmock, rt)
     step = await reconciler.reconcile()
     assert step is not None and step.serving_revision is None
     assert step.refusal is not None and step.refusal.reason == "ContentCheckFailed"
@@ -937,11 +946,7 @@ async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
         return None
 
     monkeypatch.setattr(content_check, "run_content_check", no_router)
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    reconciler = Reconciler(rt, NS, "llama")
-    await reconciler.reconcile()
-    await _verified_and_router_ready(kmock, rev)
+    reconciler, _ = await _content_check_due(kmock, rt)
     step = await reconciler.reconcile()
     assert step is not None and step.serving_revision is None and step.refusal is None
     assert step.content_check_due
@@ -961,11 +966,7 @@ async def test_an_inconclusive_checks_backoff_belongs_to_the_runtime_and_ends_wi
         checks.append(args[4])  # the revision
 
     monkeypatch.setattr(content_check, "run_content_check", no_router)
-    put_md(kmock)
-    rev = revision_of(make_md().spec)
-    reconciler = Reconciler(rt, NS, "llama")
-    await reconciler.reconcile()
-    await _verified_and_router_ready(kmock, rev)
+    reconciler, rev = await _content_check_due(kmock, rt)
     await reconciler.reconcile()
     await reconciler.reconcile()
     assert checks == [rev]  # the second pass backed off
