@@ -38,7 +38,7 @@ from kvgate.api import ModelDeployment, ModelDeploymentSpec, ObjectMeta, Rollout
 from kvgate.conflict_status import conflict_events, with_conflicts
 from kvgate.handlers import content_check, step_check
 from kvgate.handlers.router_workers import audit_loop
-from kvgate.handlers.runtime import MdKey, Runtime, Wake, sleep_until_woken
+from kvgate.handlers.runtime import MdKey, PodStore, Runtime, Wake, sleep_until_woken
 from kvgate.k8s import JSON_PATCH, MERGE_PATCH, ApiError
 from kvgate.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.planner import (
@@ -307,10 +307,17 @@ class Reconciler:
         listed them all (``Runtime.deployments_listed``; slim: pod_view.slim_workload), else
         listed. A Deployment a pass just created may not be there yet: planned again, its
         create finds it (409) and reads it; a change after the read wakes the next pass."""
-        if self.rt.deployments_listed:  # in name order, as a list returns them
-            found = [d for _, d in self.rt.deployments.of_md(self.namespace, self.name)]
-            return sorted(found, key=_key)
-        return await self.rt.api.list("Deployment", self.namespace, selector)
+        listed = self.rt.deployments_listed
+        return await self._stored_or_listed(self.rt.deployments, listed, "Deployment", selector)
+
+    async def _stored_or_listed(
+        self, store: PodStore, listed: bool, kind: str, selector: dict[str, str]
+    ) -> list[Body]:
+        """The MD's objects from one of the operator's own stores once it is ``listed`` (in
+        name order, as a list returns them), else listed from the API."""
+        if listed:
+            return sorted((b for _, b in store.of_md(self.namespace, self.name)), key=_key)
+        return await self.rt.api.list(kind, self.namespace, selector)
 
     async def _engine_pods(self) -> list[Body]:
         """The ModelDeployment's engine pods: from the operator's own watch once it has listed
@@ -319,13 +326,9 @@ class Reconciler:
         every pass: 0.57 s a pass, the largest request of the benchmark (issue 16). The watch
         is as current as the events that wake the pass; a change after the read wakes the next
         one."""
-        if self.rt.engine_pods_listed:  # in name order, as a list returns them
-            pods = [pod for _, pod in self.rt.pods.of_md(self.namespace, self.name)]
-            return sorted(pods, key=lambda pod: str(pod.get("metadata", {}).get("name", "")))
-        return await self.rt.api.list(
-            "Pod",
-            self.namespace,
-            {labels.DEPLOYMENT: self.name, labels.COMPONENT: labels.COMPONENT_ENGINE},
+        selector = {labels.DEPLOYMENT: self.name, labels.COMPONENT: labels.COMPONENT_ENGINE}
+        return await self._stored_or_listed(
+            self.rt.pods, self.rt.engine_pods_listed, "Pod", selector
         )
 
     async def _target_router_counters(
