@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import aiohttp
 from kvgate.api import ModelDeploymentSpec
+from kvgate.gateway import host_port
 from kvgate.requirements import requirement_for
 from kvgate.revision import revision_of
 from kvgate_engine.probe import fetch_report
@@ -139,14 +139,27 @@ def routable_addresses(slices: Iterable[Obj]) -> list[tuple[str, str]]:
     return out
 
 
+def live_host(worker: Obj) -> str | None:
+    """The host of a worker that is not draining (smg lists ``http://ip:port``; a bare
+    ``ip:port`` counts too), else None. Hosts are compared whole: ``10.0.0.2`` is not
+    ``10.0.0.21``."""
+    if str(worker.get("status", "")).lower() == "draining":
+        return None
+    target = host_port(str(worker.get("url", "")))
+    return target[0] if target else None
+
+
+def routes_to_ip(workers: Iterable[Obj], ip: str) -> bool:
+    """Does any of these workers (one router's ``GET /workers`` list) still route to ``ip``?"""
+    return any(live_host(worker) == ip for worker in workers)
+
+
 def live_workers(workers: Mapping[str, Obj]) -> list[tuple[str, str]]:
     """(router, worker host) for every worker of every router that is not draining."""
     out: list[tuple[str, str]] = []
     for router, body in workers.items():
         for worker in body.get("workers") or []:
-            if str(worker.get("status", "")).lower() == "draining":
-                continue
-            host = urlsplit(str(worker.get("url", ""))).hostname
+            host = live_host(worker)
             if host:
                 out.append((router, host))
     return out

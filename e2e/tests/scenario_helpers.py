@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 from kvgate_e2e.polling import poll_until
+from kvgate_e2e.sampler import routes_to_ip
 from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
 
 T = TypeVar("T")
@@ -91,6 +92,12 @@ def router_workers(world: World, namespace: str, md: str) -> list[dict[str, Any]
         if code == 200 and isinstance(body, dict):
             out.extend(body.get("workers") or [])
     return out
+
+
+def routed(world: World, namespace: str, md: str, ip: str) -> bool:
+    """Does a router of ``md`` still route to the engine at ``ip`` (a worker whose host is that
+    IP exactly, not draining)?"""
+    return routes_to_ip(router_workers(world, namespace, md), ip)
 
 
 class TrafficLoop:

@@ -30,6 +30,7 @@ from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.polling import poll_until
+from kvgate_e2e.sampler import live_host
 from kvgate_e2e.world import condition, is_ready, ready_endpoints, wait_namespaces_gone
 
 pytestmark = [
@@ -624,7 +625,7 @@ def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_no
     decode_ip = kube.get("pod", "decode", namespace)["status"]["podIP"]
     _, workers = http_json(f"http://127.0.0.1:{port}/workers")
     urls = {w["worker_type"]: w["url"] for w in workers["workers"]}
-    assert decode_ip in urls["decode"], urls
+    assert live_host({"url": urls["decode"]}) == decode_ip, urls
     engine_ports = {
         role: cluster.forward(kube.get("pod", role, namespace)["status"]["podIP"], 30000)
         for role in ("prefill", "decode")

@@ -16,7 +16,9 @@ from kvgate_e2e.sampler import (
     InvariantSampler,
     Violation,
     decide,
+    live_host,
     routable_addresses,
+    routes_to_ip,
     windows,
 )
 from kvgate_engine.report import EngineReport
@@ -286,6 +288,17 @@ def test_a_terminating_pod_does_not_hide_the_live_pod_on_the_same_ip() -> None:
     live = pod(D, IP, ready=False)
     got = run([live, gone], {f"uid-{D}": SHRUNK}, [], workers((IP, "ready")))
     assert got == [(WORKER, ROUTER, f"{NS}/{D}", "KvPoolTooSmall")]
+
+
+def test_a_worker_routes_to_an_ip_only_when_its_host_is_that_ip_whole() -> None:
+    # CI failure of 430e85e..a736614: a decode pod at 10.0.0.2 was "still routed" for 120 s
+    # because the prefill worker's URL, http://10.0.0.21:30000, contains "10.0.0.2".
+    prefill = {"url": "http://10.0.0.21:30000", "status": "ready"}
+    assert not routes_to_ip([prefill], "10.0.0.2")
+    assert routes_to_ip([prefill], "10.0.0.21")
+    assert routes_to_ip([{"url": "10.0.0.2:30000", "status": "pending"}], "10.0.0.2")
+    assert not routes_to_ip([{"url": "http://10.0.0.2:30000", "status": "draining"}], "10.0.0.2")
+    assert live_host({"url": "not a url"}) is None
 
 
 def test_routable_addresses_follow_kube_proxy() -> None:

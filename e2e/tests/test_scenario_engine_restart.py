@@ -48,7 +48,7 @@ from scenario_helpers import (
     engine_pods,
     events,
     md_condition,
-    router_workers,
+    routed,
     sample_md,
 )
 
@@ -157,11 +157,8 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
     def live_pod() -> dict[str, Any]:
         return dict(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns)))
 
-    def routed() -> bool:
-        return any(
-            ip in str(w.get("url")) and w.get("status") != "draining"
-            for w in router_workers(world, ns, MD)
-        )
+    def routed_here() -> bool:
+        return routed(world, ns, MD, ip)
 
     restarts = int(pod["status"]["containerStatuses"][0].get("restartCount", 0))
 
@@ -175,7 +172,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
     probes: dict[str, Callable[[], bool]] = {
         "gate False": lambda: (g := gate()) is not None and g["status"] == "False",
         "pod NotReady": lambda: not is_ready(live_pod()),
-        "smg stops routing": lambda: not routed(),
+        "smg stops routing": lambda: not routed_here(),
         "shrunk pool visible": lambda: (
             (i := server_info(engine)) is not None and i["max_total_num_tokens"] < CONTEXT
         ),
@@ -243,7 +240,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
         lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
         60,
     )
-    deadline_loop("smg to route to the restored engine", routed, 60)
+    deadline_loop("smg to route to the restored engine", routed_here, 60)
     t = seen.seen
     return Round(
         role=role,

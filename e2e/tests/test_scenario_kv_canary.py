@@ -67,7 +67,7 @@ from scenario_helpers import (
     engine_pods,
     events,
     md_condition,
-    router_workers,
+    routed,
     sample_md,
 )
 
@@ -212,13 +212,6 @@ def pod_state(world: World, ns: str, name: str) -> dict[str, Any] | None:
 def tripped_gate(pod: dict[str, Any] | None) -> bool:
     gate = condition(pod, GATE) if pod else None
     return gate is not None and gate["status"] == "False" and gate.get("reason") == REASON
-
-
-def routed(world: World, ns: str, md: str, ip: str) -> bool:
-    return any(
-        f"//{ip}:" in str(w.get("url")) and w.get("status") != "draining"
-        for w in router_workers(world, ns, md)
-    )
 
 
 def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen, float]:

@@ -60,7 +60,7 @@ from scenario_helpers import (
     deadline_loop,
     engine_pods,
     md_condition,
-    router_workers,
+    routed,
     sample_md,
 )
 
@@ -201,11 +201,8 @@ def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
     def live() -> dict[str, Any]:
         return dict(core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, ns)))
 
-    def routed() -> bool:
-        return any(
-            ip in str(w.get("url")) and w.get("status") != "draining"
-            for w in router_workers(world, ns, MD)
-        )
+    def routed_here() -> bool:
+        return routed(world, ns, MD, ip)
 
     def engine_container_ready_again() -> bool:
         statuses = live()["status"].get("containerStatuses") or []
@@ -219,7 +216,7 @@ def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
     assert gate_before is not None and gate_before["status"] == "True", gate_before
     probes: dict[str, Callable[[], bool]] = {
         "pod NotReady": lambda: not is_ready(live()),
-        "left smg's workers": lambda: not routed(),
+        "left smg's workers": lambda: not routed_here(),
         "shrunk pool visible": lambda: (p := pool_of(engine)) is not None and p < CONTEXT,
         "guard rejects the pool": lambda: (
             (a := guard_answer(guard)) is not None and a[0] == 503 and "KvPoolTooSmall" in a[1]
@@ -262,7 +259,7 @@ def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
     # Give the node its GPUs back, still without the operator: the guard lets the engine back.
     world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
     deadline_loop("the restored engine's pod Ready again", lambda: is_ready(live()), 120)
-    deadline_loop("smg to route to the restored engine", routed, 60)
+    deadline_loop("smg to route to the restored engine", routed_here, 60)
     t = {k: v - restarted for k, v in seen.seen.items()}
     return Round(
         role=role,

@@ -64,9 +64,16 @@ from kvgate_e2e.real_engine import (
     tiny_llama_md,
     unified_server_argv,
 )
-from kvgate_e2e.sampler import InvariantSampler
+from kvgate_e2e.sampler import InvariantSampler, live_host
 from kvgate_e2e.world import BIG_POOL, GATE, World, condition, http_json, is_ready, output_ids
-from scenario_helpers import deadline_loop, engine_pods, events, md_condition, router_workers
+from scenario_helpers import (
+    deadline_loop,
+    engine_pods,
+    events,
+    md_condition,
+    routed,
+    router_workers,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -377,13 +384,10 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
         live = world.get("pod", name, ns)
         return condition(live, GATE) if live else None
 
-    def routed() -> bool:
-        return any(
-            ip in str(w.get("url")) and w.get("status") != "draining"
-            for w in router_workers(world, ns, "real")
-        )
+    def routed_here() -> bool:
+        return routed(world, ns, "real", ip)
 
-    assert routed()
+    assert routed_here()
     with InvariantSampler(world.cluster, ns, name="real-engine-restart"):
         world.kubectl(
             "annotate",
@@ -399,7 +403,7 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
                 "the decode gate False", lambda: (g := gate()) and g["status"] == "False", 60
             )
             gate_false = time.monotonic() - restarted
-            deadline_loop("smg to stop routing to the decode engine", lambda: not routed(), 60)
+            deadline_loop("smg to stop routing to the decode engine", lambda: not routed_here(), 60)
             smg_stops = time.monotonic() - restarted
             info = deadline_loop(
                 "the restarted real engine's /server_info with the small pool",
@@ -416,7 +420,7 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
             # Traffic: the shrunk engine is out of the Service and of smg's workers.
             live = world.get("pod", name, ns)
             assert live is not None and not is_ready(live)
-            assert not routed()
+            assert not routed_here()
             try:
                 status_code, body = world.router_request("real", generate_body(), ns, timeout=60)
             except OSError as exc:
@@ -550,6 +554,6 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
             assert "2,048" in e["message"] and "4,096" in e["message"], e
         seen_workers.extend(router_workers(world, ns, "small"))
     ips = {p["status"]["podIP"] for p in pods}
-    assert not [w for w in seen_workers if any(ip in str(w.get("url")) for ip in ips)], seen_workers
+    assert not [w for w in seen_workers if live_host(w) in ips], seen_workers
     md = world.get_md("small", ns)
     assert md is not None and not is_ready(md)
