@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -234,3 +235,54 @@ def make_tenant(world: World, namespace: str) -> Tenant:
         namespace,
     )
     return Tenant(world, namespace)
+
+
+def requests_served(url: str) -> float:
+    """The engine's own request counter (``sglang:num_requests_total`` on its ``/metrics``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("sglang:num_requests_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("engine /metrics has no sglang:num_requests_total")
+
+
+class FirstSeen:
+    """One polling thread per named probe; records the first time each held, on ``clock``
+    (``time.monotonic`` by default; ``time.time`` to compare with log timestamps)."""
+
+    def __init__(
+        self,
+        probes: Mapping[str, Callable[[], bool]],
+        interval: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.seen: dict[str, float] = {}
+        self._clock = clock
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(name, probe, interval), daemon=True)
+            for name, probe in probes.items()
+        ]
+
+    def _run(self, name: str, probe: Callable[[], bool], interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                if probe():
+                    self.seen[name] = self._clock()
+                    return
+            except Exception:  # a probe may race with a restart or a pod change; try again
+                pass
+            self._stop.wait(interval)
+
+    def __enter__(self) -> FirstSeen:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def wait(self, name: str, timeout: float) -> float:
+        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)

@@ -22,9 +22,7 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_engine_restart.py -v -s``
 from __future__ import annotations
 
 import statistics
-import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +41,13 @@ from kvgate_e2e.world import (
 )
 from scenario_helpers import (
     GATE,
+    FirstSeen,
     TrafficLoop,
     deadline_loop,
     engine_pods,
     events,
     md_condition,
+    requests_served,
     routed,
     sample_md,
 )
@@ -63,56 +63,12 @@ FULL_GIB = 80
 SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
 
 
-def requests_served(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("sglang:num_requests_total"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("engine /metrics has no sglang:num_requests_total")
-
-
 def server_info(url: str) -> dict[str, Any] | None:
     try:
         code, info = http_json(f"{url}/server_info", timeout=2)
     except OSError:
         return None
     return info if code == 200 and isinstance(info, dict) else None
-
-
-class FirstSeen:
-    """One polling thread per named probe; records the first monotonic time each held."""
-
-    def __init__(self, probes: dict[str, Callable[[], bool]], interval: float = 0.05) -> None:
-        self.probes = probes
-        self.interval = interval
-        self.seen: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(k, p), daemon=True) for k, p in probes.items()
-        ]
-
-    def _run(self, name: str, probe: Callable[[], bool]) -> None:
-        while not self._stop.is_set():
-            try:
-                if probe():
-                    self.seen[name] = time.monotonic()
-                    return
-            except Exception:  # a probe may race with a restart; try again
-                pass
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> FirstSeen:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(10)
-
-    def wait(self, name: str, timeout: float) -> float:
-        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
 
 
 @dataclass(frozen=True)

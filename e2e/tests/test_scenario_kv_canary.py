@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 import statistics
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -62,6 +61,7 @@ from kvgate_e2e.world import (
 )
 from scenario_helpers import (
     GATE,
+    FirstSeen,
     TrafficLoop,
     deadline_loop,
     engine_pods,
@@ -158,41 +158,6 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-class FirstSeen:
-    """One polling thread per named probe; records the first wall time (s) each held."""
-
-    def __init__(self, probes: dict[str, Callable[[], bool]], interval: float = 0.05) -> None:
-        self.seen: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(name, probe, interval), daemon=True)
-            for name, probe in probes.items()
-        ]
-
-    def _run(self, name: str, probe: Callable[[], bool], interval: float) -> None:
-        while not self._stop.is_set():
-            try:
-                if probe():
-                    self.seen[name] = time.time()
-                    return
-            except Exception:  # a probe may race with a pod change; try again
-                pass
-            self._stop.wait(interval)
-
-    def __enter__(self) -> FirstSeen:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
-
-    def wait(self, name: str, timeout: float) -> float:
-        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
-
-
 @dataclass(frozen=True)
 class Round:
     pod: str
@@ -225,7 +190,7 @@ def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen
         "out of the EndpointSlice": lambda: ip not in ready_endpoints(world, ns, slice_service),
         "out of smg's workers": lambda: not routed(world, ns, md, ip),
     }
-    with FirstSeen(probes) as seen:
+    with FirstSeen(probes, clock=time.time) as seen:
         code, answer = http_json(f"{world.engine_url(pod)}/kvgate/canary/corrupt", body={})
         assert code == 200, (code, answer)
         # The traffic loop's requests make it decode; the engine logs the violation.
@@ -467,7 +432,7 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
             "pod NotReady": lambda: not is_ready(pod_state(world, ns, name) or {}),
             "out of smg's workers": lambda: not routed(world, ns, md, pod["status"]["podIP"]),
         }
-        with FirstSeen(probes) as seen:
+        with FirstSeen(probes, clock=time.time) as seen:
             with operator_down(world) as times:
                 code, _ = http_json(f"{world.engine_url(pod)}/kvgate/canary/corrupt", body={})
                 assert code == 200

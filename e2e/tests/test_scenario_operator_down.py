@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,10 +55,12 @@ from kvgate_e2e.world import (
 )
 from scenario_helpers import (
     GATE,
+    FirstSeen,
     TrafficLoop,
     deadline_loop,
     engine_pods,
     md_condition,
+    requests_served,
     routed,
     sample_md,
 )
@@ -80,14 +81,6 @@ ROUNDS = int(os.environ.get("KVGATE_E2E_OPERATOR_DOWN_ROUNDS", "3"))
 ROLES = ("decode", "prefill")
 
 
-def requests_served(url: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("sglang:num_requests_total"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("engine /metrics has no sglang:num_requests_total")
-
-
 def pool_of(url: str) -> int | None:
     try:
         code, info = http_json(f"{url}/server_info", timeout=2)
@@ -106,41 +99,6 @@ def guard_answer(url: str) -> tuple[int, str] | None:
         return err.code, err.read().decode()
     except OSError:
         return None
-
-
-class FirstSeen:
-    """One polling thread per named probe; records the first monotonic time each held."""
-
-    def __init__(self, probes: dict[str, Callable[[], bool]], interval: float = 0.05) -> None:
-        self.seen: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(name, probe, interval), daemon=True)
-            for name, probe in probes.items()
-        ]
-
-    def _run(self, name: str, probe: Callable[[], bool], interval: float) -> None:
-        while not self._stop.is_set():
-            try:
-                if probe():
-                    self.seen[name] = time.monotonic()
-                    return
-            except Exception:  # a probe may race with a restart; try again
-                pass
-            self._stop.wait(interval)
-
-    def __enter__(self) -> FirstSeen:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
-
-    def wait(self, name: str, timeout: float) -> float:
-        return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
 
 
 @contextmanager
