@@ -30,6 +30,7 @@ from scenario_helpers import (
     deadline_loop,
     engine_pods,
     events,
+    make_tenant,
     md_condition,
     on_pool_without_estimate,
     router_workers,
@@ -262,3 +263,75 @@ def test_objects_squatting_on_kvgates_names_are_never_adopted_and_the_conflict_i
     svc = world.get("service", md, ns)
     assert svc is not None and svc["spec"]["selector"] == {"app": "theirs"}
     assert not svc["metadata"].get("ownerReferences")
+
+
+TENANT_KEY = "the-tenants-own-router-key"
+
+
+def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key(
+    world: World, namespace: str
+) -> None:
+    """Deleting kvgate's objects is allowed (the operator recreates them), and a Secret without
+    kvgate's label or owner is the tenant's own to create. So a namespace editor can delete
+    Secret <md>-router-control, create their own under that name and restart the routers:
+    smg reads its worker-API key from that Secret when it starts, so a router on it would let
+    the tenant add engines kvgate never verified. kvgate runs no router on it (Conflict, routers
+    at 0) and, once the name is free again, recreates its own Secret and serves again."""
+    ns, md = namespace, "rekeyed"
+    secret = f"{md}-router-control"
+    routers = f"kvgate.io/deployment={md},kvgate.io/component=router"
+    world.apply(sample_md(md), ns)
+    wait_ready(world, md, ns)
+    tenant = make_tenant(world, ns)
+    with InvariantSampler(world.cluster, ns, name="router-key-secret") as sampler:
+        assert tenant.kubectl("delete", "secret", secret).returncode == 0
+        mine = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": secret},
+            "stringData": {"admin-key": TENANT_KEY},
+        }
+        created = tenant.create(mine)
+        assert created.returncode == 0, created.stderr
+        assert tenant.kubectl("delete", "pods", "-l", routers, "--wait=false").returncode == 0
+        replaced = time.monotonic()
+
+        def conflict() -> dict[str, Any] | None:
+            cond = md_condition(world, md, ns, "Degraded")
+            ok = cond and cond.get("reason") == "Conflict" and secret in cond.get("message", "")
+            return cond if ok else None
+
+        cond = deadline_loop("a Conflict naming the tenant's Secret", conflict, 60)
+        print(f"Degraded: {cond['reason']}: {cond['message']}")
+        assert "every router of this ModelDeployment at 0 replicas" in cond["message"]
+        ready = md_condition(world, md, ns, "Ready")
+        assert ready is not None and ready["status"] == "False", ready
+
+        def no_router() -> float | None:
+            left = world.list("pods", ns, routers)
+            return None if left else time.monotonic() - replaced
+
+        took = deadline_loop("no router pod left", no_router, 90)
+        print(f"MEASURED no router pod {took:.2f} s after the tenant's Secret and restart")
+        deployment = world.list("deployments", ns, routers)
+        assert deployment and all(d["spec"]["replicas"] == 0 for d in deployment), deployment
+        theirs = world.get("secret", secret, ns)
+        assert theirs is not None and not theirs["metadata"].get("ownerReferences")
+
+        # The way out the condition names: delete the Secret; kvgate recreates its own (the
+        # loop re-checks a conflict within 30 s) and the routers come back on kvgate's key.
+        world.kubectl("delete", "secret", secret, f"--namespace={ns}")
+        freed = time.monotonic()
+        wait_ready(world, md, ns, timeout=120)
+        print(f"MEASURED Ready again {time.monotonic() - freed:.2f} s after the Secret was freed")
+        ours = world.get("secret", secret, ns)
+        assert (
+            ours is not None and ours["metadata"]["ownerReferences"][0]["kind"] == "ModelDeployment"
+        )
+        code, answer = world.router_request(md, known_answer_body(MODEL), ns)
+        assert code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4], answer
+        service = world.service_url(md, ns)
+        tenant_auth = {"Authorization": f"Bearer {TENANT_KEY}"}
+        code, _ = http_json(service + "/workers", None, timeout=10, headers=tenant_auth)
+        assert code == 401, code
+    assert sampler.violations == []

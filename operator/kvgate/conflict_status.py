@@ -3,7 +3,8 @@
 When an object kvgate must manage exists but is not the ModelDeployment's own (see
 ``kvgate.ownership``), kvgate leaves it alone and says so: ``Degraded=True`` with reason
 ``Conflict`` naming every such object, and ``Ready=False`` too when the conflicting object is the
-``<md>`` Service (kvgate cannot point clients at a verified revision). A ``Conflict`` Warning
+``<md>`` Service (kvgate cannot point clients at a verified revision) or one that stops serving
+(the router key Secret: kvgate runs no router on a key it did not write). A ``Conflict`` Warning
 Event is posted when the set of conflicts changes.
 """
 
@@ -44,7 +45,7 @@ def with_conflicts(
         return status
     message = conflict_message(conflicts)
     override = {DEGRADED: "True"}
-    if any(c.kind == "Service" for c in conflicts):
+    if any(c.kind == "Service" or c.stops_serving for c in conflicts):
         override[READY] = "False"
     conditions = []
     for cond in status.get("conditions") or []:

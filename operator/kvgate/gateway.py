@@ -56,6 +56,9 @@ class RouterWorkers:
     router: str  # router pod name
     workers: tuple[Mapping[str, Any], ...] | None = None  # None: not read
     error: str | None = None
+    # HTTP 401/403 to kvgate's control-plane key: the router runs with a key kvgate did not give
+    # it (kvgate.worker_audit.replace_for_key).
+    refused: bool = False
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,13 @@ OWNERSHIP_CONFLICTS = Gauge(
     ("namespace", "deployment"),
     registry=REGISTRY,
 )
+ROUTER_PODS_REPLACED = Counter(
+    "kvgate_router_pods_replaced_total",
+    "Router pods deleted because they refused kvgate's control-plane key (they started on a "
+    "router key Secret kvgate did not write).",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
 ROUTER_UNKNOWN_WORKERS_REMOVED = Counter(
     "kvgate_router_unknown_workers_removed_total",
     "Workers removed from a router because they were not a verified engine pod of its revision.",

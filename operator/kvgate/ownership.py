@@ -25,6 +25,10 @@ class OwnershipConflict:
     kind: str
     name: str
     controller: str | None  # "Kind/name" of its controller, if it has one
+    # What kvgate holds back while the object is someone else's (said in the message).
+    consequence: str | None = None
+    # Nothing serves while it lasts (Ready False, as with a foreign <md> Service).
+    stops_serving: bool = False
 
     @property
     def message(self) -> str:
@@ -33,10 +37,11 @@ class OwnershipConflict:
             if self.controller
             else "it has no controller ownerReference to this ModelDeployment"
         )
+        then = f"; {self.consequence}" if self.consequence else ""
         return (
-            f"{self.kind} {self.name} already exists and kvgate does not own it ({held}); kvgate "
-            "never adopts objects it did not create. Delete or rename that object, or give the "
-            "ModelDeployment another name"
+            f"{self.kind} {self.name} already exists and kvgate does not own it ({held}){then}; "
+            "kvgate never adopts objects it did not create. Delete or rename that object, or "
+            "give the ModelDeployment another name"
         )
 
 

@@ -12,6 +12,9 @@ thousand ModelDeployments started together do not resync in lockstep.
 from __future__ import annotations
 
 STEADY_SPREAD = 0.1  # ± fraction of the steady period
+# An object kvgate needs that is someone else's (kvgate.ownership) sends no watch event kvgate
+# sees when it goes (a tenant's Secret or Service is not labelled as kvgate's): re-check.
+CONFLICT_RECHECK_SECONDS = 30.0
 
 
 def next_pass_seconds(
@@ -23,12 +26,28 @@ def next_pass_seconds(
     steady_seconds: float,
     until_deadline: float | None = None,
     jitter: float = 0.5,
+    conflicted: bool = False,
 ) -> float:
     """Seconds until the next timer pass.
 
     ``quiet_passes``: timer passes in a row that were not woken by a change; ``until_deadline``:
-    seconds until the target's verify deadline (None: none pending); ``jitter`` in [0, 1).
+    seconds until the target's verify deadline (None: none pending); ``jitter`` in [0, 1);
+    ``conflicted``: the pass reported an ownership conflict (never waits past
+    CONFLICT_RECHECK_SECONDS).
     """
+    if conflicted:
+        return min(
+            CONFLICT_RECHECK_SECONDS,
+            next_pass_seconds(
+                settled=settled,
+                failed=failed,
+                quiet_passes=quiet_passes,
+                reconcile_seconds=reconcile_seconds,
+                steady_seconds=steady_seconds,
+                until_deadline=until_deadline,
+                jitter=jitter,
+            ),
+        )
     if settled:
         return steady_seconds * (1 - STEADY_SPREAD + 2 * STEADY_SPREAD * jitter)
     if failed:  # the pass raised (API error): try again soon, as before

@@ -61,3 +61,24 @@ def unknown_workers(
 
 def describe(worker: Mapping[str, Any]) -> str:
     return f"{worker.get('worker_type') or 'unknown'} worker {worker.get('url')}"
+
+
+def replace_for_key(
+    *, refused: bool, refused_before: bool, pod_fingerprint: str | None, fingerprint: str
+) -> bool:
+    """Whether to delete a router pod because it refuses kvgate's control-plane key.
+
+    smg reads its key once, from the environment, which the kubelet fills from Secret
+    ``<md>-router-control`` when the container starts. A router that answers 401 to the key
+    kvgate derives started on a Secret kvgate did not write: a tenant deleted kvgate's Secret
+    (deletion is not denied) and created their own under the name, or created it before the
+    ModelDeployment. That router's worker API then takes the tenant's key, so they can add
+    engines kvgate never verified, and kvgate can neither read nor clean its workers. Deleted,
+    its replacement reads the Secret again (the pass restores kvgate's own, or scales the routers
+    to 0 while the name is someone else's).
+
+    Only when it refused this audit and the one before (one answer is no evidence), and its pod
+    carries the current key's fingerprint (``kvgate.io/router-key``): a pod of an older template
+    holds an older key by design (a rotated operator seed) and its Deployment's rollout replaces
+    it."""
+    return refused and refused_before and pod_fingerprint == fingerprint

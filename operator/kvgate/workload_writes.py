@@ -55,6 +55,9 @@ class BuildInputs:
     # Whether the cluster serves LeaderWorkerSets to kvgate: without, a multi-node role's
     # engines are not built at all (kvgate.lws_availability reports why).
     leader_worker_sets: bool = True
+    # The router key Secret is someone else's: every router at 0 replicas, since a router started
+    # on it would take their key on its worker API (kvgate.worker_audit.replace_for_key).
+    routers_blocked: bool = False
 
 
 def refusal_notes(step: RolloutStep) -> dict[str, str]:
@@ -171,7 +174,7 @@ def revision_writes(
                 md,
                 intent.revision,
                 intent.component,
-                replicas=intent.replicas,
+                replicas=0 if build.routers_blocked else intent.replicas,
                 router_key_fingerprint=build.router_key_fingerprint,
                 guard=build.guard,
             )

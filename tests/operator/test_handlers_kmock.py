@@ -472,6 +472,34 @@ async def test_a_pre_existing_router_service_account_is_a_conflict_not_used(
     assert "Delete or rename that object" in degraded["message"]
 
 
+async def test_a_router_key_secret_kvgate_did_not_write_runs_no_router_and_says_why(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    """A tenant created Secret llama-router-control (before the ModelDeployment, or after
+    deleting kvgate's): a router started on it would take their key on its worker API."""
+    put_md(kmock)
+    rev = revision_of(make_md().spec)
+    theirs = _foreign("Secret", "v1", "llama-router-control", data={"admin-key": "dGVuYW50"})
+    kmock.objects[kmock.resource("", "v1", "secrets"), NS, "llama-router-control"] = theirs
+    await Reconciler(rt, NS, "llama").reconcile()
+    posted = {
+        (r.data["kind"], r.data["metadata"].get("name")): r.data for r in requests(kmock, "POST")
+    }
+    assert posted[("Deployment", f"llama-{rev}-router")]["spec"]["replicas"] == 0
+    assert posted[("Deployment", f"llama-{rev}-decode")]["spec"]["replicas"] == 1
+    secret = kmock.objects[kmock.resource("", "v1", "secrets"), NS, "llama-router-control"]
+    assert secret["data"] == {"admin-key": "dGVuYW50"}  # never adopted or overwritten
+    status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    for kind, value in (("Ready", "False"), ("Degraded", "True")):
+        assert conds[kind]["status"] == value and conds[kind]["reason"] == "Conflict"
+        assert (
+            "Secret llama-router-control already exists and kvgate does not own it"
+            in conds[kind]["message"]
+        )
+        assert "every router of this ModelDeployment at 0 replicas" in conds[kind]["message"]
+
+
 async def test_router_gets_its_control_plane_key_from_an_owned_secret(
     kmock: kmock.KubernetesEmulator, rt: Runtime
 ) -> None:

@@ -40,3 +40,21 @@ def test_settled_waits_the_steady_period_spread_by_ten_percent(
 ) -> None:
     got = next_pass_seconds(settled=True, failed=False, quiet_passes=0, jitter=jitter, **BASE)
     assert got == pytest.approx(expected, abs=0.01)
+
+
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_reported_conflict_is_re_checked_within_30_s_however_quiet_or_settled(
+    settled: bool,
+) -> None:
+    """A tenant's Secret or Service under kvgate's name sends kvgate no watch event when it
+    goes: the loop must look again, not wait the steady period (10 h by default)."""
+    long = {"reconcile_seconds": 5.0, "steady_seconds": 36_000.0}
+    quiet = {"settled": settled, "failed": False, "quiet_passes": 20, **long}
+    assert next_pass_seconds(**quiet) > 30.0  # type: ignore[arg-type]
+    assert next_pass_seconds(**quiet, conflicted=True) == 30.0  # type: ignore[arg-type]
+    assert (
+        next_pass_seconds(  # sooner stays sooner
+            settled=False, failed=True, quiet_passes=0, conflicted=True, **long
+        )
+        == 5.0
+    )

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kvgate import labels
+from kvgate import labels, metrics, router_auth
 from kvgate.handlers import router_workers
 from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
 from kvgate.pod_identity import EngineIdentity
 from kvgate.settings import OperatorSettings
-from kvgate.worker_audit import KnownEngine, unknown_workers
+from kvgate.worker_audit import KnownEngine, replace_for_key, unknown_workers
 
 DECODE = KnownEngine("uid-d", "198.18.0.7", 30000, "decode")
 PREFILL = KnownEngine("uid-p", "198.18.0.8", 30000, "prefill")
@@ -222,3 +222,94 @@ async def test_the_worker_api_refuses_a_caller_without_the_key(
     router.workers = [worker("http://10.9.9.9:30000")]
     assert await router_workers.audit_md(other, "ns", "llama") == 0
     assert router.deleted == []
+
+
+# -- a router on a key kvgate did not write ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("refused", "refused_before", "pod_fingerprint", "replace"),
+    [
+        (True, True, "current", True),
+        (True, False, "current", False),  # one refusal is no evidence
+        (False, True, "current", False),
+        (True, True, "older", False),  # an older template's key: its rollout replaces it
+        (True, True, None, False),
+    ],
+)
+def test_a_router_is_replaced_only_after_two_refusals_of_the_key_its_template_promises(
+    refused: bool, refused_before: bool, pod_fingerprint: str | None, replace: bool
+) -> None:
+    assert (
+        replace_for_key(
+            refused=refused,
+            refused_before=refused_before,
+            pod_fingerprint=pod_fingerprint,
+            fingerprint="current",
+        )
+        is replace
+    )
+
+
+def _on_tenant_key(rt: Runtime, router: FakeRouter, fingerprint: str) -> list[tuple[str, ...]]:
+    """The router answers only a tenant's key; its pod carries ``fingerprint``. Returns the
+    pod deletions the audit asks for."""
+    router.key = "the-tenants-own-key"
+    rt.routers["router-uid"]["metadata"]["annotations"] = {
+        labels.ROUTER_KEY_FINGERPRINT: fingerprint
+    }
+    deleted: list[tuple[str, ...]] = []
+
+    async def delete_pod(namespace: str, name: str, uid: str) -> bool:
+        deleted.append((namespace, name, uid))
+        return True
+
+    rt.api.delete_pod = delete_pod  # type: ignore[method-assign]
+    return deleted
+
+
+async def test_a_router_started_on_a_tenants_key_is_deleted_and_announced(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    """A tenant deleted kvgate's router key Secret, created their own under its name and
+    restarted the router: its worker API takes their key and refuses kvgate's (401)."""
+    rt, router = served
+    key = rt.router_key("ns", "llama")
+    assert key is not None
+    deleted = _on_tenant_key(rt, router, router_auth.key_fingerprint(key))
+    before = metrics.ROUTER_PODS_REPLACED.labels("ns", "llama")._value.get()
+    woken = rt.md_wake(("ns", "llama"))
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert deleted == [] and woken.is_set()  # the pass is woken to restore the Secret
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert deleted == [("ns", "llama-rev-router-1", "router-uid")]
+    assert metrics.ROUTER_PODS_REPLACED.labels("ns", "llama")._value.get() == before + 1
+    (event,) = rt.posted  # type: ignore[attr-defined]
+    assert event["reason"] == "RouterKeyRefused" and event["type_"] == "Warning"
+    assert "router pod llama-rev-router-1 (revision rev) refuses" in event["message"]
+    assert "Secret llama-router-control that kvgate did not write" in event["message"]
+
+
+async def test_a_router_of_an_older_key_is_left_to_its_rollout(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    deleted = _on_tenant_key(rt, router, "fingerprint-of-the-old-seed")
+    for _ in range(3):
+        assert await router_workers.audit_md(rt, "ns", "llama") == 0
+    assert deleted == [] and rt.posted == []  # type: ignore[attr-defined]
+
+
+async def test_a_router_that_takes_the_key_again_starts_the_count_over(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    key = rt.router_key("ns", "llama")
+    assert key is not None
+    deleted = _on_tenant_key(rt, router, router_auth.key_fingerprint(key))
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0  # refused
+    router.key = key
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0  # answered
+    router.key = "the-tenants-own-key"
+    assert await router_workers.audit_md(rt, "ns", "llama") == 0  # refused once more
+    assert deleted == []

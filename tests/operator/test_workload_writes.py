@@ -269,3 +269,17 @@ def test_a_split_selector_drops_the_revision_key_and_a_switch_back_restores_it()
     (back,) = service_writes(split, one, foreign=False)
     assert isinstance(back, Patch)
     assert merge(split, back.patch)["spec"]["selector"] == one["spec"]["selector"]
+
+
+def test_a_router_key_secret_that_is_not_kvgates_keeps_every_router_at_0() -> None:
+    both = step(workloads=(WorkloadIntent(NEW, "decode", 2), WorkloadIntent(NEW, "router", 2)))
+    router = name(component="router")
+    current = {name(): built(replicas=2), router: built(NEW, "router", 2)}
+    writes = revision_writes(MD, both, current, BuildInputs(routers_blocked=True))
+    # The engines as planned; the routers scaled to 0.
+    assert writes == [Patch("Deployment", router, {"spec": {"replicas": 0}}, MERGE_PATCH)]
+    # Once the Secret is kvgate's again, the routers come back as planned.
+    current[router] = applied(current[router], writes)
+    assert revision_writes(MD, both, current, BuildInputs()) == [
+        Patch("Deployment", router, {"spec": {"replicas": 2}}, MERGE_PATCH)
+    ]

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
-from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, get_json
+from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, Unauthorized, get_json
 
 from kvgate import gate, labels, metrics, router_auth
 from kvgate.gateway import (
@@ -102,6 +102,8 @@ async def read_workers(
                 headers=headers,
                 project=_workers_of,
             )
+    except Unauthorized as exc:
+        return RouterWorkers(router, error=str(exc), refused=True)
     except FetchError as exc:
         return RouterWorkers(router, error=str(exc))
     if not isinstance(workers, tuple):

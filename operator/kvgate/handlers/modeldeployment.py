@@ -10,6 +10,7 @@ operator resumes from cluster state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -135,6 +136,7 @@ class Reconciler:
 
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
+        self.conflicted = False  # the last pass reported an ownership conflict
         self.network_policies_cleared = False
         self.access_check: access_checks.AccessCheck | None = None  # kvgate.access_checks
 
@@ -278,6 +280,7 @@ class Reconciler:
             now=self.rt.clock(),
         )
         metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(conflicts))
+        self.conflicted = bool(conflicts)
         if _strip_none(previous or {}) != _strip_none(status):
             await api.patch_md_status(ns, name, status)
         for event in [
@@ -418,7 +421,16 @@ class Reconciler:
             secret_conflict = await self._ensure(secret, md.metadata.uid)
         conflicts: list[OwnershipConflict] = [*access_conflicts]
         if secret_conflict is not None:
-            conflicts.append(secret_conflict)
+            # Someone else wrote the router key Secret: a router started on it would take their
+            # key on its worker API (add engines kvgate never verified); none runs meanwhile.
+            conflicts.append(
+                dataclasses.replace(
+                    secret_conflict,
+                    consequence="it holds the routers' control-plane key, so kvgate runs every "
+                    "router of this ModelDeployment at 0 replicas until the Secret is its own",
+                    stops_serving=True,
+                )
+            )
         fingerprint = router_auth.key_fingerprint(self._router_key(md))
         settings = self.rt.settings
         guard = (  # engine pods' guard sidecar (kvgate.guard); none outside the chart
@@ -428,7 +440,15 @@ class Reconciler:
         )
 
         for write in workload_writes.revision_writes(
-            md, step, existing, workload_writes.BuildInputs(fingerprint, guard, leader_worker_sets)
+            md,
+            step,
+            existing,
+            workload_writes.BuildInputs(
+                fingerprint,
+                guard,
+                leader_worker_sets,
+                routers_blocked=secret_conflict is not None,
+            ),
         ):
             conflict = await self._write(write, md.metadata.uid)
             if conflict is not None:
@@ -688,7 +708,12 @@ def _revision_of_raw(raw: Any) -> str | None:
 
 
 def next_interval(
-    rt: Runtime, step: RolloutStep | None, quiet_passes: int = 0, key: MdKey | None = None
+    rt: Runtime,
+    step: RolloutStep | None,
+    quiet_passes: int = 0,
+    key: MdKey | None = None,
+    *,
+    conflicted: bool = False,
 ) -> float:
     """Seconds to the next timer pass (kvgate.pass_timing): in flight, quiet timer passes back
     off towards the steady period (watches wake the loop on every change), bounded by the verify
@@ -708,6 +733,7 @@ def next_interval(
         steady_seconds=rt.settings.steady_reconcile_seconds,
         until_deadline=_until_verify_deadline(rt, step, key),
         jitter=random.random(),
+        conflicted=conflicted,
     )
 
 
@@ -760,6 +786,8 @@ async def _reconcile_until_stopped(
         # Debounce: our own writes come back as watch events; let them land together.
         await asyncio.sleep(MIN_PASS_SECONDS)
         woken = await sleep_until_woken(
-            wake, next_interval(rt, step, quiet, key) - MIN_PASS_SECONDS
+            wake,
+            next_interval(rt, step, quiet, key, conflicted=reconciler.conflicted)
+            - MIN_PASS_SECONDS,
         )
         quiet = 0 if woken else quiet + 1

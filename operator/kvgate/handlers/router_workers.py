@@ -18,7 +18,16 @@ from typing import Any
 
 import aiohttp
 
-from kvgate import gate, labels, metrics, pod_identity, pod_view, router_auth, worker_audit
+from kvgate import (
+    builders,
+    gate,
+    labels,
+    metrics,
+    pod_identity,
+    pod_view,
+    router_auth,
+    worker_audit,
+)
 from kvgate.api import API_VERSION, KIND
 from kvgate.handlers.gateway_watch import UNREADABLE, read_workers, router_url
 from kvgate.handlers.identity import resolve_identity
@@ -29,6 +38,7 @@ from kvgate.worker_audit import KnownEngine
 log = logging.getLogger("kvgate.router_workers")
 Pod = dict[str, Any]
 REMOVED = "UnknownWorkerRemoved"
+KEY_REFUSED = "RouterKeyRefused"
 DELETE_TIMEOUT_SECONDS = 2.0
 
 
@@ -41,6 +51,7 @@ def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         rt.routers.pop(uid, None)
         rt.identities.pop(uid, None)
         rt.audit_suspects.pop(uid, None)
+        rt.key_refusals.discard(uid)
     else:
         rt.routers[uid] = pod_view.slim(pod)  # the fields kvgate reads (kvgate.pod_view)
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
@@ -104,6 +115,11 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         name = gate.pod_name(router)
         await rt.audit_pacer().turn()  # the fleet's audit reads, paced (settings)
         answer = await read_workers(name, url, headers=router_auth.bearer(key))
+        router_uid = str(router.get("metadata", {}).get("uid", ""))
+        if answer.refused:
+            await _refused_key(rt, md, router, key, identity.revision)
+            continue
+        rt.key_refusals.discard(router_uid)
         if answer.workers is None:
             log.debug("worker audit could not read %s: %s", name, answer.error)
             continue
@@ -119,7 +135,6 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         # may audit before its pod watch has listed (and its verifiers identified) the verified
         # engines a router serves, and removing those would leave the revision without workers
         # (an injected worker goes one audit later).
-        router_uid = str(router.get("metadata", {}).get("uid", ""))
         previous = rt.audit_suspects.pop(router_uid, set())
         now_unknown = {str(w.get("id")) for w in unknown}
         if now_unknown:
@@ -128,6 +143,50 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
             if str(worker.get("id")) in previous:
                 removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
     return removed
+
+
+async def _refused_key(
+    rt: Runtime, md: Mapping[str, Any], router: Pod, key: str, revision: str
+) -> None:
+    """A router refused kvgate's control-plane key: wake the pass (it restores kvgate's Secret,
+    or reports whose it is and scales the routers to 0), and after a second refusal in a row
+    delete the pod so it restarts on the Secret as it is then (worker_audit.replace_for_key)."""
+    meta, router_meta = md.get("metadata", {}), router.get("metadata", {})
+    namespace, md_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    uid, name = str(router_meta.get("uid", "")), gate.pod_name(router)
+    refused_before = uid in rt.key_refusals
+    rt.key_refusals.add(uid)
+    rt.wake_md(namespace, md_name)
+    fields = {"namespace": namespace, "deployment": md_name, "pod": name}
+    if not worker_audit.replace_for_key(
+        refused=True,
+        refused_before=refused_before,
+        pod_fingerprint=(router_meta.get("annotations") or {}).get(labels.ROUTER_KEY_FINGERPRINT),
+        fingerprint=router_auth.key_fingerprint(key),
+    ):
+        log.warning("router refuses kvgate's control-plane key", extra=fields)
+        return
+    secret = builders.router_control_secret_name(md_name)
+    message = (
+        f"router pod {name} (revision {revision}) refuses kvgate's control-plane key (HTTP 401 "
+        f"on GET /workers): it started with a key from Secret {secret} that "
+        "kvgate did not write, so whoever wrote it can add workers kvgate never verified, and "
+        "kvgate cannot remove them. Deleted the pod; its replacement reads the Secret again. "
+        "Only the kvgate operator may write that Secret: if the ModelDeployment reports it as "
+        "not kvgate's, delete it and kvgate recreates it"
+    )
+    if not await rt.api.delete_pod(namespace, name, uid):
+        return  # gone already or replaced
+    rt.key_refusals.discard(uid)
+    metrics.ROUTER_PODS_REPLACED.labels(namespace, md_name).inc()
+    log.warning("router replaced: %s", message, extra=fields)
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+    try:
+        await rt.api.post_event(
+            ref, type_="Warning", reason=KEY_REFUSED, message=message, now=rt.clock()
+        )
+    except Exception as exc:  # best effort; the deletion is what protects traffic
+        log.warning("could not post event %s: %s", KEY_REFUSED, exc)
 
 
 async def _remove_one(

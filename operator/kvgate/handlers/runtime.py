@@ -257,6 +257,8 @@ class Runtime:
     # router pod uid -> ids of the workers its last audit found unknown (removed when the next
     # audit finds them unknown again; see router_workers.audit_md)
     audit_suspects: dict[str, set[str]] = field(default_factory=dict)
+    # Router pod uids that refused kvgate's control-plane key at their last audit.
+    key_refusals: set[str] = field(default_factory=set)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
