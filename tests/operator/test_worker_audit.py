@@ -298,6 +298,7 @@ async def test_a_router_of_an_older_key_is_left_to_its_rollout(
     for _ in range(3):
         assert await router_workers.audit_md(rt, "ns", "llama") == 0
     assert deleted == [] and rt.posted == []  # type: ignore[attr-defined]
+    assert not rt.md_wake(("ns", "llama")).is_set()  # expected: no pass for it
 
 
 async def test_a_router_that_takes_the_key_again_starts_the_count_over(

@@ -156,13 +156,19 @@ async def _refused_key(
     uid, name = str(router_meta.get("uid", "")), gate.pod_name(router)
     refused_before = uid in rt.key_refusals
     rt.key_refusals.add(uid)
-    rt.wake_md(namespace, md_name)
     fields = {"namespace": namespace, "deployment": md_name, "pod": name}
+    pod_fingerprint = (router_meta.get("annotations") or {}).get(labels.ROUTER_KEY_FINGERPRINT)
+    current = router_auth.key_fingerprint(key)
+    if pod_fingerprint != current:
+        # A pod of an older template holds an older key by design; its rollout replaces it.
+        log.debug("router %s of an older key refuses the current one", name, extra=fields)
+        return
+    rt.wake_md(namespace, md_name)
     if not worker_audit.replace_for_key(
         refused=True,
         refused_before=refused_before,
-        pod_fingerprint=(router_meta.get("annotations") or {}).get(labels.ROUTER_KEY_FINGERPRINT),
-        fingerprint=router_auth.key_fingerprint(key),
+        pod_fingerprint=pod_fingerprint,
+        fingerprint=current,
     ):
         log.warning("router refuses kvgate's control-plane key", extra=fields)
         return
