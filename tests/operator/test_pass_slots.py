@@ -19,6 +19,7 @@ from kvgate.settings import OperatorSettings
 class CountingReconciler:
     def __init__(self, name: str, tally: dict[str, Any]) -> None:
         self.namespace, self.name, self.tally = "ns", name, tally
+        self.conflicted = False
 
     async def reconcile(self) -> None:
         self.tally["running"] += 1
