@@ -22,13 +22,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy -p kvgate -p kvgate_engine -p kvgate_e2e
 
+# Two workers (pytest-xdist): 1 min 45 s against 2 min 11 s in one process on the 2-core machine;
+# fixed at 2, not auto, so a many-core machine does not start dozens of torch-loading workers.
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not conformance" tests
+	$(BIN)/pytest -q -n 2 -m "not conformance" tests
 
 # kvgate's engine argv parsed by each supported SGLang release's own parser, in a separate
 # environment (SGLang installed with --no-deps into a cache; never into .venv).
+# Two workers: 1 min 12 s against 1 min 46 s in one (setup_env.sh installs under a lock).
 conformance: $(STAMP)
-	$(BIN)/pytest -q -m conformance tests/conformance
+	$(BIN)/pytest -q -n 2 -m conformance tests/conformance
 
 # The e2e world: iproute2 + iptables (Debian), Kubernetes v1.37.2 and helm built from Go modules
 # (cached by content hash; the first build takes ~13 min on 2 cores) and the LeaderWorkerSet

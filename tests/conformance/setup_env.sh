@@ -20,6 +20,12 @@ PY="${KVGATE_PYTHON:-$ROOT/.venv/bin/python}"
 CACHE="${KVGATE_CACHE:-$HOME/.cache/kvgate}/conformance"
 SGLANG_VERSIONS="${SGLANG_VERSIONS:-0.5.19 0.5.20 0.5.21 0.5.22 0.5.23}"
 
+# One install at a time: `make conformance` runs its tests in two workers, and each test module's
+# fixture calls this script (a no-op once cached).
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
 # What `import sglang.srt.server_args` needs besides torch (checked by importing it on a CPU box).
 IMPORT_TIME_PACKAGES=(numpy orjson psutil pybase64 requests transformers msgspec pyzmq pillow
   starlette ipython aiohttp packaging pydantic setproctitle)
