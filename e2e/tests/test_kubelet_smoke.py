@@ -32,6 +32,7 @@ from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import live_host
 from kvgate_e2e.world import condition, is_ready, ready_endpoints, wait_namespaces_gone
+from scenario_helpers import requests_served
 
 pytestmark = [
     pytest.mark.e2e,
@@ -630,13 +631,13 @@ def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_no
         role: cluster.forward(kube.get("pod", role, namespace)["status"]["podIP"], 30000)
         for role in ("prefill", "decode")
     }
-    before = {role: requests_served(p) for role, p in engine_ports.items()}
+    before = {role: served_at(p) for role, p in engine_ports.items()}
     body = {"text": "Hello", "model": "tiny-llama", "sampling_params": {"max_new_tokens": 4}}
     code, answer = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=60)
     assert code == 200, answer
     assert "text" in answer
     # One PD request: both legs reached their engine (smg sends the same body to each).
-    assert {role: requests_served(p) - before[role] for role, p in engine_ports.items()} == {
+    assert {role: served_at(p) - before[role] for role, p in engine_ports.items()} == {
         "prefill": 1,
         "decode": 1,
     }
@@ -728,13 +729,8 @@ def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_si
     cluster.kubectl("delete", "node", "cli-0", "--wait=true")
 
 
-def requests_served(port: int) -> float:
-    """``sglang:num_requests_total`` from an engine's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("sglang:num_requests_total"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("engine /metrics has no sglang:num_requests_total")
+def served_at(port: int) -> float:
+    return requests_served(f"http://127.0.0.1:{port}")
 
 
 def _alive(pid: int) -> bool:

@@ -186,13 +186,7 @@ async def _refused_key(
     rt.key_refusals.discard(uid)
     metrics.ROUTER_PODS_REPLACED.labels(namespace, md_name).inc()
     log.warning("router replaced: %s", message, extra=fields)
-    ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
-    try:
-        await rt.api.post_event(
-            ref, type_="Warning", reason=KEY_REFUSED, message=message, now=rt.clock()
-        )
-    except Exception as exc:  # best effort; the deletion is what protects traffic
-        log.warning("could not post event %s: %s", KEY_REFUSED, exc)
+    await _warn(rt, meta, KEY_REFUSED, message)
 
 
 async def _remove_one(
@@ -227,14 +221,20 @@ async def _remove_one(
         f"key (Secret {md_name}-router-control)"
     )
     log.warning("unknown worker removed: %s", message, extra=fields)
-    ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta}
+    await _warn(rt, meta, REMOVED, message)
+    return 1
+
+
+async def _warn(rt: Runtime, md_meta: Mapping[str, Any], reason: str, message: str) -> None:
+    """A Warning Event on the ModelDeployment; best effort (the action it reports is what
+    protects traffic)."""
+    ref = {"apiVersion": API_VERSION, "kind": KIND, "metadata": md_meta}
     try:
         await rt.api.post_event(
-            ref, type_="Warning", reason=REMOVED, message=message, now=rt.clock()
+            ref, type_="Warning", reason=reason, message=message, now=rt.clock()
         )
-    except Exception as exc:  # best effort; the removal is what protects traffic
-        log.warning("could not post event %s: %s", REMOVED, exc)
-    return 1
+    except Exception as exc:
+        log.warning("could not post event %s: %s", reason, exc)
 
 
 async def audit_loop(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -> None:
