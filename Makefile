@@ -65,7 +65,8 @@ real-engine-deps: $(STAMP)
 # `make e2e-real` runs only those.
 # E2E_WORKERS worlds side by side (pytest-xdist, a module stays on one world): two worlds on
 # 2 cores take 16-20 min where one takes 25, but under that load 2 of 227 timing-bound tests
-# failed in one of two fresh-clone runs, so `make test` keeps one world; E2E_WORKERS=2 opts in.
+# failed in one of two fresh-clone runs (round 8); in round 11 a two-world run timed out the
+# content-check scenario (it passes alone). So `make test` keeps one world; E2E_WORKERS=2 opts in.
 # --durations: the 30 slowest steps in the log, what the warm-run budget (20 min) is spent on.
 E2E_WORKERS ?= 1
 e2e: e2e-deps real-engine-deps
