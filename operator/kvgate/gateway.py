@@ -57,7 +57,7 @@ class RouterWorkers:
     workers: tuple[Mapping[str, Any], ...] | None = None  # None: not read
     error: str | None = None
     # HTTP 401/403 to kvgate's control-plane key: the router runs with a key kvgate did not give
-    # it (kvgate.worker_audit.replace_for_key).
+    # it (kvgate.worker_audit.key_refusal).
     refused: bool = False
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from kvgate.gateway import POD_UID_LABEL, host_port, same_ip
@@ -63,10 +64,18 @@ def describe(worker: Mapping[str, Any]) -> str:
     return f"{worker.get('worker_type') or 'unknown'} worker {worker.get('url')}"
 
 
-def replace_for_key(
-    *, refused: bool, refused_before: bool, pod_fingerprint: str | None, fingerprint: str
-) -> bool:
-    """Whether to delete a router pod because it refuses kvgate's control-plane key.
+class KeyRefusal(StrEnum):
+    """What to do about a router pod that refused kvgate's control-plane key."""
+
+    OLDER_KEY = "OlderKey"  # its template promises an older key: its rollout replaces it
+    WAIT = "Wait"  # a first refusal: wake the pass (it restores the Secret), look again
+    REPLACE = "Replace"  # refused twice in a row: delete the pod
+
+
+def key_refusal(
+    *, refused_before: bool, pod_fingerprint: str | None, fingerprint: str
+) -> KeyRefusal:
+    """What to do about a router pod that refused kvgate's control-plane key (HTTP 401).
 
     smg reads its key once, from the environment, which the kubelet fills from Secret
     ``<md>-router-control`` when the container starts. A router that answers 401 to the key
@@ -77,8 +86,9 @@ def replace_for_key(
     its replacement reads the Secret again (the pass restores kvgate's own, or scales the routers
     to 0 while the name is someone else's).
 
-    Only when it refused this audit and the one before (one answer is no evidence), and its pod
-    carries the current key's fingerprint (``kvgate.io/router-key``): a pod of an older template
-    holds an older key by design (a rotated operator seed) and its Deployment's rollout replaces
-    it."""
-    return refused and refused_before and pod_fingerprint == fingerprint
+    Replaced only when it refused this audit and the one before (one answer is no evidence), and
+    its pod carries the current key's fingerprint (``kvgate.io/router-key``): a pod of an older
+    template holds an older key by design (a rotated operator seed)."""
+    if pod_fingerprint != fingerprint:
+        return KeyRefusal.OLDER_KEY
+    return KeyRefusal.REPLACE if refused_before else KeyRefusal.WAIT

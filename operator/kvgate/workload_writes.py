@@ -56,7 +56,7 @@ class BuildInputs:
     # engines are not built at all (kvgate.lws_availability reports why).
     leader_worker_sets: bool = True
     # The router key Secret is someone else's: every router at 0 replicas, since a router started
-    # on it would take their key on its worker API (kvgate.worker_audit.replace_for_key).
+    # on it would take their key on its worker API (kvgate.worker_audit.key_refusal).
     routers_blocked: bool = False
 
 

@@ -14,7 +14,7 @@ from kvgate.handlers.runtime import Runtime
 from kvgate.k8s import Credentials, KubeApi
 from kvgate.pod_identity import EngineIdentity
 from kvgate.settings import OperatorSettings
-from kvgate.worker_audit import KnownEngine, replace_for_key, unknown_workers
+from kvgate.worker_audit import KeyRefusal, KnownEngine, key_refusal, unknown_workers
 
 DECODE = KnownEngine("uid-d", "198.18.0.7", 30000, "decode")
 PREFILL = KnownEngine("uid-p", "198.18.0.8", 30000, "prefill")
@@ -228,27 +228,21 @@ async def test_the_worker_api_refuses_a_caller_without_the_key(
 
 
 @pytest.mark.parametrize(
-    ("refused", "refused_before", "pod_fingerprint", "replace"),
+    ("refused_before", "pod_fingerprint", "action"),
     [
-        (True, True, "current", True),
-        (True, False, "current", False),  # one refusal is no evidence
-        (False, True, "current", False),
-        (True, True, "older", False),  # an older template's key: its rollout replaces it
-        (True, True, None, False),
+        (True, "current", KeyRefusal.REPLACE),
+        (False, "current", KeyRefusal.WAIT),  # one refusal is no evidence
+        (True, "older", KeyRefusal.OLDER_KEY),  # an older template's key: its rollout replaces it
+        (True, None, KeyRefusal.OLDER_KEY),
     ],
 )
 def test_a_router_is_replaced_only_after_two_refusals_of_the_key_its_template_promises(
-    refused: bool, refused_before: bool, pod_fingerprint: str | None, replace: bool
+    refused_before: bool, pod_fingerprint: str | None, action: KeyRefusal
 ) -> None:
-    assert (
-        replace_for_key(
-            refused=refused,
-            refused_before=refused_before,
-            pod_fingerprint=pod_fingerprint,
-            fingerprint="current",
-        )
-        is replace
+    got = key_refusal(
+        refused_before=refused_before, pod_fingerprint=pod_fingerprint, fingerprint="current"
     )
+    assert got is action
 
 
 def _on_tenant_key(rt: Runtime, router: FakeRouter, fingerprint: str) -> list[tuple[str, ...]]:

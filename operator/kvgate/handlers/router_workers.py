@@ -150,26 +150,23 @@ async def _refused_key(
 ) -> None:
     """A router refused kvgate's control-plane key: wake the pass (it restores kvgate's Secret,
     or reports whose it is and scales the routers to 0), and after a second refusal in a row
-    delete the pod so it restarts on the Secret as it is then (worker_audit.replace_for_key)."""
+    delete the pod so it restarts on the Secret as it is then (worker_audit.key_refusal)."""
     meta, router_meta = md.get("metadata", {}), router.get("metadata", {})
     namespace, md_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     uid, name = str(router_meta.get("uid", "")), gate.pod_name(router)
     refused_before = uid in rt.key_refusals
     rt.key_refusals.add(uid)
     fields = {"namespace": namespace, "deployment": md_name, "pod": name}
-    pod_fingerprint = (router_meta.get("annotations") or {}).get(labels.ROUTER_KEY_FINGERPRINT)
-    current = router_auth.key_fingerprint(key)
-    if pod_fingerprint != current:
-        # A pod of an older template holds an older key by design; its rollout replaces it.
+    action = worker_audit.key_refusal(
+        refused_before=refused_before,
+        pod_fingerprint=(router_meta.get("annotations") or {}).get(labels.ROUTER_KEY_FINGERPRINT),
+        fingerprint=router_auth.key_fingerprint(key),
+    )
+    if action is worker_audit.KeyRefusal.OLDER_KEY:
         log.debug("router %s of an older key refuses the current one", name, extra=fields)
         return
     rt.wake_md(namespace, md_name)
-    if not worker_audit.replace_for_key(
-        refused=True,
-        refused_before=refused_before,
-        pod_fingerprint=pod_fingerprint,
-        fingerprint=current,
-    ):
+    if action is worker_audit.KeyRefusal.WAIT:
         log.warning("router refuses kvgate's control-plane key", extra=fields)
         return
     secret = builders.router_control_secret_name(md_name)
@@ -218,7 +215,7 @@ async def _remove_one(
         f"router pod {gate.pod_name(router)} listed {what}, which is not a verified engine pod "
         f"of revision {revision}; removed it (DELETE /workers/{worker_id}). Workers are added "
         "only by smg's discovery of verified pods; check who holds the router's control-plane "
-        f"key (Secret {md_name}-router-control)"
+        f"key (Secret {builders.router_control_secret_name(md_name)})"
     )
     log.warning("unknown worker removed: %s", message, extra=fields)
     await _warn(rt, meta, REMOVED, message)
