@@ -33,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ipaddress
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -41,10 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import unquote
 
 import aiohttp
 from kvgate.api import ModelDeploymentSpec
-from kvgate.gateway import host_port
 from kvgate.requirements import requirement_for
 from kvgate.revision import revision_of
 from kvgate_engine.probe import fetch_report
@@ -139,14 +141,55 @@ def routable_addresses(slices: Iterable[Obj]) -> list[tuple[str, str]]:
     return out
 
 
+# WHATWG "forbidden domain code points" (besides controls): a URL whose host holds one fails.
+FORBIDDEN_HOST_CHARACTERS = frozenset(" #%/:<>?@[\\]^|")
+
+
+def smg_host(url: str) -> str | None:
+    """The host smg connects to for a worker URL: read as the WHATWG URL standard reads an
+    ``http`` URL (smg is Rust, and its URL type follows that standard), not as Python's
+    ``urlsplit`` does (RFC 3986). The differences that matter for a hostile URL: tabs and
+    newlines are dropped, ``\\`` is ``/`` (so it ends the authority), user info is everything
+    up to the authority's last ``@``, and an IPv4 host may be written in octal, hex or fewer
+    than four parts. A bare ``ip:port`` is read as ``http://ip:port``. None when there is no
+    host."""
+    text = url.strip("".join(chr(c) for c in range(0x21))).translate(
+        {ord(c): None for c in "\t\n\r"}
+    )
+    scheme, sep, rest = text.partition(":")
+    if not sep or not scheme[:1].isalpha() or scheme.lower() not in ("http", "https"):
+        rest = "//" + text
+    rest = rest.lstrip("/\\")
+    end = min((i for i, c in enumerate(rest) if c in "/\\?#"), default=len(rest))
+    authority = rest[:end].rpartition("@")[2]
+    if authority.startswith("["):
+        host = authority[1 : authority.find("]")] if "]" in authority else ""
+        return str(ipaddress.ip_address(host)) if _is_ip(host) else None
+    host = unquote(authority.partition(":")[0]).lower()
+    if not host or any(c in FORBIDDEN_HOST_CHARACTERS or ord(c) < 0x21 for c in host):
+        return None
+    if host.rstrip(".").rsplit(".", 1)[-1][:1].isdigit():  # ends in a number: an IPv4 host
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host.rstrip(".")))
+        except OSError:
+            return None
+    return host
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def live_host(worker: Obj) -> str | None:
-    """The host of a worker that is not draining (smg lists ``http://ip:port``; a bare
-    ``ip:port`` counts too), else None. Hosts are compared whole: ``10.0.0.2`` is not
-    ``10.0.0.21``."""
+    """The host smg sends a worker's traffic to (:func:`smg_host`) when the worker is not
+    draining, else None. Hosts are compared whole: ``10.0.0.2`` is not ``10.0.0.21``."""
     if str(worker.get("status", "")).lower() == "draining":
         return None
-    target = host_port(str(worker.get("url", "")))
-    return target[0] if target else None
+    return smg_host(str(worker.get("url", "")))
 
 
 def routes_to_ip(workers: Iterable[Obj], ip: str) -> bool:

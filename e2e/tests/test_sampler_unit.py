@@ -19,6 +19,7 @@ from kvgate_e2e.sampler import (
     live_host,
     routable_addresses,
     routes_to_ip,
+    smg_host,
     windows,
 )
 from kvgate_engine.report import EngineReport
@@ -299,6 +300,36 @@ def test_a_worker_routes_to_an_ip_only_when_its_host_is_that_ip_whole() -> None:
     assert routes_to_ip([{"url": "10.0.0.2:30000", "status": "pending"}], "10.0.0.2")
     assert not routes_to_ip([{"url": "http://10.0.0.2:30000", "status": "draining"}], "10.0.0.2")
     assert live_host({"url": "not a url"}) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://10.0.0.9:30001\\@10.0.0.2:30000", "10.0.0.9"),  # backslash ends the authority
+        ("http:\\\\10.0.0.9:30001", "10.0.0.9"),
+        ("http://tenant@10.0.0.9:30000", "10.0.0.9"),
+        ("http://a@b@10.0.0.9:30000", "10.0.0.9"),  # user info runs to the last @
+        ("http://10.0.0.9:30000?@10.0.0.2:1", "10.0.0.9"),
+        ("http://10.0.0.9:30000#@10.0.0.2:1", "10.0.0.9"),
+        ("http://012.0.0.9:30000", "10.0.0.9"),  # octal
+        ("http://0x0a.0.0.9:30000", "10.0.0.9"),  # hex
+        ("http://10.9:30000", "10.0.0.9"),  # two parts
+        ("http://10.0.0.\t9:30000", "10.0.0.9"),  # tabs are dropped
+        ("HTTP://10.0.0.9:30000", "10.0.0.9"),
+        ("10.0.0.9:30000", "10.0.0.9"),
+        ("http://[fd00:0::9]:30000", "fd00::9"),
+        ("not a url", None),
+        ("http://", None),
+    ],
+)
+def test_the_sampler_reads_a_worker_url_as_smg_does(url: str, host: str | None) -> None:
+    assert smg_host(url) == host
+
+
+def test_a_worker_whose_url_smg_reads_as_a_rogue_is_a_path_to_the_rogue() -> None:
+    rogue = {"url": f"http://10.0.0.9:30001\\@{IP}:30000", "status": "ready"}
+    assert routes_to_ip([rogue], "10.0.0.9")
+    assert not routes_to_ip([rogue], IP)
 
 
 def test_routable_addresses_follow_kube_proxy() -> None:

@@ -69,7 +69,39 @@ class GatewayDecision:
     unreachable: tuple[str, ...] = ()  # routers that could not be read (reported, never acted on)
 
 
+def worker_address(url: str) -> tuple[str, int] | None:
+    """The pod IP and port of a worker URL in exactly the form smg's Kubernetes discovery
+    registers for a pod (``http://<podIP>:<port>``, or bare ``<podIP>:<port>``; an IPv6 address
+    in brackets), else None.
+
+    kvgate and smg must agree on where a worker sends traffic, and they parse URLs differently:
+    Python's ``urlsplit`` follows RFC 3986, smg the WHATWG URL standard, where ``\\`` is ``/``
+    for http (``http://rogue:1\\@verified:30000`` is host ``rogue`` to smg and ``verified`` to
+    urlsplit), leading zeros in an IPv4 part make it octal, and tabs and newlines are dropped. So
+    nothing is parsed leniently here: the text must be the canonical spelling of an IP address
+    and a port, with nothing else (no user info, path, query, fragment, whitespace or other
+    scheme). Anything else is no pod's worker."""
+    rest = url[len("http://") :] if url.startswith("http://") else url
+    if rest.startswith("["):
+        host, sep, port = rest[1:].partition("]:")
+        if not sep or ":" not in host:
+            return None
+    else:
+        host, sep, port = rest.partition(":")
+        if not sep or ":" in host:
+            return None
+    if not port.isascii() or not port.isdigit() or str(int(port)) != port or int(port) > 65535:
+        return None
+    try:
+        canonical = str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+    return (host, int(port)) if canonical == host else None
+
+
 def host_port(url: str) -> tuple[str, int] | None:
+    """Host and port of a URL read leniently (RFC 3986); for display and for tests' own
+    bookkeeping, never to decide what a worker is (:func:`worker_address`)."""
     split = urlsplit(url if "://" in url else f"http://{url}")
     try:
         port = split.port
@@ -96,7 +128,7 @@ def is_worker_of(worker: Mapping[str, Any], pod: EnginePod) -> bool:
     if uid:
         return str(uid) == pod.uid
     url = worker.get("url")
-    target = host_port(url) if isinstance(url, str) else None
+    target = worker_address(url) if isinstance(url, str) else None
     return target is not None and target[1] == pod.port and same_ip(target[0], pod.ip)
 
 

@@ -4,7 +4,9 @@ smg discovers engine pods by label and adds one worker per Ready pod. Anything e
 set got there through its control-plane API (``POST /workers``): a tenant who can read the key,
 or a bug. The operator compares each router's ``GET /workers`` with the engine pods it verified
 and removes every other worker. A worker is known only when its URL is the IP and engine port of
-a verified pod of the router's own revision, its ``worker_type`` is that pod's role, and any
+a verified pod of the router's own revision, written exactly as smg's discovery writes it
+(``kvgate.gateway.worker_address``: a URL that kvgate and smg could read as two different hosts
+is nobody's), its ``worker_type`` is that pod's role, and any
 ``smg.ai/pod-uid`` label it carries is that pod's uid (a label alone proves nothing: the API
 accepts labels).
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kvgate.gateway import POD_UID_LABEL, host_port, same_ip
+from kvgate.gateway import POD_UID_LABEL, same_ip, worker_address
 
 # Workers smg is already removing take no new requests.
 LEAVING_STATUSES = frozenset({"draining"})
@@ -34,7 +36,7 @@ class KnownEngine:
 
 def is_known(worker: Mapping[str, Any], engines: Sequence[KnownEngine]) -> bool:
     url = worker.get("url")
-    target = host_port(url) if isinstance(url, str) else None
+    target = worker_address(url) if isinstance(url, str) else None
     if target is None:
         return False
     worker_labels = worker.get("labels")

@@ -29,6 +29,7 @@ from kvgate.gateway import (
     EnginePod,
     RouterWorkers,
     decide,
+    worker_address,
 )
 from kvgate.handlers import engine_pods
 from kvgate.handlers.gateway_watch import GatewayWatch, read_workers
@@ -135,6 +136,38 @@ def test_ipv6_worker_url_matches_the_pod_ip_in_any_spelling() -> None:
     routes = seen(worker(url="http://[fd00::6]:30000", uid=None))
     decision = decide(pod, gate_false_since=NOW, now=NOW + timedelta(seconds=20), routers=[routes])
     assert decision.action is Action.DELETE
+
+
+@pytest.mark.parametrize(
+    ("url", "address"),
+    [
+        ("http://198.18.0.7:30000", ("198.18.0.7", 30000)),
+        ("198.18.0.7:30000", ("198.18.0.7", 30000)),
+        ("http://[fd00::6]:30000", ("fd00::6", 30000)),
+        # smg reads these as another host (WHATWG: backslash ends the authority, user info,
+        # octal), or they are not the form discovery writes: no pod's worker.
+        ("http://10.9.9.9:30001\\@198.18.0.7:30000", None),
+        ("http://10.9.9.9@198.18.0.7:30000", None),
+        ("http://198.18.0.07:30000", None),
+        ("http://198.18.0.7:30000/", None),
+        ("http://198.18.0.7:+30000", None),
+        ("http://198.18.0.7:99999", None),
+        ("http://[fd00:0::6]:30000", None),
+        ("http://pod.example:30000", None),
+        ("http://198.18.0.7:３0000", None),
+        ("", None),
+    ],
+)
+def test_a_worker_is_a_pod_address_only_in_the_exact_form_discovery_writes(
+    url: str, address: tuple[str, int] | None
+) -> None:
+    assert worker_address(url) == address
+
+
+def test_a_backslash_url_naming_the_pod_after_it_is_not_the_pods_worker() -> None:
+    routes = seen(worker(url=f"http://10.9.9.9:30001\\@{POD.ip}:{POD.port}", uid=None))
+    decision = decide(POD, gate_false_since=NOW, now=NOW + timedelta(seconds=60), routers=[routes])
+    assert decision.action is Action.KEEP
 
 
 # --- wiring: kmock API + a fake router on 127.0.0.1 ---------------------------------------------

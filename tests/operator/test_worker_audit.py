@@ -55,6 +55,19 @@ def worker(url: str, kind: str = "decode", status: str = "ready", **extra: Any) 
         ("pending injection", worker("http://10.9.9.9:30000", status="pending"), True),
         ("no url", {"id": "x", "worker_type": "decode", "status": "ready"}, True),
         ("already draining", worker("http://10.9.9.9:30000", status="draining"), False),
+        # URLs Python's urlsplit reads as the verified pod and smg (WHATWG) as another host.
+        ("backslash before user info", worker("http://10.9.9.9:30001\\@198.18.0.7:30000"), True),
+        ("user info", worker("http://tenant@198.18.0.7:30000"), True),
+        ("path", worker("http://198.18.0.7:30000/"), True),
+        ("query", worker("http://198.18.0.7:30000?x"), True),
+        ("fragment", worker("http://198.18.0.7:30000#x"), True),
+        ("tab inside", worker("http://198.18.0.7:3\t0000"), True),
+        ("leading zero (octal to WHATWG)", worker("http://198.18.0.07:30000"), True),
+        ("port with a leading zero", worker("http://198.18.0.7:030000"), True),
+        ("another scheme", worker("https://198.18.0.7:30000"), True),
+        ("upper-case scheme", worker("HTTP://198.18.0.7:30000"), True),
+        ("no port", worker("http://198.18.0.7"), True),
+        ("surrounding space", worker(" http://198.18.0.7:30000"), True),
     ],
 )
 def test_only_verified_engine_pods_of_the_revision_are_known_workers(
