@@ -130,12 +130,14 @@ FIXTURE_TABLE = [
         ["KvPoolTooSmall"],
     ),
     (
-        "DP ranks both hold a smaller context",
+        # Both ranks hold 1,000,000, but the engine takes prompts up to its own 1,048,576
+        # window: rank 1 could not hold one, nor could a paired engine proven to hold 1,000,000.
+        "DP ranks hold the context but the engine's window is longer",
         "server_info_0.5.23_dp2_uneven_decode.json",
         "models_1048576.json",
         Requirement(1_000_000, role="decode"),
-        Outcome.SAFE,
-        ["EngineVerified"],
+        Outcome.UNSAFE,
+        ["ContextTooLong", "MaxInputTooLong"],
     ),
     (
         "prefill engine on a decode pod",
@@ -268,7 +270,19 @@ REPORT_TABLE = [
         Outcome.UNSAFE,
         ["ContextTooShort"],
     ),
-    ("effective context longer", healthy(effective_context_length=2 * CTX), Outcome.SAFE, []),
+    (
+        "effective context longer (an engine told a larger --context-length)",
+        healthy(effective_context_length=2 * CTX),
+        Outcome.UNSAFE,
+        ["ContextTooLong"],
+    ),
+    (
+        "max input reaching the context",
+        healthy(max_req_input_len=CTX),
+        Outcome.UNSAFE,
+        ["MaxInputTooLong"],
+    ),
+    ("max input one below the context", healthy(max_req_input_len=CTX - 1), Outcome.SAFE, []),
     ("pool missing", healthy(kv_pool_tokens=None), Outcome.CANNOT_TELL, ["ReportUnreadable"]),
     (
         "max input missing",

@@ -221,10 +221,16 @@ async def test_live_url_unsafe_exits_1(live_engine: str) -> None:
     assert json.loads(out)["reason"] == "KvPoolTooSmall"
 
 
-async def test_live_url_safe_for_a_context_the_pool_holds(live_engine: str) -> None:
-    code, out = await _kvgate("--url", live_engine, "--context-length", "600000")
-    # the engine's context is 1,048,576 and its pool 681,280 >= 600,000: safe
-    assert code == 0, out
+async def test_live_url_unsafe_when_the_engines_window_is_longer_than_the_context(
+    live_engine: str,
+) -> None:
+    # The pool (681,280) holds 600,000, but the engine's own window is 1,048,576 and it takes
+    # prompts up to 681,274 tokens: an engine paired with it and proven to hold 600,000 would
+    # not hold them.
+    code, out = await _kvgate("--url", live_engine, "--context-length", "600000", "--json")
+    assert code == 1, out
+    findings = [f["reason"] for f in json.loads(out)["findings"]]
+    assert findings == ["ContextTooLong", "MaxInputTooLong"], out
 
 
 async def test_unreachable_url_exits_2() -> None:

@@ -70,7 +70,14 @@ REAL_MD, REAL_POOL, REAL_NODE = "tiny-llama-sglang", "real", "kvgate-real-0"
 REAL_NODE_SPEC = f"{REAL_NODE}:pool={REAL_POOL}:gpus=8:gpu-memory-gib=80"
 REAL_TIMEOUT = 600.0  # a CPU SGLang prefill + decode pair starts in ~1-2 min on 2 cores
 REAL_PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's vocab
-UNSAFE_REASONS = ("KvPoolTooSmall", "ContextTooShort", "MaxInputTooShort", "EngineVersionTooOld")
+UNSAFE_REASONS = (
+    "KvPoolTooSmall",
+    "ContextTooShort",
+    "ContextTooLong",
+    "MaxInputTooShort",
+    "MaxInputTooLong",
+    "EngineVersionTooOld",
+)
 
 
 def say(text: str = "") -> None:

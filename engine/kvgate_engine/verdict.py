@@ -2,6 +2,16 @@
 
 Every check that cannot be made for lack of data makes the verdict CANNOT_TELL; only an engine
 that passes every check is SAFE.
+
+The engine's own window is judged from both sides, whatever flags it was started with. Too short
+and it refuses what the deployment advertises. Too long and it accepts prompts that no engine of
+its revision was proven to hold: every verified engine holds ``context_length`` x headroom
+tokens, and nothing more is known of any of them, so an engine whose window (or
+``max_req_input_len``) reaches past ``context_length`` could admit a prompt that its own pool, or
+the pool of the engine it is paired with, cannot hold. That is the incident's shape (a prefill
+that takes a prompt its decode has no room for), and it is caught here rather than trusted to the
+flags: keeping each engine's window at ``context_length`` is what makes the pairing safe with a
+per-engine judgement.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ MAX_INPUT_MARGIN = 6
 
 KV_POOL_TOO_SMALL = "KvPoolTooSmall"
 CONTEXT_TOO_SHORT = "ContextTooShort"
+CONTEXT_TOO_LONG = "ContextTooLong"
 MAX_INPUT_TOO_SHORT = "MaxInputTooShort"
+MAX_INPUT_TOO_LONG = "MaxInputTooLong"
 ROLE_MISMATCH = "RoleMismatch"
 ENGINE_VERSION_TOO_OLD = "EngineVersionTooOld"
 ENGINE_VERSION_UNKNOWN = "EngineVersionUnknown"
@@ -123,6 +135,18 @@ def judge(report: EngineReport, requirement: Requirement) -> Verdict:
                 f"model's own limit)",
             )
         )
+    elif effective > ctx:
+        unsafe.append(
+            Finding(
+                CONTEXT_TOO_LONG,
+                f"effective context length {_n(effective)} tokens > context length {_n(ctx)}: "
+                f"it would accept prompts of up to {_n(effective)} tokens, but its revision's "
+                f"engines are proven to hold only {_n(requirement.required_pool_tokens)} "
+                f"(context length × headroom {_headroom(requirement.headroom)}), so one it is "
+                f"paired with may not hold them; the engine must run with --context-length "
+                f"{ctx} (remove --context-length from spec.engine.args)",
+            )
+        )
 
     max_input = report.max_req_input_len
     floor = ctx - MAX_INPUT_MARGIN
@@ -134,6 +158,17 @@ def judge(report: EngineReport, requirement: Requirement) -> Verdict:
                 MAX_INPUT_TOO_SHORT,
                 f"max_req_input_len {_n(max_input)} tokens < context length {_n(ctx)} − "
                 f"{MAX_INPUT_MARGIN} = {_n(floor)} (short by {_n(floor - max_input)} tokens)",
+            )
+        )
+    elif max_input >= ctx:
+        unsafe.append(
+            Finding(
+                MAX_INPUT_TOO_LONG,
+                f"max_req_input_len {_n(max_input)} tokens ≥ context length {_n(ctx)}: it "
+                f"would accept a prompt that leaves no room in the verified window for a "
+                f"single generated token (SGLang reports min(context − 1, pool − 1) − "
+                f"{MAX_INPUT_MARGIN - 1}; an engine started with the deployment's context "
+                f"reports {_n(floor)})",
             )
         )
 

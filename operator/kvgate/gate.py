@@ -16,9 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvgate_engine.verdict import (
+    CONTEXT_TOO_LONG,
     CONTEXT_TOO_SHORT,
     ENGINE_VERSION_TOO_OLD,
     KV_POOL_TOO_SMALL,
+    MAX_INPUT_TOO_LONG,
     MAX_INPUT_TOO_SHORT,
     ROLE_MISMATCH,
     Outcome,
@@ -40,7 +42,9 @@ UNSAFE_REASONS = frozenset(
     {
         KV_POOL_TOO_SMALL,
         CONTEXT_TOO_SHORT,
+        CONTEXT_TOO_LONG,
         MAX_INPUT_TOO_SHORT,
+        MAX_INPUT_TOO_LONG,
         ROLE_MISMATCH,
         ENGINE_VERSION_TOO_OLD,
     }
