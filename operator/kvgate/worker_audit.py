@@ -51,6 +51,14 @@ def is_known(worker: Mapping[str, Any], engines: Sequence[KnownEngine]) -> bool:
     return False
 
 
+def in_discovery_form(worker: Mapping[str, Any]) -> bool:
+    """Whether the worker's URL is written as smg's discovery writes a pod's. One that is not
+    was never a discovered pod, so no pass or watch can be behind on it: it need not wait for a
+    second audit to be removed."""
+    url = worker.get("url")
+    return isinstance(url, str) and worker_address(url) is not None
+
+
 def unknown_workers(
     workers: Sequence[Mapping[str, Any]], engines: Sequence[KnownEngine]
 ) -> list[Mapping[str, Any]]:

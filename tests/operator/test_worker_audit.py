@@ -192,6 +192,23 @@ async def test_an_injected_worker_is_removed_with_the_key_and_announced(
     assert "not a verified engine pod of revision rev" in event["message"]
 
 
+async def test_a_worker_url_smg_and_kvgate_could_read_differently_is_removed_at_first_sight(
+    served: tuple[Runtime, FakeRouter],
+) -> None:
+    rt, router = served
+    disguised = "http://10.9.9.9:30001\\@198.18.0.7:30000"  # smg connects to 10.9.9.9
+    router.workers = [
+        worker("http://198.18.0.7:30000", labels={"smg.ai/pod-uid": "uid-d"}),
+        {**worker(disguised, status="pending"), "id": "disguised"},
+    ]
+    assert await router_workers.audit_md(rt, "ns", "llama") == 1
+    assert router.deleted == ["disguised"]
+    (event,) = rt.posted  # type: ignore[attr-defined]
+    assert event["reason"] == "UnknownWorkerRemoved"
+    assert disguised in event["message"]
+    assert "not http://<pod IP>:<port> as smg's discovery writes it" in event["message"]
+
+
 async def test_a_verified_engine_a_new_leader_has_not_identified_yet_keeps_its_worker(
     served: tuple[Runtime, FakeRouter],
 ) -> None:

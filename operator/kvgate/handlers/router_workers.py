@@ -134,13 +134,14 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         # Removed only when the audit before found it unknown too: a leader that just took over
         # may audit before its pod watch has listed (and its verifiers identified) the verified
         # engines a router serves, and removing those would leave the revision without workers
-        # (an injected worker goes one audit later).
+        # (an injected worker goes one audit later). A URL in no form discovery writes cannot
+        # be such an engine: it goes at once.
         previous = rt.audit_suspects.pop(router_uid, set())
         now_unknown = {str(w.get("id")) for w in unknown}
         if now_unknown:
             rt.audit_suspects[router_uid] = now_unknown
         for worker in unknown:
-            if str(worker.get("id")) in previous:
+            if str(worker.get("id")) in previous or not worker_audit.in_discovery_form(worker):
                 removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
     return removed
 
@@ -211,11 +212,17 @@ async def _remove_one(
         return 0
     worker_type = str(worker.get("worker_type") or "unknown")
     metrics.ROUTER_UNKNOWN_WORKERS_REMOVED.labels(namespace, md_name, worker_type).inc()
+    form = (
+        ""
+        if worker_audit.in_discovery_form(worker)
+        else " (its URL is not http://<pod IP>:<port> as smg's discovery writes it, so kvgate "
+        "and smg could read it as two different hosts)"
+    )
     message = (
         f"router pod {gate.pod_name(router)} listed {what}, which is not a verified engine pod "
-        f"of revision {revision}; removed it (DELETE /workers/{worker_id}). Workers are added "
-        "only by smg's discovery of verified pods; check who holds the router's control-plane "
-        f"key (Secret {builders.router_control_secret_name(md_name)})"
+        f"of revision {revision}{form}; removed it (DELETE /workers/{worker_id}). Workers are "
+        "added only by smg's discovery of verified pods; check who holds the router's "
+        f"control-plane key (Secret {builders.router_control_secret_name(md_name)})"
     )
     log.warning("unknown worker removed: %s", message, extra=fields)
     await _warn(rt, meta, REMOVED, message)
