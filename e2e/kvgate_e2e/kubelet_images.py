@@ -6,7 +6,10 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
   container's ``python3 -m sglang.launch_server`` prefix is dropped and the flags are kept;
   env ``KVGATE_GPU_MEMORY_GIB`` comes from the node, ``KVGATE_ENGINE_VERSION`` from the tag.
   On a node annotated ``e2e.kvgate.io/engine-runtime: sglang-cpu`` it is the released SGLang of
-  that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``).
+  that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``). A node annotated
+  ``e2e.kvgate.io/engine-args: '["--flag", "value"]'`` appends those flags to every engine it
+  starts, last (SGLang keeps the last value): it stands for an engine image whose entrypoint adds
+  flags kvgate never passed, which admission cannot see and only the live gate can judge.
 * ``*/smg:<tag>`` (``ghcr.io/lightseekorg/smg``) → ``<venv>/bin/smg <args>``.
 * a repository whose last path segment ends with ``kvgate`` or ``kvgate-operator`` (the operator)
   → ``<venv>/bin/kvgate``; with no ``command`` the image's ENTRYPOINT ``kvgate operator`` is
@@ -24,6 +27,7 @@ network namespace, and ``0.0.0.0`` or ``127.0.0.1`` would collide across pods.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,7 @@ from kvgate_engine.launcher import image_version
 from kvgate_e2e.real_engine import RealEngineError, real_engine_command, uses_real_engine
 
 ENGINE_MODULE = "kvgate_engine.reference"
+ENGINE_ARGS_ANNOTATION = "e2e.kvgate.io/engine-args"
 SGLANG_ENTRY = ("-m", "sglang.launch_server")
 
 
@@ -175,6 +180,7 @@ def launch_for(
     full = [*command, *args]
     if kind == "engine":
         flags = rewrite_host(_strip_sglang_entry(full), pod_ip)
+        flags += node_engine_args(node_annotations or {})
         if node_annotations is not None and uses_real_engine(node_annotations):
             try:
                 real_argv, real_env = real_engine_command(
@@ -213,6 +219,23 @@ def launch_for(
             "kvgate) and the container has no command: set `command` to a local program"
         )
     return Launch(kind, tuple(full))
+
+
+def node_engine_args(node_annotations: Mapping[str, str]) -> list[str]:
+    """The flags the node's ``e2e.kvgate.io/engine-args`` annotation adds to every engine."""
+    raw = node_annotations.get(ENGINE_ARGS_ANNOTATION)
+    if raw is None:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise ImageError(
+            f"node annotation {ENGINE_ARGS_ANNOTATION}={raw!r}: expected a JSON list of "
+            'strings, e.g. ["--context-length", "131072"]'
+        )
+    return list(value)
 
 
 def _format_gib(value: float) -> str:

@@ -5,6 +5,7 @@ No cluster needed; these run in well under a second.
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,37 @@ def test_engine_without_host_flag_gets_the_pod_ip_and_latest_tag_sets_no_version
     )
     assert launch.argv[3:] == ("--model-path", "m", "--host=198.18.1.8")
     assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "40.5"}
+
+
+def test_a_node_annotation_appends_flags_to_every_engine_it_starts_and_to_nothing_else() -> None:
+    node = {"e2e.kvgate.io/engine-args": '["--context-length", "131072"]'}
+    launch = functools.partial(
+        launch_for, pod_ip="198.18.1.7", python="py", venv_bin="/v", gpu_memory_gib=80.0
+    )
+    engine = launch(
+        "lmsysorg/sglang:v0.5.23",
+        [],
+        ["--context-length", "2048", "--port", "30000"],
+        node_annotations=node,
+    )
+    assert engine.argv[3:] == (
+        *("--context-length", "2048", "--port", "30000", "--host", "198.18.1.7"),
+        *("--context-length", "131072"),
+    )
+    router = launch(
+        "ghcr.io/lightseekorg/smg:1.13.0",
+        ["smg", "launch"],
+        ["--port", "8000"],
+        node_annotations=node,
+    )
+    assert "131072" not in router.argv
+    with pytest.raises(ImageError, match="JSON list of strings"):
+        launch(
+            "lmsysorg/sglang:v0.5.23",
+            [],
+            [],
+            node_annotations={"e2e.kvgate.io/engine-args": "--context-length 131072"},
+        )
 
 
 def test_engine_run_by_another_python_module_is_refused_with_the_way_out() -> None:
