@@ -38,6 +38,7 @@ from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster, ClusterConfig
 from kvgate_e2e.kubelet import KubeletThread
 from kvgate_e2e.lws import LwsController
+from kvgate_e2e.pki import ADMIN_USER
 from kvgate_e2e.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,6 +103,10 @@ def chart_values(config: WorldConfig) -> dict[str, Any]:
     }
     if config.leaderworkerset:
         values["leaderWorkerSet"] = {"enabled": True}
+        # The LeaderWorkerSet controller runs here as the cluster admin (kvgate_e2e.lws), not as
+        # its release's ServiceAccount: the admission policy must let that user write the
+        # groups' StatefulSets.
+        values["admissionPolicy"] = {"leaderWorkerSetControllers": [ADMIN_USER]}
     return _deep_merge(values, config.helm_values)
 
 

@@ -34,6 +34,13 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     Tests must not leave cluster-scoped objects behind and must restore the release if they
     change it (see test_helm_install.py).
 
+``lws`` (module scope)
+    The session ``world`` with LeaderWorkerSet running (CRDs, webhooks, controller:
+    ``kvgate_e2e.lws``) and kvgate upgraded with ``leaderWorkerSet.enabled=true``, from the first
+    test of the module that asks for it to the module's end; then both are undone (after the
+    namespaces that ran groups are gone), so later modules see the world they always saw. Put a
+    module's tests that need it last.
+
 A test that fails prints the operator's log tail (``world.operator_log()``).
 """
 
@@ -47,6 +54,7 @@ from collections.abc import Iterator
 
 import pytest
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
+from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.world import World
 
@@ -83,6 +91,29 @@ def world() -> Iterator[World]:
         print(
             f"\nMEASURED test namespaces gone {time.monotonic() - started:.1f}s after the last test"
         )
+
+
+@pytest.fixture(scope="module")
+def lws(world: World) -> Iterator[World]:
+    """LeaderWorkerSet in the session world for this module's remaining tests, and kvgate
+    upgraded with ``leaderWorkerSet.enabled=true``; both undone afterwards (the namespaces that
+    ran groups are waited for first), so later modules see the world they always saw."""
+    if controller_binary() is None:
+        pytest.fail(
+            "the LeaderWorkerSet controller is not built: run e2e/controlplane/build-lws.sh"
+        )
+    started = time.monotonic()
+    world.enable_leaderworkerset()
+    took = time.monotonic() - started
+    print(f"\nMEASURED LeaderWorkerSet started and kvgate upgraded in {took:.1f}s")
+    try:
+        yield world
+    finally:
+        world.wait_namespaces_deleted()
+        started = time.monotonic()
+        world.disable_leaderworkerset()
+        took = time.monotonic() - started
+        print(f"MEASURED LeaderWorkerSet uninstalled and kvgate upgraded back in {took:.1f}s")
 
 
 @pytest.fixture

@@ -14,135 +14,24 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_attack_pods.py -v -s`` (root).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import yaml
+from attack_helpers import (
+    MD,
+    assert_bound_and_type_checked,
+    assert_denied,
+    copy_of,
+    serve,
+    under_attack,
+)
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
-    World,
-    is_ready,
-    known_answer_body,
-    output_ids,
-    ready_endpoints,
-)
-from scenario_helpers import (
-    GATE,
-    Tenant,
-    TrafficLoop,
-    deadline_loop,
-    make_tenant,
-    md_condition,
-    sample_md,
-)
+from kvgate_e2e.world import World, is_ready, ready_endpoints
+from scenario_helpers import deadline_loop, make_tenant
 
 pytestmark = pytest.mark.e2e
 
-MD = "llama"
-MODEL = "llama-3.1-8b"
-POLICY = "kvgate-kvgate-system"  # kvgate.clusterName of the e2e release: <fullname>-<namespace>
 NOWHERE = {"kvgate.io/pool": "nowhere"}  # a tenant pod that is never scheduled
-
-
-# --------------------------------------------------------------------------------- the target
-@dataclass(frozen=True)
-class Serving:
-    """A Ready ModelDeployment the tenant applied, and its serving revision's pods."""
-
-    tenant: Tenant
-    revision: str
-    prefill: dict[str, Any]
-    decode: dict[str, Any]
-    router: dict[str, Any]
-
-
-def known_answer(world: World, namespace: str) -> tuple[bool, str]:
-    code, answer = world.router_request(MD, known_answer_body(MODEL), namespace, timeout=30)
-    ids = output_ids(answer)
-    return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:160]}"
-
-
-def serve(world: World, namespace: str) -> Serving:
-    tenant = make_tenant(world, namespace)
-    # `edit` covers ModelDeployments through the chart's aggregated ClusterRoles.
-    applied = tenant.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample_md(MD)))
-    assert applied.returncode == 0, applied.stderr
-    deadline_loop(
-        f"ModelDeployment {MD} to be Ready",
-        lambda: (c := md_condition(world, MD, namespace, "Ready")) and c["status"] == "True",
-        240,
-    )
-    md = world.get_md(MD, namespace)
-    assert md is not None
-    revision = md["status"]["servingRevision"]
-
-    def pod(role: str) -> dict[str, Any]:
-        selector = f"kvgate.io/deployment={MD},kvgate.io/revision={revision},kvgate.io/role={role}"
-        (found,) = world.list("pods", namespace, selector)
-        return found
-
-    deadline_loop(
-        "a known-answer request through the Service", lambda: known_answer(world, namespace)[0], 60
-    )
-    return Serving(tenant, revision, pod("prefill"), pod("decode"), pod("router"))
-
-
-@contextmanager
-def under_attack(world: World, namespace: str, name: str) -> Iterator[TrafficLoop]:
-    """The invariant sampler and known-answer traffic through the ``<md>`` Service around an
-    attack; afterwards every request must have been answered right."""
-    with (
-        InvariantSampler(world.cluster, namespace, name=name),
-        TrafficLoop(lambda: known_answer(world, namespace)) as traffic,
-    ):
-        yield traffic
-    print(f"MEASURED {name}: {len(traffic.results)} known-answer requests during the attack")
-    assert traffic.results, "no request was sent during the attack"
-    assert traffic.failures == [], traffic.failures[:5]
-
-
-def assert_denied(result: Any, policy: str, *phrases: str) -> str:
-    """kubectl failed because the named kvgate ValidatingAdmissionPolicy denied the request, and
-    its message says each of ``phrases``."""
-    err = str(result.stderr)
-    assert result.returncode != 0, f"the API server admitted it:\n{result.stdout}"
-    assert f"ValidatingAdmissionPolicy '{POLICY}-{policy}'" in err, err
-    for phrase in phrases:
-        assert phrase in err, f"{phrase!r} not in: {err}"
-    print(f"DENIED ({policy}): {err.strip()}")
-    return err
-
-
-def copy_of(pod: dict[str, Any], name: str, *, gate: bool, **metadata: Any) -> dict[str, Any]:
-    """A tenant's pod copied from a live one: same labels, annotations and containers."""
-    spec = {
-        k: v
-        for k, v in pod["spec"].items()
-        if k
-        in (
-            "containers",
-            "nodeSelector",
-            "securityContext",
-            "volumes",
-            "automountServiceAccountToken",
-            "serviceAccountName",
-            "terminationGracePeriodSeconds",
-        )
-    }
-    if gate:
-        spec["readinessGates"] = [{"conditionType": GATE}]
-    labels = {k: v for k, v in pod["metadata"]["labels"].items() if k != "pod-template-hash"}
-    meta = {
-        "name": name,
-        "labels": labels,
-        "annotations": pod["metadata"].get("annotations") or {},
-        **metadata,
-    }
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def revision_pods(world: World, namespace: str, revision: str) -> list[str]:
@@ -459,28 +348,12 @@ def test_scaling_a_kvgate_deployment_is_admitted_and_the_operator_scales_it_back
 
 
 def test_admission_policies_are_installed_bound_and_type_check_cleanly(world: World) -> None:
-    """The chart's three policies and bindings exist, and the API server's type checking of
-    their CEL against the Pod, Deployment, ... schemas found nothing to warn about."""
-    names = [f"{POLICY}-{p}" for p in ("pod-creation", "pod-metadata", "managed-objects")]
-    for name in names:
-        policy = world.get("validatingadmissionpolicy", name)
-        assert policy is not None, name
-        deadline_loop(
-            f"the API server to type-check {name}",
-            lambda name=name: (
-                (world.get("validatingadmissionpolicy", name) or {})
-                .get("status", {})
-                .get("typeChecking")
-                is not None
-            ),
-            30,
-        )
-        checked = world.get("validatingadmissionpolicy", name)
-        assert checked is not None
-        warnings = checked["status"]["typeChecking"].get("expressionWarnings") or []
-        assert warnings == [], json.dumps(warnings, indent=1)
-        binding = world.get("validatingadmissionpolicybinding", name)
-        assert binding is not None and binding["spec"]["validationActions"] == ["Deny"]
+    """The chart's three pod and object policies and their bindings exist, and the API server's
+    type checking of their CEL against the Pod, Deployment, ... schemas found nothing to warn
+    about (the address and key policies: test_attack_tenant_addresses.py)."""
+    for policy in ("pod-creation", "pod-metadata", "managed-objects"):
+        binding = assert_bound_and_type_checked(world, policy)
+        assert binding["spec"]["validationActions"] == ["Deny"]
 
 
 def test_the_edit_role_cannot_write_what_the_gate_relies_on(world: World, namespace: str) -> None:

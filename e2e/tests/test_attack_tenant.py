@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from attack_helpers import admitted, policy_lifted
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,
@@ -51,28 +50,8 @@ def wait_ready(world: World, name: str, ns: str, timeout: float = 180) -> None:
     )
 
 
-POD_METADATA_BINDING = "kvgate-kvgate-system-pod-metadata"  # the chart's VAP binding
-
-
-@contextmanager
-def policy_lifted(world: World, binding: str) -> Iterator[None]:
-    """Delete one ValidatingAdmissionPolicyBinding for the duration, then put it back as it was
-    (and wait until the API server enforces it again)."""
-    saved = world.get("validatingadmissionpolicybinding", binding, None)
-    assert saved is not None, f"no ValidatingAdmissionPolicyBinding {binding}"
-    world.kubectl("delete", "validatingadmissionpolicybinding", binding)
-    try:
-        yield
-    finally:
-        meta = saved["metadata"]
-        saved["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
-        world.apply(saved)
-
-
-def _admitted(proc: Any) -> bool | None:
-    if proc.returncode == 0:
-        return True
-    raise AssertionError(proc.stderr.strip())  # deadline_loop reports the last one
+POD_METADATA_BINDING = "kvgate-kvgate-system-pod-metadata"  # the chart's VAP bindings
+SECRET_DELETION_BINDING = "kvgate-kvgate-system-secret-deletion"
 
 
 def rogue_engine(ns: str) -> dict[str, Any]:
@@ -202,7 +181,7 @@ def test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine(
                 )  # fmt: skip
                 deadline_loop(
                     "the annotation to be admitted with the policy lifted",
-                    lambda annotate=annotate: _admitted(world.kubectl(*annotate, check=False)),
+                    lambda annotate=annotate: admitted(world.kubectl(*annotate, check=False)),
                     30,
                 )
         # Several re-verification periods (2 s in the e2e world): the gate never turns True.
@@ -271,12 +250,14 @@ TENANT_KEY = "the-tenants-own-router-key"
 def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key(
     world: World, namespace: str
 ) -> None:
-    """Deleting kvgate's objects is allowed (the operator recreates them), and a Secret without
-    kvgate's label or owner is the tenant's own to create. So a namespace editor can delete
-    Secret <md>-router-control, create their own under that name and restart the routers:
-    smg reads its worker-API key from that Secret when it starts, so a router on it would let
-    the tenant add engines kvgate never verified. kvgate runs no router on it (Conflict, routers
-    at 0) and, once the name is free again, recreates its own Secret and serves again."""
+    """A Secret without kvgate's label or owner is the tenant's own to create. Where a tenant
+    may delete Secret <md>-router-control (a cluster without the chart's secret-deletion policy,
+    whose binding is lifted here for that one delete; with it, the delete is denied:
+    test_attack_tenant_addresses.py), they can create their own under that name and restart the
+    routers: smg reads its worker-API key from that Secret when it starts, so a router on it
+    would let the tenant add engines kvgate never verified. kvgate runs no router on it
+    (Conflict, routers at 0) and, once the name is free again, recreates its own Secret and
+    serves again."""
     ns, md = namespace, "rekeyed"
     secret = f"{md}-router-control"
     routers = f"kvgate.io/deployment={md},kvgate.io/component=router"
@@ -284,7 +265,12 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
     wait_ready(world, md, ns)
     tenant = make_tenant(world, ns)
     with InvariantSampler(world.cluster, ns, name="router-key-secret") as sampler:
-        assert tenant.kubectl("delete", "secret", secret).returncode == 0
+        with policy_lifted(world, SECRET_DELETION_BINDING):
+            deadline_loop(
+                "the tenant's delete to be admitted with the policy lifted",
+                lambda: admitted(tenant.kubectl("delete", "secret", secret)),
+                30,
+            )
         mine = {
             "apiVersion": "v1",
             "kind": "Secret",

@@ -29,13 +29,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.sampler import InvariantSampler, live_workers, routable_addresses
 from kvgate_e2e.world import (
     BIG_POOL,
@@ -131,29 +129,6 @@ def wait_served(world: World, ns: str, name: str, timeout: float = 300) -> dict[
         "a known-answer request through smg", lambda: known_answer(world, ns, name)[0], 90
     )
     return md
-
-
-@pytest.fixture(scope="module")
-def lws(world: World) -> Iterator[World]:
-    """LeaderWorkerSet in the session world for this module's remaining tests, and kvgate
-    upgraded with ``leaderWorkerSet.enabled=true``; both undone afterwards (the namespaces that
-    ran groups are waited for first), so later modules see the world they always saw."""
-    if controller_binary() is None:
-        pytest.fail(
-            "the LeaderWorkerSet controller is not built: run e2e/controlplane/build-lws.sh"
-        )
-    started = time.monotonic()
-    world.enable_leaderworkerset()
-    took = time.monotonic() - started
-    print(f"\nMEASURED LeaderWorkerSet started and kvgate upgraded in {took:.1f}s")
-    try:
-        yield world
-    finally:
-        world.wait_namespaces_deleted()
-        started = time.monotonic()
-        world.disable_leaderworkerset()
-        took = time.monotonic() - started
-        print(f"MEASURED LeaderWorkerSet uninstalled and kvgate upgraded back in {took:.1f}s")
 
 
 # --------------------------------------------------------------------------------- 1

@@ -1,6 +1,8 @@
 """Multi-node engines in the chart: the operator may manage LeaderWorkerSets (and read the
 StatefulSets of their controller chains) only when leaderWorkerSet.enabled; by default it may not
-touch either, cluster-wide or per watched namespace."""
+touch either, cluster-wide or per watched namespace. With it, the admission policies admit the
+groups' StatefulSet pods (gated leaders and workers only) and let the LeaderWorkerSet controller
+write kvgate's StatefulSets."""
 
 from __future__ import annotations
 
@@ -69,13 +71,17 @@ def test_gpus_per_node_outside_one_to_sixteen_fails_the_install(helm: Helm, valu
     assert result.returncode != 0 and "gpusPerNode" in result.stderr
 
 
-def _pod_creation(rendered: Any) -> dict[str, Any]:
+def _policy(rendered: Any, suffix: str) -> dict[str, Any]:
     (policy,) = [
         p
         for p in rendered.all("ValidatingAdmissionPolicy")
-        if p["metadata"]["name"].endswith("-pod-creation")
+        if p["metadata"]["name"].endswith(f"-{suffix}")
     ]
     return dict(policy)
+
+
+def _pod_creation(rendered: Any) -> dict[str, Any]:
+    return _policy(rendered, "pod-creation")
 
 
 def test_with_leader_worker_sets_the_pod_creation_policy_admits_the_groups_pods(
@@ -104,6 +110,8 @@ def test_with_leader_worker_sets_the_pod_creation_policy_admits_the_groups_pods(
         '"system:kube-controller-manager"]'
     )
     assert checks[3] == "variables.controlledByStatefulSet || " + off_checks[2]
+    # what a StatefulSet's pod may be: test_..._never_a_router
+    assert len(checks) == 5 and len(off_checks) == 3
     # and with LWS off nothing changed
     assert off_checks[:2] == [
         "variables.router || variables.gated",
@@ -124,3 +132,58 @@ def test_stateful_set_pod_creators_come_from_values(helm: Helm) -> None:
     )
     result = helm.template_result("admissionPolicy.statefulSetPodCreators=null")
     assert result.returncode != 0 and "statefulSetPodCreators" in result.stderr
+
+
+def test_with_leader_worker_sets_a_stateful_sets_pod_must_be_a_gated_engine_or_a_worker(
+    helm: Helm,
+) -> None:
+    """The StatefulSet controller creates the pods of any StatefulSet: without this rule a
+    StatefulSet-controlled pod labelled as a serving revision's router (routers carry no gate)
+    passed every check, and the <md> Service selected it. Routers come only from ReplicaSets."""
+    on = _pod_creation(helm.template("leaderWorkerSet.enabled=true"))
+    variables = {v["name"]: v["expression"] for v in on["spec"]["variables"]}
+    assert variables["component"] == (
+        "'kvgate.io/component' in variables.labels ? variables.labels['kvgate.io/component'] : ''"
+    )
+    rule = on["spec"]["validations"][-1]
+    assert rule["expression"] == (
+        "!variables.controlledByStatefulSet || variables.groupWorker || "
+        "(variables.component == 'engine' && variables.gated)"
+    )
+    assert rule["reason"] == "Forbidden"
+    message = rule["messageExpression"]
+    assert "is controlled by a StatefulSet and labelled" in message
+    assert "routers come only from the ReplicaSets" in message
+    off = _pod_creation(helm.template())
+    assert "component" not in {v["name"] for v in off["spec"]["variables"]}
+
+
+def test_the_leader_worker_set_controller_may_write_only_stateful_sets_and_only_when_enabled(
+    helm: Helm,
+) -> None:
+    """The LeaderWorkerSet controller creates each group's leader and worker StatefulSets from
+    kvgate's LeaderWorkerSet, whose templates carry kvgate's labels; nothing else of kvgate's."""
+    off = _policy(helm.template(), "managed-objects")
+    (off_check,) = off["spec"]["validations"]
+    on = _policy(helm.template("leaderWorkerSet.enabled=true"), "managed-objects")
+    (check,) = on["spec"]["validations"]
+    assert check["expression"] == (
+        off_check["expression"] + " || (request.resource.group == 'apps' && "
+        "request.resource.resource == 'statefulsets' && request.userInfo.username in "
+        '["system:serviceaccount:lws-system:lws-controller-manager"])'
+    )
+    assert "for StatefulSets also the LeaderWorkerSet controller" in check["messageExpression"]
+    assert "LeaderWorkerSet controller" not in off_check["messageExpression"]
+
+
+def test_leader_worker_set_controllers_come_from_values(helm: Helm) -> None:
+    on = _policy(
+        helm.template(
+            "leaderWorkerSet.enabled=true",
+            "admissionPolicy.leaderWorkerSetControllers={system:serviceaccount:lws:lws-manager}",
+        ),
+        "managed-objects",
+    )
+    (check,) = on["spec"]["validations"]
+    assert '["system:serviceaccount:lws:lws-manager"]' in check["expression"]
+    assert "lws-system:lws-controller-manager" not in check["expression"]

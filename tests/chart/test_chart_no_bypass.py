@@ -1,7 +1,9 @@
-"""The chart's cluster-side protections (issue 11 items 3 and 7), as `helm template` renders them:
-the ValidatingAdmissionPolicies and their bindings, the ModelDeployment roles aggregated into
+"""The chart's cluster-side protections, as `helm template` renders them: the
+ValidatingAdmissionPolicies and their bindings, the ModelDeployment roles aggregated into
 `edit`/`view`, and the identity the operator gives its NetworkPolicies. What the policies deny is
-proven on the real API server in e2e/tests/test_attack_pods.py."""
+proven on the real API server in e2e/tests/test_attack_pods.py and
+e2e/tests/test_attack_tenant_addresses.py (no CEL is evaluated here: these tests pin what the
+chart renders and which values reach it)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,16 @@ from helm_runner import CHART, Helm, Rendered
 
 NAMESPACE = "kvgate-system"
 PREFIX = f"kvgate-{NAMESPACE}"  # kvgate.clusterName
-POLICIES = ("pod-creation", "pod-metadata", "managed-objects")
+POLICIES = (
+    "pod-creation",
+    "pod-metadata",
+    "managed-objects",
+    "secret-deletion",
+    "service-external-ips",
+)
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:kvgate"
+EXTERNAL_IPS = f"{PREFIX}-service-external-ips"
+SECRET_DELETION = f"{PREFIX}-secret-deletion"
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +94,7 @@ def test_managed_objects_are_the_operators_and_the_controllers_and_deletes_stay_
     assert {op for r in rules for op in r["operations"]} == {"CREATE", "UPDATE"}
     assert sorted(res for r in rules for res in r["resources"]) == [
         "deployments",
+        "leaderworkersets",
         "networkpolicies",
         "replicasets",
         "rolebindings",
@@ -91,10 +102,39 @@ def test_managed_objects_are_the_operators_and_the_controllers_and_deletes_stay_
         "secrets",
         "serviceaccounts",
         "services",
+        "statefulsets",
     ]
     (validation,) = policy["spec"]["validations"]
     assert f'request.userInfo.username == "{OPERATOR}"' in validation["expression"]
     assert "system:serviceaccount:kube-system:generic-garbage-collector" in validation["expression"]
+    # Without leaderWorkerSet.enabled the LeaderWorkerSet controller writes none of them.
+    assert "lws-controller-manager" not in _expressions(policy)
+
+
+def test_managed_objects_cover_stateful_sets_and_leader_worker_sets_and_read_their_templates(
+    default: Rendered,
+) -> None:
+    """A tenant's StatefulSet (or LeaderWorkerSet) whose pod template carries a serving
+    revision's router labels would have its pods created by the StatefulSet controller, which
+    the pod policy trusts with leaderWorkerSet.enabled: the sets themselves are kvgate's when
+    their templates carry kvgate.io/* labels. Covered whether or not LeaderWorkerSet is on."""
+    policy = default.one("ValidatingAdmissionPolicy", f"{PREFIX}-managed-objects")
+    rules = {
+        (group, resource): r
+        for r in policy["spec"]["matchConstraints"]["resourceRules"]
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+    }
+    assert rules[("apps", "statefulsets")]["apiVersions"] == ["v1"]
+    lws = rules[("leaderworkerset.x-k8s.io", "leaderworkersets")]
+    assert lws["apiVersions"] == ["v1"] and lws["operations"] == ["CREATE", "UPDATE"]
+    (condition,) = policy["spec"]["matchConditions"]
+    text = condition["expression"]
+    assert "request.kind.group == 'apps' && has(o.spec.template)" in text
+    assert "request.kind.group == 'leaderworkerset.x-k8s.io'" in text
+    for template in ("leaderTemplate", "workerTemplate"):
+        assert f"k in o.spec.leaderWorkerTemplate.{template}.metadata.labels" in text
+        assert f"has(o.spec.leaderWorkerTemplate.{template}.metadata.labels)" in text
 
 
 def test_identities_come_from_values_and_bindings_follow_watched_namespaces(helm: Helm) -> None:
@@ -107,11 +147,138 @@ def test_identities_come_from_values_and_bindings_follow_watched_namespaces(helm
     assert "system:openshift:controller:replicaset-controller" in _expressions(creation)
     managed = rendered.one("ValidatingAdmissionPolicy", f"{PREFIX}-managed-objects")
     assert f"system:serviceaccount:{NAMESPACE}:kvgate-operator" in _expressions(managed)
-    for binding in rendered.all("ValidatingAdmissionPolicyBinding"):
+    deletion = rendered.one("ValidatingAdmissionPolicy", SECRET_DELETION)
+    assert f"system:serviceaccount:{NAMESPACE}:kvgate-operator" in _expressions(deletion)
+    bindings = {b["metadata"]["name"]: b for b in rendered.all("ValidatingAdmissionPolicyBinding")}
+    assert EXTERNAL_IPS in bindings
+    for name, binding in bindings.items():
+        if name == EXTERNAL_IPS:
+            continue  # node-global: test_the_external_ips_binding_stays_cluster_wide_...
         selector = binding["spec"]["matchResources"]["namespaceSelector"]
         assert selector["matchExpressions"] == [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
         ]
+
+
+def test_services_with_external_ips_are_denied_in_every_namespace_by_default(
+    default: Rendered,
+) -> None:
+    """CVE-2020-8554: a Service whose spec.externalIPs name a kvgate Service's ClusterIP or a
+    verified engine pod's IP takes their traffic on every node (kube-proxy)."""
+    policy = default.one("ValidatingAdmissionPolicy", EXTERNAL_IPS)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["services"],
+        }
+    ]
+    conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
+    assert conditions == {
+        "has-external-ips": "has(object.spec.externalIPs) && size(object.spec.externalIPs) > 0",
+        # An unchanged spec passes (finalizers, owner references, labels): a Service that had
+        # external IPs before the policy can still be garbage-collected and deleted.
+        "creates-or-changes-the-spec": (
+            "request.operation == 'CREATE' || oldObject == null || object.spec != oldObject.spec"
+        ),
+    }
+    (validation,) = spec["validations"]
+    assert validation["expression"] == (
+        "request.namespace in [] || request.userInfo.username in []"
+    )
+    message = validation["messageExpression"]
+    for phrase in (
+        "spec.externalIPs (",
+        "object.spec.externalIPs.join(', ')",
+        "CVE-2020-8554",
+        "LoadBalancer or NodePort Service",
+        "admissionPolicy.externalIPs.allowedNamespaces",
+        "admissionPolicy.externalIPs.allowedUsers",
+    ):
+        assert phrase in message, phrase
+    binding = default.one("ValidatingAdmissionPolicyBinding", EXTERNAL_IPS)
+    assert binding["spec"] == {"policyName": EXTERNAL_IPS, "validationActions": ["Deny"]}
+
+
+def test_the_external_ips_binding_stays_cluster_wide_when_watch_namespaces_restricts_the_others(
+    helm: Helm,
+) -> None:
+    """kube-proxy's rules are node-global: a Service in a namespace kvgate does not watch can
+    take over the addresses of the namespaces it does."""
+    rendered = helm.template("watchNamespaces={team-a}")
+    binding = rendered.one("ValidatingAdmissionPolicyBinding", EXTERNAL_IPS)
+    assert "matchResources" not in binding["spec"]
+    others = rendered.one("ValidatingAdmissionPolicyBinding", f"{PREFIX}-pod-creation")
+    assert "matchResources" in others["spec"]
+
+
+def test_external_ips_exemptions_come_from_values_and_the_policy_can_be_left_out(
+    helm: Helm,
+) -> None:
+    rendered = helm.template(
+        "admissionPolicy.externalIPs.allowedNamespaces={edge,ingress-system}",
+        "admissionPolicy.externalIPs.allowedUsers={system:serviceaccount:gitops:applier}",
+    )
+    (validation,) = rendered.one("ValidatingAdmissionPolicy", EXTERNAL_IPS)["spec"]["validations"]
+    assert validation["expression"] == (
+        'request.namespace in ["edge","ingress-system"] || '
+        'request.userInfo.username in ["system:serviceaccount:gitops:applier"]'
+    )
+    # Where the API server runs DenyServiceExternalIPs, or another release installs it.
+    off = helm.template("admissionPolicy.externalIPs.enabled=false")
+    names = {p["metadata"]["name"] for p in off.all("ValidatingAdmissionPolicy")}
+    assert EXTERNAL_IPS not in names and len(names) == len(POLICIES) - 1
+    assert EXTERNAL_IPS not in {
+        b["metadata"]["name"] for b in off.all("ValidatingAdmissionPolicyBinding")
+    }
+
+
+def test_deleting_a_secret_a_model_deployment_owns_is_left_to_the_operator_and_the_controllers(
+    default: Rendered,
+) -> None:
+    """Deleted and created again under its name, the router key Secret would put the next router
+    on a tenant's key. In a DELETE request the Secret is oldObject (object is null); the
+    namespace controller and the garbage collector must still delete it."""
+    policy = default.one("ValidatingAdmissionPolicy", SECRET_DELETION)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["DELETE"],
+            "resources": ["secrets"],
+        }
+    ]
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == (
+        "oldObject != null && has(oldObject.metadata.ownerReferences) && "
+        "oldObject.metadata.ownerReferences.exists(r, r.apiVersion.startsWith('kvgate.io/'))"
+    )
+    assert "object." not in _expressions(policy).replace("oldObject.", "")  # never the null one
+    (validation,) = spec["validations"]
+    assert validation["expression"] == (
+        f'request.userInfo.username == "{OPERATOR}" || request.userInfo.username in '
+        '["system:serviceaccount:kube-system:namespace-controller",'
+        '"system:serviceaccount:kube-system:generic-garbage-collector",'
+        '"system:kube-controller-manager"]'
+    )
+    assert "delete and re-apply the ModelDeployment" in validation["messageExpression"]
+    assert "admissionPolicy.secretDeleters" in validation["messageExpression"]
+
+
+def test_secret_deleters_come_from_values(helm: Helm) -> None:
+    rendered = helm.template(
+        "admissionPolicy.secretDeleters={system:openshift:controller:namespace-controller}"
+    )
+    (validation,) = rendered.one("ValidatingAdmissionPolicy", SECRET_DELETION)["spec"][
+        "validations"
+    ]
+    assert '["system:openshift:controller:namespace-controller"]' in validation["expression"]
+    assert "generic-garbage-collector" not in validation["expression"]
 
 
 def test_policies_can_be_turned_off(helm: Helm) -> None:
@@ -134,6 +301,22 @@ def test_a_cluster_without_the_policy_api_fails_with_the_way_out(helm: Helm) -> 
     [
         ("admissionPolicy.podCreators=null", "missing property 'podCreators'"),
         ("admissionPolicy.controllers[0]=has space", "'/admissionPolicy/controllers/0'"),
+        ("admissionPolicy.secretDeleters=null", "missing property 'secretDeleters'"),
+        ("admissionPolicy.secretDeleters[0]=has space", "'/admissionPolicy/secretDeleters/0'"),
+        (
+            "admissionPolicy.leaderWorkerSetControllers=null",
+            "missing property 'leaderWorkerSetControllers'",
+        ),
+        ("admissionPolicy.externalIPs.enabled=yes", "'/admissionPolicy/externalIPs/enabled'"),
+        (
+            "admissionPolicy.externalIPs.allowedNamespaces={Team_A}",
+            "'/admissionPolicy/externalIPs/allowedNamespaces/0'",
+        ),
+        (
+            "admissionPolicy.externalIPs.allowedUsers[0]=has space",
+            "'/admissionPolicy/externalIPs/allowedUsers/0'",
+        ),
+        ("admissionPolicy.externalIPs.allowedIPs={1.2.3.4}", "allowedIPs"),
         ("engineNetworkPolicies.enabled=yes", "'/engineNetworkPolicies/enabled'"),
         (
             "engineNetworkPolicies.routerEgress.allow=x",
