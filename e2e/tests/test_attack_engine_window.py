@@ -94,9 +94,18 @@ def test_engines_whose_own_window_outruns_the_pools_of_their_revision_never_take
             ready = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
             assert ready and ready[0]["status"] == "False", ready
 
+        refused = deadline_loop(
+            "the ModelDeployment to record the refused revision",
+            lambda: (m := world.get_md(MD, namespace)) and m["status"].get("refusedRevision") and m,
+            60,
+        )
+        assert refused["status"].get("servingRevision") is None, refused["status"]
+        verified = md_condition(world, MD, namespace, "EnginesVerified")
+        assert verified is not None and verified["reason"] == "ContextTooLong", verified
         ready = md_condition(world, MD, namespace, "Ready")
         assert ready is not None and ready["status"] == "False", ready
-        print(f"ModelDeployment Ready={ready['status']} {ready['reason']}: {ready['message']}")
-        assert "ContextTooLong" in json.dumps(world.get_md(MD, namespace))
+        assert ready["reason"] == "RolloutRefused", ready
+        print(f"ModelDeployment Ready=False {ready['reason']}: {ready['message']}")
+        assert f"{TOLD:,}" in ready["message"] or f"{TOLD:,}" in verified["message"], ready
     print(sampler.summary())
     assert sampler.violations == []
