@@ -308,3 +308,32 @@ def test_gemma3_context_comes_from_its_config_class_default_times_the_rope_facto
     # Without the model type kvgate knows no class default: SGLang's last resort, 2,048.
     anonymous = {**GEMMA3, "text_config": {**GEMMA3["text_config"], "model_type": "unknown"}}
     assert derive_context_length(anonymous) == 2_048
+
+
+UNIFIED_AND_MAMBA = ("--enable-unified-memory", "--max-mamba-cache-size")
+
+
+@pytest.mark.parametrize(
+    ("args", "algorithm", "draft", "unmodelled"),
+    [
+        (["--speculative-alg", "eagle"], "EAGLE", None, ()),
+        (["--speculative-draft-model", "d", "--speculative-algorithm=EAGLE3"], "EAGLE3", "d", ()),
+        (["--speculative-draft-model-p=d"], None, "d", ()),
+        (["--decode-context-parallel-size", "2"], None, None, ("--dcp-size",)),
+        (["--enable-unified", "--max-mamba-c=8"], None, None, UNIFIED_AND_MAMBA),
+        # "--speculative-" is a prefix of several: SGLang refuses it, it sets nothing
+        (["--speculative-", "EAGLE"], None, None, ()),
+    ],
+)
+def test_sizing_flags_are_read_as_sglang_reads_them_abbreviated_or_by_alias(
+    args: list[str], algorithm: str | None, draft: str | None, unmodelled: tuple[str, ...]
+) -> None:
+    flags = SizingFlags.from_args(args)
+    assert flags.speculative_algorithm == algorithm
+    assert flags.speculative_draft_model_path == draft
+    assert flags.unmodelled == unmodelled
+
+
+def test_dp_attention_is_read_with_its_size_by_alias() -> None:
+    flags = SizingFlags.from_args(["--enable-dp-attention", "--data-parallel-size=4"])
+    assert flags.attention_dp == 4

@@ -9,7 +9,10 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
   that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``). A node annotated
   ``e2e.kvgate.io/engine-args: '["--flag", "value"]'`` appends those flags to every engine it
   starts, last (SGLang keeps the last value): it stands for an engine image whose entrypoint adds
-  flags kvgate never passed, which admission cannot see and only the live gate can judge.
+  flags kvgate never passed, which admission cannot see and only the live gate can judge. A node
+  annotated ``e2e.kvgate.io/max-total-tokens: N`` appends ``--max-total-tokens N`` after those:
+  every engine it starts gets a KV pool of at most N tokens, as on a node with less free GPU
+  memory (``kvgate_e2e.kubelet_node.pool_cap``).
 * ``*/smg:<tag>`` (``ghcr.io/lightseekorg/smg``) → ``<venv>/bin/smg <args>``.
 * a repository whose last path segment ends with ``kvgate`` or ``kvgate-operator`` (the operator)
   → ``<venv>/bin/kvgate``; with no ``command`` the image's ENTRYPOINT ``kvgate operator`` is
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from kvgate_engine.launcher import image_version
 
+from kvgate_e2e.kubelet_node import pool_cap
 from kvgate_e2e.real_engine import RealEngineError, real_engine_command, uses_real_engine
 
 ENGINE_MODULE = "kvgate_engine.reference"
@@ -181,14 +185,11 @@ def launch_for(
     if kind == "engine":
         flags = rewrite_host(_strip_sglang_entry(full), pod_ip)
         flags += node_engine_args(node_annotations or {})
+        flags += node_pool_cap(node_annotations or {})
         if node_annotations is not None and uses_real_engine(node_annotations):
             try:
                 real_argv, real_env = real_engine_command(
-                    flags,
-                    image_version(image),
-                    python=python,
-                    pod_ip=pod_ip,
-                    node_annotations=node_annotations,
+                    flags, image_version(image), python=python, pod_ip=pod_ip
                 )
             except RealEngineError as exc:
                 raise ImageError(str(exc)) from exc
@@ -236,6 +237,15 @@ def node_engine_args(node_annotations: Mapping[str, str]) -> list[str]:
             'strings, e.g. ["--context-length", "131072"]'
         )
     return list(value)
+
+
+def node_pool_cap(node_annotations: Mapping[str, str]) -> list[str]:
+    """``--max-total-tokens N`` from the node's ``e2e.kvgate.io/max-total-tokens``, if set."""
+    try:
+        cap = pool_cap(node_annotations)
+    except ValueError as exc:
+        raise ImageError(str(exc)) from exc
+    return [] if cap is None else ["--max-total-tokens", str(cap)]
 
 
 def _format_gib(value: float) -> str:

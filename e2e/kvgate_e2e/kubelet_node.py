@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 POOL_LABEL = "kvgate.io/pool"
 GPU_MEMORY_KEY = "kvgate.io/gpu-memory-gib"
+# A node whose engines get a KV pool of at most N tokens (`--max-total-tokens N` appended by the
+# kubelet's image mapping, after every flag kvgate passed: SGLang keeps the last value). The
+# exact pool a scenario wants, from the node, where admission cannot see it: a node with less
+# free GPU memory is what it stands for. Only the cluster admin can annotate a node.
+MAX_TOTAL_TOKENS_ANNOTATION = "e2e.kvgate.io/max-total-tokens"
 GPU_RESOURCE = "nvidia.com/gpu"
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_SECONDS = 40
@@ -72,6 +78,20 @@ def parse_node_spec(text: str) -> NodeSpec:
         memory=values.get("memory", "512Gi"),
         pods=int(values.get("pods", "110")),
     )
+
+
+def pool_cap(node_annotations: Mapping[str, str]) -> int | None:
+    """The node's ``e2e.kvgate.io/max-total-tokens``, if set; a ValueError naming it when it is
+    not a positive number of tokens."""
+    cap = node_annotations.get(MAX_TOTAL_TOKENS_ANNOTATION)
+    if cap is None:
+        return None
+    if not cap.isdigit() or int(cap) <= 0:
+        raise ValueError(
+            f"node annotation {MAX_TOTAL_TOKENS_ANNOTATION}={cap!r}: expected a positive number "
+            "of tokens"
+        )
+    return int(cap)
 
 
 def format_gib(value: float) -> str:

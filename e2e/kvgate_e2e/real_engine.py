@@ -23,10 +23,12 @@ rewrite to the pod IP); this module adds only what SGLang needs to run on a CPU,
   research note (its machine had a network).
 
 The KV pool of a CPU engine is sized from host RAM, so the pool a test wants comes from the
-ModelDeployment's ``maxTotalTokens`` (``--max-total-tokens``). To restart an engine "on less
-memory" as the restart scenario does with GPU memory, a node annotation
-``e2e.kvgate.io/max-total-tokens: N`` makes the mapping append ``--max-total-tokens N`` (the last
-one wins in SGLang's parser): the real engine then really starts with a pool of N tokens.
+ModelDeployment's ``maxTotalTokens`` (``--max-total-tokens``). To run an engine "on less memory"
+(as the restart scenario does with GPU memory), a node annotation
+``e2e.kvgate.io/max-total-tokens: N`` (``kvgate_e2e.kubelet_node.MAX_TOTAL_TOKENS_ANNOTATION``)
+makes the kubelet's image mapping (``kvgate_e2e.kubelet_images``, for the reference engine too)
+append ``--max-total-tokens N`` (the last one wins in SGLang's parser): the real engine then
+really starts with a pool of N tokens.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from typing import Any
 
 RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
 SGLANG_CPU = "sglang-cpu"
-MAX_TOTAL_TOKENS_ANNOTATION = "e2e.kvgate.io/max-total-tokens"
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "install.sh"
@@ -155,21 +156,12 @@ def real_engine_command(
     *,
     python: str,
     pod_ip: str,
-    node_annotations: Mapping[str, str],
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """argv and extra environment of one engine container on a real-engine node (the flags are
-    the launcher's, ``--host`` already rewritten to the pod IP)."""
+    the launcher's, ``--host`` already rewritten to the pod IP, with what the node adds)."""
     env = sglang_cpu(version)
     role = flag_value(flags, "--disaggregation-mode")
     extra = [*CPU_FLAGS, *ROLE_FLAGS.get(role or "", ())]
-    cap = node_annotations.get(MAX_TOTAL_TOKENS_ANNOTATION)
-    if cap is not None:
-        if not cap.isdigit() or int(cap) <= 0:
-            raise RealEngineError(
-                f"node annotation {MAX_TOTAL_TOKENS_ANNOTATION}={cap!r}: expected a positive "
-                "number of tokens"
-            )
-        extra += ["--max-total-tokens", cap]
     argv = (python, "-m", "sglang.launch_server", *flags, *extra)
     return argv, {**env.env(role), "SGLANG_HOST_IP": pod_ip}
 

@@ -11,11 +11,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
+from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import routes_to_ip
 from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
@@ -48,6 +50,19 @@ def on_pool_without_estimate(md: dict[str, Any], pool: str) -> dict[str, Any]:
         md["spec"][role].pop("gpuMemoryGiB", None)
         md["spec"][role]["nodeSelector"] = {"kvgate.io/pool": pool}
     return md
+
+
+@contextmanager
+def node_pool_capped(world: World, node: str, tokens: int) -> Iterator[None]:
+    """Every engine ``node`` starts meanwhile, reference or real SGLang, gets a KV pool of at
+    most ``tokens``: the node's ``e2e.kvgate.io/max-total-tokens`` (kvgate_e2e.kubelet_node), a
+    node with less free GPU memory, which admission cannot see. Removed on the way out."""
+    annotation = f"{MAX_TOTAL_TOKENS_ANNOTATION}={tokens}"
+    world.kubectl("annotate", "node", node, annotation, "--overwrite")
+    try:
+        yield
+    finally:
+        world.kubectl("annotate", "node", node, f"{MAX_TOTAL_TOKENS_ANNOTATION}-", check=False)
 
 
 def get_md_table(world: World, namespace: str) -> str:

@@ -22,6 +22,7 @@ from kvgate_e2e.kubelet_images import (
 from kvgate_e2e.kubelet_mounts import keep_visible, order_mounts
 from kvgate_e2e.kubelet_node import (
     GPU_MEMORY_KEY,
+    MAX_TOTAL_TOKENS_ANNOTATION,
     NodeSpecError,
     gpu_memory_from_node,
     node_manifest,
@@ -296,6 +297,36 @@ def test_a_node_annotation_appends_flags_to_every_engine_it_starts_and_to_nothin
             [],
             [],
             node_annotations={"e2e.kvgate.io/engine-args": "--context-length 131072"},
+        )
+
+
+def test_a_node_pool_cap_gives_every_reference_engine_it_starts_a_pool_of_at_most_n() -> None:
+    """A node with less free GPU memory, for the reference engine as for the real SGLang: its
+    ``--max-total-tokens`` comes after kvgate's flags and the node's engine-args (SGLang and the
+    reference engine keep the last value), where admission cannot see it."""
+    launch = functools.partial(
+        launch_for, pod_ip="198.18.1.7", python="py", venv_bin="/v", gpu_memory_gib=24.0
+    )
+    node = {
+        MAX_TOTAL_TOKENS_ANNOTATION: "692",
+        "e2e.kvgate.io/engine-args": '["--max-total-tokens", "100000"]',
+    }
+    engine = launch(
+        "lmsysorg/sglang:latest",
+        ["python3", "-m", "sglang.launch_server"],
+        ["--max-total-tokens", "8192", "--port", "30000"],
+        node_annotations=node,
+    )
+    assert engine.argv[:3] == ("py", "-m", "kvgate_engine.reference")
+    assert engine.argv[-4:] == ("--max-total-tokens", "100000", "--max-total-tokens", "692")
+    router = launch("ghcr.io/lightseekorg/smg:1.13.0", ["smg", "launch"], [], node_annotations=node)
+    assert "692" not in router.argv
+    with pytest.raises(ImageError, match=MAX_TOTAL_TOKENS_ANNOTATION):
+        launch(
+            "lmsysorg/sglang:v0.5.23",
+            [],
+            [],
+            node_annotations={MAX_TOTAL_TOKENS_ANNOTATION: "0"},
         )
 
 

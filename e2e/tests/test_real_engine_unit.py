@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from kvgate_e2e import real_engine
 from kvgate_e2e.kubelet_images import ImageError, launch_for
+from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
-    MAX_TOTAL_TOKENS_ANNOTATION,
     RUNTIME_ANNOTATION,
     SGLANG_CPU,
     flag_value,
@@ -130,8 +130,11 @@ def test_other_nodes_keep_the_reference_engine(
 def test_a_node_pool_cap_appends_max_total_tokens_which_wins_as_the_last_flag(
     installed: Path,
 ) -> None:
-    got, _ = launch(launcher_argv("decode"), {**REAL, MAX_TOTAL_TOKENS_ANNOTATION: "2048"})
-    assert got[-2:] == ("--max-total-tokens", "2048")
+    argv = launcher_argv("decode")
+    got, _ = launch(argv, {**REAL, MAX_TOTAL_TOKENS_ANNOTATION: "2048"})
+    assert flag_value(argv, "--max-total-tokens") == "8192"  # kvgate's, from maxTotalTokens
+    # right after kvgate's flags, before the CPU flags
+    assert got[len(argv) : len(argv) + 2] == ("--max-total-tokens", "2048")
     assert flag_value(got, "--max-total-tokens") == "2048"
 
 

@@ -3,10 +3,12 @@ through the real SGLang gateway returns another request's canary; under kvgate t
 never take traffic and the same requests get no output and no canary.
 
 The model is tiny-llama (2,048-token context) so prompts stay cheap; the prefill's KV pool is
-capped at 692 tokens (``--max-total-tokens 692``), below the context, as the GLM prefill's
-681,280 was below 1,048,576. Request A carries a canary; request B is 800 tokens: longer than
-the prefill's ``max_req_input_len`` (686), shorter than the context, so it passes the tokenizer
-and fails only the scheduler.
+capped at 692 tokens, below the context, as the GLM prefill's 681,280 was below 1,048,576: by
+``--max-total-tokens 692`` in the bypassed deployment, and under kvgate by the small pool's node
+(``e2e.kvgate.io/max-total-tokens: 692``, a node whose free GPU memory holds only that much KV).
+Request A carries a canary; request B is 800 tokens: longer than the prefill's
+``max_req_input_len`` (686), shorter than the context, so it passes the tokenizer and fails only
+the scheduler.
 
 Both requests are STREAMED (``"stream": true``), as chat clients send them. SGLang commits a
 stream's 200 head before the scheduler runs, so the pre-fix prefill's rejection travels in-band
@@ -29,7 +31,7 @@ import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import POD_READY, WORKER, InvariantSampler, Obj
-from kvgate_e2e.world import World, http_json, is_ready
+from kvgate_e2e.world import SMALL_NODE, World, http_json, is_ready
 from kvgate_engine.verdict import Requirement
 from scenario_helpers import (
     GATE,
@@ -39,6 +41,7 @@ from scenario_helpers import (
     events,
     get_md_table,
     md_condition,
+    node_pool_capped,
     router_workers,
     stream_generate,
 )
@@ -232,10 +235,11 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
 
 # ------------------------------------------------------------------ the same engines under kvgate
 def kvgate_md(name: str) -> dict[str, Any]:
-    """tiny-llama behind kvgate on the small pool with the pre-fix behaviour and the prefill
-    pool below the context. Admission refuses the honest spelling of this (image v0.5.20, or
-    ``maxTotalTokens: 692``); here both are out of its sight (an unversioned image whose
-    engines emulate 0.5.20, the cap in ``engine.args``), so only the live gate stands."""
+    """tiny-llama behind kvgate on the small pool with the pre-fix behaviour, for engines whose
+    pool is below the context. Admission refuses the honest spelling of this (image v0.5.20, or
+    ``maxTotalTokens: 692``, or ``--max-total-tokens 692`` in ``engine.args``); here both are out
+    of its sight (an unversioned image whose engines emulate 0.5.20; the pool capped by the
+    node the engines run on, :func:`node_pool_capped`), so only the live gate stands."""
     role = {"replicas": 1, "nodeSelector": {"kvgate.io/pool": "small"}}
     return {
         "apiVersion": "kvgate.io/v1alpha1",
@@ -245,7 +249,6 @@ def kvgate_md(name: str) -> dict[str, Any]:
             "model": {"name": MODEL, "path": MODEL, "contextLength": CONTEXT},
             "engine": {
                 "image": "lmsysorg/sglang:latest",
-                "args": ["--max-total-tokens", str(PREFILL_POOL)],
                 "env": [{"name": "KVGATE_EMULATE_INCIDENT", "value": "1"}],
             },
             "prefill": role,
@@ -262,7 +265,10 @@ def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
 ) -> None:
     ns = namespace
     started = time.monotonic()
-    with InvariantSampler(world.cluster, ns, name="kvgate-incident"):
+    with (
+        node_pool_capped(world, SMALL_NODE, PREFILL_POOL),
+        InvariantSampler(world.cluster, ns, name="kvgate-incident"),
+    ):
         world.apply(kvgate_md("leaky"), namespace=ns)
 
         def refused() -> list[Any] | None:

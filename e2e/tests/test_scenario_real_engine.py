@@ -17,9 +17,11 @@ the invariant sampler; CPU SGLang takes about a minute to start, so each start i
    ``e2e.kvgate.io/max-total-tokens``, as the restart scenario shrinks GPU memory) loses
    verification and its traffic, with the real numbers in the condition and the Event;
 4. a second ModelDeployment whose engines run with a pool below the context: ``maxTotalTokens``
-   below ``contextLength`` is denied at admission with its numbers; the same cap through
-   ``engine.args`` reaches the real engines, which report the small pool, and kvgate refuses them
-   with the real numbers in the condition and the Event; they never appear in smg's workers.
+   below ``contextLength`` is denied at admission with its numbers, and so is the same cap in
+   ``engine.args``; the node's ``e2e.kvgate.io/max-total-tokens`` (a node with less free memory,
+   out of admission's sight) gives the real engines the small pool, they report it, and kvgate
+   refuses them with the real numbers in the condition and the Event; they never appear in smg's
+   workers.
 
 The safety settings the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts
 CUDA tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
@@ -49,9 +51,9 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
     DEFAULT_VERSION,
-    MAX_TOTAL_TOKENS_ANNOTATION,
     RUNTIME_ANNOTATION,
     SGLANG_CPU,
     TINY_CONTEXT,
@@ -71,6 +73,7 @@ from scenario_helpers import (
     engine_pods,
     events,
     md_condition,
+    node_pool_capped,
     routed,
     router_workers,
 )
@@ -388,49 +391,38 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
         return routed(world, ns, "real", ip)
 
     assert routed_here()
-    with InvariantSampler(world.cluster, ns, name="real-engine-restart"):
-        world.kubectl(
-            "annotate",
-            "node",
-            real.node,
-            f"{MAX_TOTAL_TOKENS_ANNOTATION}={SMALL_POOL}",
-            "--overwrite",
+    with (
+        InvariantSampler(world.cluster, ns, name="real-engine-restart"),
+        node_pool_capped(world, real.node, SMALL_POOL),
+    ):
+        restarted = time.monotonic()
+        world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
+        deadline_loop("the decode gate False", lambda: (g := gate()) and g["status"] == "False", 60)
+        gate_false = time.monotonic() - restarted
+        deadline_loop("smg to stop routing to the decode engine", lambda: not routed_here(), 60)
+        smg_stops = time.monotonic() - restarted
+        info = deadline_loop(
+            "the restarted real engine's /server_info with the small pool",
+            lambda: (i := server_info(url)) and i["max_total_num_tokens"] == SMALL_POOL and i,
+            START_TIMEOUT,
         )
+        pool_visible = time.monotonic() - restarted
+        lost = deadline_loop(
+            "the decode gate KvPoolTooSmall",
+            lambda: (g := gate()) and g["reason"] == "KvPoolTooSmall" and g,
+            60,
+        )
+        refused = time.monotonic() - restarted
+        # Traffic: the shrunk engine is out of the Service and of smg's workers.
+        live = world.get("pod", name, ns)
+        assert live is not None and not is_ready(live)
+        assert not routed_here()
         try:
-            restarted = time.monotonic()
-            world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
-            deadline_loop(
-                "the decode gate False", lambda: (g := gate()) and g["status"] == "False", 60
-            )
-            gate_false = time.monotonic() - restarted
-            deadline_loop("smg to stop routing to the decode engine", lambda: not routed_here(), 60)
-            smg_stops = time.monotonic() - restarted
-            info = deadline_loop(
-                "the restarted real engine's /server_info with the small pool",
-                lambda: (i := server_info(url)) and i["max_total_num_tokens"] == SMALL_POOL and i,
-                START_TIMEOUT,
-            )
-            pool_visible = time.monotonic() - restarted
-            lost = deadline_loop(
-                "the decode gate KvPoolTooSmall",
-                lambda: (g := gate()) and g["reason"] == "KvPoolTooSmall" and g,
-                60,
-            )
-            refused = time.monotonic() - restarted
-            # Traffic: the shrunk engine is out of the Service and of smg's workers.
-            live = world.get("pod", name, ns)
-            assert live is not None and not is_ready(live)
-            assert not routed_here()
-            try:
-                status_code, body = world.router_request("real", generate_body(), ns, timeout=60)
-            except OSError as exc:
-                status_code, body = 0, str(exc)
-            print(f"request through smg without a verified decode engine: {status_code} {body}")
-            assert status_code != 200, "a request was served without a verified decode engine"
-        finally:
-            world.kubectl(
-                "annotate", "node", real.node, f"{MAX_TOTAL_TOKENS_ANNOTATION}-", check=False
-            )
+            status_code, body = world.router_request("real", generate_body(), ns, timeout=60)
+        except OSError as exc:
+            status_code, body = 0, str(exc)
+        print(f"request through smg without a verified decode engine: {status_code} {body}")
+        assert status_code != 200, "a request was served without a verified decode engine"
     live = world.get("pod", name, ns)
     assert live is not None
     engine = next(c for c in live["status"]["containerStatuses"] if c["name"] == "engine")
@@ -488,13 +480,26 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
     assert denied.returncode != 0 and "denied the request" in denied.stderr
     assert f"spec.prefill.maxTotalTokens: {SMALL_POOL:,} <" in denied.stderr, denied.stderr
 
+    in_args = real_md("capped", real.model)
+    in_args["spec"]["engine"]["args"] = ["--max-total-tokens", str(SMALL_POOL)]
+    denied = world.kubectl(
+        "apply", f"--namespace={ns}", "-f", "-", input=yaml.safe_dump(in_args), check=False
+    )
+    print(denied.stderr)
+    assert denied.returncode != 0 and "denied the request" in denied.stderr
+    args_denial = f"spec.engine.args[0]: --max-total-tokens {SMALL_POOL}: SGLang reads it as"
+    assert args_denial in denied.stderr, denied.stderr
+    assert "spec.prefill.maxTotalTokens / spec.decode.maxTotalTokens" in denied.stderr
+
     small = real_md("small", real.model)
-    small["spec"]["engine"]["args"] = ["--max-total-tokens", str(SMALL_POOL)]
     # Keep the refused engines running so their own /server_info can be read after the refusal
     # (by default kvgate scales a refused revision to 0 to free its GPUs).
     small["spec"]["rollout"]["scaleDownRefused"] = False
     seen_workers: list[dict[str, Any]] = []
-    with InvariantSampler(world.cluster, ns, name="real-engine-small"):
+    with (
+        node_pool_capped(world, real.node, SMALL_POOL),
+        InvariantSampler(world.cluster, ns, name="real-engine-small"),
+    ):
         world.apply(small, ns)
         started = time.monotonic()
 

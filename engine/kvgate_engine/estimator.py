@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate_engine.flag_reader import last_uses
+
 GIB = 2**30
 
 # SGLang's CONTEXT_LENGTH_KEYS (utils/hf_transformers/common.py), in its order.
@@ -270,6 +272,34 @@ UNMODELLED_FLAGS = (
     "--dcp-size",
     "--max-mamba-cache-size",
 )
+# Every option string of the flags SizingFlags reads -> the flag it stands for (SGLang's aliases
+# included: tests/conformance/test_engine_args_spellings.py fails on one left out), and those of
+# them that take no value.
+SIZING_FLAGS: Mapping[str, str] = {
+    "--speculative-algorithm": "--speculative-algorithm",
+    "--speculative-draft-model-path": "--speculative-draft-model-path",
+    "--speculative-draft-model": "--speculative-draft-model-path",
+    "--swa-full-tokens-ratio": "--swa-full-tokens-ratio",
+    "--mamba-full-memory-ratio": "--mamba-full-memory-ratio",
+    "--disable-hybrid-swa-memory": "--disable-hybrid-swa-memory",
+    "--disable-radix-cache": "--disable-radix-cache",
+    "--max-running-requests": "--max-running-requests",
+    "--enable-dp-attention": "--enable-dp-attention",
+    "--dp-size": "--dp-size",
+    "--data-parallel-size": "--dp-size",
+    **{flag: flag for flag in UNMODELLED_FLAGS},
+    "--decode-context-parallel-size": "--dcp-size",
+}
+SIZING_SWITCHES = frozenset(
+    {
+        "--disable-hybrid-swa-memory",
+        "--disable-radix-cache",
+        "--enable-dp-attention",
+        "--enable-unified-memory",
+        "--enable-hisparse",
+        "--enable-kv-cache-sharding",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -288,23 +318,17 @@ class SizingFlags:
 
     @classmethod
     def from_args(cls, args: Sequence[str]) -> SizingFlags:
-        """Read the sizing flags out of extra ``sglang.launch_server`` arguments."""
-        values: dict[str, str | None] = {}
-        items = list(args)
-        for i, item in enumerate(items):
-            if not item.startswith("--"):
-                continue
-            name, eq, value = item.partition("=")
-            if eq:
-                values[name] = value
-            elif i + 1 < len(items) and not items[i + 1].startswith("--"):
-                values[name] = items[i + 1]
-            else:
-                values[name] = None
+        """Read the sizing flags out of extra ``sglang.launch_server`` arguments, the way
+        SGLang's parser reads them (:mod:`kvgate_engine.flag_reader`: abbreviations, ``=``,
+        aliases; the last value wins)."""
+        values: dict[str, str | None] = {
+            SIZING_FLAGS[flag]: use.value
+            for flag, use in last_uses(args, SIZING_FLAGS, SIZING_SWITCHES).items()
+        }
         unmodelled = tuple(flag for flag in UNMODELLED_FLAGS if flag in values)
         dp = 1
         if "--enable-dp-attention" in values:
-            raw_dp = values.get("--dp-size") or values.get("--dp")
+            raw_dp = values.get("--dp-size")
             dp = int(raw_dp) if raw_dp and raw_dp.isdigit() else 0
         algorithm = values.get("--speculative-algorithm")
         return cls(

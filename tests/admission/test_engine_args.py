@@ -24,7 +24,7 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "--data-parallel-size=2 alias",
         {"spec.engine.args": ["--data-parallel-size=2"]},
         "spec.engine.args[0]",
-        ["--data-parallel-size 2", "spec.decode.replicas"],
+        ["--data-parallel-size=2", "alias of --dp-size", "spec.decode.replicas"],
     ),
     (
         "--enable-dp-attention (sglang parallel_hook.handle_deprecated_dp_attention)",
@@ -42,7 +42,7 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "an abbreviation of --attn-dp-size",
         {"spec.engine.args": ["--attn-dp", "8"]},
         "spec.engine.args[0]",
-        ["a prefix of --attn-dp-size"],
+        ["--attn-dp 8", "reads it as --attn-dp-size", "any unique prefix"],
     ),
     (
         "--enable-pd-role-switch",
@@ -72,7 +72,7 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "--disaggregation-transfer-backend",
         {"spec.engine.args": ["--disaggregation-transfer-backend", "nixl"]},
         "spec.engine.args[0]",
-        ["spec.engine.transfer.backend"],
+        ["spec.engine.transfer.backend", "devices"],
     ),
     (
         "--disaggregation-ib-device",
@@ -167,8 +167,18 @@ def test_denied_with_the_field_and_the_way_out(
         assert word in message, message
 
 
-def test_a_denied_api_key_is_never_echoed() -> None:
-    result = check_document(mutated({"spec.engine.args": ["--api-key", "hunter2"]}))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api-key", "hunter2"],
+        ["--api-k=hunter2"],
+        ["--admin-api-key", "hunter2"],
+        ["--a", "hunter2"],
+    ],
+)
+def test_a_denied_api_key_is_never_echoed(args: list[str]) -> None:
+    result = check_document(mutated({"spec.engine.args": args}))
+    assert not result.allowed
     assert "hunter2" not in " ".join(p.message for p in result.denials)
 
 
@@ -213,6 +223,22 @@ ALLOWED: list[tuple[str, dict[str, Any], str | None]] = [
     ),
     ("an allowed flag that starts like a denied one", {"spec.engine.args": ["--dp-lm-head"]}, None),
     (
+        "the switches kvgate passes, repeated (they cannot be turned off)",
+        {"spec.engine.args": ["--enable-metrics", "--disaggregation-enable-kv-checksum"]},
+        None,
+    ),
+    (
+        "tuning flags kvgate leaves to the user",
+        {
+            "spec.engine.args": [
+                *("--chunked-prefill-size", "4096", "--max-running-requests=64"),
+                *("--schedule-policy", "lpm", "--attention-backend", "fa3"),
+                *("--max-prefill-tokens", "16384", "--log-level", "info"),
+            ]
+        },
+        None,
+    ),
+    (
         "the engine API key from a Secret",
         {"spec.engine.apiKeySecretRef": {"name": "engine-key", "key": "token"}},
         None,
@@ -228,3 +254,95 @@ def test_allowed(changes: dict[str, Any], warned: str | None) -> None:
     assert result.allowed, result.denials
     transfer_warnings = [p.field for p in result.warnings if p.field.startswith("spec.engine")]
     assert transfer_warnings == ([warned] if warned else [])
+
+
+# ------------------------------------------------------------ flags kvgate sets, every spelling
+
+ALIAS = "SGLang's alias of"
+PREFIX = "SGLang's parser accepts any unique prefix of a flag"
+BOOTSTRAP = "--disaggregation-bootstrap-port"
+# (args, the denied item's index, the flag SGLang reads it as, the field to set instead)
+KVGATE_FLAG_SPELLINGS: list[tuple[list[str], int, str, str]] = [
+    (["--kv-cache-dtype", "float16"], 0, "--kv-cache-dtype", "spec.engine.kvCacheDtype"),
+    (["--kv-cache-dt", "float16"], 0, f"--kv-cache-dtype ({PREFIX})", "spec.engine.kvCacheDtype"),
+    (["--kv-cache-d=float16"], 0, f"--kv-cache-dtype ({PREFIX})", "spec.engine.kvCacheDtype"),
+    (["--kv-canary", "none"], 0, "--kv-canary", "spec.safety.kvCanary"),
+    (["--kv-can", "bogus"], 0, f"--kv-canary ({PREFIX})", "spec.safety.kvCanary"),
+    (["--context-length", "131072"], 0, "--context-length", "spec.model.contextLength"),
+    (["--context-len=131072"], 0, f"--context-length ({PREFIX})", "spec.model.contextLength"),
+    (["--log-level", "info", "--context-length=1"], 2, "--context-length", "contextLength"),
+    (["--max-total-tokens", "1024"], 0, "--max-total-tokens", "spec.decode.maxTotalTokens"),
+    (["--max-total=1024"], 0, f"--max-total-tokens ({PREFIX})", "spec.prefill.maxTotalTokens"),
+    (["--mem-fraction-static", "0.9"], 0, "--mem-fraction-static", "memFractionStatic"),
+    (["--mem-frac", "0.9"], 0, f"--mem-fraction-static ({PREFIX})", "memFractionStatic"),
+    (["--model-path", "/other"], 0, "--model-path", "spec.model.path"),
+    (["--model", "/other"], 0, f"--model ({ALIAS} --model-path)", "spec.model.path"),
+    (["--served-model-name", "other"], 0, "--served-model-name", "spec.model.name"),
+    (["--host", "127.0.0.1"], 0, "--host", "spec.engine.port"),
+    (["--port=1"], 0, "--port", "spec.engine.port"),
+    (["--tp-size", "8"], 0, "--tp-size", "spec.prefill.tensorParallel"),
+    (["--tensor-parallel-size=8"], 0, f"--tensor-parallel-size ({ALIAS} --tp-size)", "Parallel"),
+    (["--tensor-p", "8"], 0, f"--tensor-parallel-size ({PREFIX}; {ALIAS} --tp-size)", "Parallel"),
+    (["--page-size", "64"], 0, "--page-size", "spec.engine.pageSize"),
+    (
+        ["--disaggregation-bootstrap-port", "9"],
+        0,
+        "--disaggregation-b",
+        "spec.engine.bootstrapPort",
+    ),
+    (["--node-r", "1"], 0, f"--node-rank ({PREFIX})", "spec.decode.nodes"),
+    (["--config", "/models/m/flags.yaml"], 0, "--config", "spec.engine.args"),
+]
+
+
+def _written(args: list[str], index: int) -> str:
+    return args[index] if "=" in args[index] else " ".join(args[index : index + 2])
+
+
+@pytest.mark.parametrize(
+    ("args", "index", "read_as", "field"),
+    KVGATE_FLAG_SPELLINGS,
+    ids=[" ".join(case[0]) for case in KVGATE_FLAG_SPELLINGS],
+)
+def test_a_flag_kvgate_sets_is_denied_in_engine_args_under_every_spelling(
+    args: list[str], index: int, read_as: str, field: str
+) -> None:
+    result = check_document(mutated({"spec.engine.args": args}))
+    assert not result.allowed
+    denial = next(p for p in result.denials if p.field == f"spec.engine.args[{index}]")
+    written = _written(args, index)
+    assert denial.message.startswith(f"{written}: SGLang reads it as {read_as}"), denial.message
+    assert field in denial.message, denial.message
+    assert [p.field for p in result.denials if p.field.startswith("spec.engine.args")] == [
+        f"spec.engine.args[{index}]"
+    ]
+
+
+def test_a_flag_kvgate_sets_says_why_engine_args_may_not_override_it() -> None:
+    result = check_document(mutated({"spec.engine.args": ["--context-length", "131072"]}))
+    message = next(p.message for p in result.denials if p.field == "spec.engine.args[0]")
+    assert "kvgate appends engine.args after its own flags" in message
+    assert "SGLang keeps the last value" in message
+    assert "prompts longer than their verified pools hold" in message
+    assert message.endswith("remove it and set spec.model.contextLength")
+
+
+def test_a_prefix_of_several_denied_flags_names_them_all() -> None:
+    result = check_document(mutated({"spec.engine.args": ["--kv-ca", "x"]}))
+    message = next(p.message for p in result.denials if p.field == "spec.engine.args[0]")
+    assert "reads it as --kv-cache-dtype or --kv-canary (a prefix of each" in message
+    assert "refuses to start on a prefix of several" in message
+
+
+def test_end_of_options_is_denied_since_sglang_would_refuse_to_start() -> None:
+    result = check_document(mutated({"spec.engine.args": ["--log-level", "info", "--", "x"]}))
+    message = next(p.message for p in result.denials if p.field == "spec.engine.args[2]")
+    assert "SGLang takes no positional argument" in message
+    assert "1 argument(s) after it" in message
+
+
+def test_one_item_with_a_space_is_a_positional_to_argparse_not_a_flag() -> None:
+    """argparse reads "--context-length 131072" as one positional item, not as the flag (and
+    SGLang, with no positional argument, refuses to start on it)."""
+    result = check_document(mutated({"spec.engine.args": ["--context-length 131072"]}))
+    assert not [p for p in result.denials if p.field.startswith("spec.engine.args")]

@@ -82,7 +82,7 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "user sets the rank",
         {"spec.engine.args": ["--node-rank", "1"]},
         "spec.engine.args[0]",
-        ["--node-rank is kvgate's to set", "spec.decode.nodes"],
+        ["--node-rank 1: SGLang reads it as --node-rank", "kvgate's to set", "spec.decode.nodes"],
     ),
     (
         "user sets the leader address (alias, = form)",

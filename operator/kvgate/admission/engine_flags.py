@@ -9,6 +9,10 @@ against every supported release's own parser by tests/conformance/test_engine_fl
 The release is the image tag's version. An image that names none could be any release at or
 above the version floor: a value every such release refuses is denied, one that only some refuse
 is a warning.
+
+The same flags in ``spec.engine.args`` are denied whatever their value
+(:mod:`kvgate.admission.engine_args`: kvgate sets them, and a value there would replace kvgate's),
+so only the values of the API fields are checked here.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from dataclasses import dataclass
 from kvgate_engine.launcher import image_version
 from kvgate_engine.sglang_choices import (
     KV_CACHE_DTYPE,
-    KV_CANARY,
     NEWEST_CHECKED,
     OLDEST_CHECKED,
     SUPPORTED_RELEASES,
@@ -78,11 +81,6 @@ API_ENGINE_FLAGS: tuple[EngineFlagField, ...] = (
     ),
 )
 
-# Flags kvgate sets itself whose value engine.args may still override (kvgate appends engine.args
-# last, and SGLang's argparse keeps the last value); the other table flags are denied in
-# engine.args outright (kvgate.admission.engine_args).
-ARGS_CHECKED_FLAGS = (KV_CACHE_DTYPE, KV_CANARY)
-
 
 def _floor(spec: ModelDeploymentSpec, policy: ClusterPolicy) -> Version | None:
     try:
@@ -100,24 +98,24 @@ def _candidates(floor: Version) -> list[str]:
     return found or [NEWEST_CHECKED]
 
 
-def _allowed(flag: str, version: str, offered: tuple[str, ...] | None) -> tuple[str, ...]:
+def _allowed(flag: str, version: str, offered: tuple[str, ...]) -> tuple[str, ...]:
     values = accepted_values(flag, version) or ()
-    return tuple(v for v in offered if v in values) if offered is not None else values
+    return tuple(v for v in offered if v in values)
 
 
 def _refusal(
     field: str,
-    label: str,
+    value: str,
     flag: str,
     version: str,
     image: str,
-    offered: tuple[str, ...] | None,
+    offered: tuple[str, ...],
     instead: str | None,
 ) -> Problem:
     allowed = ", ".join(_allowed(flag, version, offered))
     return Problem(
         field,
-        f"{label} is not accepted by SGLang {version} ({image}), whose {flag} refuses it (the "
+        f"{value} is not accepted by SGLang {version} ({image}), whose {flag} refuses it (the "
         f"engine would exit 2 at start-up); allowed for {version}: {allowed}; "
         f"{instead or 'use one of those'}",
     )
@@ -129,12 +127,10 @@ def _check_value(
     field: str,
     flag: str,
     value: str,
-    offered: tuple[str, ...] | None,
+    offered: tuple[str, ...],
     instead: str | None,
 ) -> tuple[list[Problem], list[Problem]]:
-    """Denials and warnings for one value; `offered` is what the API field allows (None: a value
-    in engine.args, any of the release's choices)."""
-    label = value if offered is not None else f"{flag} {value}"
+    """Denials and warnings for one value; `offered` is what the API field allows."""
     image = spec.engine.image
     tagged = image_version(image)
     if tagged is not None:
@@ -144,13 +140,13 @@ def _check_value(
                 Problem(
                     field,
                     f"kvgate does not know which {flag} values SGLang {tagged} accepts (its "
-                    f"table starts at {OLDEST_CHECKED}), so {label} is not checked; the engine "
+                    f"table starts at {OLDEST_CHECKED}), so {value} is not checked; the engine "
                     "exits at start-up if it refuses it",
                 )
             ]
         if value in values:
             return [], []
-        return [_refusal(field, label, flag, tagged, image, offered, instead)], []
+        return [_refusal(field, value, flag, tagged, image, offered, instead)], []
     floor = _floor(spec, policy)
     if floor is None:
         return [], []
@@ -165,7 +161,7 @@ def _check_value(
         return [
             Problem(
                 field,
-                f"{label} is not accepted by any SGLang release {image} may be (at or above "
+                f"{value} is not accepted by any SGLang release {image} may be (at or above "
                 f"{floor}, SGLang {shown}): their {flag} refuses it (the engine would exit 2 at "
                 f"start-up); allowed for {newest}: {allowed}; {instead or 'use one of those'}",
             )
@@ -173,22 +169,11 @@ def _check_value(
     return [], [
         Problem(
             field,
-            f"{label} is refused by SGLang {', '.join(refusing)} ({flag}), and {image} names no "
+            f"{value} is refused by SGLang {', '.join(refusing)} ({flag}), and {image} names no "
             f"version, so the engine may exit 2 at start-up; pin a tag such as "
             f"v{NEWEST_CHECKED}",
         )
     ]
-
-
-def _arg_values(args: list[str], flag: str) -> list[tuple[int, str]]:
-    """(index, value) of every `flag value` and `flag=value` in engine.args."""
-    found = []
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            found.append((index, args[index + 1]))
-        elif arg.startswith(flag + "="):
-            found.append((index, arg.split("=", 1)[1]))
-    return found
 
 
 def check_engine_flag_values(
@@ -211,11 +196,4 @@ def check_engine_flag_values(
         )
         denials += found[0]
         warnings += found[1]
-    for flag in ARGS_CHECKED_FLAGS:
-        for index, value in _arg_values(spec.engine.args, flag):
-            found = _check_value(
-                spec, policy, f"spec.engine.args[{index}]", flag, value, None, None
-            )
-            denials += found[0]
-            warnings += found[1]
     return denials, warnings

@@ -9,13 +9,18 @@ tenant's to tune.
 
 argparse accepts any unique prefix of a flag (`--worker-u` is `--worker-urls`; smg's parser keeps
 `allow_abbrev=True`), and `--flag=value` as well as `--flag value`. So an argument is denied when
-the part before `=` is a prefix of a denied flag. No flag smg accepts is itself a prefix of a
+the part before `=` is a prefix of a denied flag, as :func:`kvgate_engine.flag_reader.named_flags`
+reads it (the reader engine.args are checked with). Each argument is read on its own, those after
+a `--` too: smg takes no positional argument and refuses to start with one, so a denied flag
+there is denied rather than left to a crash loop. No flag smg accepts is itself a prefix of a
 denied one (tests/admission/test_inputs.py asks smg's own parser), so nothing allowed is caught.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from kvgate_engine.flag_reader import named_flags, spelled_flag
 
 _VERIFIED = "kvgate points the router at this revision's verified prefill and decode pods itself"
 _WORKERS = ("adds workers kvgate did not verify", _VERIFIED)
@@ -86,19 +91,13 @@ DENIED_ROUTER_FLAGS: Mapping[str, tuple[str, str]] = {
 
 def denied_flag(arg: str) -> str | None:
     """The denied flag smg would read `arg` as (exactly or as an abbreviation), else None."""
-    if not arg.startswith("--"):
-        return None
-    spelled = arg.split("=", 1)[0]
-    if spelled == "--":  # end of options: smg has no positional arguments and refuses to start
-        return None
-    if spelled in DENIED_ROUTER_FLAGS:
-        return spelled
-    return next((flag for flag in DENIED_ROUTER_FLAGS if flag.startswith(spelled)), None)
+    named = named_flags(arg, DENIED_ROUTER_FLAGS)
+    return named[0] if named else None
 
 
 def denial_message(arg: str, flag: str) -> str:
     """Why `arg` is denied and what to do instead."""
-    spelled = arg.split("=", 1)[0]
+    spelled = spelled_flag(arg) or arg
     if spelled != flag:
         spelled += f" (a prefix of {flag}; smg's parser accepts any unique prefix of a flag)"
     why, instead = DENIED_ROUTER_FLAGS[flag]

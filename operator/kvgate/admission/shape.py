@@ -2,9 +2,10 @@
 
 kvgate's semantics: ``tensorParallel`` is the engine's whole ``--tp-size``, across all its nodes;
 each of its ``nodes`` pods runs on its own node and requests ``tensorParallel / nodes`` GPUs.
-So tensorParallel must split evenly over the nodes, no pod may ask for more GPUs than a node has
-(``MAX_GPUS_PER_NODE``, or the cluster's own figure when the admin set it), and the flags that
-tie the ranks together are kvgate's to set, never the user's.
+So tensorParallel must split evenly over the nodes, and no pod may ask for more GPUs than a node
+has (``MAX_GPUS_PER_NODE``, or the cluster's own figure when the admin set it). The flags that tie
+the ranks together (``--nnodes``, ``--node-rank``, ``--dist-init-addr``) are kvgate's to set:
+``engine.args`` may not carry them (:mod:`kvgate.admission.engine_args`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ from kvgate.revision import REVISION_LENGTH
 # A StatefulSet labels its pods controller-revision-hash=<statefulset>-<hash>; the hash is a
 # uint32 written in up to 10 characters, and a label value holds at most 63.
 CONTROLLER_REVISION_HASH_MAX = 10
-
-# SGLang 0.5.23 sglang/srt/arg_groups/fields/parallel.py: the multi-node topology flags (and the
-# alias of --dist-init-addr). kvgate derives them from spec.<role>.nodes and the
-# LeaderWorkerSet group; a user's value would make a rank join the wrong engine.
-TOPOLOGY_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr")
 
 
 def _n(value: int) -> str:
@@ -76,8 +72,7 @@ def _too_many_per_node(role: str, shape: RoleSpec, node_gpus: int, source: str) 
 def check_shape(
     spec: ModelDeploymentSpec, policy: ClusterPolicy
 ) -> tuple[list[Problem], list[Problem]]:
-    """Each role's tensorParallel splits evenly over its nodes, within a node's GPUs; the
-    topology flags are not in engine.args."""
+    """Each role's tensorParallel splits evenly over its nodes, within a node's GPUs."""
     denials: list[Problem] = []
     if policy.gpus_per_node is not None:
         node_gpus = policy.gpus_per_node
@@ -91,17 +86,6 @@ def check_shape(
             denials.append(_uneven(role, shape, node_gpus))
         elif shape.tensor_parallel // shape.nodes > node_gpus:
             denials.append(_too_many_per_node(role, shape, node_gpus, source))
-    for index, arg in enumerate(spec.engine.args):
-        flag = arg.split("=", 1)[0]
-        if flag in TOPOLOGY_FLAGS:
-            denials.append(
-                Problem(
-                    f"spec.engine.args[{index}]",
-                    f"{flag} is kvgate's to set: it derives --nnodes, --node-rank and "
-                    "--dist-init-addr from spec.<role>.nodes and each engine's LeaderWorkerSet "
-                    f"group; remove {flag} and set spec.prefill.nodes / spec.decode.nodes",
-                )
-            )
     return denials, []
 
 
