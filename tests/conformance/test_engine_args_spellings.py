@@ -27,10 +27,6 @@ without one are store_true flags with no way to turn them off.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,7 +44,7 @@ from kvgate.admission.engine_args import (
 from kvgate_engine.estimator import SIZING_FLAGS, SIZING_SWITCHES
 from kvgate_engine.flag_reader import FlagUse, read_flags
 from kvgate_engine.launcher import EngineLaunch, engine_argv
-from test_sglang_argv import SUPPORTED_VERSIONS, sglang_envs
+from test_sglang_argv import SUPPORTED_VERSIONS, run_in_release, sglang_envs
 
 pytestmark = pytest.mark.conformance
 
@@ -160,24 +156,7 @@ TABLES = {
 
 
 def _release(version: str, target: Path, cwd: Path) -> Release:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(target),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PARSER],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=env,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
-    assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    raw: dict[str, Any] = json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+    raw: dict[str, Any] = run_in_release(target, PARSER, cwd)
     return Release(
         version=version,
         allow_abbrev=raw["allow_abbrev"],

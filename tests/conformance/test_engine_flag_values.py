@@ -35,7 +35,13 @@ from kvgate_engine.sglang_choices import (
     SUPPORTED_RELEASES,
     accepted_values,
 )
-from test_sglang_argv import LLAMA_31_8B_CONFIG, SETUP, SUPPORTED_VERSIONS, engine_argv
+from test_sglang_argv import (
+    LLAMA_31_8B_CONFIG,
+    SETUP,
+    SUPPORTED_VERSIONS,
+    engine_argv,
+    run_in_release,
+)
 
 pytestmark = pytest.mark.conformance
 
@@ -149,25 +155,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_parser(target: Path, argvs: list[list[str]], fields: list[str], cwd: Path) -> Any:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(target),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PARSER],
-        input=json.dumps({"argvs": argvs, "fields": fields}),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=env,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
-    assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    return json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+    return run_in_release(target, PARSER, cwd, {"argvs": argvs, "fields": fields})
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
+def run_in_release(target: Path, script: str, cwd: Path, stdin: Any = None) -> Any:
+    """Run ``script`` with the project's Python and the release installed at ``target`` on its
+    path (offline, no GPU), feeding it ``stdin`` as JSON; returns the JSON it printed after
+    ``KVGATE-RESULTS ``."""
     env = {
         **os.environ,
         "PYTHONPATH": str(target),
@@ -200,8 +203,8 @@ def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[d
         "CUDA_VISIBLE_DEVICES": "",
     }
     result = subprocess.run(
-        [sys.executable, "-c", PARSER],
-        input=json.dumps(argvs),
+        [sys.executable, "-c", script],
+        input=None if stdin is None else json.dumps(stdin),
         capture_output=True,
         text=True,
         timeout=600,
@@ -210,7 +213,11 @@ def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[d
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
     assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    parsed: list[dict[str, Any]] = json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+    return json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+
+
+def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
+    parsed: list[dict[str, Any]] = run_in_release(target, PARSER, cwd, argvs)
     return parsed
 
 

@@ -10,10 +10,7 @@ verified, whatever they parse).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ from kvgate import multinode
 from kvgate.api import ModelDeploymentSpec, Role
 from kvgate.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv
-from test_sglang_argv import UNKNOWN_FLAG, model_dir, sglang_envs
+from test_sglang_argv import UNKNOWN_FLAG, model_dir, run_in_release, sglang_envs
 
 pytestmark = pytest.mark.conformance
 
@@ -61,25 +58,7 @@ def expand(argv: list[str], env: dict[str, str]) -> list[str]:
 
 def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
     """Each argv through SGLang's prepare_server_args, in that release's own environment."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(target),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", PARSER],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=env,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
-    assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    parsed: list[dict[str, Any]] = json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+    parsed: list[dict[str, Any]] = run_in_release(target, PARSER, cwd, argvs)
     return parsed
 
 
