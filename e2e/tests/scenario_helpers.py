@@ -75,6 +75,26 @@ def md_condition(world: World, name: str, namespace: str, kind: str) -> dict[str
     return condition(md, kind) if md else None
 
 
+def refused_with(
+    world: World, namespace: str, md: str, reason: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait until ``md`` records its refused revision, with nothing serving; its EnginesVerified
+    condition says ``reason`` and Ready says RolloutRefused. Returns those two conditions."""
+    refused = deadline_loop(
+        f"{md}'s status to record the refused revision",
+        lambda: (m := world.get_md(md, namespace)) and m["status"].get("refusedRevision") and m,
+        60,
+    )
+    assert refused["status"].get("servingRevision") is None, refused["status"]
+    verified = md_condition(world, md, namespace, "EnginesVerified")
+    assert verified is not None and verified["status"] == "False", verified
+    assert verified["reason"] == reason, verified
+    ready = md_condition(world, md, namespace, "Ready")
+    assert ready is not None and ready["status"] == "False", ready
+    assert ready["reason"] == "RolloutRefused", ready
+    return verified, ready
+
+
 def events(world: World, namespace: str, reason: str | None = None) -> list[dict[str, Any]]:
     items = world.list("events", namespace)
     return [e for e in items if reason is None or e.get("reason") == reason]

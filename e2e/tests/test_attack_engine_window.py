@@ -25,7 +25,14 @@ import yaml
 from kvgate_e2e.kubelet_images import ENGINE_ARGS_ANNOTATION
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import BIG_POOL, World
-from scenario_helpers import GATE, deadline_loop, engine_pods, make_tenant, md_condition, sample_md
+from scenario_helpers import (
+    GATE,
+    deadline_loop,
+    engine_pods,
+    make_tenant,
+    refused_with,
+    sample_md,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -94,17 +101,7 @@ def test_engines_whose_own_window_outruns_the_pools_of_their_revision_never_take
             ready = [c for c in pod["status"]["conditions"] if c["type"] == "Ready"]
             assert ready and ready[0]["status"] == "False", ready
 
-        refused = deadline_loop(
-            "the ModelDeployment to record the refused revision",
-            lambda: (m := world.get_md(MD, namespace)) and m["status"].get("refusedRevision") and m,
-            60,
-        )
-        assert refused["status"].get("servingRevision") is None, refused["status"]
-        verified = md_condition(world, MD, namespace, "EnginesVerified")
-        assert verified is not None and verified["reason"] == "ContextTooLong", verified
-        ready = md_condition(world, MD, namespace, "Ready")
-        assert ready is not None and ready["status"] == "False", ready
-        assert ready["reason"] == "RolloutRefused", ready
+        verified, ready = refused_with(world, namespace, MD, "ContextTooLong")
         print(f"ModelDeployment Ready=False {ready['reason']}: {ready['message']}")
         assert f"{TOLD:,}" in ready["message"] or f"{TOLD:,}" in verified["message"], ready
     print(sampler.summary())

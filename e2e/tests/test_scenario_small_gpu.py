@@ -31,6 +31,7 @@ from scenario_helpers import (
     get_md_table,
     md_condition,
     on_pool_without_estimate,
+    refused_with,
     router_workers,
     sample_md,
 )
@@ -93,18 +94,9 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             assert info["max_total_num_tokens"] == pools[role] < 131_072, (info, pools)
         print(f"MEASURED small-pool engines report KV pools {pools}")
 
-        refused = deadline_loop(
-            "small-gpus's status to record the refused revision",
-            lambda: (m := world.get_md(KEPT, ns)) and m["status"].get("refusedRevision") and m,
-            60,
-        )
-        assert refused["status"].get("servingRevision") is None, refused["status"]
-        verified = md_condition(world, KEPT, ns, "EnginesVerified")
-        assert verified is not None and verified["status"] == "False", verified
-        assert verified["reason"] == "KvPoolTooSmall" and REFUSAL.search(verified["message"])
-        ready = md_condition(world, KEPT, ns, "Ready")
-        assert ready is not None and ready["status"] == "False", ready
-        assert ready["reason"] == "RolloutRefused" and REFUSAL.search(ready["message"]), ready
+        verified, ready = refused_with(world, ns, KEPT, "KvPoolTooSmall")
+        assert REFUSAL.search(verified["message"]), verified
+        assert REFUSAL.search(ready["message"]), ready
         assert "nothing serves" in ready["message"], ready
         pod_events = deadline_loop(
             "a KvPoolTooSmall Warning Event with the numbers",
