@@ -163,8 +163,11 @@ def smg_host(url: str) -> str | None:
     end = min((i for i, c in enumerate(rest) if c in "/\\?#"), default=len(rest))
     authority = rest[:end].rpartition("@")[2]
     if authority.startswith("["):
-        host = authority[1 : authority.find("]")] if "]" in authority else ""
-        return str(ipaddress.ip_address(host)) if _is_ip(host) else None
+        host, closed, _ = authority[1:].partition("]")
+        try:
+            return str(ipaddress.ip_address(host)) if closed else None
+        except ValueError:
+            return None
     host = unquote(authority.partition(":")[0]).lower()
     if not host or any(c in FORBIDDEN_HOST_CHARACTERS or ord(c) < 0x21 for c in host):
         return None
@@ -174,14 +177,6 @@ def smg_host(url: str) -> str | None:
         except OSError:
             return None
     return host
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def live_host(worker: Obj) -> str | None:

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urlsplit
 
 DEFAULT_GRACE_SECONDS = 15.0
 POD_UID_LABEL = "smg.ai/pod-uid"
@@ -97,19 +96,6 @@ def worker_address(url: str) -> tuple[str, int] | None:
     except ValueError:
         return None
     return (host, int(port)) if canonical == host else None
-
-
-def host_port(url: str) -> tuple[str, int] | None:
-    """Host and port of a URL read leniently (RFC 3986); for display and for tests' own
-    bookkeeping, never to decide what a worker is (:func:`worker_address`)."""
-    split = urlsplit(url if "://" in url else f"http://{url}")
-    try:
-        port = split.port
-    except ValueError:
-        return None
-    if split.hostname is None or port is None:
-        return None
-    return split.hostname, port
 
 
 def same_ip(a: str, b: str) -> bool:
