@@ -143,8 +143,9 @@ def judge(report: EngineReport, requirement: Requirement) -> Verdict:
                 f"it would accept prompts of up to {_n(effective)} tokens, but its revision's "
                 f"engines are proven to hold only {_n(requirement.required_pool_tokens)} "
                 f"(context length × headroom {_headroom(requirement.headroom)}), so one it is "
-                f"paired with may not hold them; the engine must run with --context-length "
-                f"{ctx} (remove --context-length from spec.engine.args)",
+                f"paired with may not hold them; the engine must run with the --context-length "
+                f"{ctx} kvgate passes (admission denies it in spec.engine.args, so another one "
+                f"came from the image's entrypoint or command: use an image that adds none)",
             )
         )
 
