@@ -120,8 +120,8 @@ promtool:
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
-	$(BIN)/python -m kvgate.chartgen
-	$(BIN)/python -m kvgate.rbacgen
+	$(BIN)/python -m kvgate.gen.chartgen
+	$(BIN)/python -m kvgate.gen.rbacgen
 
 # `make demo DEMO_ARGS=--once` exits after the summary instead of running until Ctrl-C. The
 # demo's third deployment runs on the released SGLang on CPU (real-engine-deps, cached);

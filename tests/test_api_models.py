@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate.api import KvCacheDtype, ModelDeployment
+from kvgate.api.models import KvCacheDtype, ModelDeployment
 from pydantic import ValidationError
 
 SAMPLE = Path(__file__).resolve().parents[1] / "crds" / "samples" / "llama-8b.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvgate.crd import crd, render
+from kvgate.gen.crd import crd, render
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "crds" / "modeldeployment.yaml"
@@ -16,7 +16,7 @@ COMMITTED = ROOT / "crds" / "modeldeployment.yaml"
 
 def test_kvgate_crd_output_matches_committed_file_byte_for_byte() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kvgate.cli", "crd"], check=True, capture_output=True, text=True
+        [sys.executable, "-m", "kvgate.cmd.cli", "crd"], check=True, capture_output=True, text=True
     ).stdout
     assert out == COMMITTED.read_text(), "crds/ drifted from the API models: run `make crds`"
     assert render() == out

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvgate import api
+from kvgate.api import models as api
 
 COMMITTED = Path(__file__).resolve().parents[1] / "crds" / "modeldeployment.yaml"
 

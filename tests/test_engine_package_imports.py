@@ -26,7 +26,9 @@ def imported_packages(source: str) -> set[str]:
 
 
 def test_imported_packages_sees_every_form_of_import() -> None:
-    source = "import kvgate.api\nfrom kvgate import x\ndef f():\n    import kvgate_engine.plan\n"
+    source = (
+        "import kvgate.api.models\nfrom kvgate import x\ndef f():\n    import kvgate_engine.plan\n"
+    )
     assert imported_packages(source) == {"kvgate", "kvgate_engine"}
 
 

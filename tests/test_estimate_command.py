@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 LLAMA_31_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate.api import ModelDeploymentSpec, Role
-from kvgate.engine_launch import engine_launch
+from kvgate.api.models import ModelDeploymentSpec, Role
+from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
 from kvgate_engine.launcher import image_version
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvgate import multinode
-from kvgate.api import ModelDeploymentSpec, Role
-from kvgate.engine_launch import engine_launch
+from kvgate.api import multinode
+from kvgate.api.models import ModelDeploymentSpec, Role
+from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import EngineLaunch, engine_argv
 
 TOPOLOGY = ("--nnodes", "--node-rank", "--dist-init-addr")

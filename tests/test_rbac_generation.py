@@ -1,4 +1,4 @@
-"""The operator's RBAC has one source, kvgate.rbac: the chart's rules and operator/RBAC.md are
+"""The operator's RBAC has one source, kvgate.gen.rbac: the chart's rules and operator/RBAC.md are
 generated from it (`make crds`), and every object kind kvgate's client addresses has a rule."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvgate import builders, rbacgen
-from kvgate.api import ModelDeployment
-from kvgate.k8s import KubeApi
-from kvgate.rbac import RULES, Scope, granted, rules
+from kvgate.api.models import ModelDeployment
+from kvgate.build import builders
+from kvgate.gen import rbacgen
+from kvgate.gen.rbac import RULES, Scope, granted, rules
+from kvgate.kube.k8s import KubeApi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,14 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_chart_rules_are_generated_from_the_table() -> None:
     committed = (ROOT / rbacgen.RULES_TEMPLATE).read_text()
     assert committed == rbacgen.chart_rules_template(), (
-        f"{rbacgen.RULES_TEMPLATE} drifted from operator/kvgate/rbac.py: run `make crds`"
+        f"{rbacgen.RULES_TEMPLATE} drifted from operator/kvgate/gen/rbac.py: run `make crds`"
     )
 
 
 def test_rbac_md_table_is_generated_from_the_table() -> None:
     doc = (ROOT / rbacgen.RBAC_DOC).read_text()
     assert rbacgen.doc_table() in doc, (
-        f"{rbacgen.RBAC_DOC} drifted from operator/kvgate/rbac.py: run `make crds`"
+        f"{rbacgen.RBAC_DOC} drifted from operator/kvgate/gen/rbac.py: run `make crds`"
     )
 
 
@@ -40,7 +41,7 @@ def test_check_names_a_drifted_file_and_writes_nothing(tmp_path: Path) -> None:
     for rel in (rbacgen.RULES_TEMPLATE, rbacgen.RBAC_DOC):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
-    check = [sys.executable, "-m", "kvgate.rbacgen", "--root", str(tmp_path), "--check"]
+    check = [sys.executable, "-m", "kvgate.gen.rbacgen", "--root", str(tmp_path), "--check"]
     assert subprocess.run(check, capture_output=True, text=True).returncode == 0
 
     template = tmp_path / rbacgen.RULES_TEMPLATE
@@ -63,7 +64,8 @@ def test_a_doc_without_the_markers_is_refused_naming_them() -> None:
 
 
 def _client_kinds() -> list[str]:
-    """Every kind kvgate.k8s.KubeApi.path knows (the keys of its table, read from the source)."""
+    """Every kind kvgate.kube.k8s.KubeApi.path knows (the keys of its table, read from the
+    source)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(KubeApi.path)))
     tables = [node for node in ast.walk(tree) if isinstance(node, ast.Dict)]
     kinds = [k.value for t in tables for k in t.keys if isinstance(k, ast.Constant)]
@@ -72,7 +74,7 @@ def _client_kinds() -> list[str]:
 
 
 def _client_resources() -> set[tuple[str, str]]:
-    """(apiGroup, resource) of every kind kvgate.k8s.KubeApi can address."""
+    """(apiGroup, resource) of every kind kvgate.kube.k8s.KubeApi can address."""
     found = set()
     for kind in _client_kinds():
         parts = KubeApi.path(kind, "ns").split("/")
@@ -85,8 +87,8 @@ def test_every_kind_the_client_addresses_has_a_rule() -> None:
     table = granted(list(RULES))  # optional rules (e.g. LeaderWorkerSets) count too
     missing = sorted(_client_resources() - set(table))
     assert missing == [], (
-        f"kvgate.k8s addresses {missing} with no rule: add a Rule with the verbs the operator "
-        "calls to kvgate.rbac.RULES and run `make crds` (chart and operator/RBAC.md follow)"
+        f"kvgate.kube.k8s addresses {missing} with no rule: add a Rule with the verbs the operator "
+        "calls to kvgate.gen.rbac.RULES and run `make crds` (chart and operator/RBAC.md follow)"
     )
     # The two status writes go to subresources.
     assert table[("", "pods/status")] == {"patch"}
@@ -116,5 +118,5 @@ def test_the_operator_holds_every_right_the_router_role_it_creates_grants() -> N
                 missing = set(rule["verbs"]) - held.get((group, resource), set())
                 assert not missing, (
                     f"the router Role grants {sorted(missing)} on {resource!r}, which "
-                    "kvgate.rbac.RULES does not give the operator"
+                    "kvgate.gen.rbac.RULES does not give the operator"
                 )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine"
 KVGATE = Path(sys.executable).parent / "kvgate"

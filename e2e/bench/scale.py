@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 from kvgate_e2e.cluster import ClusterConfig
-from kvgate_e2e.kubelet import container_pid
+from kvgate_e2e.kubelet.agent import container_pid
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import World, WorldConfig, load_sample

@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from kvgate.tls import CertificateAuthority, issue_certificate, make_ca
+from kvgate.kube.tls import CertificateAuthority, issue_certificate, make_ca
 
 ADMIN_USER = "kvgate-admin"
 ADMIN_GROUP = "system:masters"

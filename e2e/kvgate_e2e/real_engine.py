@@ -25,8 +25,8 @@ rewrite to the pod IP); this module adds only what SGLang needs to run on a CPU,
 The KV pool of a CPU engine is sized from host RAM, so the pool a test wants comes from the
 ModelDeployment's ``maxTotalTokens`` (``--max-total-tokens``). To run an engine "on less memory"
 (as the restart scenario does with GPU memory), a node annotation
-``e2e.kvgate.io/max-total-tokens: N`` (``kvgate_e2e.kubelet_node.MAX_TOTAL_TOKENS_ANNOTATION``)
-makes the kubelet's image mapping (``kvgate_e2e.kubelet_images``, for the reference engine too)
+``e2e.kvgate.io/max-total-tokens: N`` (``kvgate_e2e.kubelet.node.MAX_TOTAL_TOKENS_ANNOTATION``)
+makes the kubelet's image mapping (``kvgate_e2e.kubelet.images``, for the reference engine too)
 append ``--max-total-tokens N`` (the last one wins in SGLang's parser): the real engine then
 really starts with a pool of N tokens.
 """

@@ -46,15 +46,15 @@ from typing import Any, Self
 from urllib.parse import unquote
 
 import aiohttp
-from kvgate.api import ModelDeploymentSpec
-from kvgate.requirements import requirement_for
-from kvgate.revision import revision_of
+from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.revision import revision_of
+from kvgate.rollout.requirements import requirement_for
 from kvgate_engine.probe import fetch_report
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
 
 from kvgate_e2e.cluster_like import ClusterLike
-from kvgate_e2e.kubelet_api import KubeApi, KubeConfig
+from kvgate_e2e.kubelet.api import KubeApi, KubeConfig
 from kvgate_e2e.netns import enter_netns_thread
 from kvgate_e2e.polling import poll_until
 

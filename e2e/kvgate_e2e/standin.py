@@ -47,11 +47,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from kvgate.labels import ENGINE_VERIFIED
+from kvgate.api.labels import ENGINE_VERIFIED
 
-from kvgate_e2e.kubelet_api import MERGE, ApiError, KubeApi, KubeConfig
-from kvgate_e2e.kubelet_images import parse_image
-from kvgate_e2e.kubelet_node import (
+from kvgate_e2e.kubelet.api import MERGE, ApiError, KubeApi, KubeConfig
+from kvgate_e2e.kubelet.images import parse_image
+from kvgate_e2e.kubelet.node import (
     LEASE_NAMESPACE,
     NodeSpec,
     lease_manifest,

@@ -36,7 +36,7 @@ import yaml
 
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster, ClusterConfig
-from kvgate_e2e.kubelet import KubeletThread
+from kvgate_e2e.kubelet.agent import KubeletThread
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.pki import ADMIN_USER
 from kvgate_e2e.polling import poll_until
@@ -288,7 +288,7 @@ class World:
         return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
     def leader_name(self) -> str | None:
-        """The pod that holds the controller's Lease (``kvgate.leader``), if any holds it."""
+        """The pod that holds the controller's Lease (``kvgate.kube.leader``), if any holds it."""
         lease = self.get("leases.coordination.k8s.io", RELEASE, OPERATOR_NAMESPACE)
         holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
         return str(holder) if holder else None

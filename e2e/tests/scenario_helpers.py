@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
-from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
+from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import routes_to_ip
 from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
@@ -55,7 +55,7 @@ def on_pool_without_estimate(md: dict[str, Any], pool: str) -> dict[str, Any]:
 @contextmanager
 def node_pool_capped(world: World, node: str, tokens: int) -> Iterator[None]:
     """Every engine ``node`` starts meanwhile, reference or real SGLang, gets a KV pool of at
-    most ``tokens``: the node's ``e2e.kvgate.io/max-total-tokens`` (kvgate_e2e.kubelet_node), a
+    most ``tokens``: the node's ``e2e.kvgate.io/max-total-tokens`` (kvgate_e2e.kubelet.node), a
     node with less free GPU memory, which admission cannot see. Removed on the way out."""
     annotation = f"{MAX_TOTAL_TOKENS_ANNOTATION}={tokens}"
     world.kubectl("annotate", "node", node, annotation, "--overwrite")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate_e2e.kubelet_images import ENGINE_ARGS_ANNOTATION
+from kvgate_e2e.kubelet.images import ENGINE_ARGS_ANNOTATION
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import BIG_POOL, World
 from scenario_helpers import (

@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.kubelet import container_pid
+from kvgate_e2e.kubelet.agent import container_pid
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     OPERATOR_NAMESPACE,

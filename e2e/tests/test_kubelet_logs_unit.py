@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from kvgate.tls import issue_certificate, make_ca
-from kvgate_e2e.kubelet_log_server import KubeletServer, server_ssl_context, user_of
-from kvgate_e2e.kubelet_logs import (
+from kvgate.kube.tls import issue_certificate, make_ca
+from kvgate_e2e.kubelet.log_server import KubeletServer, server_ssl_context, user_of
+from kvgate_e2e.kubelet.logs import (
     MAX_LINE_BYTES,
     ContainerLogError,
     CriFramer,
@@ -33,7 +33,7 @@ from kvgate_e2e.kubelet_logs import (
     stream_log,
     tail_start,
 )
-from kvgate_e2e.kubelet_processes import start_process
+from kvgate_e2e.kubelet.processes import start_process
 
 T0 = 1_764_000_000_000_000_000  # ns
 SECOND = 1_000_000_000
@@ -402,7 +402,7 @@ async def test_a_restarted_container_has_one_log_per_instance_and_previous_reads
     }
     async with aiohttp.ClientSession() as session:
         host = FakeHost(pod, tmp_path, session)
-        from kvgate_e2e.kubelet_runtime import PodWorker
+        from kvgate_e2e.kubelet.runtime import PodWorker
 
         worker = PodWorker(host, host.fake_api.pod)
         task = asyncio.create_task(worker.run())

@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kvgate_e2e.kubelet_api import ApiError
-from kvgate_e2e.kubelet_mounts import MountPoints
-from kvgate_e2e.kubelet_runtime import PodWorker, RuntimeSettings
+from kvgate_e2e.kubelet.api import ApiError
+from kvgate_e2e.kubelet.mounts import MountPoints
+from kvgate_e2e.kubelet.runtime import PodWorker, RuntimeSettings
 
 GATE = "kvgate.io/engine-verified"
 _hosts = itertools.count(2)

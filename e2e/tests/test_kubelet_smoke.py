@@ -27,7 +27,7 @@ import pytest
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
-from kvgate_e2e.kubelet import READY_LINE, KubeletThread, container_pid
+from kvgate_e2e.kubelet.agent import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import live_host
@@ -799,7 +799,7 @@ def _ticks(text: str) -> list[int]:
 def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kubelet(
     cluster: Cluster, kube: Kube, kubelet: KubeletThread, namespace: str
 ) -> None:
-    from kvgate_e2e.kubelet_logs import parse_timestamp
+    from kvgate_e2e.kubelet.logs import parse_timestamp
 
     ns = f"--namespace={namespace}"
     kube.apply(_ticker_pod(namespace))
@@ -912,7 +912,7 @@ def test_kubelet_port_refuses_requests_without_the_apiservers_client_certificate
     import ssl
 
     from cryptography.x509.oid import ExtendedKeyUsageOID
-    from kvgate.tls import issue_certificate
+    from kvgate.kube.tls import issue_certificate
     from kvgate_e2e.pki import load_ca
 
     kube.apply(_ticker_pod(namespace))

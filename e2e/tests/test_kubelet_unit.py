@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate_e2e.kubelet import KubeletConfig, KubeletThread, LoopbackKubelet, container_pid
-from kvgate_e2e.kubelet_images import (
+from kvgate_e2e.kubelet.agent import KubeletConfig, KubeletThread, LoopbackKubelet, container_pid
+from kvgate_e2e.kubelet.images import (
     ImageError,
     expand_vars,
     launch_for,
     parse_image,
     rewrite_host,
 )
-from kvgate_e2e.kubelet_mounts import keep_visible, order_mounts
-from kvgate_e2e.kubelet_node import (
+from kvgate_e2e.kubelet.mounts import keep_visible, order_mounts
+from kvgate_e2e.kubelet.node import (
     GPU_MEMORY_KEY,
     MAX_TOTAL_TOKENS_ANNOTATION,
     NodeSpecError,
@@ -29,8 +29,8 @@ from kvgate_e2e.kubelet_node import (
     node_status,
     parse_node_spec,
 )
-from kvgate_e2e.kubelet_podspec import PodSpecError, field_ref_value, probe_settings, resolve_port
-from kvgate_e2e.kubelet_readiness import (
+from kvgate_e2e.kubelet.podspec import PodSpecError, field_ref_value, probe_settings, resolve_port
+from kvgate_e2e.kubelet.readiness import (
     Condition,
     containers_ready_condition,
     initialized_condition,
@@ -38,7 +38,7 @@ from kvgate_e2e.kubelet_readiness import (
     merge_conditions,
     pod_ready_condition,
 )
-from kvgate_e2e.kubelet_status import (
+from kvgate_e2e.kubelet.status import (
     RUNNING,
     TERMINATED,
     ContainerRecord,

@@ -1,5 +1,5 @@
 """Pure parts of the LeaderWorkerSet world (kvgate_e2e.lws) and the kubelet's pod hostnames
-(kvgate_e2e.kubelet_hosts)."""
+(kvgate_e2e.kubelet.hosts)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate_e2e.kubelet_hosts import PodHosts, pod_host_names, render_hosts
+from kvgate_e2e.kubelet.hosts import PodHosts, pod_host_names, render_hosts
 from kvgate_e2e.lws import (
     NAMESPACE,
     SERVICE,

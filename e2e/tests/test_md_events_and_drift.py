@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from kvgate import labels
+from kvgate.api import labels
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.world import OPERATOR_NAMESPACE, World
 from scenario_helpers import deadline_loop, on_pool_without_estimate, sample_md

@@ -1,5 +1,6 @@
 """Issue 11 item 7 on the real API server: the per-revision NetworkPolicies
-(``kvgate.network_policy``) exist for a Ready ModelDeployment, match the builder, admit the running
+(``kvgate.build.network_policy``) exist for a Ready ModelDeployment, match the builder, admit the
+running
 operator pod, and are accepted by the API server; the chart's own NetworkPolicy renders and is
 accepted too.
 
@@ -18,8 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate.api import ModelDeployment
-from kvgate.network_policy import RouterEgress, network_policies, policy_names
+from kvgate.api.models import ModelDeployment
+from kvgate.build.network_policy import RouterEgress, network_policies, policy_names
 from kvgate_e2e.world import CHART, OPERATOR_NAMESPACE, RELEASE, World, chart_values
 from scenario_helpers import deadline_loop, md_condition, sample_md
 

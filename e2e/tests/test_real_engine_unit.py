@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from kvgate_e2e import real_engine
-from kvgate_e2e.kubelet_images import ImageError, launch_for
-from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
+from kvgate_e2e.kubelet.images import ImageError, launch_for
+from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
     RUNTIME_ANNOTATION,
     SGLANG_CPU,

@@ -407,8 +407,8 @@ def test_check_fails_a_sampler_that_could_not_watch() -> None:
 
 
 def test_requirements_from_model_deployments_ignore_a_weakened_pod_annotation() -> None:
-    from kvgate.api import ModelDeploymentSpec
-    from kvgate.revision import revision_of
+    from kvgate.api.models import ModelDeploymentSpec
+    from kvgate.api.revision import revision_of
     from kvgate_e2e.sampler import requirements_from
     from kvgate_e2e.world import load_sample
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.kubelet_logs import parse_timestamp
+from kvgate_e2e.kubelet.logs import parse_timestamp
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,

@@ -5,7 +5,7 @@ Before: every ModelDeployment ran as a kopf daemon, so kopf put ``kvgate.io/fina
 each deletion waited for the operator to stop the daemon (a 3 s cancellation back-off, a touch
 patch to be called again, then the finalizer patch): 200 deleted at once took over 2 minutes,
 and with the operator scaled to 0 or uninstalled a deletion hung until someone removed the
-finalizer by hand. Now ModelDeployments carry no finalizer (kvgate.handlers.md_loops); what they
+finalizer by hand. Now ModelDeployments carry no finalizer (kvgate.controller.md_loops); what they
 own goes through ownerReferences.
 
 1. 100 ModelDeployments (engines pinned to a pool with no node: Pending; no router, so only

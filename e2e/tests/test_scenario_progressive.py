@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from kvgate.progressive import counters_from_metrics
+from kvgate.rollout.progressive import counters_from_metrics
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, http_json, is_ready, known_answer_body

@@ -51,7 +51,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.kubelet_node import MAX_TOTAL_TOKENS_ANNOTATION
+from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
     DEFAULT_VERSION,
     RUNTIME_ANNOTATION,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kvgate import builders
-from kvgate.api import ModelDeployment
-from kvgate.revision import revision_of
+from kvgate.api.models import ModelDeployment
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
 from kvgate_e2e.standin import flag, needs_write, pod_status, stages, stand_in_for
 from kvgate_e2e.world import load_sample
 

@@ -34,7 +34,7 @@ from kvgate.admission.limits import (
 )
 from kvgate.admission.names import binding_names, derived_names
 from kvgate.admission.schema import _bad_numbers, number_problems
-from kvgate.api import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
+from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
 
 from .conftest import review, sample

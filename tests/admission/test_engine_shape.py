@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kvgate.admission import check_document
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.api import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeploymentSpec
-from kvgate.revision import revision_inputs, revision_of
+from kvgate.api.models import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeploymentSpec
+from kvgate.api.revision import revision_inputs, revision_of
 
 from .conftest import mutated
 

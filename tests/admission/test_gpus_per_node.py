@@ -10,8 +10,8 @@ import pytest
 import yaml
 from kvgate.admission.policy import parse_gpus_per_node
 from kvgate.admission.webhook_command import WebhookSettings
-from kvgate.cli import build_parser, main
-from kvgate.settings import OperatorSettings
+from kvgate.cmd.cli import build_parser, main
+from kvgate.kube.settings import OperatorSettings
 
 from .conftest import mutated
 

@@ -6,7 +6,7 @@ import base64
 
 import pytest
 from kvgate.admission.registration import validating_webhook_configuration
-from kvgate.tls import make_ca
+from kvgate.kube.tls import make_ca
 
 CA_PEM = make_ca().cert_pem
 

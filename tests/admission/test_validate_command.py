@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 from .conftest import SAMPLE, mutated
 

@@ -25,8 +25,8 @@ from kvgate.admission.answer import INTERNAL_ERROR_CODE, WEBHOOK_PATH
 from kvgate.admission.app import serving
 from kvgate.admission.operator_webhook import OperatorWebhookServer
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.cli import main
-from kvgate.tls import make_ca, make_serving_cert, write_tls_dir
+from kvgate.cmd.cli import main
+from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 
 from .conftest import live, mutated, review, sample
 from .test_webhook_https import post
@@ -136,7 +136,7 @@ def _webhook_command(tls_dir: Path, ports: tuple[int, int, int], delay: float) -
     return [
         sys.executable,
         "-m",
-        "kvgate.cli",
+        "kvgate.cmd.cli",
         "webhook",
         f"--port={port}",
         f"--health-port={health}",

@@ -5,7 +5,8 @@ Run: .venv/bin/python tests/benchmarks/bench_content_check.py
 For each case a prefill and a decode reference engine (llama-3.1-8b config, 131,072-token
 context, 80 GiB simulated GPUs: the e2e sample) and ``smg launch --pd-disaggregation`` with both as
 static workers run on loopback. kvgate's own planner, sender and judge
-(``kvgate.content_probe``, ``kvgate.handlers.content_check.send_probe``) then check the revision
+(``kvgate.verify.content_probe``, ``kvgate.controller.content_check.send_probe``) then check the
+revision
 through the router, as the operator does before a Service switch. Prints each probe's answer and
 wall time, and the verdict:
 
@@ -26,9 +27,9 @@ import time
 from pathlib import Path
 
 import aiohttp
-from kvgate import content_probe
-from kvgate.api import ContentProbeSpec
-from kvgate.handlers.content_check import send_probe
+from kvgate.api.models import ContentProbeSpec
+from kvgate.controller.content_check import send_probe
+from kvgate.verify import content_probe
 
 MODEL = "llama-3.1-8b"
 CONTEXT = 131_072

@@ -6,7 +6,7 @@ A real reference engine runs with ``--kv-canary log`` and writes its log to a fi
 server plays the API server: ``pods/log?follow=true&timestamps=true`` tails that file (polling
 every 50 ms, as the kubelet's log follower does, with the RFC 3339 prefix the API adds) and
 ``pods/status`` records the PATCH. The operator side is kvgate's own follower
-(``kvgate.handlers.kv_canary_watch``). Each round is a new verified pod: ``POST
+(``kvgate.controller.kv_canary_watch``). Each round is a new verified pod: ``POST
 /kvgate/canary/corrupt`` and one ``/generate`` make the engine log SGLang's violation line; the
 time is from the moment the line is in the log file to the accepted gate PATCH.
 
@@ -34,11 +34,11 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 
-from kvgate import labels  # noqa: E402
-from kvgate.handlers import kv_canary_watch  # noqa: E402
-from kvgate.handlers.runtime import Runtime  # noqa: E402
-from kvgate.k8s import Credentials, KubeApi  # noqa: E402
-from kvgate.settings import OperatorSettings  # noqa: E402
+from kvgate.api import labels  # noqa: E402
+from kvgate.controller import kv_canary_watch  # noqa: E402
+from kvgate.controller.runtime import Runtime  # noqa: E402
+from kvgate.kube.k8s import Credentials, KubeApi  # noqa: E402
+from kvgate.kube.settings import OperatorSettings  # noqa: E402
 from operator_factories import md_doc  # noqa: E402
 
 NS = "bench"

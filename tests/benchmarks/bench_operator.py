@@ -27,16 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 import kopf  # noqa: F401  (counted in the memory figure, as in the real process)
 from fake_engine import FakeEngine, running
-from kvgate import builders, gate
-from kvgate.handlers import engine_pods
-from kvgate.handlers.modeldeployment import pod_state, workload_state
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.main import make_verify
-from kvgate.planner import ObservedState, plan
-from kvgate.revision import revision_of
-from kvgate.settings import OperatorSettings
-from kvgate.status import compute_status
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller import engine_pods
+from kvgate.controller.main import make_verify
+from kvgate.controller.modeldeployment import pod_state, workload_state
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.rollout.planner import ObservedState, plan
+from kvgate.rollout.status import compute_status
+from kvgate.verify import gate
 from operator_factories import make_md, md_doc
 
 NS = "bench"

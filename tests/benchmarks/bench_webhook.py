@@ -52,7 +52,7 @@ START_DEADLINE_SECONDS = 60.0
 # `kvgate ...` under cProfile timed by CPU, not wall-clock, time (the processes share 2 cores).
 PROFILED = """
 import cProfile, sys, time
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 profile = cProfile.Profile(time.process_time)
 profile.enable()
 try:
@@ -132,7 +132,7 @@ def webhooks(
         for index in range(replicas):
             port, health, metrics = _free_port(), _free_port(), _free_port()
             if profile_dir is None:
-                python = [sys.executable, "-m", "kvgate.cli"]
+                python = [sys.executable, "-m", "kvgate.cmd.cli"]
             else:
                 python = [
                     sys.executable,
@@ -333,7 +333,7 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(ROOT / "operator"))
-    from kvgate.tls import make_ca, make_serving_cert, write_tls_dir
+    from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)

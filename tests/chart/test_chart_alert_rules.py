@@ -16,7 +16,7 @@ from typing import Any
 import promql_parser as promql
 import pytest
 from helm_runner import ROOT, Helm
-from kvgate import metrics
+from kvgate.kube import metrics
 
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
 ENABLED = ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true")
@@ -46,7 +46,7 @@ def spec(helm: Helm) -> dict[str, Any]:
 
 
 def exported_series() -> dict[str, frozenset[str]]:
-    """Every series name kvgate.metrics.REGISTRY serves, with its label names."""
+    """Every series name kvgate.kube.metrics.REGISTRY serves, with its label names."""
     label_names = {
         collector._name: frozenset(collector._labelnames)  # prometheus_client keeps them here
         for collector in vars(metrics).values()
@@ -59,7 +59,7 @@ def exported_series() -> dict[str, frozenset[str]]:
     }
     series: dict[str, frozenset[str]] = {}
     for family in metrics.REGISTRY.collect():
-        assert family.name in label_names, f"{family.name} is not a kvgate.metrics attribute"
+        assert family.name in label_names, f"{family.name} is not a kvgate.kube.metrics attribute"
         own = label_names[family.name]
         for suffix in suffixes[family.type]:
             series[family.name + suffix] = own | ({"le"} if suffix == "_bucket" else set())

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from helm_runner import CHART, Helm
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.api import DEFAULT_MIN_ENGINE_VERSION
+from kvgate.api.models import DEFAULT_MIN_ENGINE_VERSION
 
 ENV = "KVGATE_MIN_ENGINE_VERSION_FLOOR"
 # A Kubernetes the chart fully renders for (admissionPolicy needs this API).

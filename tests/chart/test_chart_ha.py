@@ -56,7 +56,7 @@ def test_the_webhook_is_its_own_two_replica_deployment_that_rolls_without_a_gap(
 
 
 def test_the_webhook_arguments_are_accepted_by_the_kvgate_cli(default: Rendered) -> None:
-    from kvgate.cli import build_parser
+    from kvgate.cmd.cli import build_parser
 
     container = _container(default.webhook())
     args = build_parser().parse_args(["webhook", *container["args"]])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from helm_runner import Helm
-from kvgate.rbac import Scope, granted, rules
+from kvgate.gen.rbac import Scope, granted, rules
 
 LWS = ("leaderworkerset.x-k8s.io", "leaderworkersets")
 STS = ("apps", "statefulsets")

@@ -16,9 +16,9 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered
-from kvgate.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
-from kvgate.cli import build_parser
-from kvgate.rbac import Scope, granted, rules
+from kvgate.cmd.cli import build_parser
+from kvgate.gen.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
+from kvgate.gen.rbac import Scope, granted, rules
 
 NAMESPACE = "kvgate-system"
 FULLNAME = "kvgate"
@@ -26,7 +26,7 @@ OPERATOR_CLUSTER_ROLE = f"{FULLNAME}-{NAMESPACE}"  # kvgate.clusterName
 CERT_MANAGER = ("cert-manager.io/v1/Certificate", "cert-manager.io/v1/Issuer")
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
 
-# Exactly what the operator calls: the table the chart's rules are generated from (kvgate.rbac);
+# Exactly what the operator calls: the table the chart's rules are generated from (kvgate.gen.rbac);
 # (apiGroup, resource) -> verbs. tests/test_rbac_generation.py checks the generated files.
 NAMESPACED_RULES = granted(rules(Scope.NAMESPACED))
 CRD_RULE = granted(rules(Scope.CLUSTER))
@@ -220,7 +220,7 @@ def test_watch_namespaces_gives_roles_per_namespace_and_scopes_the_webhook(helm:
 def test_chart_crd_template_is_generated_from_the_api_models() -> None:
     template = CHART / "templates" / TEMPLATE_NAME
     assert template.read_text() == chart_crd_template(), (
-        "the chart's CRD drifted from the API models: run `python -m kvgate.chartgen`"
+        "the chart's CRD drifted from the API models: run `python -m kvgate.gen.chartgen`"
     )
 
 

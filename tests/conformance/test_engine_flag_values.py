@@ -27,7 +27,7 @@ import pytest
 import yaml
 from kvgate.admission.checks import check_document
 from kvgate.admission.engine_flags import API_ENGINE_FLAGS
-from kvgate.api import ModelDeploymentSpec, Role
+from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate_engine.reference.args import build_parser
 from kvgate_engine.sglang_choices import (
     DISAGGREGATION_MODE,

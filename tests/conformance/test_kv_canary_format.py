@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate import kv_canary
+from kvgate.verify import kv_canary
 from kvgate_engine.reference import canary
 
 pytestmark = pytest.mark.conformance

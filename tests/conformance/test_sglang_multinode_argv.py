@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate import multinode
-from kvgate.api import ModelDeploymentSpec, Role
-from kvgate.engine_launch import engine_launch
+from kvgate.api import multinode
+from kvgate.api.models import ModelDeploymentSpec, Role
+from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv
 from test_sglang_argv import UNKNOWN_FLAG, model_dir, run_in_release, sglang_envs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvgate.api import ModelDeployment
+from kvgate.api.models import ModelDeployment
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 NOW = datetime(2026, 11, 5, 12, 0, 0, tzinfo=UTC)

@@ -1,9 +1,10 @@
-"""When a pass reads the router access objects and NetworkPolicies again (kvgate.access_checks)."""
+"""When a pass reads the router access objects and NetworkPolicies again
+(kvgate.rollout.access_checks)."""
 
 from __future__ import annotations
 
 import pytest
-from kvgate.access_checks import AccessCheck, access_check_due
+from kvgate.rollout.access_checks import AccessCheck, access_check_due
 
 LAST = AccessCheck(frozenset({"rev-a"}), at=100.0, access_conflicts=(), policy_conflicts=())
 SAFETY_NET = 36_000.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import kmock
 import pytest
-from kvgate import metrics
-from kvgate.k8s import Credentials, KubeApi, resource_of
+from kvgate.kube import metrics
+from kvgate.kube.k8s import Credentials, KubeApi, resource_of
 
 
 @pytest.mark.parametrize(

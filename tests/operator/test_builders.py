@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate import builders, labels
-from kvgate.api import Role
-from kvgate.revision import revision_of
+from kvgate.api import labels
+from kvgate.api.models import Role
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
 from operator_factories import make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
@@ -177,7 +178,8 @@ def test_guarded_decode_deployment_matches_golden_file() -> None:
 
 
 def test_engine_pods_carry_a_guard_sidecar_checking_the_operators_requirement() -> None:
-    from kvgate import cli, guard, requirements
+    from kvgate.cmd import cli, guard
+    from kvgate.rollout import requirements
 
     md = make_md(safety__headroom=1.2)
     for role in (Role.PREFILL, Role.DECODE):

@@ -9,8 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from kvgate.api import ContentProbeSpec
-from kvgate.content_probe import (
+from kvgate.api.models import ContentProbeSpec
+from kvgate.controller.content_check import parse_stream, send_probe
+from kvgate.verify.content_probe import (
     REASON_FAILED,
     REASON_INCONCLUSIVE,
     REASON_PASSED,
@@ -28,7 +29,6 @@ from kvgate.content_probe import (
     verdict,
     vocab_size_of,
 )
-from kvgate.handlers.content_check import parse_stream, send_probe
 from local_http import serving_app
 
 CONTEXT = 131_072

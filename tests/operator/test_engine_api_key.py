@@ -12,14 +12,14 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate import builders
-from kvgate.api import ModelDeployment
-from kvgate.handlers import engine_pods
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.main import make_verify
-from kvgate.revision import revision_of
-from kvgate.settings import OperatorSettings
+from kvgate.api.models import ModelDeployment
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller import engine_pods
+from kvgate.controller.main import make_verify
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED
 from operator_factories import NOW, md_doc
 from test_handlers_kmock import _controller, declare_resources

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kvgate import gate, labels
-from kvgate.gateway import GATEWAY_IGNORED_NOT_READY, Action, EnginePod, decide
-from kvgate.handlers.gateway_watch import read_workers
-from kvgate.main import make_verify
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.controller.gateway_watch import read_workers
+from kvgate.controller.main import make_verify
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify import gate
+from kvgate.verify.gateway import GATEWAY_IGNORED_NOT_READY, Action, EnginePod, decide
 from kvgate_engine.verdict import Outcome, Requirement
 from local_http import serving_app
 from operator_factories import NOW
@@ -327,6 +328,6 @@ def test_the_probe_bound_defaults_to_16_and_reads_its_env(monkeypatch: pytest.Mo
 
 
 def argparse_namespace() -> Any:
-    from kvgate.cli import build_parser
+    from kvgate.cmd.cli import build_parser
 
     return build_parser().parse_args(["operator", "--no-webhook"])

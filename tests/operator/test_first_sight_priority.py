@@ -9,11 +9,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from kvgate import gate, labels, probe_slots
-from kvgate.handlers import engine_pods
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.controller import engine_pods
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import probe_slots
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify import gate
 
 VERIFIED_AT = "2026-12-02T10:00:05Z"
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvgate import gate, labels
+from kvgate.api import labels
+from kvgate.verify import gate
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Requirement, cannot_tell, judge
 from operator_factories import NOW

@@ -1,6 +1,7 @@
 """A gateway that keeps routing to an engine pod after its gate turned False gets the pod deleted.
 
-Table tests for the pure decision (kvgate.gateway.decide), then the wiring against the kmock API
+Table tests for the pure decision (kvgate.verify.gateway.decide), then the wiring against the kmock
+API
 emulator with a fake smg router serving ``GET /workers`` on 127.0.0.1.
 """
 
@@ -18,8 +19,17 @@ from typing import Any
 import kmock
 import pytest
 from aiohttp import web
-from kvgate import builders, labels, metrics
-from kvgate.gateway import (
+from kvgate.api import labels
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller import engine_pods
+from kvgate.controller.gateway_watch import GatewayWatch, read_workers
+from kvgate.controller.main import make_verify
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify.gateway import (
     GATEWAY_HONOURED_NOT_READY,
     GATEWAY_IGNORED_NOT_READY,
     GATEWAY_UNREACHABLE,
@@ -31,13 +41,6 @@ from kvgate.gateway import (
     decide,
     worker_address,
 )
-from kvgate.handlers import engine_pods
-from kvgate.handlers.gateway_watch import GatewayWatch, read_workers
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.main import make_verify
-from kvgate.revision import revision_of
-from kvgate.settings import OperatorSettings
 from operator_factories import NOW, make_md
 from test_handlers_kmock import NS, declare_resources, engine_pod, requests
 

@@ -7,8 +7,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvgate import group_gate, labels, multinode
-from kvgate.group_gate import GroupState
+from kvgate.api import labels, multinode
+from kvgate.verify import group_gate
+from kvgate.verify.group_gate import GroupState
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Requirement, cannot_tell, judge
 from operator_factories import NOW

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fake_engine import FakeEngine, running
-from kvgate import cli, guard
-from kvgate.guard import Guard, Observation, next_start, readiness
+from kvgate.cmd import cli, guard
+from kvgate.cmd.guard import Guard, Observation, next_start, readiness
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Finding, Outcome, Requirement, Verdict, cannot_tell
 
@@ -256,7 +256,7 @@ def test_the_guard_imports_no_kopf() -> None:
     import subprocess
     import sys
 
-    code = "import sys, kvgate.guard; print('kopf' in sys.modules, 'kubernetes' in sys.modules)"
+    code = "import sys, kvgate.cmd.guard; print('kopf' in sys.modules, 'kubernetes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
 

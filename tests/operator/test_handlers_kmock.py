@@ -14,16 +14,19 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate import builders, labels, metrics, pod_view
-from kvgate.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
-from kvgate.handlers import content_check, deployments, engine_pods
-from kvgate.handlers.modeldeployment import Reconciler, on_md_event
-from kvgate.handlers.runtime import Runtime
-from kvgate.informer import Reflector, Watched, per_namespace
-from kvgate.k8s import ApiError, Credentials, KubeApi
-from kvgate.main import make_verify
-from kvgate.revision import revision_of
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller import content_check, deployments, engine_pods
+from kvgate.controller.main import make_verify
+from kvgate.controller.modeldeployment import Reconciler, on_md_event
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.kube.informer import Reflector, Watched, per_namespace
+from kvgate.kube.k8s import ApiError, Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify import pod_view
+from kvgate.verify.content_probe import REASON_FAILED, REASON_PASSED, ContentVerdict
 from operator_factories import MD_UID, NOW, make_md, md_doc
 
 NS = "models"
@@ -505,7 +508,7 @@ async def test_router_gets_its_control_plane_key_from_an_owned_secret(
 ) -> None:
     import base64
 
-    from kvgate import router_auth
+    from kvgate.verify import router_auth
 
     put_md(kmock)
     rev = revision_of(make_md().spec)
@@ -531,7 +534,7 @@ async def test_an_edited_router_role_is_restored_on_the_pass_its_watch_event_wak
     await reconciler.reconcile()
     roles = kmock.resource("rbac.authorization.k8s.io", "v1", "roles")
     kmock.objects[roles, NS, "llama-router"].patch({"rules": []})  # a tenant's edit
-    # What the Role watch (kvgate.main, label-filtered) delivers for that edit.
+    # What the Role watch (kvgate.controller.main, label-filtered) delivers for that edit.
     role = dict(kmock.objects[roles, NS, "llama-router"])
     deployments.on_router_access_event(rt, "MODIFIED", role)
     assert rt.md_wake((NS, "llama")).is_set()
@@ -545,7 +548,8 @@ async def test_a_pass_no_access_event_woke_reads_the_key_secret_but_not_the_watc
 ) -> None:
     """The router's ServiceAccount, Role, RoleBinding and the NetworkPolicies are watched: a
     pass woken by pods or Deployments, or by the ADDED echo of its own creations, does not GET
-    them again (kvgate.access_checks); the key Secret is not watched and is read every pass."""
+    them again (kvgate.rollout.access_checks); the key Secret is not watched and is read every
+    pass."""
     put_md(kmock)
     reconciler = Reconciler(rt, NS, "llama")
     await reconciler.reconcile()
@@ -630,7 +634,7 @@ async def test_each_running_revision_gets_its_network_policies_when_they_are_on(
 ) -> None:
     from dataclasses import replace
 
-    from kvgate.network_policy_settings import NetworkPolicySettings
+    from kvgate.kube.network_policy_settings import NetworkPolicySettings
 
     rt.settings = replace(
         rt.settings,

@@ -11,10 +11,11 @@ from typing import Any
 
 import kmock
 import pytest
-from kvgate import builders, labels
-from kvgate.handlers.modeldeployment import Reconciler
-from kvgate.handlers.runtime import Runtime
-from kvgate.revision import revision_of
+from kvgate.api import labels
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller.modeldeployment import Reconciler
+from kvgate.controller.runtime import Runtime
 from operator_factories import make_md, md_doc
 from test_handlers_kmock import NS, requests, rt  # noqa: F401  (rt is a fixture)
 

@@ -1,10 +1,11 @@
-"""The operator raises its soft open-files limit to the hard one (kvgate.http_pool, issue 16)."""
+"""The operator raises its soft open-files limit to the hard one (kvgate.kube.http_pool, issue
+16)."""
 
 from __future__ import annotations
 
 import resource
 
-from kvgate import http_pool
+from kvgate.kube import http_pool
 
 
 def test_the_soft_open_files_limit_is_raised_to_the_hard_one() -> None:

@@ -1,4 +1,4 @@
-"""The operator's own list-then-watch of engine pods (kvgate.informer), against an API server
+"""The operator's own list-then-watch of engine pods (kvgate.kube.informer), against an API server
 stand-in on 127.0.0.1 that pages its lists, expires continue tokens and watches, and streams
 scripted watch events: a restarted leader with thousands of engine pods must finish its list
 (round 8's stalled at 680 of 1,000 ModelDeployments), and a pod deleted while the watch was
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kvgate import labels
-from kvgate.handlers import deployments, engine_pods
-from kvgate.handlers.runtime import Runtime
-from kvgate.informer import Reflector
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.controller import deployments, engine_pods
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.informer import Reflector
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 from local_http import serving_app
 
 NS = "models"

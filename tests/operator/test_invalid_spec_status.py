@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from kvgate.status import invalid_spec_status
+from kvgate.rollout.status import invalid_spec_status
 
 NOW = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 PROBLEM = "spec.model.contextLength: Input should be greater than 0"

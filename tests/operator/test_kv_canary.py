@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kvgate import kv_canary, labels
-from kvgate.handlers import kv_canary_watch
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.controller import kv_canary_watch
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify import kv_canary
 from kvgate_engine.reference.canary import format_violation
 from operator_factories import NOW, md_doc
 

@@ -1,4 +1,5 @@
-"""Leader election on a Lease (kvgate.leader): the pure decision table, then two electors racing
+"""Leader election on a Lease (kvgate.kube.leader): the pure decision table, then two electors
+racing
 for one Lease held by an in-memory API server with resourceVersion (optimistic concurrency)."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import time
 from typing import Any
 
 import pytest
-from kvgate.k8s import ApiError
-from kvgate.leader import Action, LeaderConfig, LeaderElector, LeaseRecord, decide
+from kvgate.kube.k8s import ApiError
+from kvgate.kube.leader import Action, LeaderConfig, LeaderElector, LeaseRecord, decide
 
 ME = LeaderConfig(namespace="kvgate-system", name="kvgate-operator", identity="pod-a")
 
@@ -239,7 +240,7 @@ async def test_renewals_go_on_while_the_operators_event_loop_is_blocked() -> Non
     """Issue 16: with 1,000 ModelDeployments the operator's loop was so busy that a renewal
     queued on it missed the renew deadline; the leader stepped down and restarted over and
     over. The holder runs on a thread of its own with its own client."""
-    from kvgate import main
+    from kvgate.controller import main
 
     server, changes = LeaseServer(), []
     a = elector(server, "pod-a", changes)

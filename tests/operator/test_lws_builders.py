@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate import builders, labels, lws_builders, multinode
-from kvgate.api import Role
+from kvgate.api import labels, multinode
+from kvgate.api.models import Role
+from kvgate.build import builders, lws_builders
 from operator_factories import make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"

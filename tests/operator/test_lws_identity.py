@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kvgate import labels, multinode
-from kvgate.lws_identity import LeaderIdentity, identify_leader, statefulset_name
-from kvgate.pod_identity import EngineIdentity, Unproven
+from kvgate.api import labels, multinode
+from kvgate.verify.lws_identity import LeaderIdentity, identify_leader, statefulset_name
+from kvgate.verify.pod_identity import EngineIdentity, Unproven
 
 MD_UID = "md-uid"
 REV = "a1b2c3d4e5"

@@ -1,5 +1,5 @@
 """ModelDeployments carry no finalizer: their reconcile loops are tasks started and stopped by
-watch events (kvgate.handlers.md_loops), and a finalizer left by an earlier kvgate is removed.
+watch events (kvgate.controller.md_loops), and a finalizer left by an earlier kvgate is removed.
 
 Issue 16: deleting 200 ModelDeployments took over 2 minutes (a kopf daemon per object, so a
 finalizer and an operator round trip per deletion), and hung with the operator uninstalled.
@@ -13,11 +13,11 @@ from typing import Any
 
 import kmock
 import pytest
-from kvgate.handlers import md_loops
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.main import make_verify, register_handlers
-from kvgate.settings import OperatorSettings
+from kvgate.controller import md_loops
+from kvgate.controller.main import make_verify, register_handlers
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 from operator_factories import MD_UID, NOW, md_doc
 
 NS = "models"

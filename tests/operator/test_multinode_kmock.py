@@ -9,12 +9,13 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate import labels, lws_builders, multinode
-from kvgate.api import Role
-from kvgate.handlers import engine_pods, group_verify, modeldeployment
-from kvgate.handlers.modeldeployment import Reconciler
-from kvgate.handlers.runtime import Runtime
-from kvgate.revision import revision_of
+from kvgate.api import labels, multinode
+from kvgate.api.models import Role
+from kvgate.api.revision import revision_of
+from kvgate.build import lws_builders
+from kvgate.controller import engine_pods, group_verify, modeldeployment
+from kvgate.controller.modeldeployment import Reconciler
+from kvgate.controller.runtime import Runtime
 from operator_factories import make_md
 from test_handlers_kmock import NS, RESOURCES, VERBS, put_md, requests, rt
 

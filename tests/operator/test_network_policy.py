@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate import labels, network_policy
-from kvgate.network_policy import RouterEgress, network_policies
+from kvgate.api import labels
+from kvgate.build import network_policy
+from kvgate.build.network_policy import RouterEgress, network_policies
 from operator_factories import MD_UID, make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"

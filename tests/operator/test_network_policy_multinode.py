@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kvgate import labels, multinode
-from kvgate.network_policy import network_policies
+from kvgate.api import labels, multinode
+from kvgate.build.network_policy import network_policies
 from operator_factories import make_md
 
 REV, OLD = "7c9d0e1f2a", "1a2b3c4d5e"

@@ -1,5 +1,5 @@
 """A proven ReplicaSet -> Deployment chain serves its sibling pods for a short while
-(kvgate.handlers.identity, issue 16: two GETs per pod were 18,000 reads for 1,000
+(kvgate.controller.identity, issue 16: two GETs per pod were 18,000 reads for 1,000
 ModelDeployments); every sibling is still checked against it, and a recreated ReplicaSet or an
 expired entry is read again."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import kmock
 import pytest
-from kvgate.handlers.identity import resolve_identity
-from kvgate.handlers.runtime import OwnerChains, Runtime
-from kvgate.pod_identity import EngineIdentity, Unproven
+from kvgate.controller.identity import resolve_identity
+from kvgate.controller.runtime import OwnerChains, Runtime
+from kvgate.verify.pod_identity import EngineIdentity, Unproven
 from operator_factories import MD_UID
 from test_handlers_kmock import engine_pod, requests, revision_chain, rt
 

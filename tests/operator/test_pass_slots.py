@@ -10,10 +10,10 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from kvgate.handlers import modeldeployment
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.controller import modeldeployment
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 
 
 class CountingReconciler:
@@ -58,7 +58,7 @@ async def test_passes_beyond_the_bound_wait_their_turn_and_all_run() -> None:
 
 async def test_the_debug_memory_report_names_the_largest_allocation_sites() -> None:
     from aiohttp.test_utils import make_mocked_request
-    from kvgate import main
+    from kvgate.controller import main
 
     tracemalloc.start(1)
     try:
@@ -75,7 +75,7 @@ async def test_the_debug_memory_report_names_the_largest_allocation_sites() -> N
 
 
 def test_the_audit_pacer_spaces_reads_across_the_fleet_in_request_order() -> None:
-    from kvgate.handlers.runtime import Pacer
+    from kvgate.controller.runtime import Pacer
 
     now = [100.0]
     pacer = Pacer(50.0, clock=lambda: now[0])

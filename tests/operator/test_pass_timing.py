@@ -1,10 +1,10 @@
-"""kvgate.pass_timing: a rollout in flight backs off while nothing wakes it, never past its
+"""kvgate.rollout.pass_timing: a rollout in flight backs off while nothing wakes it, never past its
 verify deadline; settled loops wait the steady period, spread so they do not run in lockstep."""
 
 from __future__ import annotations
 
 import pytest
-from kvgate.pass_timing import next_pass_seconds
+from kvgate.rollout.pass_timing import next_pass_seconds
 
 BASE = {"reconcile_seconds": 5.0, "steady_seconds": 30.0}
 

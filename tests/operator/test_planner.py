@@ -6,8 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from kvgate.content_probe import ContentCheck
-from kvgate.planner import (
+from kvgate.rollout.planner import (
     Evidence,
     ObservedState,
     PodState,
@@ -19,6 +18,7 @@ from kvgate.planner import (
     needed_verified,
     plan,
 )
+from kvgate.verify.content_probe import ContentCheck
 from operator_factories import NOW, make_md
 
 OLD, NEW, NEWER = "aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.content_probe import ContentCheck
-from kvgate.planner import (
+from kvgate.rollout.planner import (
     REFUSED_CONTENT,
     ObservedState,
     PodState,
@@ -14,6 +13,7 @@ from kvgate.planner import (
     content_verified,
     plan,
 )
+from kvgate.verify.content_probe import ContentCheck
 from operator_factories import NOW, make_md
 
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"

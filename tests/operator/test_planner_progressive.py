@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kvgate.planner import (
+from kvgate.rollout.planner import (
     REFUSED_STEP_CHECK,
     ObservedState,
     Refusal,
@@ -18,7 +18,7 @@ from kvgate.planner import (
     WorkloadState,
     plan,
 )
-from kvgate.progressive import RouterCounters
+from kvgate.rollout.progressive import RouterCounters
 from operator_factories import NOW
 from test_planner import NEW, NEWER, OLD, observe, pods, workloads
 

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from kvgate import labels
-from kvgate.pod_identity import EngineIdentity, Unproven, identify
+from kvgate.api import labels
+from kvgate.verify.pod_identity import EngineIdentity, Unproven, identify
 
 MD_UID = "md-uid"
 REV = "a1b2c3d4e5"
@@ -135,7 +135,7 @@ def _router_chain() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
 
 
 def test_a_router_pod_is_identified_only_when_routers_are_asked_for() -> None:
-    from kvgate.pod_identity import ROUTER_ROLES
+    from kvgate.verify.pod_identity import ROUTER_ROLES
 
     router = f"llama-{REV}-router"
     assert identify(*_router_chain(), MD_UID, ROUTER_ROLES) == EngineIdentity(

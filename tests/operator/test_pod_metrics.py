@@ -1,4 +1,4 @@
-"""The per-engine-pod gauges (kvgate.metrics): one table behind five gauge families, exposed as
+"""The per-engine-pod gauges (kvgate.kube.metrics): one table behind five gauge families, exposed as
 labelled gauges, forgotten with the pod, and small enough for 9,000 pods (issue 16)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
-from kvgate import metrics
+from kvgate.kube import metrics
 from prometheus_client import generate_latest
 
 PER_POD = (

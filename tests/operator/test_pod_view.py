@@ -1,4 +1,4 @@
-"""The operator stores a projection of each watched pod (kvgate.pod_view), indexed by its
+"""The operator stores a projection of each watched pod (kvgate.verify.pod_view), indexed by its
 ModelDeployment (handlers.runtime.PodStore): issue 16's 1,000 ModelDeployments / 9,000 pods
 within 300 MB, and per-ModelDeployment questions that cost its own pods, not the fleet's."""
 
@@ -12,13 +12,16 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from kvgate import builders, gate, labels, pod_view, workload_writes
-from kvgate.handlers import engine_pods, router_workers
-from kvgate.handlers.modeldeployment import workload_state
-from kvgate.handlers.runtime import PodStore, Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.revision import revision_of
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.api.revision import revision_of
+from kvgate.build import builders
+from kvgate.controller import engine_pods, router_workers
+from kvgate.controller.modeldeployment import workload_state
+from kvgate.controller.runtime import PodStore, Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.rollout import workload_writes
+from kvgate.verify import gate, pod_view
 from operator_factories import make_md
 
 # An engine pod as the API server returns it: kvgate's template, a controller, the kubelet's
@@ -200,7 +203,8 @@ def test_sibling_pods_share_one_copy_of_their_labels_owner_annotations_and_conta
 
 
 def _deployment(**spec_and_meta: Any) -> dict[str, Any]:
-    """A revision Deployment as the API server returns it (kvgate.builders' body, plus what the
+    """A revision Deployment as the API server returns it (kvgate.build.builders' body, plus what
+    the
     server adds: managedFields, other annotations, status)."""
     md = make_md(model__contextLength=131_072)
     body = builders.deployment(md, revision_of(md.spec), "decode", replicas=2)

@@ -1,4 +1,4 @@
-"""Probe slots (kvgate.probe_slots): at most N engine reads at once, a changed engine's first.
+"""Probe slots (kvgate.kube.probe_slots): at most N engine reads at once, a changed engine's first.
 
 Issue 16: among 8,000 engines re-read every 30 s, a restarted engine must be re-verified within
 1 s (p50); in a FIFO queue it waits behind every periodic read queued before it."""
@@ -13,12 +13,12 @@ from typing import Any
 import kmock
 import pytest
 from fake_engine import FakeEngine, running
-from kvgate.handlers import engine_pods
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.main import make_verify
-from kvgate.probe_slots import URGENT, ProbeSlots
-from kvgate.settings import OperatorSettings
+from kvgate.controller import engine_pods
+from kvgate.controller.main import make_verify
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.probe_slots import URGENT, ProbeSlots
+from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Requirement, Verdict
 from operator_factories import NOW
 from test_handlers_kmock import NS, declare_resources, engine_pod, revision_chain

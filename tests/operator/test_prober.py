@@ -1,4 +1,5 @@
-"""The operator's probe (kvgate.main.Prober): one client session for every read, but never a
+"""The operator's probe (kvgate.controller.main.Prober): one client session for every read, but
+never a
 connection kept between reads, and nothing one engine sets reaches another (issue 16)."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 from fake_engine import FakeEngine
-from kvgate.main import Prober
-from kvgate.settings import OperatorSettings
+from kvgate.controller.main import Prober
+from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Outcome, Requirement
 from local_http import serving_app
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvgate.progressive import (
+from kvgate.rollout.progressive import (
     RouterCounters,
     check_step,
     counters_from_metrics,
@@ -114,7 +114,7 @@ async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
     import asyncio
 
     from aiohttp import web
-    from kvgate.handlers.step_check import fetch_text
+    from kvgate.controller.step_check import fetch_text
     from local_http import serving_app
 
     head = "".join(f"# HELP filler_{i} padding\nfiller_{i} 0\n" for i in range(3000))

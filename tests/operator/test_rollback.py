@@ -1,4 +1,5 @@
-"""Revision history and kvgate.io/rollback (kvgate.rollback): what status.history keeps, what a
+"""Revision history and kvgate.io/rollback (kvgate.rollout.rollback): what status.history keeps,
+what a
 rollback request restores or refuses, and the JSON patch that applies it."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kvgate.rollback import (
+from kvgate.rollout.rollback import (
     ROLLBACK_ANNOTATION,
     decide_rollback,
     history_in,

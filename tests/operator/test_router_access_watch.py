@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kvgate import builders, main, rbac
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.build import builders
+from kvgate.controller import main
+from kvgate.controller.runtime import Runtime
+from kvgate.gen import rbac
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 from operator_factories import make_md
 
 MD = make_md()
@@ -50,7 +52,7 @@ async def test_a_deleted_or_edited_router_access_object_wakes_its_modeldeploymen
     assert not rt.md_wake(key).is_set()
     await handler.fn(event={"type": event_type, "object": body})
     assert rt.md_wake(key).is_set()
-    # ... and its pass reads them again (kvgate.access_checks).
+    # ... and its pass reads them again (kvgate.rollout.access_checks).
     assert rt.take_access_changed(key) and not rt.take_access_changed(key)
 
 
@@ -76,4 +78,6 @@ def test_the_operator_may_list_and_watch_everything_kopf_watches() -> None:
         for h in _watch_handlers()
         if not {"list", "watch"} <= granted.get((h.selector.group, h.selector.any_name), set())
     ]
-    assert missing == [], f"kopf watches these without list/watch in kvgate.rbac.RULES: {missing}"
+    assert missing == [], (
+        f"kopf watches these without list/watch in kvgate.gen.rbac.RULES: {missing}"
+    )

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kvgate.cli import build_parser
-from kvgate.settings import OperatorSettings
+from kvgate.cmd.cli import build_parser
+from kvgate.kube.settings import OperatorSettings
 
 UNSET = None
 
@@ -289,7 +289,7 @@ def test_leader_election_without_a_namespace_says_which_variable_to_set(
 
 
 def test_every_kvgate_variable_settings_reads_is_in_the_tables() -> None:
-    source = (Path(__file__).resolve().parents[2] / "operator/kvgate/settings.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "operator/kvgate/kube/settings.py").read_text()
     read = set(re.findall(r'"(KVGATE_[A-Z_]+)"', source)) - {"KVGATE_NETWORK_POLICIES"}
     tested = (
         {name for name, *_ in ACCEPTED}

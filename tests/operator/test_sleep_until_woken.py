@@ -8,7 +8,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from kvgate.handlers.runtime import Wake, sleep_until_woken
+from kvgate.controller.runtime import Wake, sleep_until_woken
 
 
 async def test_a_wake_up_ends_the_sleep_and_is_cleared() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from kvgate.planner import (
+from kvgate.rollout.planner import (
     Evidence,
     PodState,
     Refusal,
@@ -14,7 +14,7 @@ from kvgate.planner import (
     RolloutStep,
     ServiceRepair,
 )
-from kvgate.status import compute_status, events_for, rollout_record
+from kvgate.rollout.status import compute_status, events_for, rollout_record
 from operator_factories import NOW
 
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvgate.planner import StepRecord, plan
-from kvgate.progressive import RouterCounters
-from kvgate.status import compute_status, events_for, rollout_record
+from kvgate.rollout.planner import StepRecord, plan
+from kvgate.rollout.progressive import RouterCounters
+from kvgate.rollout.status import compute_status, events_for, rollout_record
 from operator_factories import NOW
 from test_planner import NEW, OLD
 from test_planner_progressive import both_serving, progressive

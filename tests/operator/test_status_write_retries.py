@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kvgate import metrics
-from kvgate.handlers import engine_pods
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import ApiError, Credentials, KubeApi, RetryPolicy
-from kvgate.settings import OperatorSettings
+from kvgate.controller import engine_pods
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.kube.k8s import ApiError, Credentials, KubeApi, RetryPolicy
+from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Requirement, Verdict
 from operator_factories import NOW
 
@@ -124,7 +124,7 @@ async def test_503s_then_200_are_retried_with_exponential_backoff_and_logged(
 ) -> None:
     fake.script = [Reply(503), Reply(503), Reply(503)]
     before = retries("pod_condition", "http_503")
-    with caplog.at_level(logging.WARNING, logger="kvgate.k8s"):
+    with caplog.at_level(logging.WARNING, logger="kvgate.kube.k8s"):
         result = await api.patch_pod_condition(NS, POD, "pod-uid-1", CONDITION)
     assert result is not None and result["status"]["conditions"] == [CONDITION]
     assert len(fake.seen) == 4
@@ -138,7 +138,7 @@ async def test_503s_then_200_are_retried_with_exponential_backoff_and_logged(
     assert all(body["metadata"] == {"uid": "pod-uid-1"} for *_, body in fake.seen)
     assert sleeps.waits == [0.2, 0.4, 0.8]
     assert retries("pod_condition", "http_503") - before == 3
-    logged = [r.getMessage() for r in caplog.records if r.name == "kvgate.k8s"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "kvgate.kube.k8s"]
     assert len(logged) == 3
     assert logged[0].startswith("status write failed (http_503), retry 1 of 4 in 0.20 s")
     assert "HTTP 503: scripted 503" in logged[0]

@@ -7,11 +7,11 @@ from __future__ import annotations
 import kopf
 import pytest
 from kopf._cogs.structs import references
-from kvgate import labels, main
-from kvgate.handlers import deployments
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.settings import OperatorSettings
+from kvgate.api import labels
+from kvgate.controller import deployments, main
+from kvgate.controller.runtime import Runtime
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 
 
 def _resource(group: str, plural: str, kind: str) -> references.Resource:
@@ -65,7 +65,7 @@ def test_kopfs_pods_are_filtered_by_component_only_so_look_alikes_are_still_seen
     configured: kopf.OperatorSettings,
 ) -> None:
     """kopf watches routers and multi-node workers (engine pods are the operator's own watch,
-    kvgate.informer): not the 9,000 engine pods of 1,000 ModelDeployments a second time, yet
+    kvgate.kube.informer): not the 9,000 engine pods of 1,000 ModelDeployments a second time, yet
     any pod with one of those components, whoever manages it."""
     selectors = configured.watching.label_selectors.collect(_resource("", "pods", "Pod"))
     assert selectors == ["kvgate.io/component in (router,engine-worker)"]

@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from kvgate import labels, metrics, router_auth
-from kvgate.handlers import router_workers
-from kvgate.handlers.runtime import Runtime
-from kvgate.k8s import Credentials, KubeApi
-from kvgate.pod_identity import EngineIdentity
-from kvgate.settings import OperatorSettings
-from kvgate.worker_audit import KeyRefusal, KnownEngine, key_refusal, unknown_workers
+from kvgate.api import labels
+from kvgate.controller import router_workers
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
+from kvgate.verify import router_auth
+from kvgate.verify.pod_identity import EngineIdentity
+from kvgate.verify.worker_audit import KeyRefusal, KnownEngine, key_refusal, unknown_workers
 
 DECODE = KnownEngine("uid-d", "198.18.0.7", 30000, "decode")
 PREFILL = KnownEngine("uid-p", "198.18.0.8", 30000, "prefill")
@@ -145,14 +147,15 @@ async def served() -> AsyncIterator[tuple[Runtime, FakeRouter]]:
     }
     rt.routers["router-uid"] = router_pod
     # The router's and the decode pod's controller chains, as identity.resolve_identity caches them.
-    from kvgate.handlers.identity import _ownership_fingerprint
+    from kvgate.controller.identity import _ownership_fingerprint
 
     rt.identities["router-uid"] = (
         _ownership_fingerprint(router_pod),
         EngineIdentity("llama", "rev", "router", "llama-rev-router"),
     )
     decode_pod = {
-        # A proven engine pod carries its Deployment's labels (kvgate.pod_identity checks them).
+        # A proven engine pod carries its Deployment's labels (kvgate.verify.pod_identity checks
+        # them).
         "metadata": {
             "name": "d",
             "namespace": "ns",

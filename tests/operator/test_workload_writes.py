@@ -10,9 +10,10 @@ from typing import Any
 
 import jsonpatch  # type: ignore[import-untyped]
 import pytest
-from kvgate import builders, labels
-from kvgate.planner import Refusal, RolloutStep, WorkloadIntent
-from kvgate.workload_writes import (
+from kvgate.api import labels
+from kvgate.build import builders
+from kvgate.rollout.planner import Refusal, RolloutStep, WorkloadIntent
+from kvgate.rollout.workload_writes import (
     BuildInputs,
     Create,
     Delete,

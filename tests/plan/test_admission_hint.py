@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.admission import check_document
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 from .models import LLAMA_31_70B
 

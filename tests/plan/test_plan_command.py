@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 from .models import DEEPSEEK_V3, LLAMA_31_8B, LLAMA_70B_CONFIG, MAMBA
 

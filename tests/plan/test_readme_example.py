@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kvgate.cli import main
+from kvgate.cmd.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

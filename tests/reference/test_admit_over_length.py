@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvgate.content_probe import Expect, ProbeAnswer, ProbeRequest, judge
+from kvgate.verify.content_probe import Expect, ProbeAnswer, ProbeRequest, judge
 
 if TYPE_CHECKING:
     from conftest import EngineLauncher, RunningEngine

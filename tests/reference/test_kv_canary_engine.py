@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import aiohttp
-from kvgate import kv_canary
+from kvgate.verify import kv_canary
 
 if TYPE_CHECKING:
     from conftest import EngineLauncher, RunningEngine

@@ -30,7 +30,7 @@ from kvgate.admission.certificates import CHECK_INTERVAL_SECONDS, ReloadingCerti
 from kvgate.admission.checks import check_document
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.review import RejectedReview, check_resource, check_review, parse_review
-from kvgate.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from kvgate.api.models import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger("kvgate.admission")
 

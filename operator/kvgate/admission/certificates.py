@@ -17,7 +17,7 @@ import logging
 import ssl
 from pathlib import Path
 
-from kvgate.tls import CERT_FILE, KEY_FILE
+from kvgate.kube.tls import CERT_FILE, KEY_FILE
 
 log = logging.getLogger("kvgate.admission.certificates")
 
@@ -66,7 +66,7 @@ class ReloadingCertificate:
                 raise CertificateFilesError(
                     f"webhook certificate file {path} is missing; mount the webhook's "
                     f"kubernetes.io/tls Secret at {self.tls_dir} (--tls-dir), or create "
-                    "tls.crt and tls.key there (kvgate.tls.write_tls_dir)"
+                    "tls.crt and tls.key there (kvgate.kube.tls.write_tls_dir)"
                 ) from None
             except OSError as error:
                 raise CertificateFilesError(

@@ -30,7 +30,7 @@ from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
 from kvgate.admission.shape import check_group_names, check_shape
-from kvgate.api import (
+from kvgate.api.models import (
     API_VERSION,
     DEFAULT_MIN_ENGINE_VERSION,
     KIND,

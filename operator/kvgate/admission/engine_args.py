@@ -34,7 +34,7 @@ from kvgate_engine.flag_reader import END_OF_OPTIONS, FlagUse, read_flags
 
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
-from kvgate.api import ModelDeploymentSpec, Role, TransferBackend
+from kvgate.api.models import ModelDeploymentSpec, Role, TransferBackend
 
 
 @dataclass(frozen=True)

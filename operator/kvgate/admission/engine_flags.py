@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
-from kvgate.api import KvCacheDtype, ModelDeploymentSpec, TransferBackend
+from kvgate.api.models import KvCacheDtype, ModelDeploymentSpec, TransferBackend
 
 
 @dataclass(frozen=True)

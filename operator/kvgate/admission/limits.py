@@ -33,7 +33,7 @@ _GO_PLAIN_FLOAT_LIMIT = 1e21  # Go's encoding/json writes integral floats below 
 
 @functools.cache
 def _spec_schema() -> Mapping[str, Any]:
-    from kvgate.crd import crd  # late: kvgate.crd imports this package
+    from kvgate.gen.crd import crd  # late: kvgate.gen.crd imports this package
 
     schema: Mapping[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema["properties"]["spec"]  # type: ignore[no-any-return]

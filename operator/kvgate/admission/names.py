@@ -13,8 +13,9 @@ import functools
 import re
 from dataclasses import dataclass
 
-from kvgate import builders, labels, network_policy
-from kvgate.revision import REVISION_LENGTH
+from kvgate.api import labels
+from kvgate.api.revision import REVISION_LENGTH
+from kvgate.build import builders, network_policy
 
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1035_LABEL_MAX = 63

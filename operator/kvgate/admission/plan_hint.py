@@ -8,7 +8,7 @@ from typing import Any
 from kvgate_engine.estimator import estimate_pool
 from kvgate_engine.plan import RoleFit, Shape, fit_role
 
-from kvgate.api import ModelDeploymentSpec, RoleSpec
+from kvgate.api.models import ModelDeploymentSpec, RoleSpec
 
 # Spec values the admission estimate passes besides the shape, by estimate_pool parameter; only
 # those this estimator takes are passed, so the planner judges a fix exactly as admission does.

@@ -11,7 +11,7 @@ import base64
 from typing import Any
 
 from kvgate.admission.answer import HANDLER_ID, WEBHOOK_PATH
-from kvgate.api import GROUP, PLURAL, VERSION
+from kvgate.api.models import GROUP, PLURAL, VERSION
 
 CONFIGURATION_NAME = "kvgate.io"
 WEBHOOK_NAME = f"{HANDLER_ID}.{GROUP}"

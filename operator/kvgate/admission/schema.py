@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from kvgate.admission.result import Problem
-from kvgate.api import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeployment
+from kvgate.api.models import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeployment
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

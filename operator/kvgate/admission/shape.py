@@ -13,9 +13,9 @@ from __future__ import annotations
 from kvgate.admission.names import LABEL_VALUE_MAX
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
-from kvgate.api import MAX_GPUS_PER_NODE, ModelDeploymentSpec, Role, RoleSpec
-from kvgate.builders import component_name
-from kvgate.revision import REVISION_LENGTH
+from kvgate.api.models import MAX_GPUS_PER_NODE, ModelDeploymentSpec, Role, RoleSpec
+from kvgate.api.revision import REVISION_LENGTH
+from kvgate.build.builders import component_name
 
 # A StatefulSet labels its pods controller-revision-hash=<statefulset>-<hash>; the hash is a
 # uint32 written in up to 10 characters, and a label value holds at most 63.

@@ -43,7 +43,7 @@ from kvgate.admission.policy import (
     ClusterPolicy,
     parse_gpus_per_node,
 )
-from kvgate.settings import LOG_FORMATS, LOG_LEVELS, _bind_address, _env, _env_choice
+from kvgate.kube.settings import LOG_FORMATS, LOG_LEVELS, _bind_address, _env, _env_choice
 
 log = logging.getLogger("kvgate.admission.webhook")
 

@@ -1,0 +1,1 @@
+"""The ModelDeployment API: the pydantic models, label and annotation names, revisions."""

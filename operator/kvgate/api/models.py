@@ -1,0 +1,987 @@
+"""The ModelDeployment API (kvgate.io/v1alpha1): the one source of truth.
+
+The CRD in ``crds/``, the chart's CRD, ``kubectl explain`` text and the webhook's schema checks
+are all generated from these pydantic models. Field descriptions are user documentation.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Annotated, Any
+
+# Re-exported: the API's default, defined once in the engine package (Requirement's default too).
+from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION as DEFAULT_MIN_ENGINE_VERSION
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kvgate.io"
+VERSION = "v1alpha1"
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+SINGULAR = "modeldeployment"
+SHORT_NAMES = ["md"]
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_ENGINE_PORT = 30000
+DEFAULT_BOOTSTRAP_PORT = 8998
+DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
+DEFAULT_SHM_SIZE = "16Gi"  # NCCL, SGLang's TP workers and the KV transfer staging use /dev/shm
+INFINIBAND_DEVICE_DIR = "/dev/infiniband"
+MAX_RDMA_DEVICES = 64
+MAX_IB_DEVICES = 32
+# A Kubernetes resource quantity as kvgate accepts it for sizes (binary or decimal suffix).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
+# An RDMA HCA name as SGLang's --disaggregation-ib-device takes it (mlx5_0, mlx5_bond_0, ionic_3).
+IB_DEVICE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+# A device-plugin resource <domain>/<name> (rdma/hca_shared_devices_a, nvidia.com/hostdev).
+RESOURCE_NAME_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+# Input limits (README "Input limits"). Each is far above what a real deployment writes and low
+# enough that everything kvgate builds from the spec stays within what Kubernetes accepts.
+MAX_ENGINE_REPLICAS = 1024  # engine pods per role
+MAX_ROUTER_REPLICAS = 64
+MAX_GPUS_PER_NODE = 16  # GPUs one engine pod asks for: no node has more
+MAX_ENGINE_NODES = 32  # pods (nodes) of one multi-node engine: a LeaderWorkerSet group's size
+# GPUs of one engine (--tp-size) across all its nodes.
+MAX_TENSOR_PARALLEL = MAX_GPUS_PER_NODE * MAX_ENGINE_NODES
+MAX_ARGS = 128  # items in engine.args, router.args and engine.env
+MAX_ARG_LENGTH = 4096  # characters in one argument or environment value
+MAX_NAME_LENGTH = 256  # model.name, env names
+MAX_PATH_LENGTH = 1024  # model.path, images
+MAX_VERSION_LENGTH = 64
+MAX_TOLERATIONS = 32
+MAX_NODE_SELECTOR = 32
+MAX_RESOURCES = 16  # resource names per limits/requests
+MAX_VERIFY_TIMEOUT_SECONDS = 86_400
+MAX_REVERIFY_INTERVAL_SECONDS = 3_600  # re-verification never pauses longer than an hour
+# Kubernetes' own limits on what kvgate copies into pod specs.
+QUALIFIED_NAME_MAX = 317  # <DNS subdomain prefix (253)>/<name (63)>
+LABEL_VALUE_MAX = 63
+
+# Marks a free-form object in the generated CRD (x-kubernetes-preserve-unknown-fields).
+PRESERVE_UNKNOWN: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+INT_OR_STRING: dict[str, Any] = {"x-kubernetes-int-or-string": True}
+
+
+class _Model(BaseModel):
+    """Base: camelCase on the wire, unknown fields are errors (typos never vanish silently)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=False,
+    )
+
+
+# The CUDA context (~0.5 GiB on Hopper) and NCCL buffers exist before SGLang measures free
+# memory; kvgate_engine.estimator.DEFAULT_GPU_RESERVED_GIB is the same figure.
+DEFAULT_GPU_RESERVED_GIB = 1.0
+
+
+# --kv-cache-dtype values the API offers: each is one SGLang's parser lists (checked per release
+# by tests/conformance/test_engine_flag_values.py) and the estimator sizes, except FLOAT16, which
+# no supported release accepts: it stays in the schema so that stored objects remain readable
+# (removing an enum value breaks them), and admission denies it (kvgate.admission.engine_flags).
+class KvCacheDtype(StrEnum):
+    AUTO = "auto"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+    BFLOAT16 = "bfloat16"
+    BF16 = "bf16"
+    MXFP8 = "mxfp8"
+    FLOAT16 = "float16"
+
+
+class TransferBackend(StrEnum):
+    MOONCAKE = "mooncake"
+    MOONCAKE_TCP = "mooncake_tcp"
+    NIXL = "nixl"
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class ModelSpec(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="Served model name (--served-model-name); clients send it as `model`.",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Where the engine reads the weights (--model-path): a local path or hub id.",
+    )
+    context_length: int = Field(
+        gt=0,
+        description=(
+            "The advertised context window in tokens (--context-length). Every prefill and "
+            "decode engine must prove a KV pool of at least contextLength x safety.headroom."
+        ),
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "The model's Hugging Face config.json as a map. Enables admission-time KV pool "
+            "estimates and the context-length check against the model's own limit. The whole "
+            "spec, this included, is limited to 96 KiB as JSON (checked at admission)."
+        ),
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+    weights_gi_b: float | None = Field(
+        default=None,
+        alias="weightsGiB",
+        gt=0,
+        description="Total weight size of one engine replica in GiB (split across its TP ranks).",
+    )
+
+
+class EnvVar(_Model):
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, description="Environment variable name."
+    )
+    value: str | None = Field(default=None, max_length=MAX_ARG_LENGTH, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of a Secret in the ModelDeployment's namespace.",
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key in that Secret.")
+
+
+class RdmaSpec(_Model):
+    """Where the engine container gets its RDMA device from: a device-plugin resource (preferred)
+    or the node's /dev/infiniband."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.resourceName) != has(self.hostPath)",
+                    "message": "set exactly one of transfer.rdma.resourceName (a device plugin "
+                    "resource) and transfer.rdma.hostPath (/dev/infiniband)",
+                }
+            ]
+        }
+    )
+
+    resource_name: str | None = Field(
+        default=None,
+        max_length=QUALIFIED_NAME_MAX,
+        pattern=RESOURCE_NAME_PATTERN,
+        description=(
+            "Device-plugin resource that gives the pod RDMA devices, requested as a limit, e.g. "
+            "rdma/hca_shared_devices_a (k8s-rdma-shared-dev-plugin) or nvidia.com/hostdev "
+            "(NVIDIA Network Operator). The engine keeps a non-privileged container."
+        ),
+    )
+    count: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RDMA_DEVICES,
+        description="How many of resourceName each engine pod requests.",
+    )
+    host_path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^/",
+        description=(
+            "The node's InfiniBand device directory (usually /dev/infiniband), mounted at "
+            "/dev/infiniband. Device nodes from a hostPath work only in a privileged container, "
+            "so the engine container runs privileged: use resourceName where a device plugin "
+            "is installed."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RdmaSpec:
+        if (self.resource_name is None) == (self.host_path is None):
+            raise ValueError(
+                "set exactly one of resourceName (a device plugin resource, e.g. "
+                "rdma/hca_shared_devices_a) and hostPath (/dev/infiniband)"
+            )
+        return self
+
+
+class TransferSpec(_Model):
+    """How prefill hands KV to decode, and what the engine pods need for it."""
+
+    backend: TransferBackend = Field(
+        default=TransferBackend.MOONCAKE,
+        description=(
+            "--disaggregation-transfer-backend. mooncake (SGLang's default) moves KV over RDMA "
+            "and needs rdma and ibDevices on RDMA nodes; mooncake_tcp is mooncake over TCP "
+            "(no device, no capability); nixl uses UCX, over RDMA when rdma is set, else TCP."
+        ),
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None,
+        description=(
+            "The RDMA device for mooncake or nixl. With it the engine container gets the "
+            "device and the IPC_LOCK capability (RDMA pins memory), and runs as root, because "
+            "Kubernetes gives added capabilities to root processes only."
+        ),
+    )
+    ib_devices: list[Annotated[str, Field(pattern=IB_DEVICE_PATTERN, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=MAX_IB_DEVICES,
+        description=(
+            "HCA names for --disaggregation-ib-device, e.g. [mlx5_0, mlx5_1] (joined with "
+            "commas). Empty: the backend picks devices itself. Needs rdma."
+        ),
+    )
+    shm_size: str = Field(
+        default=DEFAULT_SHM_SIZE,
+        max_length=32,
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "Size of the in-memory /dev/shm (emptyDir, medium Memory) of engine pods; it counts "
+            "against the pod's memory."
+        ),
+    )
+    host_network: bool = Field(
+        default=False,
+        description=(
+            "Run engine pods in the node's network namespace (as SGLang's own RDMA examples "
+            "do, for RoCE setups that need the host's interfaces). Engine NetworkPolicies do "
+            "not apply to such pods, and the engine and bootstrap ports must be free on the "
+            "node."
+        ),
+    )
+
+
+class EngineSpec(_Model):
+    image: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description=(
+            "SGLang engine image, e.g. lmsysorg/sglang:v0.5.23. A tag naming a version below "
+            "safety.minEngineVersion is denied at admission, and so is a kvCacheDtype or "
+            "transfer.backend that this release's parser refuses."
+        ),
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default=KvCacheDtype.AUTO,
+        description=(
+            "KV cache dtype (--kv-cache-dtype). auto: the model's own dtype; bfloat16 (or "
+            "bf16): 2 bytes per element; fp8_e4m3, fp8_e5m2: 1 byte (twice the tokens per "
+            "GiB); mxfp8: 1 byte plus a scale byte per 32 elements (SGLang's FA4 backend). "
+            "A value the image's SGLang release does not accept is denied at admission: "
+            "float16 is accepted by no supported release (0.5.19 to 0.5.23) and is denied, use "
+            "auto for a float16 model. FP4 caches (nvfp4, fp4_mx_block16) are not offered: "
+            "kvgate cannot size them."
+        ),
+    )
+    page_size: int = Field(
+        default=1, ge=1, description="KV cache page size in tokens (--page-size)."
+    )
+    transfer_backend: TransferBackend | None = Field(
+        default=None,
+        description="Deprecated: use transfer.backend (read when transfer.backend is not set).",
+    )
+    transfer: TransferSpec = Field(
+        default_factory=TransferSpec,
+        description="The prefill->decode KV transfer: backend, RDMA device, /dev/shm.",
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "A Secret key holding the engine API key. kvgate passes it to the engine "
+            "(--api-key, from the Secret via an environment variable), to its own probe and "
+            "guard (Authorization: Bearer) and to the gateway (smg --api-key, which then also "
+            "requires it from clients). Never put --api-key in args."
+        ),
+    )
+    port: int = Field(
+        default=DEFAULT_ENGINE_PORT, ge=1, le=65535, description="Engine HTTP port (--port)."
+    )
+    bootstrap_port: int = Field(
+        default=DEFAULT_BOOTSTRAP_PORT,
+        ge=1,
+        le=65535,
+        description="Prefill KV bootstrap port (--disaggregation-bootstrap-port).",
+    )
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description="Extra sglang.launch_server flags, appended after kvgate's own.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description="Extra environment variables for engine containers.",
+    )
+
+    @model_validator(mode="after")
+    def _deprecated_transfer_backend(self) -> EngineSpec:
+        old = self.transfer_backend
+        if old is None:
+            return self
+        if "backend" in self.transfer.model_fields_set and self.transfer.backend != old:
+            raise ValueError(
+                f"transferBackend {old.value} and transfer.backend {self.transfer.backend.value} "
+                "disagree; remove the deprecated transferBackend"
+            )
+        self.transfer = self.transfer.model_copy(update={"backend": old})
+        return self
+
+
+MAX_CONTENT_PROBE_LENGTHS = 8
+MAX_CONTENT_PROBE_NEW_TOKENS = 1024
+MAX_CONTENT_PROBE_TIMEOUT_SECONDS = 86_400
+
+
+class ContentProbeSpec(_Model):
+    """The content check at maximum length a new revision passes before it takes traffic."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Before a new revision takes traffic, send prompts of maximum length through its own "
+            "router (kvgate.verify.content_probe): each in-range prompt must be answered with "
+            "maxNewTokens tokens, and prompts just over the verified KV pool and over "
+            "contextLength must be refused (never HTTP 200 with generated tokens). Costs one "
+            "prefill of each length per rollout (README: cost model)."
+        ),
+    )
+    lengths: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [50, 100],
+        min_length=1,
+        max_length=MAX_CONTENT_PROBE_LENGTHS,
+        description=(
+            "In-range prompt lengths, in percent of the longest prompt SGLang answers in full: "
+            "contextLength - maxNewTokens - 2, at most contextLength - 7."
+        ),
+    )
+    max_new_tokens: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_CONTENT_PROBE_NEW_TOKENS,
+        description="Tokens each in-range probe must generate (sent with ignore_eos).",
+    )
+    timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=MAX_CONTENT_PROBE_TIMEOUT_SECONDS,
+        description=(
+            "Deadline of each probe request; an in-range probe that is not answered in time "
+            "fails the check."
+        ),
+    )
+
+
+class SafetySpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.headroom >= 1.0",
+                    "message": "safety.headroom must be >= 1.0 (the pool must hold the context)",
+                }
+            ]
+        }
+    )
+
+    headroom: float = Field(
+        default=1.0,
+        ge=1.0,
+        description=(
+            "Required KV pool as a multiple of contextLength (>= 1.0). 1.2 demands a pool 20% "
+            "larger than the advertised window."
+        ),
+    )
+    min_engine_version: str = Field(
+        default=DEFAULT_MIN_ENGINE_VERSION,
+        min_length=1,
+        max_length=MAX_VERSION_LENGTH,
+        description=(
+            "Lowest SGLang version allowed to serve (PEP 440). Disaggregated SGLang before "
+            "0.5.22 can hand stale KV pages to decode on an over-length prompt. Must be at or "
+            "above the cluster's floor (chart value engineVersionFloor)."
+        ),
+    )
+    kv_canary: bool = Field(
+        default=False,
+        description="Run SGLang's own KV canary (--kv-canary log, SGLang >= 0.5.19).",
+    )
+    content_probe: ContentProbeSpec = Field(
+        default_factory=ContentProbeSpec,
+        description="The content check at maximum length before a new revision takes traffic.",
+    )
+    kv_checksum: bool = Field(
+        default=True,
+        description=(
+            "Enable KV-transfer checksums (--disaggregation-enable-kv-checksum) on engines "
+            "whose version has them (>= 0.5.21)."
+        ),
+    )
+
+
+class Toleration(_Model):
+    key: str | None = Field(
+        default=None, max_length=QUALIFIED_NAME_MAX, description="Taint key to tolerate."
+    )
+    operator: str | None = Field(default=None, max_length=16, description="Exists or Equal.")
+    value: str | None = Field(
+        default=None, max_length=LABEL_VALUE_MAX, description="Taint value (operator Equal)."
+    )
+    effect: str | None = Field(
+        default=None, max_length=32, description="NoSchedule, PreferNoSchedule, NoExecute."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class Resources(_Model):
+    limits: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+        default_factory=dict,
+        max_length=MAX_RESOURCES,
+        description="Resource limits (nvidia.com/gpu is set by kvgate).",
+    )
+    requests: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+        default_factory=dict, max_length=MAX_RESOURCES, description="Resource requests."
+    )
+
+
+class RoleSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.memFractionStatic > 0.0 && self.memFractionStatic < 1.0",
+                    "message": "memFractionStatic must be between 0 and 1 (exclusive)",
+                },
+                {"rule": "self.replicas >= 0", "message": "replicas must be >= 0"},
+                {
+                    "rule": "self.tensorParallel % self.nodes == 0",
+                    "message": "tensorParallel (GPUs per engine) must be a multiple of nodes: "
+                    "each of an engine's nodes pods gets tensorParallel / nodes GPUs",
+                },
+                {
+                    "rule": f"self.tensorParallel <= {MAX_GPUS_PER_NODE} * self.nodes",
+                    "message": f"tensorParallel / nodes (GPUs per node) must be at most "
+                    f"{MAX_GPUS_PER_NODE}: no node has more; raise nodes",
+                },
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ENGINE_REPLICAS, description="Engine pods of this role."
+    )
+    tensor_parallel: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description=(
+            "GPUs per engine, across all its nodes (--tp-size). Each of the engine's `nodes` "
+            f"pods requests tensorParallel / nodes nvidia.com/gpu (at most {MAX_GPUS_PER_NODE}), "
+            "so it must be a multiple of nodes: 16 on 2 nodes of 8 GPUs."
+        ),
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ENGINE_NODES,
+        description=(
+            "Pods (one per node) per engine. 1: each engine is one pod of a Deployment. More: "
+            "each engine is one LeaderWorkerSet group (leaderworkerset.x-k8s.io/v1, which must "
+            "be installed) whose leader runs rank 0 and serves HTTP and whose workers run ranks "
+            "1..nodes-1 (--nnodes, --node-rank, --dist-init-addr); the engine is verified, and "
+            "takes traffic, only while its leader's pool meets the requirement and every rank "
+            "runs. replicas counts engines (groups), not pods."
+        ),
+    )
+    mem_fraction_static: float = Field(
+        default=0.85,
+        gt=0,
+        lt=1,
+        description=(
+            "Fraction of GPU memory for weights and KV pool (--mem-fraction-static), 0 < x < 1. "
+            "Always passed explicitly: SGLang's own default depends on the GPU."
+        ),
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Optional cap on the KV pool (--max-total-tokens); it can only lower it.",
+    )
+    gpu_memory_gi_b: float | None = Field(
+        default=None,
+        alias="gpuMemoryGiB",
+        gt=0,
+        description="Memory of one GPU in GiB; enables the admission-time pool estimate.",
+    )
+    gpu_reserved_gi_b: float = Field(
+        default=DEFAULT_GPU_RESERVED_GIB,
+        alias="gpuReservedGiB",
+        ge=0,
+        description=(
+            "GPU memory in GiB the engine never sees as free: the CUDA context, NCCL buffers "
+            "and other tenants. The admission estimate applies memFractionStatic to "
+            "gpuMemoryGiB minus this, as SGLang applies it to the free memory it measures."
+        ),
+    )
+    resources: Resources = Field(
+        default_factory=Resources, description="CPU/memory requests and limits."
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=MAX_NODE_SELECTOR,
+        description="Node labels the engine pods must match.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Tolerations for the engine pods.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes Affinity for the engine pods.",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+
+
+class RouterSpec(_Model):
+    replicas: int = Field(
+        default=1, ge=0, le=MAX_ROUTER_REPLICAS, description="Gateway (smg) pods."
+    )
+    image: str = Field(
+        default=DEFAULT_ROUTER_IMAGE,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="SGLang gateway (smg) image.",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Gateway HTTP port.")
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description=(
+            "Extra smg flags, appended last. Flags that add workers, change discovery, "
+            "control-plane or API authentication, or where the router listens are denied."
+        ),
+    )
+
+
+class RolloutStrategy(StrEnum):
+    SWITCH = "Switch"
+    PROGRESSIVE = "Progressive"
+
+
+class RolloutStepSpec(_Model):
+    """One traffic step of a progressive rollout."""
+
+    weight: int = Field(
+        ge=1,
+        le=99,
+        description=(
+            "Share of requests (percent) the new revision takes during this step; the split "
+            "follows the ratio of the two revisions' ready routers (rollout.maxSplitRouters)."
+        ),
+    )
+    pause_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=MAX_VERIFY_TIMEOUT_SECONDS,
+        description=(
+            "How long the step holds, with the step check watching the new revision's routers, "
+            "before the next step starts."
+        ),
+    )
+
+
+def _default_steps() -> list[RolloutStepSpec]:
+    return [RolloutStepSpec(weight=10), RolloutStepSpec(weight=50)]
+
+
+class StepCheckSpec(_Model):
+    """What the new revision's routers must show during each progressive step."""
+
+    max_error_percent: float = Field(
+        default=1.0,
+        ge=0,
+        le=100,
+        description=(
+            "Largest share (percent) of the new revision's generation requests that may fail "
+            "with a 5xx during a step; above it the rollout is rolled back at once."
+        ),
+    )
+    max_rejected_percent: float = Field(
+        default=100.0,
+        ge=0,
+        le=100,
+        description=(
+            "Largest share (percent) of generation requests the new revision may refuse with a "
+            "4xx (over-length prompts among them); 100 reports the share without acting on it."
+        ),
+    )
+    min_requests: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Generation requests the new revision must answer during a step before the step "
+            "may end (its pause is over and the check judged enough traffic); 0 lets a step "
+            "without traffic end when its pause is over."
+        ),
+    )
+
+
+class RolloutSpec(_Model):
+    verify_timeout_seconds: int = Field(
+        default=900,
+        ge=1,
+        le=MAX_VERIFY_TIMEOUT_SECONDS,
+        description=(
+            "A new revision whose prefill and decode pods are not verified within this time is "
+            "refused; the serving revision keeps serving."
+        ),
+    )
+    min_verified_percent: int = Field(
+        default=100,
+        ge=1,
+        le=100,
+        description=(
+            "Share of each role's replicas that must be verified before a new revision takes "
+            "traffic (rounded up, at least one pod per role)."
+        ),
+    )
+    scale_down_refused: bool = Field(
+        default=True,
+        description="Scale a refused revision's engines to zero to free their GPUs.",
+    )
+    reverify_interval_seconds: int = Field(
+        default=30,
+        ge=1,
+        le=MAX_REVERIFY_INTERVAL_SECONDS,
+        description="How often every engine pod is re-verified against its live engine.",
+    )
+    strategy: RolloutStrategy = Field(
+        default=RolloutStrategy.SWITCH,
+        description=(
+            "Switch: all traffic moves to the new revision once it is verified. Progressive: "
+            "it takes rollout.steps shares first, each held for its pause while the step check "
+            "watches its routers; a failed check rolls traffic back to the serving revision."
+        ),
+    )
+    steps: list[RolloutStepSpec] = Field(
+        default_factory=_default_steps,
+        min_length=1,
+        max_length=10,
+        description=(
+            "Progressive traffic steps, weights strictly increasing and below 100; the last "
+            "step is followed by 100 %."
+        ),
+    )
+    step_check: StepCheckSpec = Field(
+        default_factory=StepCheckSpec,
+        description="What the new revision must show during each progressive step.",
+    )
+    max_split_routers: int = Field(
+        default=10,
+        ge=2,
+        le=MAX_ROUTER_REPLICAS,
+        description=(
+            "Most routers the two revisions run together during a progressive step; the split "
+            "is the ratio of their ready routers, so this bounds its precision "
+            "(1/(2 x maxSplitRouters) of the requests, e.g. 5 points for 10)."
+        ),
+    )
+    revision_history_limit: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description=(
+            "How many revisions that served keep their full spec in status.history, so "
+            "`kubectl annotate md <name> kvgate.io/rollback=<revision>` can bring one back "
+            "(re-created and verified before it takes traffic) without its objects running."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _increasing_steps(self) -> RolloutSpec:
+        weights = [step.weight for step in self.steps]
+        for index in range(1, len(weights)):
+            if weights[index] <= weights[index - 1]:
+                raise ValueError(
+                    f"steps[{index}].weight={weights[index]} is not above steps[{index - 1}]"
+                    f".weight={weights[index - 1]}: progressive weights must strictly "
+                    f"increase (e.g. 10, 50); got {weights}"
+                )
+        low, high = 100 / self.max_split_routers, 100 - 100 / self.max_split_routers
+        for index, weight in enumerate(weights):
+            if not low <= weight <= high:
+                need = math.ceil(100 / min(weight, 100 - weight))
+                raise ValueError(
+                    f"steps[{index}].weight={weight} cannot be split with maxSplitRouters="
+                    f"{self.max_split_routers} (each revision keeps at least one router, so "
+                    f"shares run from {low:g} % to {high:g} %): raise maxSplitRouters to "
+                    f"{need} or pick a weight in that range"
+                )
+        return self
+
+
+class ModelDeploymentSpec(_Model):
+    model: ModelSpec = Field(description="The model and the context window it advertises.")
+    engine: EngineSpec = Field(description="The SGLang engine shared by both roles.")
+    safety: SafetySpec = Field(
+        default_factory=SafetySpec, description="What a live engine must prove."
+    )
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="Decode engines.")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The SGLang gateway in front of the engines."
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="How a new revision is verified and promoted."
+    )
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(_Model):
+    """metav1.Condition."""
+
+    type: str = Field(min_length=1, description="Condition type, CamelCase.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    reason: str = Field(min_length=1, description="CamelCase machine-readable reason.")
+    message: str = Field(default="", description="Human-readable detail, with numbers.")
+
+
+class RoleStatus(_Model):
+    replicas: int = Field(
+        default=0, ge=0, description="Engine pods of this role (target revision)."
+    )
+    ready_replicas: int = Field(default=0, ge=0, description="Pods that are Ready.")
+    verified_replicas: int = Field(
+        default=0, ge=0, description="Pods whose live engine passed verification."
+    )
+    min_verified_kv_pool_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Smallest KV pool (tokens) among this role's verified pods.",
+    )
+
+
+class RevisionRecord(_Model):
+    """What one revision's engines must prove, recorded when kvgate rolls the revision out."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    context_length: int = Field(ge=1, description="model.contextLength of that revision.")
+    headroom: float = Field(ge=1.0, description="safety.headroom of that revision.")
+    min_engine_version: str = Field(
+        min_length=1, max_length=64, description="safety.minEngineVersion of that revision."
+    )
+
+
+class RefusalStatus(_Model):
+    reason: str = Field(
+        min_length=1, description="EngineUnsafe or VerificationTimeout (CamelCase)."
+    )
+    message: str = Field(default="", description="Why, with the numbers.")
+
+
+class RouterCountersStatus(_Model):
+    """One of the target's router pods' generation-path responses when the step began."""
+
+    pod: str = Field(min_length=1, max_length=253, description="Router pod name.")
+    requests: int = Field(default=0, ge=0, description="Responses to generation requests.")
+    errors: int = Field(default=0, ge=0, description="Of which 5xx.")
+    rejected: int = Field(default=0, ge=0, description="Of which 4xx (over-length among them).")
+
+
+class ProgressiveStepStatus(_Model):
+    """The progressive step in progress (rollout.strategy Progressive)."""
+
+    index: int = Field(ge=0, description="Index into spec.rollout.steps.")
+    weight: int = Field(ge=0, le=100, description="The step's share of requests (percent).")
+    started_at: str = Field(description="When the step began (RFC 3339); its pause runs from here.")
+    serving_router_replicas: int = Field(
+        default=1, ge=0, description="The serving revision's routers before the split."
+    )
+    baseline: list[RouterCountersStatus] = Field(
+        default_factory=list,
+        max_length=MAX_ROUTER_REPLICAS,
+        description="The target's router counters when the step began.",
+    )
+    check: str = Field(default="", description="The step check so far, with the numbers.")
+
+
+class RolloutStatus(_Model):
+    """kvgate's record of targetRevision's rollout; it outlives the Deployments' annotations."""
+
+    verify_started_at: str | None = Field(
+        default=None,
+        description=(
+            "When verification of targetRevision began (RFC 3339); "
+            "rollout.verifyTimeoutSeconds runs from here."
+        ),
+    )
+    refusal: RefusalStatus | None = Field(
+        default=None, description="Why targetRevision was refused; absent unless it was."
+    )
+    step: ProgressiveStepStatus | None = Field(
+        default=None,
+        description="targetRevision's progressive step in progress; absent outside a split.",
+    )
+
+
+class ContentProbeStatus(_Model):
+    """One probe request of a content check and what came back."""
+
+    name: str = Field(min_length=1, description="What the length is.")
+    prompt_tokens: int = Field(ge=1, description="Prompt length in tokens.")
+    max_new_tokens: int = Field(ge=1, description="Tokens asked for.")
+    expect: str = Field(min_length=1, description="Answer or Refusal.")
+    http_status: int | None = Field(
+        default=None, description="HTTP status through the router; absent: no answer."
+    )
+    generated_tokens: int = Field(default=0, ge=0, description="Tokens the client received.")
+    error: str | None = Field(
+        default=None, description="The answer's error (shortened), or why nothing came back."
+    )
+    passed: bool = Field(description="The answer is what a safe engine gives.")
+
+
+class ContentCheckStatus(_Model):
+    """A revision's content check at maximum length (safety.contentProbe)."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    passed: bool = Field(description="Every probe got the answer a safe engine gives.")
+    checked_at: str | None = Field(default=None, description="When it ran (RFC 3339).")
+    message: str = Field(default="", description="The lengths and the answers.")
+    probes: list[ContentProbeStatus] = Field(
+        default_factory=list, max_length=16, description="Each probe and its answer."
+    )
+
+
+class HistoryEntry(_Model):
+    """A revision that served, with the spec it was rolled out from (for kvgate.io/rollback)."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    served_at: str | None = Field(default=None, description="When it first served (RFC 3339).")
+    spec: dict[str, Any] = Field(
+        description=(
+            "The spec of that revision, as applied (kept as written: it is validated again, by "
+            "the webhook too, when restored)."
+        ),
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ModelDeploymentStatus(_Model):
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this status reflects."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, EnginesVerified, Progressing, Degraded.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    serving_revision: str | None = Field(
+        default=None, description="Revision whose router and engines take traffic."
+    )
+    target_revision: str | None = Field(
+        default=None, description="Revision computed from the current spec."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None,
+        description=(
+            "targetRevision's verification start and refusal. With servingRevision, the "
+            "durable rollout record: written only by the operator, read back every pass."
+        ),
+    )
+    refused_revision: str | None = Field(
+        default=None, description="Last revision refused by verification, if any."
+    )
+    traffic_split: str | None = Field(
+        default=None,
+        max_length=128,
+        description=(
+            "Each revision's share of the Service's ready routers, e.g. `4f2a=90%,9c1e=10%` "
+            "(a progressive step) or `4f2a=100%`."
+        ),
+    )
+    content_checks: list[ContentCheckStatus] = Field(
+        default_factory=list,
+        max_length=10,
+        description="Content checks at maximum length of the revisions kvgate runs (written by "
+        "the operator): a revision takes traffic only after its check passed.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
+    )
+    context_length: int | None = Field(
+        default=None, ge=0, description="contextLength of the serving revision."
+    )
+    revisions: list[RevisionRecord] = Field(
+        default_factory=list,
+        max_length=10,
+        description="Requirements of the revisions kvgate runs (the target first). Written by "
+        "the operator; engine pods are verified against these, never against pod annotations.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
+    )
+    history: list[HistoryEntry] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The last spec.rollout.revisionHistoryLimit revisions that served, newest "
+        "first, with their specs: what kvgate.io/rollback=<revision> can restore. Written by "
+        "the operator.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
+    )
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill engines.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode engines.")
+    message: str = Field(default="", description="One-line summary for humans.")
+
+
+class ObjectMeta(BaseModel):
+    """The slice of metav1.ObjectMeta kvgate reads; everything else is kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+
+
+class ModelDeployment(_Model):
+    api_version: str = Field(default=API_VERSION, description="kvgate.io/v1alpha1")
+    kind: str = Field(default=KIND, description="ModelDeployment")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus | None = None

@@ -1,0 +1,34 @@
+"""A revision names everything in a ModelDeployment spec that changes what the engines are.
+
+Two specs with the same revision run identical engines and an identical router; replicas and
+rollout settings are not part of it (scaling is not a rollout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kvgate.api.models import ModelDeploymentSpec
+
+REVISION_LENGTH = 10
+
+
+def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
+    """The part of the spec that defines a revision, as plain JSON data."""
+    doc: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude={"rollout"})
+    for role in ("prefill", "decode", "router"):
+        doc[role].pop("replicas", None)
+    for role in ("prefill", "decode"):
+        # nodes came with multi-node engines; its default (one pod per engine) is what every
+        # earlier spec ran, so it leaves their revisions as they were (no roll on upgrade).
+        if doc[role].get("nodes") == 1:
+            del doc[role]["nodes"]
+    return doc
+
+
+def revision_of(spec: ModelDeploymentSpec) -> str:
+    """Short stable hash (lower-case hex, a valid label value) of the revision inputs."""
+    canonical = json.dumps(revision_inputs(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_LENGTH]

@@ -1,0 +1,1 @@
+"""Kubernetes objects from a ModelDeployment spec (pure): plain dicts, no I/O."""

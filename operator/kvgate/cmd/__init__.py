@@ -1,0 +1,1 @@
+"""Command-line entry points: the `kvgate` CLI, its subcommands and the guard sidecar."""

@@ -1,0 +1,257 @@
+"""Send a revision's content-check probes through its own router (I/O around content_probe).
+
+The router is one of the revision's router pods whose controller chain proves it is the
+ModelDeployment's (a look-alike pod never gets the probes, nor the engine API key). Each probe is
+one streamed ``POST /generate`` with ``input_ids`` and ``ignore_eos``, read like any untrusted
+answer: one deadline, a byte cap, only the status, the token count and a shortened error kept.
+Probes run one after another, so a 1 M-token check costs one prefill at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import aiohttp
+from kvgate_engine.untrusted import read_bounded
+
+from kvgate.api import labels
+from kvgate.api.models import ModelDeploymentSpec
+from kvgate.controller.engine_pods import engine_api_key
+from kvgate.controller.gateway_watch import router_url
+from kvgate.controller.identity import resolve_identity
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.rollout.planner import ObservedState, RolloutStep, plan
+from kvgate.verify import content_probe, gate, pod_identity, router_auth
+from kvgate.verify.content_probe import ContentCheck, ContentVerdict, ProbeAnswer, ProbeRequest
+from kvgate.verify.pod_identity import EngineIdentity
+
+log = logging.getLogger("kvgate.content_check")
+MAX_ANSWER_BYTES = 1 << 20  # a probe asks for at most 1,024 tokens; more is not an answer
+
+
+def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> ProbeAnswer:
+    """A streamed (or, on an error, plain JSON) ``/generate`` answer -> what the judge needs.
+
+    Tokens: the largest ``meta_info.completion_tokens`` or ``len(output_ids)`` any event carried
+    (SGLang streams cumulative counts). Errors: ``{"error": ...}`` events or bodies, and a
+    ``finish_reason`` of type ``abort``. Pure.
+    """
+    text = raw.decode(errors="replace")
+    events: list[Any] = []
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            payload = line.removeprefix("data:").strip()
+            if payload == "[DONE]":
+                break
+            try:
+                events.append(json.loads(payload))
+            except ValueError:
+                events.append({"error": "unparseable stream event"})
+    if not events and text.strip():
+        try:
+            events.append(json.loads(text))
+        except ValueError:
+            events.append({"error": text} if status != 200 else {"error": "unparseable answer"})
+    tokens = 0
+    error: str | None = "answer cut at 1 MiB" if truncated else None
+    for event in events:
+        for item in event if isinstance(event, list) else [event]:
+            if not isinstance(item, Mapping):
+                continue
+            if "error" in item:
+                err = item["error"]
+                message = err.get("message") if isinstance(err, Mapping) else err
+                error = error or str(message)
+            meta = item.get("meta_info") if isinstance(item.get("meta_info"), Mapping) else {}
+            count = meta.get("completion_tokens") if isinstance(meta, Mapping) else None
+            if isinstance(count, int):
+                tokens = max(tokens, count)
+            ids = item.get("output_ids")
+            if isinstance(ids, list):
+                tokens = max(tokens, len(ids))
+            finish = meta.get("finish_reason") if isinstance(meta, Mapping) else None
+            if isinstance(finish, Mapping) and finish.get("type") == "abort":
+                error = error or str(finish.get("message") or "aborted")
+    if status != 200 and error is None:
+        error = f"HTTP {status}"
+    return ProbeAnswer(status, tokens, error, None, seconds)
+
+
+async def send_probe(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    request: ProbeRequest,
+    *,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    vocab_size: int | None = None,
+) -> ProbeAnswer:
+    """One probe through the router (token ids inside ``vocab_size``); never raises."""
+    body = {
+        "model": model,
+        "input_ids": content_probe.prompt_ids(request.prompt_tokens, vocab_size),
+        "sampling_params": {
+            "max_new_tokens": request.max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        "stream": True,
+    }
+    started = time.monotonic()
+    try:
+        async with session.post(
+            f"{base_url}/generate",
+            json=body,
+            headers=dict(headers or {}),
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
+            truncated = len(raw) > MAX_ANSWER_BYTES
+            return parse_stream(
+                response.status, raw[:MAX_ANSWER_BYTES], truncated, time.monotonic() - started
+            )
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
+        return ProbeAnswer(None, transport_error=f"{what} after {time.monotonic() - started:.1f} s")
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+async def revision_router(
+    rt: Runtime, namespace: str, md_name: str, md_uid: str | None, revision: str
+) -> tuple[dict[str, Any], str] | None:
+    """A Ready router pod of the revision, proven the ModelDeployment's, and its URL."""
+    for _, pod in rt.routers.of_md(namespace, md_name):
+        meta = pod.get("metadata", {})
+        lab = meta.get("labels", {})
+        if (
+            meta.get("namespace") != namespace
+            or lab.get(labels.DEPLOYMENT) != md_name
+            or lab.get(labels.REVISION) != revision
+            or not _ready(pod)
+        ):
+            continue
+        url = router_url(pod)
+        if url is None:
+            continue
+        identity = await resolve_identity(rt, pod, md_uid, pod_identity.ROUTER_ROLES)
+        if isinstance(identity, EngineIdentity) and identity.revision == revision:
+            return pod, url
+    return None
+
+
+async def run_content_check(
+    rt: Runtime,
+    namespace: str,
+    md_name: str,
+    md_uid: str | None,
+    revision: str,
+    spec: ModelDeploymentSpec,
+    verified_pool_tokens: int | None,
+) -> ContentVerdict | None:
+    """Plan, send and judge one revision's content check; None when no Ready router of the
+    revision is known yet (nothing was sent)."""
+    settings = spec.safety.content_probe
+    probes = content_probe.plan_probes(spec.model.context_length, verified_pool_tokens, settings)
+    found = await revision_router(rt, namespace, md_name, md_uid, revision)
+    if found is None:
+        return None
+    router, url = found
+    key = await engine_api_key(rt, router)
+    headers = router_auth.bearer(key) if isinstance(key, str) else {}
+    findings = []
+    fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
+    vocab_size = content_probe.vocab_size_of(spec.model.config)
+    async with aiohttp.ClientSession() as session:
+        for probe in probes:
+            answer = await send_probe(
+                session,
+                url,
+                spec.model.name,
+                probe,
+                timeout=settings.timeout_seconds,
+                headers=headers,
+                vocab_size=vocab_size,
+            )
+            finding = content_probe.judge(probe, answer)
+            log.info(
+                "content probe %s: %s (%.1f s)",
+                "passed" if finding.passed else "FAILED",
+                finding.summary,
+                answer.seconds,
+                extra=fields,
+            )
+            findings.append(finding)
+    return content_probe.verdict(revision, findings)
+
+
+def _verified_pool(step: RolloutStep) -> int | None:
+    pools = [
+        p.min_verified_kv_pool_tokens
+        for p in step.progress.values()
+        if p.min_verified_kv_pool_tokens is not None
+    ]
+    return min(pools) if pools else None
+
+
+async def check_if_due(
+    rt: Runtime,
+    namespace: str,
+    md_name: str,
+    md_uid: str | None,
+    observed: ObservedState,
+    step: RolloutStep,
+) -> tuple[RolloutStep, dict[str, Any] | None, ContentVerdict | None]:
+    """When the step says the target's content check is due: run it and plan again with its
+    result. Returns (the step to apply, the ``status.contentChecks`` item to record or None,
+    the decided verdict or None). An inconclusive check records nothing and is retried
+    RETRY_SECONDS later; rollout.verifyTimeoutSeconds bounds the retries."""
+    if not step.content_check_due:
+        return step, None, None
+    target = step.target_revision
+    key = (namespace, md_name, target)
+    last = rt.content_inconclusive.get(key)
+    if last is not None and time.monotonic() - last < content_probe.RETRY_SECONDS:
+        return step, None, None
+    started = time.monotonic()
+    result = await run_content_check(
+        rt, namespace, md_name, md_uid, target, observed.spec, _verified_pool(step)
+    )
+    fields = {"namespace": namespace, "deployment": md_name, "revision": target}
+    if result is None or not result.conclusive:
+        rt.content_inconclusive[key] = time.monotonic()
+        log.warning(
+            "%s",
+            result.message if result else f"content check of {target}: no Ready router yet",
+            extra=fields,
+        )
+        return step, None, None
+    rt.content_inconclusive.pop(key, None)
+    metrics.CONTENT_CHECK_DURATION.labels(namespace, md_name).observe(time.monotonic() - started)
+    metrics.CONTENT_CHECKS.labels(namespace, md_name, "passed" if result.passed else "failed").inc()
+    (log.info if result.passed else log.warning)("%s", result.message, extra=fields)
+    record = content_probe.record_of(target, result, gate.rfc3339(rt.clock()))
+    decided = ContentCheck(target, result.passed, result.message)
+    replanned = plan(
+        replace(
+            observed,
+            content_checks=(
+                decided,
+                *(c for c in observed.content_checks if c.revision != target),
+            ),
+        )
+    )
+    return replanned, record, result

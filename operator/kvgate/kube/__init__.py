@@ -1,0 +1,1 @@
+"""The operator's I/O: the Kubernetes client, informers, leader election, TLS, metrics, settings."""

@@ -1,0 +1,219 @@
+"""Prometheus metrics (units in the names), served on the operator's --metrics-port."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_POD_LABELS = ("namespace", "deployment", "pod", "role")
+PodSeries = tuple[str, str, str, str]  # the values of _POD_LABELS
+
+
+class _PodGaugeTable(Collector):
+    """Every per-engine-pod gauge in one table: series -> one value per gauge (None: unset).
+
+    prometheus_client gives each labelled child of a Gauge its own objects (a metric instance,
+    a value holder, two locks; ~0.7 KiB), so five gauges cost ~3.5 KiB per engine pod, 31 MiB at
+    9,000 pods (issue 16: the operator within 300 MB at 1,000 ModelDeployments). Here a pod's
+    five values share one list (~0.2 KiB). Exposition is the same: one gauge family per name.
+    """
+
+    def __init__(self) -> None:
+        self._docs: list[tuple[str, str]] = []
+        self._values: dict[PodSeries, list[float | None]] = {}
+
+    def gauge(self, name: str, documentation: str) -> _PodGauge:
+        self._docs.append((name, documentation))
+        return _PodGauge(self, len(self._docs) - 1, name)
+
+    def set(self, series: PodSeries, column: int, value: float) -> None:
+        row = self._values.get(series)
+        if row is None:
+            row = self._values[series] = [None] * len(self._docs)
+        row[column] = float(value)
+
+    def forget(self, series: PodSeries) -> None:
+        self._values.pop(series, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = list(self._values.items())
+        for column, (name, documentation) in enumerate(self._docs):
+            family = GaugeMetricFamily(name, documentation, labels=_POD_LABELS)
+            for series, row in rows:
+                value = row[column]
+                if value is not None:
+                    family.add_metric(series, value)
+            yield family
+
+
+class _PodGauge:
+    """One gauge of the table, used like a labelled Gauge: ``labels(*series).set(value)``."""
+
+    def __init__(self, table: _PodGaugeTable, column: int, name: str) -> None:
+        self._table, self._column = table, column
+        # As prometheus_client's metrics name them (the chart's alert-rule tests read these).
+        self._name, self._labelnames = name, _POD_LABELS
+
+    def labels(self, namespace: str, deployment: str, pod: str, role: str) -> _PodGaugeChild:
+        return _PodGaugeChild(self._table, self._column, (namespace, deployment, pod, role))
+
+
+class _PodGaugeChild:
+    def __init__(self, table: _PodGaugeTable, column: int, series: PodSeries) -> None:
+        self._table, self._column, self._series = table, column, series
+
+    def set(self, value: float) -> None:
+        self._table.set(self._series, self._column, value)
+
+
+_PER_POD = _PodGaugeTable()
+
+KV_POOL_TOKENS = _PER_POD.gauge(
+    "kvgate_engine_kv_pool_tokens",
+    "KV pool of the engine's live engine, tokens (minimum over DP ranks).",
+)
+HEADROOM_RATIO = _PER_POD.gauge(
+    "kvgate_engine_headroom_ratio",
+    "KV pool tokens / context length of the engine pod (must be >= safety.headroom).",
+)
+CONTEXT_LENGTH_TOKENS = Gauge(
+    "kvgate_context_length_tokens",
+    "Advertised context window of the ModelDeployment's current spec, tokens.",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
+LAST_VERIFIED = _PER_POD.gauge(
+    "kvgate_engine_last_verified_timestamp_seconds",
+    "Unix time of the engine pod's last Safe verdict; for a pod this operator process has not "
+    "verified yet, the time it started watching it (so the age is never overstated).",
+)
+REVERIFY_INTERVAL = _PER_POD.gauge(
+    "kvgate_engine_reverify_interval_seconds",
+    "How often the engine pod's live engine is re-verified, seconds.",
+)
+POD_READY = _PER_POD.gauge(
+    "kvgate_engine_pod_ready",
+    "1 when the engine pod's Ready condition is True (it serves: it is in its Service's "
+    "endpoints), else 0; from the pod watch, not from the verifier.",
+)
+REGISTRY.register(_PER_POD)  # after its gauges: the registry reads their names on registration
+WATCH_LISTS = Counter(
+    "kvgate_watch_lists",
+    "Complete lists by the operator's own list-then-watch (kvgate.kube.informer), by resource: the "
+    "first at start, then one each time the watch expired (410 Gone). A climbing count means "
+    "the watch keeps losing its place.",
+    ["resource"],
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "kvgate_leader",
+    "1 on the operator replica that runs kvgate's handlers (with --standalone: every running "
+    "operator, once kopf started), 0 on a replica that does not.",
+    registry=REGISTRY,
+)
+STATUS_WRITE_RETRIES = Counter(
+    "kvgate_status_write_retries_total",
+    "Status writes (kind: pod_condition, md_status) retried after a transient failure, by "
+    "reason (connection, timeout, http_<status>).",
+    ("kind", "reason"),
+    registry=REGISTRY,
+)
+VERIFICATIONS = Counter(
+    "kvgate_verifications_total",
+    "Live engine verifications by outcome (Safe, Unsafe, CannotTell) and reason.",
+    ("result", "reason"),
+    registry=REGISTRY,
+)
+ROLLOUTS_REFUSED = Counter(
+    "kvgate_rollouts_refused_total",
+    "Revisions refused because an engine failed verification or did not verify in time.",
+    ("namespace", "deployment", "reason"),
+    registry=REGISTRY,
+)
+GATEWAY_FORCED_DELETIONS = Counter(
+    "kvgate_gateway_forced_deletions_total",
+    "Engine pods deleted because a gateway still routed to them after they turned NotReady.",
+    ("namespace", "deployment", "role"),
+    registry=REGISTRY,
+)
+OWNERSHIP_CONFLICTS = Gauge(
+    "kvgate_ownership_conflicts_objects",
+    "Objects a ModelDeployment needs that exist but are not its own (kvgate leaves them alone).",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
+ROUTER_PODS_REPLACED = Counter(
+    "kvgate_router_pods_replaced_total",
+    "Router pods deleted because they refused kvgate's control-plane key (they started on a "
+    "router key Secret kvgate did not write).",
+    ("namespace", "deployment"),
+    registry=REGISTRY,
+)
+ROUTER_UNKNOWN_WORKERS_REMOVED = Counter(
+    "kvgate_router_unknown_workers_removed_total",
+    "Workers removed from a router because they were not a verified engine pod of its revision.",
+    ("namespace", "deployment", "worker_type"),
+    registry=REGISTRY,
+)
+RECONCILE_DURATION = Histogram(
+    "kvgate_reconcile_duration_seconds",
+    "Time to gather, plan and apply one ModelDeployment reconcile, seconds.",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+REVERIFY_WAIT = Histogram(
+    "kvgate_reverify_wait_seconds",
+    "How long a due periodic re-verification waited for its turn in the fleet's budget "
+    "(KVGATE_REVERIFY_READS_PER_SECOND), seconds; a read after a change never waits. Waits "
+    "near the reverify interval mean engines are re-read every engines / budget seconds.",
+    registry=REGISTRY,
+    buckets=(0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
+VERIFICATION_DURATION = Histogram(
+    "kvgate_verification_duration_seconds",
+    "Time to read one live engine and judge it, seconds.",
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20),
+)
+
+
+def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
+    """Drop a deleted pod's series (no stale pool numbers on dashboards)."""
+    _PER_POD.forget((namespace, deployment, pod, role))
+
+
+CONTENT_CHECKS = Counter(
+    "kvgate_content_checks_total",
+    "Content checks at maximum length (safety.contentProbe) that decided, by result "
+    "(passed, failed).",
+    ("namespace", "deployment", "result"),
+    registry=REGISTRY,
+)
+CONTENT_CHECK_DURATION = Histogram(
+    "kvgate_content_check_duration_seconds",
+    "Wall time of one content check (every probe, one after another), seconds.",
+    ("namespace", "deployment"),
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
+KV_CANARY_VIOLATIONS = Counter(
+    "kvgate_kv_canary_violations_total",
+    "Engine pods whose log showed an SGLang KV canary violation (safety.kvCanary); each one's "
+    "gate turned False with reason KvCanaryViolation.",
+    _POD_LABELS,
+    registry=REGISTRY,
+)
+
+# Every request of kvgate's own client (kopf's watches are long-lived streams, not counted): at
+# steady state it must follow changes, not fleet size (README, Measured: Scale).
+API_REQUESTS = Counter(
+    "kvgate_api_requests",
+    "Requests kvgate's client sent to the Kubernetes API, by verb and resource.",
+    ["verb", "resource"],
+    registry=REGISTRY,
+)

@@ -1,0 +1,1 @@
+"""Rollout decisions (pure): the planner, progressive steps, rollback, status and its Events."""

@@ -1,0 +1,1 @@
+"""Verification decisions (pure): the readiness gate, identity, gateway, canary and audits."""
