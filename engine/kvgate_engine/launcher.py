@@ -23,7 +23,7 @@ accepts both flags, and an engine that does not would exit at start-up with the 
 rather than run silently without the protection the user asked for.
 
 The input is :class:`EngineLaunch`, plain values for one container: this package never imports
-the operator's API models (``kvgate.engine_launch`` maps a ModelDeployment role to it).
+the operator's API models (``kvgate.build.engine_launch`` maps a ModelDeployment role to it).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 
 KV_CHECKSUM_MIN_VERSION = Version("0.5.21")
 KV_CANARY_MIN_VERSION = Version("0.5.19")
-# The container environment variable holding the engine API key (kvgate.builders fills it from
+# The container environment variable holding the engine API key (kvgate.build.builders fills it from
 # spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
