@@ -1,4 +1,4 @@
-"""The released SGLang as the engine of the e2e world (real-engine mode, issue 13).
+"""The released SGLang as the engine of the e2e world (real-engine mode).
 
 The loopback kubelet maps ``lmsysorg/sglang:<tag>`` to kvgate's reference engine by default. A
 node annotated ``e2e.kvgate.io/engine-runtime: sglang-cpu`` runs it instead as the released SGLang

@@ -318,7 +318,7 @@ class StandInKubelet:
         seen (as the kubelet's informer does). It lists again only after 410 Gone: a re-list of
         thousands of pods every time the server ends a watch (240 s) loaded the API server the
         benchmark measures, queued a status check for every pod, and once timed out and ended
-        the stand-in (round 10's first run)."""
+        the stand-in (a 1,000-ModelDeployment benchmark run)."""
         path = "/api/v1/pods"
         params = {"fieldSelector": f"spec.nodeName={self.node.name}"}
         version: str | None = None

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the released SGLang for the e2e world's real-engine mode (issue 13): SGLang itself on
+# Installs the released SGLang for the e2e world's real-engine mode: SGLang itself on
 # CPU, as ../shared research/sglang-cpu.md found it runs, in its own directory outside the project
 # venv. Pods of a real-engine node run `<venv python> -m sglang.launch_server ...` with
 # PYTHONPATH=<dir>/site and LD_LIBRARY_PATH=<dir>/lib (kvgate_e2e/real_engine.py).

@@ -1,4 +1,4 @@
-"""Hostile mode: the reference engine as the attacker of kvgate's probe (issue 11, item 5).
+"""Hostile mode: the reference engine as the attacker of kvgate's probe.
 
 Whoever writes a ModelDeployment chooses its engine's image and ``spec.engine.env``, so the
 engine is tenant-controlled: what its ``/server_info`` answers is the tenant's choice. These modes
@@ -38,7 +38,7 @@ ENV = "KVGATE_REFERENCE_HOSTILE"
 MODES = ("redirect:<url>", "huge-body", "json-bomb", "slow-body", "echo:<text>")
 MARKER = "kvgate-reference-hostile-body"
 MiB = 2**20
-HUGE_BODY_BYTES = 16 * MiB  # the issue's number; also exactly the pre-fix probe's cap
+HUGE_BODY_BYTES = 16 * MiB  # exactly the cap the probe had before its limits were tightened
 BOMB_BYTES = 3 * MiB + MiB // 2  # under the 4 MiB /server_info byte cap
 CHUNK_BYTES = 64 * 1024
 TRICKLE_SECONDS = 0.5

@@ -4,7 +4,7 @@ probe and audit connections for thousands of pods at once, over a typical soft l
 (Connections to engines are deliberately not kept alive between reads: across an engine restart
 at the same pod address a kept-alive connection can outlive the engine process in a child that
 inherited it, and the next read hangs; the fresh-clone run with kept-alive probes failed both
-engine-restart scenarios, issue 16.)
+engine-restart scenarios.)
 """
 
 from __future__ import annotations

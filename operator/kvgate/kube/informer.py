@@ -1,12 +1,12 @@
 """A list-then-watch of one kind of object (client-go's reflector, in asyncio): the operator's
 own, not kopf's, for engine pods (kvgate.controller.main wires it).
 
-Why not kopf's watch: a ModelDeployment's pass must read its engine pods from memory, and it
-may only do so once the operator has seen every engine pod that exists. kopf cannot say when
-that is except through its index barrier, which is quadratic in the listed objects: a leader
-restarted with 9,000 engine pods never finished its paged listing (the continue token expired,
-HTTP 410, kopf raised and restarted the listing; round 8's scale benchmark). kopf's re-list after
-a 410 also reports no deletions. This reflector:
+Why not kopf's watch: a ModelDeployment's pass must read its engine pods from memory, and it may
+only do so once the operator has seen every engine pod that exists. kopf cannot say when that is
+except through its index barrier, which is quadratic in the listed objects: a leader restarted with
+9,000 engine pods never finished its paged listing (the continue token expired, HTTP 410, kopf
+raised and restarted the listing, in the 1,000-ModelDeployment scale benchmark). kopf's re-list
+after a 410 also reports no deletions. This reflector:
 
 * lists in pages of ``page_size`` and delivers each listed object as it arrives (event type
   ``None``, as kopf does for its listing): nothing holds a page longer than its delivery;

@@ -17,10 +17,11 @@ PodSeries = tuple[str, str, str, str]  # the values of _POD_LABELS
 class _PodGaugeTable(Collector):
     """Every per-engine-pod gauge in one table: series -> one value per gauge (None: unset).
 
-    prometheus_client gives each labelled child of a Gauge its own objects (a metric instance,
-    a value holder, two locks; ~0.7 KiB), so five gauges cost ~3.5 KiB per engine pod, 31 MiB at
-    9,000 pods (issue 16: the operator within 300 MB at 1,000 ModelDeployments). Here a pod's
-    five values share one list (~0.2 KiB). Exposition is the same: one gauge family per name.
+    prometheus_client gives each labelled child of a Gauge its own objects (a metric instance, a
+    value holder, two locks; ~0.7 KiB), so five gauges cost ~3.5 KiB per engine pod, 31 MiB at 9,000
+    pods (the target: the operator within 300 MB at 1,000 ModelDeployments, docs/design/scale.md).
+    Here a pod's five values share one list (~0.2 KiB). Exposition is the same: one gauge family per
+    name.
     """
 
     def __init__(self) -> None:

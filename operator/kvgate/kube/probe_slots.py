@@ -2,10 +2,11 @@
 
 Every engine pod is re-read every reverify interval (30 s by default): with 8,000 engines that is
 ~270 reads a second, queued on the same few slots as the read that follows a restart. In a FIFO
-queue the restarted engine waits behind every periodic read queued before it, so the time from
-a restart to its verdict would grow with the fleet (issue 16: re-verified within 1 s p50 among
-1,000 ModelDeployments). Here a read marked urgent — the verifier saw the pod change: a new IP,
-readiness, a restart, a first sighting — takes the next free slot before any periodic read.
+queue the restarted engine waits behind every periodic read queued before it, so the time from a
+restart to its verdict would grow with the fleet (the target: re-verified within 1 s p50 among 1,000
+ModelDeployments, docs/design/scale.md). Here a read marked urgent — the verifier saw the pod
+change: a new IP, readiness, a restart, a first sighting — takes the next free slot before any
+periodic read.
 
 ``URGENT`` is a context variable so the verifier marks its own task's reads without widening the
 probe's signature; a task inherits it only from where it was set.

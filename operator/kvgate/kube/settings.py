@@ -196,7 +196,7 @@ class OperatorSettings:
     # KVGATE_MAX_CONCURRENT_RECONCILES: ModelDeployment passes in flight at once. A pass holds
     # its ModelDeployment's Deployments and engine pods as the API server sends them (~0.5 MB
     # for 8 engines); 1,000 ModelDeployments applied together would otherwise all hold theirs at
-    # the same instant, and the process keeps that peak (issue 16: 300 MB at 1,000). A pass is
+    # the same instant, and the process keeps that peak (the target: 300 MB at 1,000). A pass is
     # bound by its requests' latency (~1.5 s on a loaded API server), so 8 at once were too few:
     # 1,000 new ModelDeployments waited minutes for their first pass.
     max_concurrent_reconciles: int = 32
@@ -219,7 +219,7 @@ class OperatorSettings:
     # KVGATE_WORKER_AUDIT_READS_PER_SECOND: router reads of the audit across the whole fleet.
     # Up to 2 x this many routers each is audited every KVGATE_WORKER_AUDIT_SECONDS; beyond,
     # the period stretches to routers / this (1,000 routers at 50/s: every 20 s) instead of
-    # the operator spending a core on 500 reads a second (issue 16).
+    # the operator spending a core on 500 reads a second.
     worker_audit_reads_per_second: float = 50.0
     # KVGATE_REVERIFY_READS_PER_SECOND: periodic engine re-verifications across the whole fleet.
     # A read that follows a change (first sighting, new IP, readiness, restart) never waits for
@@ -227,7 +227,7 @@ class OperatorSettings:
     # this x interval engines (100 x 30 s: 3,000) are each re-read every interval, and beyond
     # that every engines / this seconds (8,000 engines: every 80 s) instead of the operator
     # spending its CPU on re-reading unchanged engines while restarts and new ModelDeployments
-    # wait (issue 16; kvgate_reverify_wait_seconds shows the wait).
+    # wait (kvgate_reverify_wait_seconds shows the wait; docs/design/scale.md).
     reverify_reads_per_second: float = 100.0
     # KVGATE_NETWORK_POLICIES (+ KVGATE_OPERATOR_NAMESPACE/_POD_LABELS, KVGATE_ROUTER_EGRESS_*):
     # per-revision NetworkPolicies (kvgate.build.network_policy); None = off.

@@ -5,7 +5,7 @@ They are watched (label-filtered on the server: kvgate.controller.main), and a w
 one of
 them marks its ModelDeployment (``Runtime.access_changed``) and wakes its loop. So a pass woken
 only by its engine pods, its Deployments or its own status need not GET them again: on a
-loaded API server those five or more reads were a third of a pass's requests (issue 16, 1,000
+loaded API server those five or more reads were a third of a pass's requests (at 1,000
 ModelDeployments). They are read on the loop's first pass, after a watch event about one of
 them, when the set of running revisions changes (new or deleted NetworkPolicies), and at the
 steady safety net (KVGATE_STEADY_RECONCILE_SECONDS) for whatever a watch could have missed. The

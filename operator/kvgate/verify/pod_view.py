@@ -1,12 +1,12 @@
 """What the operator keeps of a pod it watches: the fields its decisions read, nothing else.
 
-A pod as the API server sends it is ~10 KB of JSON (~55 KiB of Python objects), more than half
-of it ``metadata.managedFields``, the rest the full container spec (command, args, env,
-resources, probes, volume mounts) that kvgate wrote itself and never reads back. Held for every
-engine and router pod, that is ~0.5 GB at 9,000 pods (issue 16: 1,000 ModelDeployments within
-300 MB). The operator keeps this projection instead: identity and ownership, labels, kvgate's own
-annotations, each container's name and ports (the engine and router URLs), and the status the
-gate and the verifier read (IP, phase, conditions, container readiness and restarts).
+A pod as the API server sends it is ~10 KB of JSON (~55 KiB of Python objects), more than half of it
+``metadata.managedFields``, the rest the full container spec (command, args, env, resources, probes,
+volume mounts) that kvgate wrote itself and never reads back. Held for every engine and router pod,
+that is ~0.5 GB at 9,000 pods (the target: 1,000 ModelDeployments within 300 MB,
+docs/design/scale.md). The operator keeps this projection instead: identity and ownership, labels,
+kvgate's own annotations, each container's name and ports (the engine and router URLs), and the
+status the gate and the verifier read (IP, phase, conditions, container readiness and restarts).
 
 Every reader of ``Runtime.pods`` and ``Runtime.routers`` (kvgate.verify.gate, pod_identity,
 group_gate,
@@ -84,7 +84,7 @@ def _read_conditions(conditions: list[Any]) -> list[dict[str, Any]]:
 
 
 # Equal in every pod of one ReplicaSet, so one copy serves them all: ~2.5 KiB a pod, 22 MiB at
-# 9,000 engine pods (issue 16). Nothing modifies them in place (a stored pod's status is
+# 9,000 engine pods. Nothing modifies them in place (a stored pod's status is
 # replaced whole, kvgate.controller.engine_pods._write); test_pod_view proves the sharing.
 SHARED_FIELDS = (
     ("metadata", "labels"),
