@@ -28,13 +28,13 @@ from urllib.parse import quote
 import aiohttp
 
 from kvgate.api import labels
+from kvgate.api.content_types import JSON_PATCH as JSON_PATCH
+from kvgate.api.content_types import MERGE_PATCH as MERGE_PATCH
+from kvgate.api.content_types import STRATEGIC_MERGE_PATCH as STRATEGIC_MERGE_PATCH
 from kvgate.api.models import GROUP, PLURAL, VERSION
 from kvgate.kube import metrics
 
 JSON = "application/json"
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 

@@ -1,0 +1,70 @@
+"""The package's folders show its architecture: pure decisions apart from the I/O around them.
+
+``api``, ``gen``, ``build``, ``rollout`` and ``verify`` take plain data and return plain data;
+only ``kube`` (the client, informers, leader election, metrics) and ``controller`` (the trigger
+handlers and the reconcile pass) do I/O. A pure module that imports asyncio, aiohttp, kopf or the
+I/O folders fails here, naming the module and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvgate
+
+PACKAGE = Path(kvgate.__file__).parent
+PURE = ("api", "gen", "build", "rollout", "verify")
+IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.controller")
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _forbidden(path: Path) -> list[str]:
+    return sorted(
+        name
+        for name in _imports(path)
+        if any(name == bad or name.startswith(f"{bad}.") for bad in IO_ONLY)
+    )
+
+
+def test_pure_folders_import_no_event_loop_http_kopf_or_io_modules() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): found
+        for folder in PURE
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        if (found := _forbidden(path))
+    }
+    assert offenders == {}
+
+
+def test_the_purity_check_sees_a_forbidden_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import asyncio\nfrom kvgate.kube import k8s\nfrom kvgate.api import labels\n"
+    )
+    assert _forbidden(module) == ["asyncio", "kvgate.kube", "kvgate.kube.k8s"]
+
+
+def test_the_package_top_level_holds_at_most_ten_modules() -> None:
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(modules) <= 10, modules
+
+
+def test_every_folder_says_in_its_docstring_what_lives_there() -> None:
+    undocumented = [
+        folder.name
+        for folder in sorted(PACKAGE.iterdir())
+        if (folder / "__init__.py").is_file()
+        and not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    ]
+    assert undocumented == []
