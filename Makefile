@@ -127,7 +127,7 @@ crds: $(STAMP)
 # demo's third deployment runs on the released SGLang on CPU (real-engine-deps, cached);
 # DEMO_ARGS=--reference-only skips it.
 demo: e2e-deps real-engine-deps
-	$(BIN)/kvgate demo $(DEMO_ARGS)
+	$(BIN)/python -m kvgate_e2e.demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -68,3 +68,19 @@ def test_every_folder_says_in_its_docstring_what_lives_there() -> None:
         and not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
     ]
     assert undocumented == []
+
+
+def test_the_production_image_and_the_cli_hold_no_e2e_code() -> None:
+    """The image copies the operator and engine packages only, and nothing the ``kvgate``
+    command can run reaches the e2e world (``make demo`` runs ``python -m kvgate_e2e.demo``)."""
+    root = PACKAGE.parents[1]
+    dockerfile = (root / "operator" / "Dockerfile").read_text()
+    copies = [line for line in dockerfile.splitlines() if line.startswith("COPY")]
+    assert copies and not [line for line in copies if "e2e" in line]
+    assert "e2e" not in (root / "operator" / "Dockerfile.dockerignore").read_text()
+    reaching = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if "kvgate_e2e" in path.read_text()
+    )
+    assert reaching == []

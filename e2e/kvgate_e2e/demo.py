@@ -1,4 +1,4 @@
-"""`kvgate demo` (`make demo`): the whole story on the embedded control plane.
+"""`make demo` (`python -m kvgate_e2e.demo`): the whole story on the embedded control plane.
 
 1. builds the control plane and helm if this checkout's build is missing (``build.sh``: a cache
    hit costs nothing; the first build takes 15-40 minutes and shows progress);
@@ -279,14 +279,14 @@ def run_demo(world: World, real_model: Path | None = None) -> bool:
 def main(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         say(
-            "kvgate demo must run as root: it creates a private network namespace for the "
+            "the demo must run as root: it creates a private network namespace for the "
             "cluster (ip netns) and adds pod addresses to it. Run `sudo make demo` (or "
-            "`sudo .venv/bin/kvgate demo`)."
+            "`sudo .venv/bin/python -m kvgate_e2e.demo`)."
         )
         return 2
     reason = netns_supported()
     if reason is not None:
-        say(f"kvgate demo needs network namespaces: {reason}")
+        say(f"the demo needs network namespaces: {reason}")
         return 2
     began = time.monotonic()
     if not ensure_built():
@@ -299,7 +299,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             sglang_cpu(DEFAULT_VERSION)
         except RealEngineError as exc:
-            say(f"{exc}; or run `kvgate demo --reference-only` (make demo installs it)")
+            say(f"{exc}; or run `make demo DEMO_ARGS=--reference-only` (make demo installs it)")
             return 2
     work = Path(tempfile.mkdtemp(prefix="kvgate-demo-"))
     pool = ThreadPoolExecutor(max_workers=1)
@@ -344,4 +344,26 @@ def main(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-__all__ = ["main", "run_demo"]
+def parser() -> argparse.ArgumentParser:
+    """``python -m kvgate_e2e.demo``: a development tool, not part of the ``kvgate`` CLI (the
+    production image holds no e2e code)."""
+    p = argparse.ArgumentParser(
+        prog="python -m kvgate_e2e.demo",
+        description="bring up the embedded control plane, the operator and sample deployments",
+    )
+    p.add_argument("--once", action="store_true", help="exit after printing the summary")
+    p.add_argument(
+        "--reference-only",
+        action="store_true",
+        help=(
+            "skip the deployment served by the released SGLang on CPU (it needs "
+            "`make real-engine-deps`); only kvgate's reference engine runs"
+        ),
+    )
+    return p
+
+
+__all__ = ["main", "parser", "run_demo"]
+
+if __name__ == "__main__":
+    raise SystemExit(main(parser().parse_args()))

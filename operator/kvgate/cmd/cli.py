@@ -22,7 +22,6 @@ COMMANDS: dict[str, str] = {
     "operator": "kvgate.controller.main:run",
     "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.cmd.guard:main",
-    "demo": "kvgate_e2e.demo:main",
 }
 
 
@@ -180,16 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-request deadline, s (default: period, >= 1)",
     )
 
-    p = sub.add_parser("demo", help="bring up the embedded control plane and sample deployments")
-    p.add_argument("--once", action="store_true", help="exit after printing the summary")
-    p.add_argument(
-        "--reference-only",
-        action="store_true",
-        help=(
-            "skip the deployment served by the released SGLang on CPU (it needs "
-            "`make real-engine-deps`); only kvgate's reference engine runs"
-        ),
-    )
     return parser
 
 
