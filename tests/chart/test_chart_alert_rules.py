@@ -451,8 +451,8 @@ def test_the_service_monitor_keeps_the_engine_pods_labels(helm: Helm) -> None:
 
 
 def test_every_exported_metric_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
-    operating = readme.split("## Operating kvgate", 1)[1].split("\n## ", 1)[0]
+    doc = (ROOT / "docs" / "operating.md").read_text()
+    operating = doc.split("## What kvgate reports", 1)[1].split("\n## ", 1)[0]
     families = {
         f.name + ("_total" if f.type == "counter" else "") for f in metrics.REGISTRY.collect()
     }

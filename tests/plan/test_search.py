@@ -98,7 +98,7 @@ def test_largest_safe_context_sits_exactly_on_the_gates_line(headroom: float) ->
 
 
 def test_llama_70b_on_80_and_141_gib_gpus() -> None:
-    """The README's example: 80 GiB needs TP 4 for 128k; 141 GiB holds it on TP 2."""
+    """docs/planning.md's example: 80 GiB needs TP 4 for 128k; 141 GiB holds it on TP 2."""
     plan = make_plan(
         PlanRequest(
             LLAMA_31_70B,

@@ -1,4 +1,4 @@
-"""The README's "Plan before you deploy" example reproduces from its command."""
+"""docs/planning.md's "Plan before you deploy" example reproduces from its command."""
 
 from __future__ import annotations
 
@@ -10,19 +10,21 @@ import pytest
 from kvgate.cmd.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "planning.md"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _example() -> tuple[list[str], str, str]:
-    """(argv after `kvgate`, the printed output, the picture the README shows)."""
-    text = README.read_text(encoding="utf-8")
+    """(argv after `kvgate`, the printed output, the picture the doc shows, as a path from the
+    repository root)."""
+    text = DOC.read_text(encoding="utf-8")
     section = text.split("## Plan before you deploy\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```console\n\$ (kvgate plan [^\n]*)\n(.*?)```", section, re.S)
     assert block, "the section has no ```console example"
     picture = re.search(r"!\[[^\]]*\]\(([^)]+\.png)\)", section)
     assert picture, "the section shows no picture"
-    return shlex.split(block[1])[1:], block[2], picture[1]
+    shown = (DOC.parent / picture[1]).resolve().relative_to(ROOT)  # the link is relative to docs/
+    return shlex.split(block[1])[1:], block[2], str(shown)
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -30,14 +32,14 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
-def test_readme_plan_example_prints_what_the_readme_shows(
+def test_plan_example_prints_what_the_doc_shows(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     argv, shown, picture = _example()
     assert "--plot" in argv and argv[argv.index("--plot") + 1] == picture
     drawn = tmp_path / "plan.png"
     argv[argv.index("--plot") + 1] = str(drawn)  # never overwrite the committed picture
-    monkeypatch.chdir(ROOT)  # the README's paths are relative to the repository
+    monkeypatch.chdir(ROOT)  # the command's paths are relative to the repository
     code = main(argv)
     out = capsys.readouterr().out
     assert code == 0
