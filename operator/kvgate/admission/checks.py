@@ -315,18 +315,13 @@ def _roles(spec: ModelDeploymentSpec) -> list[tuple[str, RoleSpec]]:
     return [(Role.PREFILL.value, spec.prefill), (Role.DECODE.value, spec.decode)]
 
 
-def check_estimated_pool(
-    spec: ModelDeploymentSpec, policy: ClusterPolicy
-) -> tuple[list[Problem], list[Problem]]:
-    """The estimator's KV pool per role against contextLength × headroom."""
-    required = required_pool_tokens(spec)
-    if required is None:
-        return [], []
+def _estimate_inputs(
+    spec: ModelDeploymentSpec,
+) -> tuple[dict[str, Any] | None, float | None, list[Problem]]:
+    """The model config and weights the estimate needs (the weights computed from the config
+    when the spec leaves them out), and a warning naming each input that is not set."""
     config = spec.model.config
     weights_gib = spec.model.weights_gi_b
-    denials: list[Problem] = []
-    warnings: list[Problem] = []
-
     missing: list[str] = []
     if config is None:
         missing.append("spec.model.config")
@@ -340,86 +335,132 @@ def check_estimated_pool(
     missing += [
         f"spec.{role}.gpuMemoryGiB" for role, r in _roles(spec) if r.gpu_memory_gi_b is None
     ]
-    if missing:
-        warnings.append(
-            Problem(
-                "spec",
-                f"cannot estimate the KV pool, not set: {', '.join(missing)}; set them for an "
-                "admission-time estimate (the live engines are verified either way)",
-            )
-        )
+    if not missing:
+        return config, weights_gib, []
+    warning = Problem(
+        "spec",
+        f"cannot estimate the KV pool, not set: {', '.join(missing)}; set them for an "
+        "admission-time estimate (the live engines are verified either way)",
+    )
+    return config, weights_gib, [warning]
+
+
+def _estimate_role_pool(
+    spec: ModelDeploymentSpec,
+    role_spec: RoleSpec,
+    config: dict[str, Any],
+    gpu_memory_gib: float,
+    weights_gib: float,
+) -> int:
+    """The estimator's KV pool tokens for one role's engines."""
+    return estimate_pool(
+        config,
+        gpu_memory_gib=gpu_memory_gib,
+        tp=role_spec.tensor_parallel,
+        mem_fraction_static=role_spec.mem_fraction_static,
+        kv_cache_dtype=spec.engine.kv_cache_dtype.value,
+        page_size=spec.engine.page_size,
+        weights_gib=weights_gib,
+        max_total_tokens=role_spec.max_total_tokens,
+        gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
+        engine_args=spec.engine.args,
+    ).kv_pool_tokens
+
+
+def _no_room_denial(
+    spec: ModelDeploymentSpec,
+    role: str,
+    role_spec: RoleSpec,
+    gpu_memory_gib: float,
+    weights_gib: float,
+) -> Problem:
+    """The weights alone fill the role's KV budget: the arithmetic, and what to raise."""
+    reserved = role_spec.gpu_reserved_gi_b
+    budget = (gpu_memory_gib - reserved) * role_spec.mem_fraction_static
+    return Problem(
+        f"spec.{role}",
+        f"the weights leave no room for a KV pool: (gpuMemoryGiB "
+        f"{_gib(gpu_memory_gib)} − gpuReservedGiB {_gib(reserved)}) × "
+        f"memFractionStatic "
+        f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
+        f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
+        f"{weights_gib / role_spec.tensor_parallel:,.2f} GiB per GPU; raise "
+        f"{role}.tensorParallel, {role}.memFractionStatic or {role}.gpuMemoryGiB"
+        + pool_hint(spec, role, role_spec, weights_gib),
+    )
+
+
+def _pool_too_small_denial(
+    spec: ModelDeploymentSpec,
+    role: str,
+    role_spec: RoleSpec,
+    pool: int,
+    required: int,
+    weights_gib: float,
+) -> Problem:
+    """The estimated pool is below contextLength × headroom: the ways to enlarge it."""
+    ways = [f"raise {role}.gpuMemoryGiB or {role}.memFractionStatic"]
+    if spec.engine.kv_cache_dtype in (
+        KvCacheDtype.AUTO,
+        KvCacheDtype.BFLOAT16,
+        KvCacheDtype.BF16,
+        KvCacheDtype.FLOAT16,
+    ):
+        ways.append("use kvCacheDtype fp8_e4m3")
+    ways.append("or lower contextLength")
+    needed = _requirement_text(spec)
+    if spec.safety.headroom != 1.0:
+        needed += f" = {_n(required)}"
+    return Problem(
+        f"spec.{role}",
+        f"estimated KV pool {_n(pool)} tokens < {needed}; "
+        + ", ".join(ways)
+        + pool_hint(spec, role, role_spec, weights_gib),
+    )
+
+
+def _thin_margin_warning(spec: ModelDeploymentSpec, role: str, pool: int, required: int) -> Problem:
+    """The estimated pool holds the requirement by less than MARGIN_WARNING."""
+    margin = (pool - required) / required * 100
+    return Problem(
+        f"spec.{role}",
+        f"estimated KV pool {_n(pool)} tokens is only {margin:.1f}% above "
+        f"{_requirement_text(spec)}; the live pool may come out smaller — leave a "
+        f"10% margin (raise {role}.gpuMemoryGiB or {role}.memFractionStatic)",
+    )
+
+
+def check_estimated_pool(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """The estimator's KV pool per role against contextLength × headroom."""
+    required = required_pool_tokens(spec)
+    if required is None:
+        return [], []
+    config, weights_gib, warnings = _estimate_inputs(spec)
+    denials: list[Problem] = []
     if config is None or weights_gib is None:
         return denials, warnings
-
+    # A role whose maxTotalTokens cap is already denied is not estimated again.
     capped = {p.field for p in check_max_total_tokens(spec, policy)[0]}
     for role, role_spec in _roles(spec):
-        if role_spec.gpu_memory_gi_b is None or f"spec.{role}.maxTotalTokens" in capped:
+        gpu_memory_gib = role_spec.gpu_memory_gi_b
+        if gpu_memory_gib is None or f"spec.{role}.maxTotalTokens" in capped:
             continue
         try:
-            estimate = estimate_pool(
-                config,
-                gpu_memory_gib=role_spec.gpu_memory_gi_b,
-                tp=role_spec.tensor_parallel,
-                mem_fraction_static=role_spec.mem_fraction_static,
-                kv_cache_dtype=spec.engine.kv_cache_dtype.value,
-                page_size=spec.engine.page_size,
-                weights_gib=weights_gib,
-                max_total_tokens=role_spec.max_total_tokens,
-                gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
-                engine_args=spec.engine.args,
-            )
+            pool = _estimate_role_pool(spec, role_spec, config, gpu_memory_gib, weights_gib)
         except NoRoomForKvCache:
-            reserved = role_spec.gpu_reserved_gi_b
-            budget = (role_spec.gpu_memory_gi_b - reserved) * role_spec.mem_fraction_static
-            denials.append(
-                Problem(
-                    f"spec.{role}",
-                    f"the weights leave no room for a KV pool: (gpuMemoryGiB "
-                    f"{_gib(role_spec.gpu_memory_gi_b)} − gpuReservedGiB {_gib(reserved)}) × "
-                    f"memFractionStatic "
-                    f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
-                    f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
-                    f"{weights_gib / role_spec.tensor_parallel:,.2f} GiB per GPU; raise "
-                    f"{role}.tensorParallel, {role}.memFractionStatic or {role}.gpuMemoryGiB"
-                    + pool_hint(spec, role, role_spec, weights_gib),
-                )
-            )
+            denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
             warnings.append(Problem(f"spec.{role}", f"cannot estimate the KV pool: {error}"))
             continue
-        pool = estimate.kv_pool_tokens
         if pool < required:
-            ways = [f"raise {role}.gpuMemoryGiB or {role}.memFractionStatic"]
-            if spec.engine.kv_cache_dtype in (
-                KvCacheDtype.AUTO,
-                KvCacheDtype.BFLOAT16,
-                KvCacheDtype.BF16,
-                KvCacheDtype.FLOAT16,
-            ):
-                ways.append("use kvCacheDtype fp8_e4m3")
-            ways.append("or lower contextLength")
-            needed = _requirement_text(spec)
-            if spec.safety.headroom != 1.0:
-                needed += f" = {_n(required)}"
             denials.append(
-                Problem(
-                    f"spec.{role}",
-                    f"estimated KV pool {_n(pool)} tokens < {needed}; "
-                    + ", ".join(ways)
-                    + pool_hint(spec, role, role_spec, weights_gib),
-                )
+                _pool_too_small_denial(spec, role, role_spec, pool, required, weights_gib)
             )
         elif pool < required * (1 + MARGIN_WARNING):
-            margin = (pool - required) / required * 100
-            warnings.append(
-                Problem(
-                    f"spec.{role}",
-                    f"estimated KV pool {_n(pool)} tokens is only {margin:.1f}% above "
-                    f"{_requirement_text(spec)}; the live pool may come out smaller — leave a "
-                    f"10% margin (raise {role}.gpuMemoryGiB or {role}.memFractionStatic)",
-                )
-            )
+            warnings.append(_thin_margin_warning(spec, role, pool, required))
     return denials, warnings
 
 
