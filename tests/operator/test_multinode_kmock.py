@@ -8,7 +8,9 @@ from typing import Any
 
 import kmock
 import pytest
-from fake_engine import FakeEngine, running
+from factories.fake_engine import FakeEngine, running
+from factories.kmock_world import NS, RESOURCES, VERBS, put_md, requests
+from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
@@ -16,10 +18,6 @@ from kvgate.build import lws_builders
 from kvgate.controller import engine_pods, group_verify, modeldeployment
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
-from operator_factories import make_md
-from test_handlers_kmock import NS, RESOURCES, VERBS, put_md, requests, rt
-
-__all__ = ["rt"]  # the Runtime fixture, against kmock
 
 MULTI = {"decode__nodes": 2, "decode__tensorParallel": 2, "model__contextLength": 131_072}
 LWS_RESOURCE = {
@@ -93,13 +91,14 @@ async def test_an_unserved_leader_worker_set_api_is_asked_again_only_after_a_whi
     for _ in range(3):
         await Reconciler(rt, NS, "llama").reconcile()
     assert len(requests(kmock, "GET", "/leaderworkersets")) == 1
-    assert rt.lws_unavailable is not None
+    memory = rt.owned(modeldeployment.LwsMemory)
+    assert memory.unavailable is not None
     # Installed since: seen once the answer has aged out.
     declare(kmock, lws=True)
-    rt.lws_unavailable = (rt.lws_unavailable[0] - modeldeployment.LWS_RECHECK_SECONDS, 404)
+    memory.unavailable = (memory.unavailable[0] - modeldeployment.LWS_RECHECK_SECONDS, 404)
     await Reconciler(rt, NS, "llama").reconcile()
     assert len(requests(kmock, "GET", "/leaderworkersets")) == 2
-    assert rt.lws_unavailable is None
+    assert memory.unavailable is None
 
 
 # ---------------------------------------------------------------------- the leader's gate

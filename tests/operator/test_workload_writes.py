@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonpatch  # type: ignore[import-untyped]
 import pytest
+from factories.model_deployments import NOW, make_md
 from kvgate.api import labels
 from kvgate.build import builders
 from kvgate.rollout.planner import Refusal, RolloutStep, WorkloadIntent
@@ -22,7 +23,6 @@ from kvgate.rollout.workload_writes import (
     revision_writes,
     service_writes,
 )
-from operator_factories import NOW, make_md
 
 MD = make_md()
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"
@@ -213,7 +213,7 @@ SERVICE_OLD = builders.service(MD, OLD)
 @pytest.mark.parametrize(
     ("case", "current", "desired", "foreign", "expected"),
     [
-        ("missing: created", None, SERVICE_NEW, False, [Create(SERVICE_NEW)]),
+        ("missing: created", None, SERVICE_NEW, False, [Create(SERVICE_NEW, owned=False)]),
         ("selects the revision: nothing", SERVICE_NEW, SERVICE_NEW, False, []),
         (
             "selects another revision: re-pointed",

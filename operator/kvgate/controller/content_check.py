@@ -9,26 +9,28 @@ Probes run one after another, so a 1 M-token check costs one prefill at a time.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from kvgate_engine.untrusted import read_bounded
 
 from kvgate.api import labels
-from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.models import ModelDeployment, ModelDeploymentSpec
 from kvgate.controller.engine_pods import engine_api_key
 from kvgate.controller.gateway_watch import router_url
 from kvgate.controller.identity import resolve_identity
-from kvgate.controller.runtime import Runtime
+from kvgate.controller.runtime import MdKey, Runtime, spawn
 from kvgate.kube import metrics
-from kvgate.rollout.planner import ObservedState, RolloutStep, plan
+from kvgate.rollout.pass_decision import ContentOutcome
+from kvgate.rollout.planner import RolloutStep
 from kvgate.verify import content_probe, gate, pod_identity, router_auth
-from kvgate.verify.content_probe import ContentCheck, ContentVerdict, ProbeAnswer, ProbeRequest
+from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeRequest
 from kvgate.verify.pod_identity import EngineIdentity
 
 log = logging.getLogger("kvgate.content_check")
@@ -207,51 +209,97 @@ def _verified_pool(step: RolloutStep) -> int | None:
     return min(pools) if pools else None
 
 
-async def check_if_due(
-    rt: Runtime,
-    namespace: str,
-    md_name: str,
-    md_uid: str | None,
-    observed: ObservedState,
-    step: RolloutStep,
-) -> tuple[RolloutStep, dict[str, Any] | None, ContentVerdict | None]:
-    """When the step says the target's content check is due: run it and plan again with its
-    result. Returns (the step to apply, the ``status.contentChecks`` item to record or None,
-    the decided verdict or None). An inconclusive check records nothing and is retried
-    RETRY_SECONDS later; rollout.verifyTimeoutSeconds bounds the retries."""
-    if not step.content_check_due:
-        return step, None, None
-    target = step.target_revision
-    key = (namespace, md_name, target)
-    last = rt.content_inconclusive.get(key)
+CheckKey = tuple[str, str, str]  # namespace, ModelDeployment, revision
+
+
+@dataclass
+class ContentChecks:
+    """This module's state for one operator run (``Runtime.owned``): each revision's running
+    check, its finished verdict until a pass records it in status, and when its last
+    inconclusive check ended (the next waits RETRY_SECONDS). A new leader starts clean."""
+
+    tasks: dict[CheckKey, asyncio.Task[None]] = field(default_factory=dict)
+    finished: dict[CheckKey, ContentOutcome] = field(default_factory=dict)
+    inconclusive: dict[CheckKey, float] = field(default_factory=dict)
+
+    def forget_md(self, key: MdKey) -> None:
+        for check in [c for c in self.tasks if c[:2] == key]:
+            self.tasks.pop(check).cancel()
+        for store in (self.finished, self.inconclusive):
+            for check in [c for c in store if c[:2] == key]:
+                del store[check]
+
+
+def finished(rt: Runtime, namespace: str, md_name: str, revision: str) -> ContentOutcome | None:
+    """The revision's decided check, not yet recorded in status (the pass reads it)."""
+    return rt.owned(ContentChecks).finished.get((namespace, md_name, revision))
+
+
+def recorded(rt: Runtime, namespace: str, md_name: str, revision: str) -> None:
+    """A pass wrote the revision's verdict into status: the record there is the truth now."""
+    rt.owned(ContentChecks).finished.pop((namespace, md_name, revision), None)
+
+
+def keep_due(rt: Runtime, md: ModelDeployment, step: RolloutStep) -> None:
+    """Start the target's check when the step says it is due (unless it runs, waits to be
+    recorded or backs off from an inconclusive one); a check of any other revision of this
+    ModelDeployment stops. The check runs as its own task, outside the pass."""
+    namespace, md_name = md.metadata.namespace or "", md.metadata.name or ""
+    state = rt.owned(ContentChecks)
+    due = (namespace, md_name, step.target_revision) if step.content_check_due else None
+    for check in [c for c in state.tasks if c[:2] == (namespace, md_name) and c != due]:
+        state.tasks.pop(check).cancel()
+    if due is None or due in state.finished:
+        return
+    running = state.tasks.get(due)
+    if running is not None and not running.done():
+        return
+    last = state.inconclusive.get(due)
     if last is not None and time.monotonic() - last < content_probe.RETRY_SECONDS:
-        return step, None, None
+        return
+    state.tasks[due] = spawn(
+        _check(rt, md, due[2], _verified_pool(step)), name=f"content-check-{'/'.join(due)}"
+    )
+
+
+def stop(rt: Runtime, key: MdKey) -> None:
+    """The ModelDeployment's loop ended: its running checks stop."""
+    state = rt.owned(ContentChecks)
+    for check in [c for c in state.tasks if c[:2] == key]:
+        state.tasks.pop(check).cancel()
+
+
+async def _check(rt: Runtime, md: ModelDeployment, revision: str, pool: int | None) -> None:
+    """Send, judge, and keep the verdict for the next pass (which it wakes). An inconclusive
+    check keeps nothing and is retried RETRY_SECONDS later; rollout.verifyTimeoutSeconds bounds
+    the retries."""
+    namespace, md_name = md.metadata.namespace or "", md.metadata.name or ""
+    key = (namespace, md_name, revision)
+    state = rt.owned(ContentChecks)
+    fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
     started = time.monotonic()
     result = await run_content_check(
-        rt, namespace, md_name, md_uid, target, observed.spec, _verified_pool(step)
+        rt, namespace, md_name, md.metadata.uid, revision, md.spec, pool
     )
-    fields = {"namespace": namespace, "deployment": md_name, "revision": target}
     if result is None or not result.conclusive:
-        rt.content_inconclusive[key] = time.monotonic()
+        state.inconclusive[key] = time.monotonic()
         log.warning(
             "%s",
-            result.message if result else f"content check of {target}: no Ready router yet",
+            result.message if result else f"content check of {revision}: no Ready router yet",
             extra=fields,
         )
-        return step, None, None
-    rt.content_inconclusive.pop(key, None)
+        rt.wake_md(namespace, md_name)
+        return
+    state.inconclusive.pop(key, None)
     metrics.CONTENT_CHECK_DURATION.labels(namespace, md_name).observe(time.monotonic() - started)
     metrics.CONTENT_CHECKS.labels(namespace, md_name, "passed" if result.passed else "failed").inc()
     (log.info if result.passed else log.warning)("%s", result.message, extra=fields)
-    record = content_probe.record_of(target, result, gate.rfc3339(rt.clock()))
-    decided = ContentCheck(target, result.passed, result.message)
-    replanned = plan(
-        replace(
-            observed,
-            content_checks=(
-                decided,
-                *(c for c in observed.content_checks if c.revision != target),
-            ),
-        )
-    )
-    return replanned, record, result
+    record = content_probe.record_of(revision, result, gate.rfc3339(rt.clock()))
+    state.finished[key] = ContentOutcome(result, record)
+    rt.wake_md(namespace, md_name)
+
+
+async def idle(rt: Runtime) -> None:
+    """Until every content check this runtime started has ended (tests; shutdown)."""
+    while tasks := [t for t in rt.owned(ContentChecks).tasks.values() if not t.done()]:
+        await asyncio.gather(*tasks, return_exceptions=True)

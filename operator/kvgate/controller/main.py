@@ -83,40 +83,7 @@ def register_handlers() -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        rt = _rt()
-        settings.persistence.finalizer = labels.FINALIZER
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix=labels.PREFIX
-        )
-        settings.persistence.diffbase_storage = NoDiffBase()
-        settings.posting.reporting_component = labels.MANAGED_BY_VALUE
-        settings.posting.level = logging.WARNING  # kvgate posts its own transition Events
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 310
-        settings.watching.connect_timeout = 30
-        settings.watching.reconnect_backoff = 1.0
-        # The initial listing in pages (client-go's reflector uses 500 too): one unpaged list
-        # of 9,000 pods was ~90 MB of JSON held at once, and a leader restarted at 1,000
-        # ModelDeployments peaked at 750 MB RSS re-listing them (issue 16).
-        settings.watching.chunk_size = LIST_CHUNK_SIZE
-        # Owned kinds whose handlers match only kvgate's label: filter them on the server, so
-        # the operator never receives (or keeps kopf state for) a cluster's other Deployments,
-        # Services, RBAC objects and NetworkPolicies. kopf's pods are filtered by component
-        # only (routers and multi-node workers; engine pods are the operator's own watch): a
-        # look-alike pod with kvgate's component label but not its managed-by label must still
-        # be seen.
-        managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
-        for group, version, plural in SERVER_FILTERED_RESOURCES:
-            settings.watching.label_selectors[group, version, plural] = managed
-        settings.watching.label_selectors["", "v1", "pods"] = KOPF_POD_SELECTOR
-        settings.peering.name = "kvgate"
-        settings.peering.standalone = rt.settings.standalone
-        settings.peering.clusterwide = not rt.settings.namespaces
-        if rt.settings.webhook:
-            _configure_webhook(settings, rt.settings)
-        # kvgate_leader (alert KvgateOperatorDown: absent, or no replica at 1): kopf runs only in
-        # the replica that holds the Lease (or the only one, without --leader-elect).
-        metrics.LEADER.set(1)
+        configure_kopf(settings, _rt())
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
@@ -139,6 +106,51 @@ def register_handlers() -> kopf.OperatorRegistry:
         rt = _rt()
         await rt.shutdown()
         await rt.api.close()
+
+    _register_watches(registry)
+    return registry
+
+
+def configure_kopf(settings: kopf.OperatorSettings, rt: Runtime) -> None:
+    """kopf's settings for kvgate: storage, Events, watch timeouts and paging, server-side
+    label filters, peering and the webhook."""
+    settings.persistence.finalizer = labels.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=labels.PREFIX)
+    settings.persistence.diffbase_storage = NoDiffBase()
+    settings.posting.reporting_component = labels.MANAGED_BY_VALUE
+    settings.posting.level = logging.WARNING  # kvgate posts its own transition Events
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 310
+    settings.watching.connect_timeout = 30
+    settings.watching.reconnect_backoff = 1.0
+    # The initial listing in pages (client-go's reflector uses 500 too): one unpaged list
+    # of 9,000 pods was ~90 MB of JSON held at once, and a leader restarted at 1,000
+    # ModelDeployments peaked at 750 MB RSS re-listing them (issue 16).
+    settings.watching.chunk_size = LIST_CHUNK_SIZE
+    # Owned kinds whose handlers match only kvgate's label: filter them on the server, so
+    # the operator never receives (or keeps kopf state for) a cluster's other Deployments,
+    # Services, RBAC objects and NetworkPolicies. kopf's pods are filtered by component
+    # only (routers and multi-node workers; engine pods are the operator's own watch): a
+    # look-alike pod with kvgate's component label but not its managed-by label must still
+    # be seen.
+    managed = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
+    for group, version, plural in SERVER_FILTERED_RESOURCES:
+        settings.watching.label_selectors[group, version, plural] = managed
+    settings.watching.label_selectors["", "v1", "pods"] = KOPF_POD_SELECTOR
+    settings.peering.name = "kvgate"
+    settings.peering.standalone = rt.settings.standalone
+    settings.peering.clusterwide = not rt.settings.namespaces
+    if rt.settings.webhook:
+        _configure_webhook(settings, rt.settings)
+    # kvgate_leader (alert KvgateOperatorDown: absent, or no replica at 1): kopf runs only in
+    # the replica that holds the Lease (or the only one, without --leader-elect).
+    metrics.LEADER.set(1)
+
+
+def _register_watches(registry: kopf.OperatorRegistry) -> None:
+    """The watch events kopf delivers: ModelDeployments, router and multi-node worker pods,
+    kvgate's Services and the router access objects (engine pods and Deployments are the
+    operator's own watches, started in serve)."""
 
     # One reconcile loop per ModelDeployment (handlers.md_loops), started and stopped by these
     # events: no kopf daemon, so no finalizer and no operator round trip on deletion.
@@ -193,8 +205,6 @@ def register_handlers() -> kopf.OperatorRegistry:
             labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
             registry=registry,
         )(router_access_event)
-
-    return registry
 
 
 LIST_CHUNK_SIZE = 500  # objects per page of kopf's initial listing (see configure)

@@ -38,8 +38,12 @@ def _key(body: Body) -> MdKey:
 def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
     """Keep the latest body, wake the loop, and start it (first sight) or stop it (deleted or
     being deleted: the garbage collector removes what the ModelDeployment owns)."""
-    modeldeployment.on_md_event(rt, event_type, body)
     key = _key(body)
+    if event_type == "DELETED":
+        rt.forget_md(key)
+    else:
+        rt.mds[key] = body
+        rt.wake_md(*key)
     uid = str(body.get("metadata", {}).get("uid", ""))
     if event_type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         stop_loop(rt, key, uid)

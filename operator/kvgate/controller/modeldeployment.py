@@ -10,11 +10,11 @@ operator resumes from cluster state.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,21 +23,20 @@ from pydantic import ValidationError
 from kvgate.api import labels
 from kvgate.api.models import ModelDeployment, ModelDeploymentSpec, ObjectMeta, RolloutStrategy
 from kvgate.api.revision import revision_of
-from kvgate.build import builders, network_policy
+from kvgate.build import builders
 from kvgate.controller import content_check, step_check
 from kvgate.controller.router_workers import audit_loop
 from kvgate.controller.runtime import MdKey, PodStore, Runtime, Wake, sleep_until_woken
 from kvgate.kube import metrics
-from kvgate.kube.k8s import JSON_PATCH, MERGE_PATCH, ApiError
+from kvgate.kube.k8s import JSON_PATCH, ApiError
 from kvgate.rollout import (
     access_checks,
     lws_availability,
+    pass_decision,
     pass_timing,
-    requirements,
     rollback,
     workload_writes,
 )
-from kvgate.rollout.conflict_status import conflict_events, with_conflicts
 from kvgate.rollout.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.rollout.planner import (
     ObservedState,
@@ -45,26 +44,15 @@ from kvgate.rollout.planner import (
     RolloutRecord,
     RolloutStep,
     WorkloadState,
-    plan,
 )
 from kvgate.rollout.progressive import RouterCounters
-from kvgate.rollout.status import compute_status, events_for, invalid_spec_status, rollout_record
+from kvgate.rollout.status import invalid_spec_status, rollout_record
 from kvgate.verify import content_probe, gate, router_auth
 
 log = logging.getLogger("kvgate.modeldeployment")
 MIN_PASS_SECONDS = 0.2
 LWS_RECHECK_SECONDS = 30.0  # see Reconciler._leader_worker_sets
 Body = dict[str, Any]
-
-
-def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
-    meta = body.get("metadata", {})
-    key = (meta.get("namespace", ""), meta.get("name", ""))
-    if event_type == "DELETED":
-        rt.forget_md(key)
-        return
-    rt.mds[key] = body
-    rt.wake_md(*key)
 
 
 def parse_time(raw: str | None) -> datetime | None:
@@ -128,14 +116,24 @@ def _strip_none(value: Any) -> Any:
     return value
 
 
+@dataclass
+class LwsMemory:
+    """When the LeaderWorkerSet API last answered 404 or 403, across the fleet (this module's
+    state for one operator run: a new leader asks again)."""
+
+    unavailable: tuple[float, int] | None = None  # (time.monotonic(), HTTP status)
+
+
 class Reconciler:
-    """One pass over one ModelDeployment."""
+    """One ModelDeployment's passes: observe (every read) -> decide (pure,
+    kvgate.rollout.pass_decision) -> act (every write)."""
 
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
         self.conflicted = False  # the last pass reported an ownership conflict
         self.network_policies_cleared = False
         self.access_check: access_checks.AccessCheck | None = None  # kvgate.rollout.access_checks
+        self.verify_timeout_seconds: float | None = None  # of the last spec that parsed
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -145,66 +143,84 @@ class Reconciler:
             metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
 
     async def _reconcile(self) -> RolloutStep | None:
-        api, ns, name = self.rt.api, self.namespace, self.name
-        body = await api.get("ModelDeployment", ns, name)
+        body = await self.rt.api.get("ModelDeployment", self.namespace, self.name)
         if body is None or body.get("metadata", {}).get("deletionTimestamp"):
             return None
-        self.rt.mds[(ns, name)] = body
+        self.rt.mds[(self.namespace, self.name)] = body
         try:
             spec = ModelDeploymentSpec.model_validate(body.get("spec", {}))
         except ValidationError as exc:
             await self._invalid(body, exc)
             return None
-        meta = body["metadata"]
+        self.verify_timeout_seconds = spec.rollout.verify_timeout_seconds
+        requested = rollback.decide_rollback(
+            (body["metadata"].get("annotations") or {}).get(rollback.ROLLBACK_ANNOTATION),
+            rollback.history_in(body.get("status")),
+            target_revision=revision_of(spec),
+            revision_of=_revision_of_raw,
+        )
+        if requested is not None:
+            # The patched ModelDeployment comes back as a watch event and wakes the next pass,
+            # which rolls out the restored spec like any other.
+            await self._rollback(body, requested)
+            return None
+        # observe: every read, and the clock once
+        inputs = await self._observe(body, spec)
+        # decide: the step, its writes, the status and its Events (pure)
+        decision = pass_decision.decide(inputs)
+        # act: every write; then the status and Events, with what the writes found
+        late_conflicts = await self._act(decision.waves, inputs.md.metadata.uid)
+        outcome = pass_decision.conclude(decision, late_conflicts)
+        self._remember(inputs, outcome)
+        await self._record(body, decision.step, outcome, inputs)
+        return decision.step
+
+    async def _observe(self, body: Body, spec: ModelDeploymentSpec) -> pass_decision.PassInputs:
+        """Every read of the pass: the ModelDeployment's workloads, pods, Service and key
+        Secret at once; then what depends on them (the router access objects and NetworkPolicies
+        when due, the target's router counters during a progressive step)."""
+        rt, ns, name = self.rt, self.namespace, self.name
+        meta, now = body["metadata"], rt.clock()
+        uid, target = meta.get("uid"), revision_of(spec)
         md = ModelDeployment(
             metadata=ObjectMeta(
-                name=name, namespace=ns, uid=meta.get("uid"), generation=meta.get("generation")
+                name=name, namespace=ns, uid=uid, generation=meta.get("generation")
             ),
             spec=spec,
         )
-        target = revision_of(spec)
-        metrics.CONTEXT_LENGTH_TOKENS.labels(ns, name).set(spec.model.context_length)
-        requested = (meta.get("annotations") or {}).get(rollback.ROLLBACK_ANNOTATION)
-        decision = rollback.decide_rollback(
-            requested,
-            rollback.history_in(body.get("status")),
-            target_revision=target,
-            revision_of=_revision_of_raw,
-        )
-        if decision is not None:
-            # The patched ModelDeployment comes back as a watch event and wakes the next pass,
-            # which rolls out the restored spec like any other.
-            await self._rollback(body, decision)
-            return None
-
-        # gather: the four reads at once (one round trip, not four: with 1,000 ModelDeployments
-        # on a loaded API server a pass is bound by its requests' latency, issue 16)
+        router_key = router_auth.control_key(rt.settings.router_key_seed, ns, name, uid or "")
+        secret_name = builders.router_control_secret(md, router_key)["metadata"]["name"]
         selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
-        listed, (lws_access, groups), listed_pods, service = await asyncio.gather(
+        listed, (lws_access, groups), listed_pods, service, secret = await asyncio.gather(
             self._deployments(selector),
             # Multi-node engines' LeaderWorkerSets count as workloads like Deployments.
-            self._leader_worker_sets(selector, meta.get("uid")),
+            self._leader_worker_sets(selector, uid),
             self._engine_pods(),
-            api.get("Service", ns, name),
+            rt.api.get("Service", ns, name),
+            rt.api.get("Secret", ns, secret_name),
         )
         # Only the MD's own Deployments and their pods count: labels can be copied by anyone.
-        deployments = [d for d in listed if is_controlled_by(d, meta.get("uid"))]
-        deployments += groups
-        pods = _pods_of(deployments, listed_pods)
-        own_service = service if is_controlled_by(service or {}, meta.get("uid")) else None
-        workloads = [w for w in map(workload_state, deployments) if w is not None]
+        deployments = [d for d in listed if is_controlled_by(d, uid)] + groups
+        own_service = service if is_controlled_by(service or {}, uid) else None
+        workloads = tuple(w for w in map(workload_state, deployments) if w is not None)
         recorded = rollout_record(body.get("status"))
         selector_now = (own_service or {}).get("spec", {}).get("selector") or {}
+        running = {w.revision for w in workloads} | {target}
+        due = self._access_check_due(running, target, recorded, selector_now)
+        access, policies, counters = await asyncio.gather(
+            self._access_objects(md) if due else _nothing(),
+            self._policies(name, running, due),
+            self._target_router_counters(spec, target, recorded, deployments),
+        )
         observed = ObservedState(
             spec=spec,
             target_revision=target,
-            workloads=tuple(workloads),
-            pods=tuple(p for p in (pod_state(self.rt, b) for b in pods) if p is not None),
-            service_revision=(own_service or {})
-            .get("spec", {})
-            .get("selector", {})
-            .get(labels.REVISION),
-            now=self.rt.clock(),
+            workloads=workloads,
+            pods=tuple(
+                p for p in (pod_state(rt, b) for b in _pods_of(deployments, listed_pods)) if p
+            ),
+            service_revision=selector_now.get(labels.REVISION),
+            now=now,
             # The durable record (status: only the operator writes it); the Service, the
             # Deployments and their annotations are evidence that anyone may lose or replace.
             recorded=recorded,
@@ -212,95 +228,88 @@ class Reconciler:
             service_foreign=service is not None and own_service is None,
             content_checks=content_probe.checks_in(body.get("status")),
             service_split=selector_now == builders.split_selector(name),
-            target_router_counters=await self._target_router_counters(
-                spec, target, recorded, deployments
-            ),
+            target_router_counters=counters,
+        )
+        return pass_decision.PassInputs(
+            body=body,
+            md=md,
+            observed=observed,
+            deployments=tuple(deployments),
+            service=service,
+            lws_access=lws_access,
+            router_key=router_key,
+            guard=self._guard(),
+            access_current=access,
+            secret_current=secret,
+            last_access=self.access_check,
+            policies=policies,
+            content=content_check.finished(rt, ns, name, target),
         )
 
-        # evaluate
-        step = plan(observed)
-        # The target's content check at maximum length, when due (it plans again with it).
-        step, content_record, content_result = await content_check.check_if_due(
-            self.rt, ns, name, meta.get("uid"), observed, step
+    def _access_check_due(
+        self, running: set[str], target: str, recorded: RolloutRecord, selector: Body
+    ) -> bool:
+        """Whether this pass reads (and restores) the router access objects and NetworkPolicies
+        (kvgate.rollout.access_checks: they are watched, so a change to one wakes a pass that
+        reads it). A revision that neither is the target nor serves may be deleted this pass,
+        and its NetworkPolicies with it: read them too. A pass that fails from here leaves the
+        next one due."""
+        serving = {target, recorded.serving_revision, selector.get(labels.REVISION)}
+        due = access_checks.access_check_due(
+            self.access_check,
+            revisions=frozenset(running),
+            deleting=bool(running - serving),
+            changed=self.rt.take_access_changed((self.namespace, self.name)),
+            now=time.monotonic(),
+            safety_net_seconds=self.rt.settings.steady_reconcile_seconds,
+        )
+        if due:
+            self.access_check = None
+        return due
+
+    async def _access_objects(self, md: ModelDeployment) -> dict[str, Body | None]:
+        """The router's ServiceAccount, Role and RoleBinding as they are, by kind."""
+        desired = [
+            builders.router_service_account(md),
+            builders.router_role(md),
+            builders.router_role_binding(md),
+        ]
+        found = await asyncio.gather(
+            *(self.rt.api.get(d["kind"], self.namespace, _key(d)) for d in desired)
+        )
+        return {d["kind"]: current for d, current in zip(desired, found, strict=True)}
+
+    async def _policies(
+        self, name: str, running: set[str], due: bool
+    ) -> pass_decision.PolicyInputs:
+        """The NetworkPolicy settings, and every policy the running revisions can have when the
+        check is due (turned off: until the MD's own are deleted once)."""
+        settings = self.rt.settings.network_policy
+        read = (due and settings is not None) or (
+            settings is None and not self.network_policies_cleared
+        )
+        names = pass_decision.policy_names_to_read(name, running) if read else []
+        found = await asyncio.gather(
+            *(self.rt.api.get("NetworkPolicy", self.namespace, n) for n in names)
+        )
+        current = dict(zip(names, found, strict=True))
+        if settings is None:
+            return pass_decision.PolicyInputs(current=current, read=read)
+        return pass_decision.PolicyInputs(
+            enabled=True,
+            operator_namespace=settings.operator_namespace,
+            operator_pod_labels=settings.operator_pod_labels,
+            router_egress=settings.router_egress,
+            current=current,
+            read=read,
         )
 
-        # write
-        conflicts = await self._apply(
-            md,
-            step,
-            {_key(d): d for d in deployments},
-            service,
-            leader_worker_sets=lws_access is lws_availability.LwsAccess.SERVED,
-        )
-        previous = body.get("status") or None
-        status = compute_status(
-            step,
-            generation=int(meta.get("generation") or 0),
-            context_length=spec.model.context_length,
-            previous=previous,
-            now=self.rt.clock(),
-        )
-        # The requirement of every revision still running, so its pods are verified against
-        # what kvgate rolled out once the spec has moved on (status: tenants cannot write it).
-        status["revisions"] = requirements.updated_records(
-            previous,
-            requirements.record_of(spec, target),
-            keep={w.revision for w in workloads} | {step.serving_revision or ""},
-        )
-        # The spec of every revision that served (the last revisionHistoryLimit), so
-        # kvgate.io/rollback=<revision> never depends on its objects still running.
-        status["history"] = rollback.updated_history(
-            previous,
-            serving_revision=step.serving_revision,
-            target_revision=target,
-            spec=body.get("spec") or {},
-            served_at=self.rt.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
-            limit=spec.rollout.revision_history_limit,
-        )
-        # Each running revision's content check: a revision switches only after it passed.
-        status["contentChecks"] = content_probe.updated_records(
-            previous, content_record, keep={w.revision for w in workloads} | {target}
-        )
-        status = with_conflicts(
-            status,
-            conflicts,
-            generation=int(meta.get("generation") or 0),
-            previous=previous,
-            now=self.rt.clock(),
-        )
-        lws_message = lws_availability.unavailable_message(spec, lws_access)
-        status = lws_availability.with_lws_unavailable(
-            status,
-            lws_message,
-            generation=int(meta.get("generation") or 0),
-            previous=previous,
-            now=self.rt.clock(),
-        )
-        metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(conflicts))
-        self.conflicted = bool(conflicts)
-        if _strip_none(previous or {}) != _strip_none(status):
-            await api.patch_md_status(ns, name, status)
-        for event in [
-            *events_for(step, previous),
-            *conflict_events(conflicts, previous),
-            *lws_availability.lws_events(lws_message, previous),
-        ]:
-            await self._event(body, event.type, event.reason, event.message)
-        if content_result is not None:
-            await self._event(
-                body,
-                "Normal" if content_result.passed else "Warning",
-                content_result.reason,
-                content_result.message,
-            )
-        if step.new_refusal and step.refusal is not None:
-            metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
-            log.warning(
-                "rollout refused: %s",
-                step.refusal.message,
-                extra={"namespace": ns, "deployment": name, "revision": target},
-            )
-        return step
+    def _guard(self) -> builders.Guard | None:
+        """The engine pods' guard sidecar (kvgate.cmd.guard); none outside the chart."""
+        settings = self.rt.settings
+        if not settings.guard_image:
+            return None
+        return builders.Guard(settings.guard_image, settings.min_engine_version_floor)
 
     async def _deployments(self, selector: dict[str, str]) -> list[Body]:
         """The ModelDeployment's kvgate Deployments: from the operator's own watch once it has
@@ -321,11 +330,11 @@ class Reconciler:
 
     async def _engine_pods(self) -> list[Body]:
         """The ModelDeployment's engine pods: from the operator's own watch once it has listed
-        every engine pod (``Runtime.engine_pods_listed``, kvgate.kube.informer), else listed. With
-        1,000 ModelDeployments in a namespace the list made the API server scan 9,000 pods for
-        every pass: 0.57 s a pass, the largest request of the benchmark (issue 16). The watch
-        is as current as the events that wake the pass; a change after the read wakes the next
-        one."""
+        every engine pod (``Runtime.engine_pods_listed``, kvgate.kube.informer), else listed.
+        With 1,000 ModelDeployments in a namespace a list per pass made the API server scan
+        9,000 pods every pass (0.57 s a pass, the largest request of the scale benchmark). The
+        watch is as current as the events that wake the pass; a change after the read wakes
+        the next one."""
         selector = {labels.DEPLOYMENT: self.name, labels.COMPONENT: labels.COMPONENT_ENGINE}
         return await self._stored_or_listed(
             self.rt.pods, self.rt.engine_pods_listed, "Pod", selector
@@ -358,130 +367,53 @@ class Reconciler:
         revision that still serves may be a multi-node one. An API that is not served (404) or
         not allowed (403) holds no LeaderWorkerSet of this ModelDeployment: that answer is
         reused for LWS_RECHECK_SECONDS across the fleet instead of asked again every pass (a
-        request in every pass of 1,000 ModelDeployments on a cluster without LeaderWorkerSet,
-        issue 16); installing LeaderWorkerSet is seen within that."""
-        unavailable = self.rt.lws_unavailable
+        request in every pass of 1,000 ModelDeployments on a cluster without
+        LeaderWorkerSet); installing LeaderWorkerSet is seen within that."""
+        memory = self.rt.owned(LwsMemory)
+        unavailable = memory.unavailable
         if unavailable is not None and time.monotonic() - unavailable[0] < LWS_RECHECK_SECONDS:
             return lws_availability.access_from_status(unavailable[1]), []
         try:
             found = await self.rt.api.list("LeaderWorkerSet", self.namespace, selector)
         except ApiError as exc:
             if exc.status in (403, 404):
-                self.rt.lws_unavailable = (time.monotonic(), exc.status)
+                memory.unavailable = (time.monotonic(), exc.status)
                 return lws_availability.access_from_status(exc.status), []
             raise
-        self.rt.lws_unavailable = None
+        memory.unavailable = None
         own = [{"kind": "LeaderWorkerSet", **g} for g in found if is_controlled_by(g, md_uid)]
         return lws_availability.LwsAccess.SERVED, own
 
-    async def _apply(
-        self,
-        md: ModelDeployment,
-        step: RolloutStep,
-        existing: dict[str, Body],
-        service: Body | None,
-        *,
-        leader_worker_sets: bool = True,
+    async def _act(
+        self, waves: tuple[pass_decision.Wave, ...], owner_uid: str | None
     ) -> list[OwnershipConflict]:
-        """Write the step; returns the objects kvgate needed but may not touch (not its own)."""
-        # The router's ServiceAccount, Role and RoleBinding and the NetworkPolicies: when due
-        # (kvgate.rollout.access_checks: they are watched, so a change to one wakes a pass that
-        # reads
-        # it); the key Secret every pass. A deleted or edited object comes back either way.
-        # Independent objects, so ensured at once (in order in the result).
-        revisions = {i.revision for i in step.workloads}
-        deleted = set(step.delete_revisions)
-        check_due = access_checks.access_check_due(
-            self.access_check,
-            revisions=frozenset(revisions - deleted),
-            deleting=bool(deleted),
-            changed=self.rt.take_access_changed((self.namespace, self.name)),
-            now=time.monotonic(),
-            safety_net_seconds=self.rt.settings.steady_reconcile_seconds,
-        )
-        access, secret = self._per_md_objects(md)
-        if check_due:
-            started = time.monotonic()
-            self.access_check = None  # a pass that fails from here on leaves the next one due
-            *independent, binding = access
-            ensured = await asyncio.gather(
-                *(self._ensure(obj, md.metadata.uid) for obj in [*independent, secret])
-            )
-            # The RoleBinding once its Role exists: the API server resolves the roleRef when it
-            # is created (404 until the Role is there). Created together, the first pass of
-            # every new ModelDeployment failed on it and a second pass did it all again.
-            bound = await self._ensure(binding, md.metadata.uid)
-            access_conflicts = tuple(c for c in [*ensured[:-1], bound] if c is not None)
-            secret_conflict = ensured[-1]
-        else:
-            assert self.access_check is not None  # check_due is True without one
-            access_conflicts = self.access_check.access_conflicts
-            secret_conflict = await self._ensure(secret, md.metadata.uid)
-        conflicts: list[OwnershipConflict] = [*access_conflicts]
-        if secret_conflict is not None:
-            # Someone else wrote the router key Secret: a router started on it would take their
-            # key on its worker API (add engines kvgate never verified); none runs meanwhile.
-            conflicts.append(
-                dataclasses.replace(
-                    secret_conflict,
-                    consequence="it holds the routers' control-plane key, so kvgate runs every "
-                    "router of this ModelDeployment at 0 replicas until the Secret is its own",
-                    stops_serving=True,
-                )
-            )
-        fingerprint = router_auth.key_fingerprint(self._router_key(md))
-        settings = self.rt.settings
-        guard = (  # engine pods' guard sidecar (kvgate.cmd.guard); none outside the chart
-            builders.Guard(settings.guard_image, settings.min_engine_version_floor)
-            if settings.guard_image
-            else None
-        )
-
-        for write in workload_writes.revision_writes(
-            md,
-            step,
-            existing,
-            workload_writes.BuildInputs(
-                fingerprint,
-                guard,
-                leader_worker_sets,
-                routers_blocked=secret_conflict is not None,
-            ),
-        ):
-            conflict = await self._write(write, md.metadata.uid)
-            if conflict is not None:
-                conflicts.append(conflict)
-        if check_due:
-            policy_conflicts = tuple(await self._network_policies(md, revisions, deleted))
-            self.access_check = access_checks.AccessCheck(
-                frozenset(revisions - deleted), started, access_conflicts, policy_conflicts
-            )
-        conflicts += self.access_check.policy_conflicts if self.access_check else ()
-
-        service_conflict = conflict_for(service, md.metadata.uid) if service is not None else None
-        if service_conflict is not None:
-            conflicts.append(service_conflict)  # someone else's: never adopt or re-point it
-        for write in workload_writes.service_writes(
-            service,
-            builders.service(md, step.service_revision, split=step.service_split)
-            if step.service_revision
-            else None,
-            foreign=service_conflict is not None,
-        ):
-            await self._write(write, None)
+        """Every planned write, wave after wave (the writes of one wave at once); returns the
+        objects a create found someone else's."""
+        conflicts: list[OwnershipConflict] = []
+        for wave in waves:
+            found = await asyncio.gather(*(self._write(write, owner_uid) for write in wave))
+            conflicts += [c for c in found if c is not None]
         return conflicts
 
     async def _write(
         self, write: workload_writes.PlannedWrite, owner_uid: str | None
     ) -> OwnershipConflict | None:
-        """Perform one planned write; a create checks ownership when ``owner_uid`` is given."""
+        """Perform one planned write; a create of an owned object checks an existing one."""
         api, ns = self.rt.api, self.namespace
         if isinstance(write, workload_writes.Create):
-            if owner_uid is None:
-                await api.create(write.body)
+            if await api.create(write.body) is not None or not write.owned:
                 return None
-            return await self._create(write.body, owner_uid)
+            current = await api.get(write.body["kind"], ns, _key(write.body))
+            return conflict_for(current, owner_uid) if current is not None else None
         if isinstance(write, workload_writes.Patch):
+            if write.note:
+                log.warning(
+                    "%s %s %s",
+                    write.kind,
+                    write.name,
+                    write.note,
+                    extra={"namespace": ns, "deployment": self.name},
+                )
             # Gone since the pass read it (the store can be a watch event behind): nothing to
             # patch; its deletion event wakes the pass that creates it again.
             await api.patch(
@@ -496,94 +428,52 @@ class Reconciler:
             await api.delete(write.kind, ns, write.name)
         return None
 
-    async def _network_policies(
-        self, md: ModelDeployment, revisions: set[str], deleted: set[str]
-    ) -> list[OwnershipConflict]:
-        """Each running revision's NetworkPolicies (kvgate.build.network_policy): created with it,
-        restored on drift, deleted with it. Turned off: the MD's own are deleted once."""
-        settings = self.rt.settings.network_policy
-        name = self.name
-        if settings is None:
-            if not self.network_policies_cleared:
-                for revision in revisions | deleted:
-                    for policy in network_policy.policy_names(name, revision, router_egress=True):
-                        await self._delete_own("NetworkPolicy", policy, md.metadata.uid)
-                self.network_policies_cleared = True
-            return []
-        wanted = [
-            desired
-            for revision in sorted(revisions - deleted)
-            for desired in network_policy.network_policies(
-                md,
-                revision,
-                operator_namespace=settings.operator_namespace,
-                operator_pod_labels=settings.operator_pod_labels,
-                router_egress=settings.router_egress,
+    def _remember(
+        self, inputs: pass_decision.PassInputs, outcome: pass_decision.PassOutcome
+    ) -> None:
+        """What the next pass needs from this one: the access check's findings, whether the
+        NetworkPolicies of a turned-off setting are gone, whether a conflict stands."""
+        if inputs.access_current is not None:
+            observed = inputs.observed
+            running = {w.revision for w in observed.workloads} | {observed.target_revision}
+            self.access_check = access_checks.AccessCheck(
+                frozenset(running),
+                time.monotonic(),
+                outcome.access_conflicts,
+                outcome.policy_conflicts,
             )
-        ]
-        ensured = await asyncio.gather(*(self._ensure(d, md.metadata.uid) for d in wanted))
-        conflicts = [c for c in ensured if c is not None]
-        for revision in deleted:
-            for policy in network_policy.policy_names(name, revision, router_egress=True):
-                await self._delete_own("NetworkPolicy", policy, md.metadata.uid)
-        return conflicts
+        if not inputs.policies.enabled and inputs.policies.read:
+            self.network_policies_cleared = True
+        self.conflicted = bool(outcome.conflicts)
 
-    async def _delete_own(self, kind: str, name: str, owner_uid: str | None) -> None:
-        """Delete the object only if it is the MD's own (never someone else's)."""
-        current = await self.rt.api.get(kind, self.namespace, name)
-        if current is not None and is_controlled_by(current, owner_uid):
-            await self.rt.api.delete(kind, self.namespace, name)
-
-    def _router_key(self, md: ModelDeployment) -> str:
-        return router_auth.control_key(
-            self.rt.settings.router_key_seed, self.namespace, self.name, md.metadata.uid or ""
-        )  # == rt.router_key(ns, name) once the MD's body is in rt.mds
-
-    def _per_md_objects(self, md: ModelDeployment) -> tuple[list[Body], Body]:
-        """Objects one per ModelDeployment: the router's identity and access (watched), and its
-        control key Secret (not watched)."""
-        return [
-            builders.router_service_account(md),
-            builders.router_role(md),
-            builders.router_role_binding(md),
-        ], builders.router_control_secret(md, self._router_key(md))
-
-    async def _create(self, desired: Body, owner_uid: str | None) -> OwnershipConflict | None:
-        """Create; an object of that name that already exists must be the MD's own."""
-        if await self.rt.api.create(desired) is not None:
-            return None
-        current = await self.rt.api.get(desired["kind"], self.namespace, _key(desired))
-        return conflict_for(current, owner_uid) if current is not None else None
-
-    async def _ensure(self, desired: Body, owner_uid: str | None) -> OwnershipConflict | None:
-        """Create the object, or bring the MD's own copy back to what kvgate built (a tenant's
-        edit or a lost field); an object someone else controls is a conflict, left untouched."""
-        api, kind, name = self.rt.api, desired["kind"], _key(desired)
-        current = await api.get(kind, self.namespace, name)
-        if current is None:
-            return await self._create(desired, owner_uid)
-        conflict = conflict_for(current, owner_uid)
-        if conflict is not None:
-            return conflict
-        if desired.get("roleRef") is not None and current.get("roleRef") != desired["roleRef"]:
-            # roleRef is immutable: replace the binding (it is the MD's own).
-            await api.delete(kind, self.namespace, name)
-            return await self._create(desired, owner_uid)
-        drift = {
-            key: desired[key]
-            for key in DRIFT_FIELDS
-            if key in desired and not _contains(current.get(key), desired[key])
-        }
-        if drift:
+    async def _record(
+        self,
+        body: Body,
+        step: RolloutStep,
+        outcome: pass_decision.PassOutcome,
+        inputs: pass_decision.PassInputs,
+    ) -> None:
+        """Write the status if it changed, post the Events due, count and log a refusal."""
+        ns, name = self.namespace, self.name
+        metrics.CONTEXT_LENGTH_TOKENS.labels(ns, name).set(
+            inputs.observed.spec.model.context_length
+        )
+        metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(outcome.conflicts))
+        previous = body.get("status") or None
+        if _strip_none(previous or {}) != _strip_none(outcome.status):
+            await self.rt.api.patch_md_status(ns, name, outcome.status)
+        if inputs.content is not None:
+            content_check.recorded(self.rt, ns, name, step.target_revision)
+        for event in outcome.events:
+            await self._event(body, event.type, event.reason, event.message)
+        content_check.keep_due(self.rt, inputs.md, step)
+        if step.new_refusal and step.refusal is not None:
+            metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
             log.warning(
-                "%s %s drifted from what kvgate built (%s); restoring it",
-                kind,
-                name,
-                ", ".join(sorted(drift)),
-                extra={"namespace": self.namespace, "deployment": self.name},
+                "rollout refused: %s",
+                step.refusal.message,
+                extra={"namespace": ns, "deployment": name, "revision": step.target_revision},
             )
-            await api.patch(kind, self.namespace, name, drift, content_type=MERGE_PATCH)
-        return None
 
     async def _invalid(self, body: Body, exc: ValidationError) -> None:
         problems = "; ".join(
@@ -653,23 +543,9 @@ class Reconciler:
             log.warning("could not post event %s: %s", reason, exc)
 
 
-# Fields of per-MD objects that kvgate restores when they differ from what it built.
-DRIFT_FIELDS = ("data", "rules", "subjects", "spec")
-
-
-def _contains(current: Any, desired: Any) -> bool:
-    """Everything kvgate set is still there (the API server may add defaults around it)."""
-    if isinstance(desired, dict):
-        return isinstance(current, dict) and all(
-            _contains(current.get(k), v) for k, v in desired.items()
-        )
-    if isinstance(desired, list):
-        return (
-            isinstance(current, list)
-            and len(current) == len(desired)
-            and all(_contains(c, d) for c, d in zip(current, desired, strict=True))
-        )
-    return bool(current == desired)
+async def _nothing() -> None:
+    """Stands for a read this pass does not make."""
+    return None
 
 
 def _pods_of(deployments: list[Body], pods: list[Body]) -> list[Body]:
@@ -709,14 +585,13 @@ def next_interval(
     rt: Runtime,
     step: RolloutStep | None,
     quiet_passes: int = 0,
-    key: MdKey | None = None,
     *,
+    verify_timeout_seconds: float | None = None,
     conflicted: bool = False,
 ) -> float:
     """Seconds to the next timer pass (kvgate.rollout.pass_timing): in flight, quiet timer passes
-    back
-    off towards the steady period (watches wake the loop on every change), bounded by the verify
-    deadline."""
+    back off towards the steady period (watches wake the loop on every change), bounded by the
+    verify deadline (``verify_timeout_seconds``: the spec's, as the pass parsed it)."""
     settled = (
         step is not None
         and step.serving_revision == step.target_revision
@@ -730,27 +605,20 @@ def next_interval(
         quiet_passes=quiet_passes,
         reconcile_seconds=rt.settings.reconcile_seconds,
         steady_seconds=rt.settings.steady_reconcile_seconds,
-        until_deadline=_until_verify_deadline(rt, step, key),
+        until_deadline=_until_verify_deadline(rt, step, verify_timeout_seconds),
         jitter=random.random(),
         conflicted=conflicted,
     )
 
 
 def _until_verify_deadline(
-    rt: Runtime, step: RolloutStep | None, key: MdKey | None
+    rt: Runtime, step: RolloutStep | None, timeout: float | None
 ) -> float | None:
     """Seconds until the target revision's verify deadline; None when no rollout waits on it."""
-    if step is None or key is None or step.refusal is not None:
+    if step is None or timeout is None or step.refusal is not None:
         return None
     if step.serving_revision == step.target_revision:
         return None
-    spec = (rt.mds.get(key) or {}).get("spec") or {}
-    timeout = (spec.get("rollout") or {}).get("verifyTimeoutSeconds")  # defaulted by the CRD
-    if not isinstance(timeout, int | float):
-        try:
-            timeout = ModelDeploymentSpec.model_validate(spec).rollout.verify_timeout_seconds
-        except ValidationError:
-            return None
     deadline = step.verify_started_at + timedelta(seconds=float(timeout))
     return (deadline - rt.clock()).total_seconds()
 
@@ -764,6 +632,7 @@ async def run_reconciler(rt: Runtime, key: MdKey, stopped: Callable[[], bool]) -
         await _reconcile_until_stopped(rt, reconciler, wake, stopped)
     finally:
         audit.cancel()
+        content_check.stop(rt, key)
         await asyncio.gather(audit, return_exceptions=True)
 
 
@@ -786,7 +655,13 @@ async def _reconcile_until_stopped(
         await asyncio.sleep(MIN_PASS_SECONDS)
         woken = await sleep_until_woken(
             wake,
-            next_interval(rt, step, quiet, key, conflicted=reconciler.conflicted)
+            next_interval(
+                rt,
+                step,
+                quiet,
+                verify_timeout_seconds=reconciler.verify_timeout_seconds,
+                conflicted=reconciler.conflicted,
+            )
             - MIN_PASS_SECONDS,
         )
         quiet = 0 if woken else quiet + 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -36,6 +37,21 @@ KEY_REFUSED = "RouterKeyRefused"
 DELETE_TIMEOUT_SECONDS = 2.0
 
 
+@dataclass
+class AuditMemory:
+    """This module's state for one operator run (``Runtime.owned``), per router pod uid."""
+
+    # the ids of the workers its last audit found unknown (removed when the next audit finds
+    # them unknown again: see audit_md)
+    suspects: dict[str, set[str]] = field(default_factory=dict)
+    # the router pods that refused kvgate's control-plane key at their last audit
+    key_refusals: set[str] = field(default_factory=set)
+
+    def forget_router(self, uid: str) -> None:
+        self.suspects.pop(uid, None)
+        self.key_refusals.discard(uid)
+
+
 def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     meta = pod.get("metadata", {})
     uid = meta.get("uid")
@@ -44,8 +60,7 @@ def on_router_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     if event_type == "DELETED":
         rt.routers.pop(uid, None)
         rt.identities.pop(uid, None)
-        rt.audit_suspects.pop(uid, None)
-        rt.key_refusals.discard(uid)
+        rt.owned(AuditMemory).forget_router(uid)
     else:
         rt.routers[uid] = pod_view.slim(pod)  # the fields kvgate reads (kvgate.verify.pod_view)
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
@@ -113,7 +128,7 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         if answer.refused:
             await _refused_key(rt, md, router, key, identity.revision)
             continue
-        rt.key_refusals.discard(router_uid)
+        rt.owned(AuditMemory).key_refusals.discard(router_uid)
         if answer.workers is None:
             log.debug("worker audit could not read %s: %s", name, answer.error)
             continue
@@ -130,10 +145,11 @@ async def audit_md(rt: Runtime, namespace: str, md_name: str) -> int:
         # engines a router serves, and removing those would leave the revision without workers
         # (an injected worker goes one audit later). A URL in no form discovery writes cannot
         # be such an engine: it goes at once.
-        previous = rt.audit_suspects.pop(router_uid, set())
+        suspects = rt.owned(AuditMemory).suspects
+        previous = suspects.pop(router_uid, set())
         now_unknown = {str(w.get("id")) for w in unknown}
         if now_unknown:
-            rt.audit_suspects[router_uid] = now_unknown
+            suspects[router_uid] = now_unknown
         for worker in unknown:
             if str(worker.get("id")) in previous or not worker_audit.in_discovery_form(worker):
                 removed += await _remove_one(rt, md, router, url, worker, key, identity.revision)
@@ -149,8 +165,9 @@ async def _refused_key(
     meta, router_meta = md.get("metadata", {}), router.get("metadata", {})
     namespace, md_name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     uid, name = str(router_meta.get("uid", "")), gate.pod_name(router)
-    refused_before = uid in rt.key_refusals
-    rt.key_refusals.add(uid)
+    refusals = rt.owned(AuditMemory).key_refusals
+    refused_before = uid in refusals
+    refusals.add(uid)
     fields = {"namespace": namespace, "deployment": md_name, "pod": name}
     action = worker_audit.key_refusal(
         refused_before=refused_before,
@@ -175,7 +192,7 @@ async def _refused_key(
     )
     if not await rt.api.delete_pod(namespace, name, uid):
         return  # gone already or replaced
-    rt.key_refusals.discard(uid)
+    refusals.discard(uid)
     metrics.ROUTER_PODS_REPLACED.labels(namespace, md_name).inc()
     log.warning("router replaced: %s", message, extra=fields)
     await _warn(rt, meta, KEY_REFUSED, message)

@@ -33,6 +33,7 @@ class VerifyFn(Protocol):
 
 MdKey = tuple[str, str]  # (namespace, name)
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
@@ -249,19 +250,11 @@ class Runtime:
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.rollout.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
-    # (namespace, name, revision) -> monotonic time of its last inconclusive content check
-    # (handlers.content_check backs off from it); forgotten with the ModelDeployment
-    content_inconclusive: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    # (time.monotonic(), HTTP status) of the last LeaderWorkerSet list the API refused with 404
-    # or 403; None once one worked (see modeldeployment.Reconciler._leader_worker_sets)
-    lws_unavailable: tuple[float, int] | None = None
-    # router pod uid -> ids of the workers its last audit found unknown (removed when the next
-    # audit finds them unknown again; see router_workers.audit_md)
-    audit_suspects: dict[str, set[str]] = field(default_factory=dict)
-    # Router pod uids that refused kvgate's control-plane key at their last audit.
-    key_refusals: set[str] = field(default_factory=set)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
+    # State a single module keeps for this operator run, one instance per type: the module
+    # defines it and reaches it through ``owned`` (see forget_md and forget_pod).
+    _owned: dict[type[Any], Any] = field(default_factory=dict)
     _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
     _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
@@ -304,6 +297,15 @@ class Runtime:
         ):
             into.append(reflector)
             self.reflector_tasks.append(spawn(reflector.run(), name=f"reflector:{reflector.path}"))
+
+    def owned(self, kind: type[S]) -> S:
+        """The instance of ``kind`` this runtime keeps for the module that defines it (made on
+        first use). A ``forget_md(key)`` or ``forget_pod(uid)`` method on it is called when
+        the runtime forgets that ModelDeployment or pod."""
+        state = self._owned.get(kind)
+        if state is None:
+            state = self._owned[kind] = kind()
+        return cast(S, state)
 
     def pass_slots(self) -> asyncio.Semaphore:
         """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
@@ -371,13 +373,19 @@ class Runtime:
         self.engines.pop(uid, None)
         self.identities.pop(uid, None)
         self._pod_wakes.pop(uid, None)
+        for state in list(self._owned.values()):
+            forget = getattr(state, "forget_pod", None)
+            if forget is not None:
+                forget(uid)
 
     def forget_md(self, key: MdKey) -> None:
         self.mds.pop(key, None)
         self.access_changed.discard(key)
         self._md_wakes.pop(key, None)
-        for check in [c for c in self.content_inconclusive if c[:2] == key]:
-            del self.content_inconclusive[check]
+        for state in list(self._owned.values()):
+            forget = getattr(state, "forget_md", None)
+            if forget is not None:
+                forget(key)
 
     async def shutdown(self) -> None:
         """Stop every verifier and reconcile loop (operator exit)."""

@@ -26,9 +26,11 @@ Body = dict[str, Any]
 
 @dataclass(frozen=True)
 class Create:
-    """Create this object (an existing one of that name must be the ModelDeployment's own)."""
+    """Create this object. ``owned``: an existing one of that name must be the ModelDeployment's
+    own (else it is reported as a conflict); the Service ``<md>`` is judged from its read."""
 
     body: Body
+    owned: bool = True
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Patch:
     name: str
     patch: Body | list[Body]
     content_type: str
+    note: str | None = None  # why, when it restores what someone changed (logged)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ def service_writes(
     if foreign or desired is None:
         return []
     if current is None:
-        return [Create(desired)]
+        return [Create(desired, owned=False)]
     selector = desired["spec"]["selector"]
     have = current.get("spec", {}).get("selector") or {}
     if have == selector:

@@ -1,0 +1,342 @@
+"""One pass over a ModelDeployment, decided (pure): what the pass read in; the plan, every write,
+the whole status and its Events out.
+
+The controller's pass reads everything first (``PassInputs``, with one ``now``), calls
+``decide``, performs the decision's write waves in order (the writes of one wave are
+independent of each other), and calls ``conclude`` with the conflicts only a write could reveal
+(a create that found someone else's object of that name) for the status and Events to record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.api.models import ModelDeployment
+from kvgate.build import builders, network_policy
+from kvgate.build.network_policy import RouterEgress
+from kvgate.rollout import (
+    lws_availability,
+    owned_objects,
+    requirements,
+    rollback,
+    workload_writes,
+)
+from kvgate.rollout.access_checks import AccessCheck
+from kvgate.rollout.conflict_status import conflict_events, with_conflicts
+from kvgate.rollout.lws_availability import LwsAccess
+from kvgate.rollout.ownership import OwnershipConflict, conflict_for
+from kvgate.rollout.planner import ObservedState, RolloutStep, plan
+from kvgate.rollout.status import Event, compute_status, events_for
+from kvgate.rollout.workload_writes import Delete, PlannedWrite
+from kvgate.verify import content_probe, router_auth
+from kvgate.verify.content_probe import ContentCheck, ContentVerdict
+
+Body = dict[str, Any]
+Wave = tuple[PlannedWrite, ...]
+ACCESS_KINDS = ("ServiceAccount", "Role", "RoleBinding")
+POLICY_KIND = "NetworkPolicy"
+SECRET_CONSEQUENCE = (
+    "it holds the routers' control-plane key, so kvgate runs every router of this "
+    "ModelDeployment at 0 replicas until the Secret is its own"
+)
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """The NetworkPolicy settings and what the pass read of the revisions' policies."""
+
+    enabled: bool = False
+    operator_namespace: str = ""
+    operator_pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    router_egress: RouterEgress | None = None
+    # name -> the policy as read this pass (None: not there); empty when not read this pass
+    current: Mapping[str, Body | None] = dataclasses.field(default_factory=dict)
+    read: bool = False
+
+
+@dataclass(frozen=True)
+class ContentOutcome:
+    """The target's content check, finished by its own task and not yet in status."""
+
+    verdict: ContentVerdict
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PassInputs:
+    """Everything one pass read, and the settings its writes are built from."""
+
+    body: Mapping[str, Any]  # the ModelDeployment as read
+    md: ModelDeployment
+    observed: ObservedState  # the planner's input; its ``now`` is the pass's one clock read
+    deployments: tuple[Body, ...]  # its own Deployments and LeaderWorkerSets
+    service: Body | None  # the Service <md>, whoever's it is
+    lws_access: LwsAccess
+    router_key: str
+    guard: builders.Guard | None
+    # kind -> the router's ServiceAccount, Role, RoleBinding as read (None: not there);
+    # None when this pass did not read them (the last check's findings still hold)
+    access_current: Mapping[str, Body | None] | None
+    secret_current: Body | None  # the router key Secret (read every pass)
+    last_access: AccessCheck | None
+    policies: PolicyInputs
+    content: ContentOutcome | None = None
+
+
+@dataclass(frozen=True)
+class PassDecision:
+    step: RolloutStep
+    waves: tuple[Wave, ...]
+    conflicts: tuple[OwnershipConflict, ...]  # known from the reads, in report order
+    status: dict[str, Any]  # before ownership conflicts and LeaderWorkerSet availability
+    lws_message: str | None
+    inputs: PassInputs
+
+    @property
+    def previous(self) -> Mapping[str, Any] | None:
+        return self.inputs.body.get("status") or None
+
+
+@dataclass(frozen=True)
+class PassOutcome:
+    status: dict[str, Any]
+    events: tuple[Event, ...]
+    conflicts: tuple[OwnershipConflict, ...]
+    access_conflicts: tuple[OwnershipConflict, ...]  # ServiceAccount, Role, RoleBinding
+    policy_conflicts: tuple[OwnershipConflict, ...]
+
+
+def decide(inputs: PassInputs) -> PassDecision:
+    """The step, the writes that carry it out and the status it leads to."""
+    observed = _with_content_check(inputs.observed, inputs.content)
+    step = plan(observed)
+    uid = inputs.md.metadata.uid
+    secret = owned_objects.ensure(
+        builders.router_control_secret(inputs.md, inputs.router_key), inputs.secret_current, uid
+    )
+    access_waves, access_conflicts = _access_writes(inputs)
+    build = workload_writes.BuildInputs(
+        router_auth.key_fingerprint(inputs.router_key),
+        inputs.guard,
+        inputs.lws_access is LwsAccess.SERVED,
+        routers_blocked=secret.conflict is not None,
+    )
+    existing = {_name(d): d for d in inputs.deployments}
+    revision_waves = [
+        (w,) for w in workload_writes.revision_writes(inputs.md, step, existing, build)
+    ]
+    policy_waves, policy_conflicts = _policy_writes(inputs, step)
+    service = inputs.service
+    service_conflict = conflict_for(service, uid) if service is not None else None
+    desired_service = (
+        builders.service(inputs.md, step.service_revision, split=step.service_split)
+        if step.service_revision
+        else None
+    )
+    service_waves = [
+        (w,)
+        for w in workload_writes.service_writes(
+            service, desired_service, foreign=service_conflict is not None
+        )
+    ]
+    first = (*(access_waves[0] if access_waves else ()), *secret.writes)
+    waves = tuple(
+        w for w in (first, *access_waves[1:], *revision_waves, *policy_waves, *service_waves) if w
+    )
+    conflicts = (
+        *access_conflicts,
+        *([_secret_conflict(secret.conflict)] if secret.conflict else []),
+        *policy_conflicts,
+        *([service_conflict] if service_conflict else []),
+    )
+    return PassDecision(
+        step=step,
+        waves=waves,
+        conflicts=conflicts,
+        status=_status(inputs, step),
+        lws_message=lws_availability.unavailable_message(inputs.observed.spec, inputs.lws_access),
+        inputs=inputs,
+    )
+
+
+def conclude(decision: PassDecision, late: Sequence[OwnershipConflict]) -> PassOutcome:
+    """The status to write and the Events to post, with every ownership conflict: those the
+    reads showed and those the writes found (``late``)."""
+    inputs, previous = decision.inputs, decision.previous
+    known = decision.conflicts
+
+    def of(kinds: Iterable[str], found: Iterable[OwnershipConflict]) -> list[OwnershipConflict]:
+        return [c for c in found if c.kind in tuple(kinds)]
+
+    access = (*of(ACCESS_KINDS, known), *of(ACCESS_KINDS, late))
+    if inputs.access_current is None and inputs.last_access is not None:
+        access = inputs.last_access.access_conflicts
+    policies = (*of((POLICY_KIND,), known), *of((POLICY_KIND,), late))
+    if not inputs.policies.read and inputs.last_access is not None:
+        policies = inputs.last_access.policy_conflicts
+    secret = [*of(("Secret",), known)] + [_secret_conflict(c) for c in of(("Secret",), late)]
+    others = [c for c in late if c.kind not in (*ACCESS_KINDS, POLICY_KIND, "Secret")]
+    service = of(("Service",), known)
+    conflicts = (*access, *secret, *others, *policies, *service)
+    generation = int(inputs.body.get("metadata", {}).get("generation") or 0)
+    now = inputs.observed.now
+    status = with_conflicts(
+        decision.status, conflicts, generation=generation, previous=previous, now=now
+    )
+    status = lws_availability.with_lws_unavailable(
+        status, decision.lws_message, generation=generation, previous=previous, now=now
+    )
+    events = [
+        *events_for(decision.step, previous),
+        *conflict_events(conflicts, previous),
+        *lws_availability.lws_events(decision.lws_message, previous),
+    ]
+    if inputs.content is not None:
+        verdict = inputs.content.verdict
+        kind = "Normal" if verdict.passed else "Warning"
+        events.append(Event(kind, verdict.reason, verdict.message))
+    return PassOutcome(status, tuple(events), conflicts, tuple(access), tuple(policies))
+
+
+def _with_content_check(observed: ObservedState, content: ContentOutcome | None) -> ObservedState:
+    """The recorded checks, with the target's just-finished one in front of them."""
+    if content is None:
+        return observed
+    target = observed.target_revision
+    decided = ContentCheck(target, content.verdict.passed, content.verdict.message)
+    others = (c for c in observed.content_checks if c.revision != target)
+    return dataclasses.replace(observed, content_checks=(decided, *others))
+
+
+def _access_writes(inputs: PassInputs) -> tuple[list[Wave], list[OwnershipConflict]]:
+    """The router's ServiceAccount and Role, then its RoleBinding in a wave of its own: the API
+    server resolves the roleRef when the binding is created (404 until the Role is there)."""
+    if inputs.access_current is None:
+        return [], []
+    md, uid = inputs.md, inputs.md.metadata.uid
+    desired = [
+        builders.router_service_account(md),
+        builders.router_role(md),
+        builders.router_role_binding(md),
+    ]
+    ensured = [owned_objects.ensure(d, inputs.access_current.get(d["kind"]), uid) for d in desired]
+    conflicts = [e.conflict for e in ensured if e.conflict is not None]
+    independent = tuple(w for e in ensured[:2] for w in e.writes)
+    return [independent, ensured[2].writes], conflicts
+
+
+def _policy_writes(
+    inputs: PassInputs, step: RolloutStep
+) -> tuple[list[Wave], list[OwnershipConflict]]:
+    """Each kept revision's NetworkPolicies created or restored (one wave), a deleted revision's
+    own ones deleted; turned off, every own one read is deleted. Without a read this pass
+    (nothing changed since the last check, which found them as built) a deleted revision's are
+    deleted unless the last check found that name someone else's."""
+    settings, name, uid = inputs.policies, inputs.md.metadata.name or "", inputs.md.metadata.uid
+    kept = {i.revision for i in step.workloads} - set(step.delete_revisions)
+    if not settings.enabled:
+        doomed = [p for p, current in sorted(settings.current.items()) if _own(current, uid)]
+        return [(Delete(POLICY_KIND, p),) for p in doomed], []
+    waves: list[Wave] = []
+    conflicts: list[OwnershipConflict] = []
+    if settings.read:
+        ensured = [
+            owned_objects.ensure(d, settings.current.get(_name(d)), uid)
+            for revision in sorted(kept)
+            for d in network_policy.network_policies(
+                inputs.md,
+                revision,
+                operator_namespace=settings.operator_namespace,
+                operator_pod_labels=settings.operator_pod_labels,
+                router_egress=settings.router_egress,
+            )
+        ]
+        waves.append(tuple(w for e in ensured for w in e.writes))
+        conflicts = [e.conflict for e in ensured if e.conflict is not None]
+    last = inputs.last_access
+    foreign = {c.name for c in last.policy_conflicts} if last is not None else set()
+    for revision in sorted(step.delete_revisions):
+        for policy in network_policy.policy_names(name, revision, router_egress=True):
+            own = (
+                _own(settings.current.get(policy), uid) if settings.read else policy not in foreign
+            )
+            if own:
+                waves.append((Delete(POLICY_KIND, policy),))
+    return waves, conflicts
+
+
+def _own(current: Mapping[str, Any] | None, uid: str | None) -> bool:
+    return current is not None and conflict_for(current, uid) is None
+
+
+def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
+    """The rollout's status, the requirement and spec of every revision still running, and the
+    content checks, before ownership conflicts are added."""
+    observed, body = inputs.observed, inputs.body
+    spec, target = observed.spec, observed.target_revision
+    previous = body.get("status") or None
+    status = compute_status(
+        step,
+        generation=int(body.get("metadata", {}).get("generation") or 0),
+        context_length=spec.model.context_length,
+        previous=previous,
+        now=observed.now,
+    )
+    running = {w.revision for w in observed.workloads}
+    # The requirement of every revision still running, so its pods are verified against what
+    # kvgate rolled out once the spec has moved on (status: tenants cannot write it).
+    status["revisions"] = requirements.updated_records(
+        previous,
+        requirements.record_of(spec, target),
+        keep=running | {step.serving_revision or ""},
+    )
+    # The spec of every revision that served (the last revisionHistoryLimit), so
+    # kvgate.io/rollback=<revision> never depends on its objects still running.
+    status["history"] = rollback.updated_history(
+        previous,
+        serving_revision=step.serving_revision,
+        target_revision=target,
+        spec=body.get("spec") or {},
+        served_at=observed.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        limit=spec.rollout.revision_history_limit,
+    )
+    # Each running revision's content check: a revision switches only after it passed.
+    content = inputs.content.record if inputs.content is not None else None
+    status["contentChecks"] = content_probe.updated_records(
+        previous, content, keep=running | {target}
+    )
+    return status
+
+
+def _secret_conflict(conflict: OwnershipConflict) -> OwnershipConflict:
+    """Someone else wrote the router key Secret: a router started on it would take their key on
+    its worker API (add engines kvgate never verified); none runs meanwhile."""
+    return dataclasses.replace(conflict, consequence=SECRET_CONSEQUENCE, stops_serving=True)
+
+
+def policy_names_to_read(md_name: str, revisions: Iterable[str]) -> list[str]:
+    """Every NetworkPolicy name the running revisions can have (read when the check is due)."""
+    return [
+        policy
+        for revision in sorted(set(revisions))
+        for policy in network_policy.policy_names(md_name, revision, router_egress=True)
+    ]
+
+
+def _name(body: Mapping[str, Any]) -> str:
+    return str(body.get("metadata", {}).get("name", ""))
+
+
+__all__ = [
+    "ContentOutcome",
+    "PassDecision",
+    "PassInputs",
+    "PassOutcome",
+    "PolicyInputs",
+    "conclude",
+    "decide",
+    "policy_names_to_read",
+]

@@ -1,0 +1,185 @@
+"""One pass decided from what it read (kvgate.rollout.pass_decision, owned_objects): the writes
+in order, the ownership conflicts and the status they lead to, with no API server."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from factories.model_deployments import MD_UID, NOW, make_md, md_doc
+from kvgate.api.content_types import MERGE_PATCH
+from kvgate.api.labels import ROLE_ROUTER
+from kvgate.api.models import ModelDeployment
+from kvgate.api.revision import revision_of
+from kvgate.build import builders, network_policy
+from kvgate.rollout import owned_objects, pass_decision
+from kvgate.rollout.access_checks import AccessCheck
+from kvgate.rollout.lws_availability import LwsAccess
+from kvgate.rollout.ownership import CONFLICT, OwnershipConflict
+from kvgate.rollout.planner import ObservedState, RolloutRecord
+from kvgate.rollout.workload_writes import Create, Delete, Patch
+
+KEY = "k" * 64
+
+
+def _foreign(body: dict[str, Any]) -> dict[str, Any]:
+    taken = copy.deepcopy(body)
+    taken["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "theirs", "uid": "u2"}
+    ]
+    taken["metadata"]["ownerReferences"][0]["controller"] = True
+    return taken
+
+
+def _inputs(
+    md: ModelDeployment | None = None,
+    *,
+    access: dict[str, dict[str, Any] | None] | None = None,
+    secret: dict[str, Any] | None = None,
+    last: AccessCheck | None = None,
+    policies: pass_decision.PolicyInputs | None = None,
+) -> pass_decision.PassInputs:
+    md = md or make_md()
+    observed = ObservedState(
+        spec=md.spec,
+        target_revision=revision_of(md.spec),
+        workloads=(),
+        pods=(),
+        service_revision=None,
+        now=NOW,
+        recorded=RolloutRecord(),
+    )
+    return pass_decision.PassInputs(
+        body=md_doc(),
+        md=md,
+        observed=observed,
+        deployments=(),
+        service=None,
+        lws_access=LwsAccess.SERVED,
+        router_key=KEY,
+        guard=None,
+        access_current=access,
+        secret_current=secret,
+        last_access=last,
+        policies=policies or pass_decision.PolicyInputs(),
+    )
+
+
+def _names(wave: tuple[Any, ...]) -> list[tuple[str, str]]:
+    out = []
+    for write in wave:
+        if isinstance(write, Create):
+            out.append((type(write).__name__, write.body["kind"]))
+        else:
+            out.append((type(write).__name__, write.kind))
+    return out
+
+
+def test_a_missing_object_is_created_and_an_unchanged_one_gets_no_write() -> None:
+    desired = builders.router_role(make_md())
+    assert owned_objects.ensure(desired, None, MD_UID).writes == (Create(desired),)
+    as_served = copy.deepcopy(desired)
+    as_served["metadata"]["resourceVersion"] = "7"  # what the API server adds around it
+    assert owned_objects.ensure(desired, as_served, MD_UID) == owned_objects.Ensured()
+
+
+def test_an_edited_object_is_patched_back_and_the_patch_says_why() -> None:
+    desired = builders.router_role(make_md())
+    edited = copy.deepcopy(desired)
+    edited["rules"] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+    (write,) = owned_objects.ensure(desired, edited, MD_UID).writes
+    assert isinstance(write, Patch) and write.content_type == MERGE_PATCH
+    assert write.patch == {"rules": desired["rules"]}
+    assert write.note is not None and "(rules)" in write.note
+
+
+def test_a_binding_to_another_role_is_deleted_then_created() -> None:
+    desired = builders.router_role_binding(make_md())
+    moved = copy.deepcopy(desired)
+    moved["roleRef"] = {**desired["roleRef"], "name": "cluster-admin"}
+    writes = owned_objects.ensure(desired, moved, MD_UID).writes
+    assert [type(w) for w in writes] == [Delete, Create]
+
+
+def test_someone_elses_object_is_a_conflict_and_never_written() -> None:
+    desired = builders.router_service_account(make_md())
+    ensured = owned_objects.ensure(desired, _foreign(desired), MD_UID)
+    assert ensured.writes == ()
+    assert ensured.conflict is not None and ensured.conflict.controller == "Deployment/theirs"
+
+
+def test_the_role_binding_is_written_after_its_role_and_the_routers_after_both() -> None:
+    decision = pass_decision.decide(_inputs(access={}))
+    waves = [_names(w) for w in decision.waves]
+    assert waves[0] == [("Create", "ServiceAccount"), ("Create", "Role"), ("Create", "Secret")]
+    assert waves[1] == [("Create", "RoleBinding")]
+    assert ("Create", "Deployment") in waves[2]
+
+
+def test_without_the_access_check_only_the_key_secret_is_ensured() -> None:
+    decision = pass_decision.decide(_inputs(access=None))
+    kinds = {kind for wave in decision.waves for _, kind in _names(wave)}
+    assert "Secret" in kinds and not kinds & {"ServiceAccount", "Role", "RoleBinding"}
+
+
+def test_someone_elses_key_secret_holds_every_router_at_zero_and_stops_serving() -> None:
+    md = make_md()
+    secret = _foreign(builders.router_control_secret(md, KEY))
+    decision = pass_decision.decide(_inputs(md, access={}, secret=secret))
+    (conflict,) = decision.conflicts
+    assert conflict.kind == "Secret" and conflict.stops_serving
+    assert conflict.consequence == pass_decision.SECRET_CONSEQUENCE
+    routers = [
+        w.body
+        for wave in decision.waves
+        for w in wave
+        if isinstance(w, Create)
+        and w.body["metadata"]["labels"].get("kvgate.io/role") == ROLE_ROUTER
+    ]
+    assert routers and all(r["spec"]["replicas"] == 0 for r in routers)
+
+
+def test_conflicts_are_reported_access_secret_written_then_policies() -> None:
+    md = make_md()
+    decision = pass_decision.decide(_inputs(md, access={}))
+    late = [
+        OwnershipConflict("NetworkPolicy", "p", None),
+        OwnershipConflict("Deployment", "d", None),
+        OwnershipConflict("Secret", "s", None),
+        OwnershipConflict("Role", "r", None),
+    ]
+    outcome = pass_decision.conclude(decision, late)
+    assert [c.kind for c in outcome.conflicts] == ["Role", "Secret", "Deployment", "NetworkPolicy"]
+    secret = outcome.conflicts[1]
+    assert secret.stops_serving and secret.consequence == pass_decision.SECRET_CONSEQUENCE
+    assert outcome.access_conflicts == (late[3],)
+    assert outcome.policy_conflicts == (late[0],)
+    (event,) = [e for e in outcome.events if e.reason == CONFLICT]
+    assert event.message.index("Role r") < event.message.index("NetworkPolicy p")
+    assert CONFLICT in {c.get("reason") for c in outcome.status["conditions"]}
+
+
+def test_a_pass_that_did_not_read_keeps_the_last_checks_findings() -> None:
+    last = AccessCheck(
+        frozenset(),
+        0.0,
+        (OwnershipConflict("Role", "r", None),),
+        (OwnershipConflict("NetworkPolicy", "p", None),),
+    )
+    outcome = pass_decision.conclude(pass_decision.decide(_inputs(last=last)), [])
+    assert outcome.access_conflicts == last.access_conflicts
+    assert outcome.policy_conflicts == last.policy_conflicts
+
+
+def test_turned_off_policies_read_this_pass_are_deleted_only_when_they_are_the_mds() -> None:
+    md = make_md()
+    rev = revision_of(md.spec)
+    own, theirs, *_ = network_policy.policy_names("llama", rev, router_egress=True)
+    built = network_policy.network_policies(
+        md, rev, operator_namespace="kvgate", operator_pod_labels={"app": "kvgate"}
+    )
+    current = {own: built[0], theirs: _foreign(built[1])}
+    policies = pass_decision.PolicyInputs(current=current, read=True)
+    decision = pass_decision.decide(_inputs(md, policies=policies))
+    deletes = [w for wave in decision.waves for w in wave if isinstance(w, Delete)]
+    assert deletes == [Delete("NetworkPolicy", own)]
