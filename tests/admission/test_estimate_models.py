@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
+from factories.model_configs import model_config
 from kvgate.admission import check_document
 
 from .conftest import mutated
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "model_configs"
-DS32 = json.loads((FIXTURES / "deepseek-v3.2.json").read_text())
+DS32 = model_config("deepseek-v3.2")
 
 
 def _ds32(changes: dict[str, object]) -> dict[str, object]:

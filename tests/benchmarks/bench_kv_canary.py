@@ -32,14 +32,14 @@ import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
+sys.path.insert(0, str(ROOT / "tests"))  # the shared test builders (factories)
 
+from factories.model_deployments import md_doc  # noqa: E402
 from kvgate.api import labels  # noqa: E402
 from kvgate.controller import kv_canary_watch  # noqa: E402
 from kvgate.controller.runtime import Runtime  # noqa: E402
 from kvgate.kube.k8s import Credentials, KubeApi  # noqa: E402
 from kvgate.kube.settings import OperatorSettings  # noqa: E402
-from operator_factories import md_doc  # noqa: E402
 
 NS = "bench"
 POLL_SECONDS = 0.05

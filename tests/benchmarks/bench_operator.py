@@ -23,10 +23,11 @@ from typing import Any
 
 import kmock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared builders (factories)
 
 import kopf  # noqa: F401  (counted in the memory figure, as in the real process)
-from fake_engine import FakeEngine, running
+from factories.fake_engine import FakeEngine, running
+from factories.model_deployments import make_md, md_doc
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
 from kvgate.controller import engine_pods
@@ -38,7 +39,6 @@ from kvgate.kube.settings import OperatorSettings
 from kvgate.rollout.planner import ObservedState, plan
 from kvgate.rollout.status import compute_status
 from kvgate.verify import gate
-from operator_factories import make_md, md_doc
 
 NS = "bench"
 

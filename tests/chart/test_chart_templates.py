@@ -27,7 +27,7 @@ CERT_MANAGER = ("cert-manager.io/v1/Certificate", "cert-manager.io/v1/Issuer")
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
 
 # Exactly what the operator calls: the table the chart's rules are generated from (kvgate.gen.rbac);
-# (apiGroup, resource) -> verbs. tests/test_rbac_generation.py checks the generated files.
+# (apiGroup, resource) -> verbs. tests/gen/test_rbac_generation.py checks the generated files.
 NAMESPACED_RULES = granted(rules(Scope.NAMESPACED))
 CRD_RULE = granted(rules(Scope.CLUSTER))
 # kopf's namespace observer lists namespaces unless it runs cluster-wide.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.model_configs import model_config
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
@@ -34,30 +35,7 @@ CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) 
 SUPPORTED_VERSIONS = ("0.5.23", "0.5.22", "0.5.21", "0.5.20", "0.5.19")
 UNKNOWN_FLAG = "--kvgate-no-such-flag"
 
-LLAMA_31_8B_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "rms_norm_eps": 1e-05,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-}
+LLAMA_31_8B_CONFIG = model_config("llama-3.1-8b")
 
 # Runs inside the SGLang environment: parse each argv, report the exit code and what SGLang read.
 PARSER = r"""

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
-from operator_factories import make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
 UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"

@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from factories.local_http import serving_app
 from kvgate.api.models import ContentProbeSpec
 from kvgate.controller.content_check import parse_stream, send_probe
 from kvgate.verify.content_probe import (
@@ -29,7 +30,6 @@ from kvgate.verify.content_probe import (
     verdict,
     vocab_size_of,
 )
-from local_http import serving_app
 
 CONTEXT = 131_072
 SETTINGS = ContentProbeSpec()  # 50 % and 100 %, 8 new tokens

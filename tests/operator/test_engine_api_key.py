@@ -11,7 +11,9 @@ from typing import Any
 
 import kmock
 import pytest
-from fake_engine import FakeEngine, running
+from factories.fake_engine import FakeEngine, running
+from factories.kmock_world import controller_ref, declare_resources
+from factories.model_deployments import NOW, md_doc
 from kvgate.api.models import ModelDeployment
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
@@ -21,8 +23,6 @@ from kvgate.controller.runtime import Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED
-from operator_factories import NOW, md_doc
-from test_handlers_kmock import _controller, declare_resources
 
 NS = "models"
 
@@ -106,7 +106,7 @@ def chain_with_key(km: kmock.KubernetesEmulator, port: int) -> dict[str, Any]:
             "name": f"{name}-7f",
             "namespace": NS,
             "uid": "rs-decode",
-            "ownerReferences": [_controller("Deployment", name, "dep-decode")],
+            "ownerReferences": [controller_ref("Deployment", name, "dep-decode")],
         },
     }
     km.objects[km.resource("apps", "v1", "replicasets"), NS, f"{name}-7f"] = rs
@@ -120,7 +120,7 @@ def chain_with_key(km: kmock.KubernetesEmulator, port: int) -> dict[str, Any]:
             "name": f"{name}-x2",
             "namespace": NS,
             "uid": "pod-uid-1",
-            "ownerReferences": [_controller("ReplicaSet", f"{name}-7f", "rs-decode")],
+            "ownerReferences": [controller_ref("ReplicaSet", f"{name}-7f", "rs-decode")],
         },
         "spec": template["spec"],
         "status": {

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from factories.local_http import serving_app
+from factories.model_deployments import NOW
 from kvgate.api import labels
 from kvgate.controller.gateway_watch import read_workers
 from kvgate.controller.main import make_verify
@@ -23,8 +25,6 @@ from kvgate.kube.settings import OperatorSettings
 from kvgate.verify import gate
 from kvgate.verify.gateway import GATEWAY_IGNORED_NOT_READY, Action, EnginePod, decide
 from kvgate_engine.verdict import Outcome, Requirement
-from local_http import serving_app
-from operator_factories import NOW
 
 SECRET = "SECRET-7f3a9c"  # stands for whatever the operator's network position could read
 CTX = 131_072

@@ -6,11 +6,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from factories.model_deployments import NOW
 from kvgate.api import labels
 from kvgate.verify import gate
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Requirement, cannot_tell, judge
-from operator_factories import NOW
 
 REQ = Requirement(context_length=1_048_576, headroom=1.0, role="decode")
 LATER = NOW + timedelta(seconds=30)

@@ -19,16 +19,15 @@ from typing import Any
 import kmock
 import pytest
 from aiohttp import web
+from factories.kmock_world import NS, engine_pod, requests
+from factories.model_deployments import NOW, make_md
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
 from kvgate.controller import engine_pods
 from kvgate.controller.gateway_watch import GatewayWatch, read_workers
-from kvgate.controller.main import make_verify
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
-from kvgate.kube.k8s import Credentials, KubeApi
-from kvgate.kube.settings import OperatorSettings
 from kvgate.verify.gateway import (
     GATEWAY_HONOURED_NOT_READY,
     GATEWAY_IGNORED_NOT_READY,
@@ -41,8 +40,6 @@ from kvgate.verify.gateway import (
     decide,
     worker_address,
 )
-from operator_factories import NOW, make_md
-from test_handlers_kmock import NS, declare_resources, engine_pod, requests
 
 POD = EnginePod(name="llama-7c9d-decode-x2", uid="uid-a", ip="10.0.0.6", port=30000, role="decode")
 
@@ -208,17 +205,6 @@ class Clock:
 
     def __call__(self) -> Any:
         return self.now
-
-
-@pytest.fixture
-async def rt(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Runtime]:
-    declare_resources(kmock)
-    api = KubeApi(Credentials(server=str(kmock.url).rstrip("/")))
-    settings = OperatorSettings(probe_timeout_seconds=2.0)
-    runtime = Runtime(api=api, settings=settings, verify=make_verify(settings), clock=Clock())
-    yield runtime
-    await runtime.shutdown()
-    await api.close()
 
 
 ENGINE_PORT = 30000

@@ -7,12 +7,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from factories.model_deployments import NOW
 from kvgate.api import labels, multinode
 from kvgate.verify import group_gate
 from kvgate.verify.group_gate import GroupState
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Requirement, cannot_tell, judge
-from operator_factories import NOW
 
 LWS = "llama-1a2b3c4d5e-decode"
 REQ = Requirement(context_length=131_072, headroom=1.0, role="decode")

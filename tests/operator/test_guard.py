@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from fake_engine import FakeEngine, running
+from factories.fake_engine import FakeEngine, running
 from kvgate.cmd import cli, guard
 from kvgate.cmd.guard import Guard, Observation, next_start, readiness
 from kvgate_engine.report import EngineReport

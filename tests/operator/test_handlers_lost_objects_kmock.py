@@ -11,13 +11,13 @@ from typing import Any
 
 import kmock
 import pytest
+from factories.kmock_world import NS, requests
+from factories.model_deployments import make_md, md_doc
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
-from operator_factories import make_md, md_doc
-from test_handlers_kmock import NS, requests, rt  # noqa: F401  (rt is a fixture)
 
 OLD_SPEC: dict[str, Any] = {}
 NEW_SPEC: dict[str, Any] = {"model__contextLength": 65_536}
@@ -114,7 +114,7 @@ def events(km: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
 @pytest.mark.usefixtures("kmock")
 async def test_lost_service_then_refused_update_recreates_the_service_for_the_old_revision(
     kmock: kmock.KubernetesEmulator,
-    rt: Runtime,  # noqa: F811
+    rt: Runtime,
 ) -> None:
     old = put_running_revision(kmock, OLD_SPEC)
     # `kubectl delete service llama` happened; then the spec moves to a new revision.
@@ -155,7 +155,7 @@ async def test_lost_service_then_refused_update_recreates_the_service_for_the_ol
 @pytest.mark.usefixtures("kmock")
 async def test_lost_router_of_the_serving_revision_is_rebuilt_without_the_targets_notes(
     kmock: kmock.KubernetesEmulator,
-    rt: Runtime,  # noqa: F811
+    rt: Runtime,
 ) -> None:
     old = put_running_revision(kmock, OLD_SPEC, router=False)  # router Deployment deleted
     new = revision_of(make_md(**NEW_SPEC).spec)

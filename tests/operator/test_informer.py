@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from factories.local_http import serving_app
 from kvgate.api import labels
 from kvgate.controller import deployments, engine_pods
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.informer import Reflector
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
-from local_http import serving_app
 
 NS = "models"
 PATH = f"/api/v1/namespaces/{NS}/pods"

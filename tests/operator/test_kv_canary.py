@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from factories.model_deployments import NOW, md_doc
 from kvgate.api import labels
 from kvgate.controller import kv_canary_watch
 from kvgate.controller.runtime import Runtime
@@ -20,7 +21,6 @@ from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
 from kvgate.verify import kv_canary
 from kvgate_engine.reference.canary import format_violation
-from operator_factories import NOW, md_doc
 
 VIOLATION = format_violation(
     row=[0, 17, 1_000_003, 0, 0, 0, 0, 2], total=1, ring_overflow=False, step_when_pumped=1

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
+from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
 from kvgate.api.models import Role
 from kvgate.build import builders, lws_builders
-from operator_factories import make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
 UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"

@@ -8,36 +8,24 @@ finalizer and an operator round trip per deletion), and hung with the operator u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
 import pytest
+from factories.model_deployments import MD_UID, md_doc
 from kvgate.controller import md_loops
-from kvgate.controller.main import make_verify, register_handlers
+from kvgate.controller.main import register_handlers
 from kvgate.controller.runtime import Runtime
-from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
-from operator_factories import MD_UID, NOW, md_doc
 
 NS = "models"
 FOREIGN = "example.com/keep-me"
 
 
 @pytest.fixture
-async def rt(kmock: kmock.KubernetesEmulator) -> AsyncIterator[Runtime]:
-    kmock.resources["kvgate.io/v1alpha1/modeldeployments"] = {
-        "kind": "ModelDeployment",
-        "namespaced": True,
-        "verbs": ["get", "list", "watch", "patch"],
-        "subresources": ["status"],
-    }
-    api = KubeApi(Credentials(server=str(kmock.url).rstrip("/")))
-    settings = OperatorSettings(reconcile_seconds=60.0, steady_reconcile_seconds=60.0)
-    runtime = Runtime(api=api, settings=settings, verify=make_verify(settings), clock=lambda: NOW)
-    yield runtime
-    await runtime.shutdown()
-    await api.close()
+def operator_settings() -> OperatorSettings:
+    """The loops' passes wait a minute between them: these tests watch only starts and stops."""
+    return OperatorSettings(reconcile_seconds=60.0, steady_reconcile_seconds=60.0)
 
 
 def _md(uid: str = MD_UID, **meta: Any) -> dict[str, Any]:

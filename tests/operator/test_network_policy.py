@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
+from factories.model_deployments import MD_UID, make_md
 from kvgate.api import labels
 from kvgate.build import network_policy
 from kvgate.build.network_policy import RouterEgress, network_policies
-from operator_factories import MD_UID, make_md
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
 UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"

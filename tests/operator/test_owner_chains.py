@@ -11,13 +11,11 @@ from typing import Any
 
 import kmock
 import pytest
+from factories.kmock_world import engine_pod, requests
+from factories.model_deployments import MD_UID
 from kvgate.controller.identity import resolve_identity
 from kvgate.controller.runtime import OwnerChains, Runtime
 from kvgate.verify.pod_identity import EngineIdentity, Unproven
-from operator_factories import MD_UID
-from test_handlers_kmock import engine_pod, requests, revision_chain, rt
-
-__all__ = ["revision_chain", "rt"]  # fixtures, used by name
 
 
 def _sibling(index: int, **labels: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from factories.model_deployments import NOW, make_md
 from kvgate.rollout.planner import (
     Evidence,
     ObservedState,
@@ -19,7 +20,6 @@ from kvgate.rollout.planner import (
     plan,
 )
 from kvgate.verify.content_probe import ContentCheck
-from operator_factories import NOW, make_md
 
 OLD, NEW, NEWER = "aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc"
 SMALL_POOL = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from factories.model_deployments import NOW, make_md
 from kvgate.rollout.planner import (
     REFUSED_CONTENT,
     ObservedState,
@@ -14,7 +15,6 @@ from kvgate.rollout.planner import (
     plan,
 )
 from kvgate.verify.content_probe import ContentCheck
-from operator_factories import NOW, make_md
 
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"
 LEAK = (

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from factories.model_deployments import NOW
 from kvgate.rollout.planner import (
     REFUSED_STEP_CHECK,
     ObservedState,
@@ -19,7 +20,6 @@ from kvgate.rollout.planner import (
     plan,
 )
 from kvgate.rollout.progressive import RouterCounters
-from operator_factories import NOW
 from test_planner import NEW, NEWER, OLD, observe, pods, workloads
 
 STEPS = [{"weight": 10, "pauseSeconds": 60}, {"weight": 50, "pauseSeconds": 60}]

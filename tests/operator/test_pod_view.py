@@ -12,6 +12,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
@@ -22,7 +23,6 @@ from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
 from kvgate.rollout import workload_writes
 from kvgate.verify import gate, pod_view
-from operator_factories import make_md
 
 # An engine pod as the API server returns it: kvgate's template, a controller, the kubelet's
 # status, kvgate's gate condition and three managers' managedFields.

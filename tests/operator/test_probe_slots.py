@@ -12,7 +12,9 @@ from typing import Any
 
 import kmock
 import pytest
-from fake_engine import FakeEngine, running
+from factories.fake_engine import FakeEngine, running
+from factories.kmock_world import NS, declare_resources, engine_pod
+from factories.model_deployments import NOW
 from kvgate.controller import engine_pods
 from kvgate.controller.main import make_verify
 from kvgate.controller.runtime import Runtime
@@ -20,10 +22,6 @@ from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.probe_slots import URGENT, ProbeSlots
 from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Requirement, Verdict
-from operator_factories import NOW
-from test_handlers_kmock import NS, declare_resources, engine_pod, revision_chain
-
-__all__ = ["revision_chain"]  # a fixture, used by name
 
 
 async def _hold(slots: ProbeSlots, order: list[str], name: str, release: asyncio.Event) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from fake_engine import FakeEngine
+from factories.fake_engine import FakeEngine
+from factories.local_http import serving_app
 from kvgate.controller.main import Prober
 from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Outcome, Requirement
-from local_http import serving_app
 
 REQUIREMENT = Requirement(context_length=131_072, headroom=1.0, role="decode", min_version="0.5.22")
 

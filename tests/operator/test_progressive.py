@@ -114,8 +114,8 @@ async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
     import asyncio
 
     from aiohttp import web
+    from factories.local_http import serving_app
     from kvgate.controller.step_check import fetch_text
-    from local_http import serving_app
 
     head = "".join(f"# HELP filler_{i} padding\nfiller_{i} 0\n" for i in range(3000))
     tail = 'smg_http_responses_total{status_code="500"} 7\n'

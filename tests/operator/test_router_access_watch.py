@@ -4,17 +4,14 @@ lifetime, then at the steady resync only). The operator's RBAC grants every watc
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from factories.model_deployments import make_md
 from kvgate.build import builders
 from kvgate.controller import main
 from kvgate.controller.runtime import Runtime
 from kvgate.gen import rbac
-from kvgate.kube.k8s import Credentials, KubeApi
-from kvgate.kube.settings import OperatorSettings
-from operator_factories import make_md
 
 MD = make_md()
 ROUTER_ACCESS = {
@@ -24,14 +21,10 @@ ROUTER_ACCESS = {
 }
 
 
-@pytest.fixture
-async def rt(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Runtime]:
-    api = KubeApi(Credentials(server="https://127.0.0.1:1"))
-    settings = OperatorSettings()
-    runtime = Runtime(api=api, settings=settings, verify=main.make_verify(settings))
-    monkeypatch.setattr(main, "_runtime", runtime)
-    yield runtime
-    await api.close()
+@pytest.fixture(autouse=True)
+def _handlers_use_rt(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's watch handlers reach the operator's Runtime through kvgate.controller.main."""
+    monkeypatch.setattr(main, "_runtime", rt)
 
 
 def _watch_handlers() -> list[Any]:

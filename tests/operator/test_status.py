@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from factories.model_deployments import NOW
 from kvgate.rollout.planner import (
     Evidence,
     PodState,
@@ -15,7 +16,6 @@ from kvgate.rollout.planner import (
     ServiceRepair,
 )
 from kvgate.rollout.status import compute_status, events_for, rollout_record
-from operator_factories import NOW
 
 OLD, NEW = "aaaaaaaaaa", "bbbbbbbbbb"
 SMALL_POOL = (
@@ -138,7 +138,8 @@ def test_first_deploy_awaiting_verification_is_progressing() -> None:
 
 
 def test_transition_time_kept_while_status_holds() -> None:
-    # No write when nothing changed: test_handlers_kmock's steady-state pass checks the PATCHes.
+    # No write when nothing changed: test_modeldeployment_kmock's steady-state pass checks
+    # the PATCHes.
     first = compute(step())
     again = compute(step(), previous=first, now=NOW + timedelta(minutes=5))
     assert again == first

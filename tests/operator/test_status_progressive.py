@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from factories.model_deployments import NOW
 from kvgate.rollout.planner import StepRecord, plan
 from kvgate.rollout.progressive import RouterCounters
 from kvgate.rollout.status import compute_status, events_for, rollout_record
-from operator_factories import NOW
 from test_planner import NEW, OLD
 from test_planner_progressive import both_serving, progressive
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from factories.model_deployments import NOW
 from kvgate.controller import engine_pods
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
 from kvgate.kube.k8s import ApiError, Credentials, KubeApi, RetryPolicy
 from kvgate.kube.settings import OperatorSettings
 from kvgate_engine.verdict import Requirement, Verdict
-from operator_factories import NOW
 
 NS = "models"
 POD = "llama-r1-decode-x2"

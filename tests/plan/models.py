@@ -6,43 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from factories.model_configs import model_config
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan"
 LLAMA_70B_CONFIG = GOLDEN / "llama-3.1-70b-config.json"
 LLAMA_31_70B: dict[str, Any] = json.loads(LLAMA_70B_CONFIG.read_text())
 LLAMA_70B_WEIGHTS_GIB = 131.5  # 70.6 B parameters in bfloat16
 
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {
-        "factor": 8.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "torch_dtype": "bfloat16",
-}
+LLAMA_31_8B = model_config("llama-3.1-8b")
 
-QWEN3_4B: dict[str, Any] = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 2560,
-    "head_dim": 128,
-    "intermediate_size": 9728,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 36,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
+QWEN3_4B = model_config("qwen3-4b")
 
 # MLA: the latent is replicated on every rank, so TP only adds room for it.
 DEEPSEEK_V3: dict[str, Any] = {

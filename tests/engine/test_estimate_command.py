@@ -7,25 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.model_configs import model_config
 from kvgate.cmd.cli import main
 
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {
-        "factor": 8.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "torch_dtype": "bfloat16",
-}
+LLAMA_31_8B = model_config("llama-3.1-8b")
 DEEPSEEK_V3_MLA: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],
     "hidden_size": 7168,

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from kvgate.api import models as api
 
-COMMITTED = Path(__file__).resolve().parents[1] / "crds" / "modeldeployment.yaml"
+COMMITTED = Path(__file__).resolve().parents[2] / "crds" / "modeldeployment.yaml"
 
 
 def _root() -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from kvgate.cmd.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures" / "engine"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine"
 KVGATE = Path(sys.executable).parent / "kvgate"
 
 

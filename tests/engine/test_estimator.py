@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.model_configs import model_config
 from kvgate_engine.estimator import (
     EstimateError,
     NoRoomForKvCache,
@@ -19,26 +20,7 @@ from kvgate_engine.estimator import (
 
 GIB = 2**30
 
-LLAMA_31_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 32,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+LLAMA_31_8B = model_config("llama-3.1-8b")
 
 LLAMA_3_70B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -67,20 +49,7 @@ QWEN25_7B: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
-QWEN3_4B: dict[str, Any] = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 2560,
-    "head_dim": 128,
-    "intermediate_size": 9728,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "num_hidden_layers": 36,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16",
-}
+QWEN3_4B = model_config("qwen3-4b")
 
 DEEPSEEK_V3: dict[str, Any] = {
     "architectures": ["DeepseekV3ForCausalLM"],

@@ -16,11 +16,10 @@ free memory before load taken as gpuMemoryGiB − gpuReservedGiB. Pools must agr
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.model_configs import model_config
 from kvgate_engine.estimator import (
     EstimateError,
     NoRoomForKvCache,
@@ -31,24 +30,18 @@ from kvgate_engine.estimator import (
     layout_of,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "model_configs"
 GIB = 2**30
-
-
-def load(name: str) -> dict[str, Any]:
-    config: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
-    return config
 
 
 def within_half_percent(estimated: int, by_hand: int) -> bool:
     return abs(estimated - by_hand) <= by_hand * 0.005
 
 
-DS32 = load("deepseek-v3.2")
-GLM5 = load("glm-5")
-GPT_OSS = load("gpt-oss-120b")
-GEMMA3 = load("gemma-3-27b-it")
-QWEN3_NEXT = load("qwen3-next-80b-a3b")
+DS32 = model_config("deepseek-v3.2")
+GLM5 = model_config("glm-5")
+GPT_OSS = model_config("gpt-oss-120b")
+GEMMA3 = model_config("gemma-3-27b-it")
+QWEN3_NEXT = model_config("qwen3-next-80b-a3b")
 
 # 8 × 140 GiB GPUs, 1 GiB reserved, mfs 0.88: DeepSeek-V3.2 642 GiB of fp8 weights.
 DS_USABLE = (140 - 1) * 0.88 - 642 / 8  # 42.07 GiB

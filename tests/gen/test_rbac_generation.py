@@ -20,7 +20,7 @@ from kvgate.gen import rbacgen
 from kvgate.gen.rbac import RULES, Scope, granted, rules
 from kvgate.kube.k8s import KubeApi
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_chart_rules_are_generated_from_the_table() -> None:

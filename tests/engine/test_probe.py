@@ -33,7 +33,7 @@ from kvgate_engine.report import EngineReport
 from kvgate_engine.untrusted import BodyLimits, Unreadable, count_values, decode_json
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
 
-FIXTURES = Path(__file__).parent / "fixtures" / "engine"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine"
 CTX = 131_072
 
 

@@ -11,7 +11,7 @@ import yaml
 from kvgate.api.models import KvCacheDtype, ModelDeployment
 from pydantic import ValidationError
 
-SAMPLE = Path(__file__).resolve().parents[1] / "crds" / "samples" / "llama-8b.yaml"
+SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 
 
 def sample() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from kvgate.gen.crd import crd, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / "modeldeployment.yaml"
 
 

@@ -13,7 +13,7 @@ from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
 from kvgate_engine.launcher import image_version
 
-GOLDEN = Path(__file__).parent / "golden" / "launcher"
+GOLDEN = Path(__file__).parents[1] / "golden" / "launcher"
 CASES = sorted(GOLDEN.glob("*.json"))
 
 

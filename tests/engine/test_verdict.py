@@ -12,7 +12,7 @@ from kvgate_engine.probe import parse_report
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, cannot_tell, judge
 
-FIXTURES = Path(__file__).parent / "fixtures" / "engine"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine"
 
 
 def load(name: str) -> Any:

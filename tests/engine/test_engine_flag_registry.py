@@ -29,7 +29,7 @@ from kvgate_engine.sglang_choices import (
 )
 from pydantic import BaseModel, ValidationError
 
-SAMPLE = Path(__file__).resolve().parents[1] / "crds" / "samples" / "llama-8b.yaml"
+SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 
 
 def _enum_fields(model: type[BaseModel], path: str) -> Iterator[tuple[str, type[StrEnum]]]:
