@@ -272,7 +272,7 @@ async def test_a_verified_leader_whose_engine_went_down_with_a_lost_rank_names_t
 ) -> None:
     """A lost rank takes rank 0 down with it (the reference engine exits, SGLang's leader fails;
     LeaderWorkerSet deletes the leader to recreate the group). The gate named only the leader's
-    symptom (EngineNotReady) then, never the lost rank the README promises (seen on the real
+    symptom (EngineNotReady) then, never the lost rank docs/multinode.md promises (seen on the real
     API server: e2e/tests/test_scenario_multinode.py)."""
     leader = group_world(kmock, 1, worker=worker)
     leader["status"]["containerStatuses"][0]["ready"] = False
