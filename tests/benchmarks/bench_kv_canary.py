@@ -12,7 +12,7 @@ time is from the moment the line is in the log file to the accepted gate PATCH.
 
 Not measured here (the e2e kubelet does not serve container logs yet): the kubelet's and API
 server's own log relay, and the Ready -> endpoints -> smg drain after the PATCH (the engine
-restart scenario measures that leg: see README, Measured).
+restart scenario measures that leg: see docs/benchmarks.md).
 """
 
 from __future__ import annotations
