@@ -220,7 +220,7 @@ def leader_killed(
     world: World, args: argparse.Namespace, control_port: int, result: dict[str, Any]
 ) -> None:
     """The leader killed at full size: the standby takes the Lease and starts with every
-    engine pod to list (round 8's operator never finished that list and restarted in a loop).
+    engine pod to list (an earlier operator never finished that list and restarted in a loop).
     Seconds from the kill to: the new Lease holder; an engine restarted just after the kill
     refused (gate False) and re-admitted (gate True) by the new leader; a ModelDeployment
     applied just after the kill reconciled. Also the new leader's RSS (max) and restarts."""

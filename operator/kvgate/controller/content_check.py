@@ -278,9 +278,13 @@ async def _check(rt: Runtime, md: ModelDeployment, revision: str, pool: int | No
     state = rt.owned(ContentChecks)
     fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
     started = time.monotonic()
-    result = await run_content_check(
-        rt, namespace, md_name, md.metadata.uid, revision, md.spec, pool
-    )
+    try:
+        result = await run_content_check(
+            rt, namespace, md_name, md.metadata.uid, revision, md.spec, pool
+        )
+    except Exception as exc:  # an API read failed: inconclusive, retried like one
+        log.warning("content check of %s could not run: %s", revision, exc, extra=fields)
+        result = None
     if result is None or not result.conclusive:
         state.inconclusive[key] = time.monotonic()
         log.warning(

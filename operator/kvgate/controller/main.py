@@ -59,7 +59,7 @@ class NoDiffBase(kopf.DiffBaseStorage):
     """No per-event diff: kvgate registers only event handlers (no change handlers, no
     daemons or timers), which never read one, yet kopf builds it for every watch event from a
     deep copy of the whole object: 7 % of the operator's CPU while 1,000 ModelDeployments'
-    pods started (py-spy, issue 16). A test fails if a handler that needs a diff is added."""
+    pods started (py-spy, scale benchmark). A test fails if a handler that needs a diff is added."""
 
     def build(
         self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
@@ -125,7 +125,7 @@ def configure_kopf(settings: kopf.OperatorSettings, rt: Runtime) -> None:
     settings.watching.reconnect_backoff = 1.0
     # The initial listing in pages (client-go's reflector uses 500 too): one unpaged list
     # of 9,000 pods was ~90 MB of JSON held at once, and a leader restarted at 1,000
-    # ModelDeployments peaked at 750 MB RSS re-listing them (issue 16).
+    # ModelDeployments peaked at 750 MB RSS re-listing them (scale benchmark).
     settings.watching.chunk_size = LIST_CHUNK_SIZE
     # Owned kinds whose handlers match only kvgate's label: filter them on the server, so
     # the operator never receives (or keeps kopf state for) a cluster's other Deployments,
@@ -255,7 +255,7 @@ class Prober:
     kept-alive probes failed both engine-restart scenarios. What the reads share is one client
     session (no cookie jar, so nothing an engine sets reaches another): a session of its own per
     read cost a third of the probe's CPU (1.38 -> 0.93 ms a read, 8,000 engines re-read every
-    30 s are ~270 a second; issue 16)."""
+    30 s are ~270 a second; scale benchmark)."""
 
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
@@ -345,7 +345,7 @@ async def serve(
     # The Lease gets its own connection pool: renewals never queue behind the reconcile loops'
     # and verifiers' requests. Sharing one pool, 50 ModelDeployments with 400 engine pods kept its
     # 32 connections busy, the leader missed its renew deadline, stepped down and restarted, over
-    # and over (scale benchmark, issue 16).
+    # and over (scale benchmark).
     lease_api = KubeApi(api.credentials) if settings.leader_election is not None else None
     elector = (
         LeaderElector(lease_api, settings.leader_election, on_change=_leading_changed)
@@ -423,7 +423,7 @@ async def _hold_in_thread(
     The renewals must not wait for the operator's event loop: with 1,000 ModelDeployments that
     loop has thousands of ready callbacks (watch events, verifiers, audits), a renewal queued
     behind them missed the renew deadline, the leader stepped down and restarted, and the new
-    leader re-listed everything, loading the loop more (scale benchmark, issue 16). A loop that
+    leader re-listed everything, loading the loop more (scale benchmark). A loop that
     is wedged rather than busy still fails its liveness probe (/healthz runs on it).
     ``make_client()`` builds the thread's API client (bound to the thread's loop)."""
     main_loop = asyncio.get_running_loop()

@@ -44,7 +44,7 @@ def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     event with the whole object, managedFields included), its patch and loggers: one full pod
     or ModelDeployment body kept per task, for as long as the pod or ModelDeployment exists.
     The heap profile of the scale benchmark found 90 MiB of such bodies at 250 ModelDeployments
-    (issue 16). kvgate's own context variables (kvgate.kube.probe_slots.URGENT) start at their
+    (scale benchmark). kvgate's own context variables (kvgate.kube.probe_slots.URGENT) start at their
     defaults in each task."""
     return asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
 
@@ -56,7 +56,7 @@ def utc_now() -> datetime:
 class PodStore(UserDict[str, dict[str, Any]]):
     """uid -> latest pod body, also indexed by the ModelDeployment its ``kvgate.io/deployment``
     label names, so a per-ModelDeployment question (its routers, its verified engines, a
-    group's leader) costs that ModelDeployment's pods, not the fleet's (issue 16: with 1,000
+    group's leader) costs that ModelDeployment's pods, not the fleet's (scale benchmark: with 1,000
     ModelDeployments, a scan of every pod per audit was 9,000 reads per ModelDeployment)."""
 
     def __init__(self) -> None:
@@ -103,7 +103,7 @@ class PodStore(UserDict[str, dict[str, Any]]):
 class Wake:
     """A flag a loop sleeps on until something sets it: ``asyncio.Event``'s behaviour without
     its per-object waiter deque (~650 bytes more each; one wake per engine pod and per
-    ModelDeployment, 6 MiB at 1,000 ModelDeployments with 9,000 engine pods, issue 16)."""
+    ModelDeployment, 6 MiB at 1,000 ModelDeployments with 9,000 engine pods, scale benchmark)."""
 
     __slots__ = ("_set", "_waiters")
 
@@ -167,7 +167,7 @@ class Pacer:
 class OwnerChains:
     """ReplicaSet -> (ReplicaSet, Deployment) chains a pod's identity was proven through, kept
     ``ttl`` seconds so its sibling pods need no reads of their own: the pods of one ReplicaSet
-    start together, and resolving each pod's chain from the API cost two GETs per pod (issue 16:
+    start together, and resolving each pod's chain from the API cost two GETs per pod (scale benchmark:
     18,000 of them for 1,000 ModelDeployments). Keyed by the ReplicaSet's uid, so a recreated
     ReplicaSet is a miss; each sibling's own labels and owner are still checked against it
     (kvgate.verify.pod_identity.identify). Entries hold only the fields that check reads."""
@@ -413,7 +413,7 @@ async def sleep_until_woken(wake: Wake, seconds: float) -> bool:
     Every verifier and every ModelDeployment loop sleeps here. ``asyncio.timeout`` waits in the
     caller's own task; ``asyncio.wait_for`` (Python 3.11) wraps the wait in a task of its own,
     ~1.1 KiB more per sleeper: 11 MiB at 1,000 ModelDeployments with 9,000 engine pods, whose
-    operator must fit in 300 MB (issue 16)."""
+    operator must fit in 300 MB (docs/design/scale.md)."""
     woken = wake.is_set()
     if not woken:
         try:
