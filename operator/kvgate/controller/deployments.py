@@ -1,9 +1,9 @@
 """kvgate-managed Deployments and the other objects a ModelDeployment owns: any change (e.g. a
 router turning Ready) wakes their MD. Deployments are the operator's own list-then-watch
 (kvgate.kube.informer), kept slim in ``Runtime.deployments``, which a pass reads instead of listing
-them once every reflector has listed (the scale benchmark: a label-selected list of Deployments made the
-API server filter every Deployment of the namespace, ~800 times a minute while 1,000
-ModelDeployments started)."""
+them once every reflector has listed (in the scale benchmark a label-selected list of
+Deployments made the API server filter every Deployment of the namespace, ~800 times a
+minute while 1,000 ModelDeployments started)."""
 
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     life. Called from a kopf handler, that copy holds kopf's cause of the event (the raw watch
     event with the whole object, managedFields included), its patch and loggers: one full pod
     or ModelDeployment body kept per task, for as long as the pod or ModelDeployment exists.
-    The heap profile of the scale benchmark found 90 MiB of such bodies at 250 ModelDeployments
-    (scale benchmark). kvgate's own context variables (kvgate.kube.probe_slots.URGENT) start at their
+    The heap profile of the scale benchmark found 90 MiB of such bodies at 250 ModelDeployments.
+    kvgate's own context variables (kvgate.kube.probe_slots.URGENT) start at their
     defaults in each task."""
     return asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
 
@@ -167,10 +167,11 @@ class Pacer:
 class OwnerChains:
     """ReplicaSet -> (ReplicaSet, Deployment) chains a pod's identity was proven through, kept
     ``ttl`` seconds so its sibling pods need no reads of their own: the pods of one ReplicaSet
-    start together, and resolving each pod's chain from the API cost two GETs per pod (scale benchmark:
-    18,000 of them for 1,000 ModelDeployments). Keyed by the ReplicaSet's uid, so a recreated
-    ReplicaSet is a miss; each sibling's own labels and owner are still checked against it
-    (kvgate.verify.pod_identity.identify). Entries hold only the fields that check reads."""
+    start together, and resolving each pod's chain from the API cost two GETs per pod
+    (scale benchmark: 18,000 of them for 1,000 ModelDeployments). Keyed by the ReplicaSet's
+    uid, so a recreated ReplicaSet is a miss; each sibling's own labels and owner are still
+    checked against it (kvgate.verify.pod_identity.identify). Entries hold only the fields that
+    check reads."""
 
     def __init__(self, ttl: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl, self._clock = ttl, clock
