@@ -32,8 +32,8 @@ revision in the recorded traffic set unless a verified successor carries its sha
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -479,265 +479,336 @@ def _service_repair(
     return None
 
 
-def plan(observed: ObservedState) -> RolloutStep:
-    """The next rollout step for one ModelDeployment."""
-    spec = observed.spec
-    target = observed.target_revision
-    serving, evidence = serving_revision(observed)
-    present = sorted({w.revision for w in observed.workloads})
-    progress = {role.value: role_progress(observed, target, role) for role in ENGINE_ROLES}
-    recorded_attempt = _recorded_attempt_applies(observed)
-    started = _verify_started_at(observed, recorded=recorded_attempt)
-    recorded_step = observed.recorded.step if recorded_attempt else None
-    serving_router = _serving_router_intent(observed, serving) + _restored_serving_router(
-        observed, serving, recorded_step
-    )
-
-    def step(**kwargs: object) -> RolloutStep:
-        base: dict[str, object] = {
-            "target_revision": target,
-            "serving_revision": serving,
-            "previous_serving_revision": serving,
-            "workloads": (),
-            "delete_revisions": (),
-            "service_revision": serving,
-            "refusal": None,
-            "new_refusal": False,
-            "verify_started_at": started,
-            "progress": progress,
-            "serving_problems": (),
-            "target_problems": _gate_failures(observed, target),
-            "target_router_ready": _router_ready(observed, target),
-            "serving_evidence": evidence,
-        }
-        base.update(kwargs)
-        built = RolloutStep(**base)  # type: ignore[arg-type]
-        return replace(
-            built,
-            recreated_serving_components=_recreated(observed, serving, built.workloads),
-            service_repair=_service_repair(
-                observed, built.service_revision, evidence, switched=built.switched
-            ),
-        )
-
-    # Never delete what serves, what the Service still sends requests to (until its new
-    # selector lands, a later pass), or, while nothing says which revision served, anything.
-    protected = {target, serving, observed.service_revision}
+def _protected(observed: ObservedState, serving: str | None) -> set[str | None]:
+    """Revisions never deleted: what serves, the target, and what the Service still sends
+    requests to (until its new selector lands, a later pass)."""
+    protected = {observed.target_revision, serving, observed.service_revision}
     if observed.service_split:
         # A split Service still sends requests to the recorded target's routers (e.g. the spec
         # moved on mid-step) until its new selector lands.
         protected.add(observed.recorded.target_revision)
-    history_known = observed.recorded.known or evidence is Evidence.SERVICE
-    others = tuple(r for r in present if r not in protected) if history_known else ()
+    return protected
 
-    if serving == target:
+
+@dataclass(frozen=True)
+class _Pass:
+    """What one planning pass reads before it picks a step, and the step builder every branch
+    uses (the fields every step shares are filled in here, once)."""
+
+    observed: ObservedState
+    serving: str | None  # the serving revision before this step
+    evidence: Evidence | None  # where it was read
+    progress: dict[str, RoleProgress]  # the target's, per engine role
+    recorded_attempt: bool  # status.rollout describes the target's current attempt
+    started: datetime  # the target's verification start
+    recorded_step: StepRecord | None  # the progressive step in progress (current attempt)
+    serving_router: tuple[WorkloadIntent, ...]  # the serving router, rebuilt or restored
+    present: tuple[str, ...]  # revisions with a Deployment, sorted
+    unprotected: tuple[str, ...]  # present revisions nothing serves from or sends requests to
+    # The revisions this pass may delete: the unprotected ones, once kvgate's status record or
+    # the Service says which revision served (while nothing does, none).
+    others: tuple[str, ...]
+
+    @property
+    def target(self) -> str:
+        return self.observed.target_revision
+
+    @property
+    def target_up(self) -> tuple[WorkloadIntent, ...]:
+        """The target's Deployments at the spec's replicas."""
+        return tuple(_target_intents(self.observed, engines_up=True))
+
+    @property
+    def serving_problems(self) -> tuple[PodState, ...]:
+        return _gate_failures(self.observed, self.serving)
+
+    def step(
+        self,
+        workloads: Iterable[WorkloadIntent],
+        delete_revisions: tuple[str, ...],
+        *,
+        target_serves: bool = False,
+        refusal: Refusal | None = None,
+        new_refusal: bool = False,
+        serving_problems: tuple[PodState, ...] = (),
+        service_split: bool = False,
+        step_record: StepRecord | None = None,
+        step_check: StepCheck | None = None,
+        traffic: tuple[tuple[str, int], ...] = (),
+        step_waiting: str = "",
+        content_check_due: bool = False,
+    ) -> RolloutStep:
+        """A step; ``target_serves``: the target serves after it and the Service selects it
+        (else the serving revision keeps both)."""
+        observed, target = self.observed, self.target
+        serving = target if target_serves else self.serving
+        intents = tuple(workloads)
+        return RolloutStep(
+            target_revision=target,
+            serving_revision=serving,
+            previous_serving_revision=self.serving,
+            workloads=intents,
+            delete_revisions=delete_revisions,
+            service_revision=serving,
+            refusal=refusal,
+            new_refusal=new_refusal,
+            verify_started_at=self.started,
+            progress=self.progress,
+            serving_problems=serving_problems,
+            target_problems=_gate_failures(observed, target),
+            target_router_ready=_router_ready(observed, target),
+            serving_evidence=self.evidence,
+            service_repair=_service_repair(
+                observed, serving, self.evidence, switched=serving != self.serving
+            ),
+            recreated_serving_components=_recreated(observed, self.serving, intents),
+            service_split=service_split,
+            step_record=step_record,
+            step_check=step_check,
+            traffic=traffic,
+            step_waiting=step_waiting,
+            content_check_due=content_check_due,
+        )
+
+
+def _read_pass(observed: ObservedState) -> _Pass:
+    """The serving revision, the target's attempt and progress, and what may be deleted."""
+    target = observed.target_revision
+    serving, evidence = serving_revision(observed)
+    present = tuple(sorted({w.revision for w in observed.workloads}))
+    recorded_attempt = _recorded_attempt_applies(observed)
+    recorded_step = observed.recorded.step if recorded_attempt else None
+    protected = _protected(observed, serving)
+    unprotected = tuple(r for r in present if r not in protected)
+    history_known = observed.recorded.known or evidence is Evidence.SERVICE
+    return _Pass(
+        observed=observed,
+        serving=serving,
+        evidence=evidence,
+        progress={role.value: role_progress(observed, target, role) for role in ENGINE_ROLES},
+        recorded_attempt=recorded_attempt,
+        started=_verify_started_at(observed, recorded=recorded_attempt),
+        recorded_step=recorded_step,
+        serving_router=(
+            *_serving_router_intent(observed, serving),
+            *_restored_serving_router(observed, serving, recorded_step),
+        ),
+        present=present,
+        unprotected=unprotected,
+        others=unprotected if history_known else (),
+    )
+
+
+def plan(observed: ObservedState) -> RolloutStep:
+    """The next rollout step for one ModelDeployment."""
+    seen = _read_pass(observed)
+    target = seen.target
+    if seen.serving == target:
         # Steady state (or scaling): keep the target at spec, remove every other revision, and
         # report serving pods that lost verification (the gate already took them out).
-        return step(
-            workloads=tuple(_target_intents(observed, engines_up=True)),
-            delete_revisions=tuple(r for r in present if r not in protected),
-            service_revision=target,
-            serving_problems=_gate_failures(observed, target),
+        return seen.step(
+            seen.target_up,
+            seen.unprotected,
+            target_serves=True,
+            serving_problems=seen.serving_problems,
         )
-
-    serving_problems = _gate_failures(observed, serving)
-
-    standing = _standing_refusal(observed, recorded=recorded_attempt)
+    standing = _standing_refusal(observed, recorded=seen.recorded_attempt)
     if standing is not None:
-        return step(
-            workloads=tuple(
-                _target_intents(
-                    observed,
-                    engines_up=not spec.rollout.scale_down_refused,
-                    routers=_refused_router_replicas(observed),
-                )
-                + serving_router
-            ),
-            delete_revisions=others,
-            refusal=standing,
-            serving_problems=serving_problems,
-        )
+        return _refused_step(seen, standing, new=False)
+    refusal = _new_refusal(seen)
+    if refusal is not None:
+        return _refused_step(seen, refusal, new=True)
+    if not _able_to_serve(observed, target):
+        return _verifying_step(seen)
+    if not content_verified(observed, target):
+        # Verified engines, router Ready: the content check runs now (the handler sends the
+        # probes through the target's router, records the answer and plans again).
+        return _verifying_step(seen, content_check_due=True)
+    if _progressive(observed) and seen.serving is not None:
+        return _progressive_step(seen, seen.serving)
+    return _switch_step(seen)
 
+
+def _verifying_step(seen: _Pass, *, content_check_due: bool = False) -> RolloutStep:
+    """The target comes up beside the serving revision, which keeps all traffic."""
+    return seen.step(
+        (*seen.target_up, *seen.serving_router),
+        seen.others,
+        serving_problems=seen.serving_problems,
+        content_check_due=content_check_due,
+    )
+
+
+def _switch_step(seen: _Pass, check: StepCheck | None = None) -> RolloutStep:
+    """All traffic to the target; the old revision is deleted on a later pass, once the
+    Service's new selector has landed and the status records the target as serving."""
+    return seen.step(seen.target_up, seen.others, target_serves=True, step_check=check)
+
+
+def _new_refusal(seen: _Pass) -> Refusal | None:
+    """The target refused on this pass: an unsafe pod, a failed content check, or no switch
+    within verifyTimeoutSeconds."""
+    observed, target = seen.observed, seen.target
+    spec = observed.spec
     unsafe = _unsafe_pod(observed, target)
-    # Verification ends when a progressive split begins; its pauses run past the timeout.
-    timed_out = recorded_step is None and observed.now - started >= timedelta(
-        seconds=spec.rollout.verify_timeout_seconds
-    )
-    refusal: Refusal | None = None
-    content_failure = (
-        _content_failure(observed, target) if spec.safety.content_probe.enabled else None
-    )
     if unsafe is not None:
-        refusal = Refusal(target, REFUSED_UNSAFE, unsafe.gate_message or unsafe.gate_reason or "")
-    elif content_failure is not None:
-        refusal = Refusal(target, REFUSED_CONTENT, content_failure.message)
-    elif timed_out:
-        refusal = Refusal(
+        return Refusal(target, REFUSED_UNSAFE, unsafe.gate_message or unsafe.gate_reason or "")
+    if spec.safety.content_probe.enabled:
+        content_failure = _content_failure(observed, target)
+        if content_failure is not None:
+            return Refusal(target, REFUSED_CONTENT, content_failure.message)
+    # Verification ends when a progressive split begins; its pauses run past the timeout.
+    timeout = timedelta(seconds=spec.rollout.verify_timeout_seconds)
+    if seen.recorded_step is None and observed.now - seen.started >= timeout:
+        return Refusal(
             target,
             REFUSED_TIMEOUT,
             f"revision {target} not verified within rollout.verifyTimeoutSeconds="
-            f"{spec.rollout.verify_timeout_seconds:,} s ({_progress_text(progress)}; router "
+            f"{spec.rollout.verify_timeout_seconds:,} s ({_progress_text(seen.progress)}; router "
             f"{'ready' if _router_ready(observed, target) else 'not ready'})"
             f"{_first_failure_text(observed, target)}; raise the timeout or fix the engines, "
             "then change the spec or delete the revision's Deployments to retry",
         )
-    if refusal is not None:
-        return step(
-            workloads=tuple(
-                _target_intents(
-                    observed,
-                    engines_up=not spec.rollout.scale_down_refused,
-                    routers=_refused_router_replicas(observed),
-                )
-                + serving_router
-            ),
-            delete_revisions=others,
-            refusal=refusal,
-            new_refusal=True,
-            serving_problems=serving_problems,
-        )
+    return None
 
-    if _able_to_serve(observed, target) and not content_verified(observed, target):
-        # Verified engines, router Ready: the content check runs now (the handler sends the
-        # probes through the target's router, records the answer and plans again).
-        return step(
-            workloads=tuple(_target_intents(observed, engines_up=True) + serving_router),
-            delete_revisions=others,
-            serving_problems=serving_problems,
-            content_check_due=True,
-        )
 
-    if _able_to_serve(observed, target) and _progressive(observed) and serving is not None:
-        return _progressive_step(observed, step, serving, recorded_step, present, others)
-
-    if _able_to_serve(observed, target):
-        # Switch traffic; the old revision is deleted on a later pass, once the Service write
-        # has landed and the status records the target as serving.
-        return step(
-            serving_revision=target,
-            workloads=tuple(_target_intents(observed, engines_up=True)),
-            delete_revisions=others,
-            service_revision=target,
-        )
-
-    return step(
-        workloads=tuple(_target_intents(observed, engines_up=True) + serving_router),
-        delete_revisions=others,
-        serving_problems=serving_problems,
+def _refused_target_intents(observed: ObservedState) -> list[WorkloadIntent]:
+    """A refused target's Deployments: engines scaled to zero if rollout.scaleDownRefused, and
+    its routers per _refused_router_replicas."""
+    return _target_intents(
+        observed,
+        engines_up=not observed.spec.rollout.scale_down_refused,
+        routers=_refused_router_replicas(observed),
     )
 
 
-def _progressive_step(
-    observed: ObservedState,
-    step: Callable[..., RolloutStep],
-    serving: str,
-    recorded: StepRecord | None,
-    present: list[str],
-    others: tuple[str, ...],
-) -> RolloutStep:
+def _refused_step(seen: _Pass, refusal: Refusal, *, new: bool) -> RolloutStep:
+    """The serving revision keeps all traffic; ``new``: the refusal is decided on this pass."""
+    return seen.step(
+        (*_refused_target_intents(seen.observed), *seen.serving_router),
+        seen.others,
+        refusal=refusal,
+        new_refusal=new,
+        serving_problems=seen.serving_problems,
+    )
+
+
+def _progressive_step(seen: _Pass, serving: str) -> RolloutStep:
     """The target is verified and content-checked, and another revision serves: hold its share
     for each step's pause while the step check watches its routers, then switch."""
-    spec = observed.spec
-    rollout = spec.rollout
-    target = observed.target_revision
-    steps = rollout.steps
-    counters = observed.target_router_counters
-    engines = _target_intents(observed, engines_up=True)[:-1]
-
-    def split(record: StepRecord, check: StepCheck | None, waiting: str) -> RolloutStep:
-        weight = steps[record.index].weight
-        serving_routers, target_routers = split_routers(weight, rollout.max_split_routers)
-        ready = (_ready_routers(observed, serving), _ready_routers(observed, target))
-        share = share_percent(*ready)
-        return step(
-            workloads=(
-                *engines,
-                WorkloadIntent(target, ROUTER, target_routers),
-                WorkloadIntent(serving, ROUTER, serving_routers),
-            ),
-            delete_revisions=others,
-            service_split=True,
-            step_record=record,
-            step_check=check,
-            traffic=((serving, 100 - share), (target, share)),
-            step_waiting=waiting,
-        )
-
-    def start(index: int, check: StepCheck | None) -> RolloutStep:
-        before = (
-            recorded.serving_router_replicas
-            if recorded is not None
-            else _router_replicas_of(observed, serving) or spec.router.replicas
-        )
-        record = StepRecord(index, observed.now, counters or (), before, steps[index].weight)
-        return split(record, check, f"step {index + 1}/{len(steps)} started")
-
-    if recorded is None or recorded.index >= len(steps):
-        strays = [r for r in present if r not in (serving, target)]
+    observed, recorded = seen.observed, seen.recorded_step
+    rollout = observed.spec.rollout
+    if recorded is None or recorded.index >= len(rollout.steps):
+        strays = [r for r in seen.present if r not in (serving, seen.target)]
         if strays:
             # A Service selecting every router of this ModelDeployment would reach theirs too.
-            return step(
-                workloads=(*_target_intents(observed, engines_up=True),),
-                delete_revisions=others,
+            return seen.step(
+                seen.target_up,
+                seen.others,
                 step_waiting=f"waiting for revisions {', '.join(strays)} to be removed before "
                 "the traffic split",
             )
-        return start(0, None)
-
-    index = recorded.index
-    pause = steps[index].pause_seconds
-    check = None
-    if counters is not None:
-        check = check_step(
-            recorded.baseline,
-            counters,
-            max_error_percent=rollout.step_check.max_error_percent,
-            max_rejected_percent=rollout.step_check.max_rejected_percent,
-        )
-        if check.failure is not None:
-            return step(
-                workloads=(
-                    *_target_intents(
-                        observed,
-                        engines_up=not rollout.scale_down_refused,
-                        routers=0,
-                    ),
-                    *_restored_serving_router(observed, serving, recorded),
-                ),
-                delete_revisions=others,
-                refusal=Refusal(
-                    target,
-                    REFUSED_STEP_CHECK,
-                    f"step {index + 1}/{len(steps)} ({steps[index].weight} % of requests): "
-                    f"{check.failure}; all traffic went back to revision {serving}",
-                ),
-                new_refusal=True,
-                step_check=check,
-            )
-    elapsed = (observed.now - recorded.started_at).total_seconds()
+        return _start_split(seen, serving, 0, None)
+    counters = observed.target_router_counters
     if counters is None:
-        return split(recorded, None, "the target's router metrics are unreadable")
-    assert check is not None
+        return _split_step(
+            seen, serving, recorded, None, "the target's router metrics are unreadable"
+        )
+    check = check_step(
+        recorded.baseline,
+        counters,
+        max_error_percent=rollout.step_check.max_error_percent,
+        max_rejected_percent=rollout.step_check.max_rejected_percent,
+    )
+    if check.failure is not None:
+        return _step_check_refusal(seen, serving, recorded, check)
+    return _step_holding(seen, serving, recorded, check)
+
+
+def _split_step(
+    seen: _Pass, serving: str, record: StepRecord, check: StepCheck | None, waiting: str
+) -> RolloutStep:
+    """Both revisions' routers behind the Service, in the proportion of the step's weight."""
+    observed, target = seen.observed, seen.target
+    rollout = observed.spec.rollout
+    weight = rollout.steps[record.index].weight
+    serving_routers, target_routers = split_routers(weight, rollout.max_split_routers)
+    share = share_percent(_ready_routers(observed, serving), _ready_routers(observed, target))
+    return seen.step(
+        (
+            *_target_intents(observed, engines_up=True, routers=target_routers),
+            WorkloadIntent(serving, ROUTER, serving_routers),
+        ),
+        seen.others,
+        service_split=True,
+        step_record=record,
+        step_check=check,
+        traffic=((serving, 100 - share), (target, share)),
+        step_waiting=waiting,
+    )
+
+
+def _start_split(seen: _Pass, serving: str, index: int, check: StepCheck | None) -> RolloutStep:
+    """Begin step ``index``: record its start, the router counters the check counts from, and
+    the serving revision's router replicas before any split (restored when it ends)."""
+    observed, recorded = seen.observed, seen.recorded_step
+    steps = observed.spec.rollout.steps
+    before = (
+        recorded.serving_router_replicas
+        if recorded is not None
+        else _router_replicas_of(observed, serving) or observed.spec.router.replicas
+    )
+    counters = observed.target_router_counters or ()
+    record = StepRecord(index, observed.now, counters, before, steps[index].weight)
+    return _split_step(seen, serving, record, check, f"step {index + 1}/{len(steps)} started")
+
+
+def _step_check_refusal(
+    seen: _Pass, serving: str, recorded: StepRecord, check: StepCheck
+) -> RolloutStep:
+    """The step check failed: refuse the target and give the serving revision all traffic."""
+    observed = seen.observed
+    steps = observed.spec.rollout.steps
+    index = recorded.index
+    return seen.step(
+        (
+            *_refused_target_intents(observed),
+            *_restored_serving_router(observed, serving, recorded),
+        ),
+        seen.others,
+        refusal=Refusal(
+            seen.target,
+            REFUSED_STEP_CHECK,
+            f"step {index + 1}/{len(steps)} ({steps[index].weight} % of requests): "
+            f"{check.failure}; all traffic went back to revision {serving}",
+        ),
+        new_refusal=True,
+        step_check=check,
+    )
+
+
+def _step_holding(seen: _Pass, serving: str, recorded: StepRecord, check: StepCheck) -> RolloutStep:
+    """The step check holds so far: wait out the step's pause and minimum requests, then start
+    the next step or, after the last, switch (every step held)."""
+    observed = seen.observed
+    rollout = observed.spec.rollout
+    index = recorded.index
+    pause = rollout.steps[index].pause_seconds
+    elapsed = (observed.now - recorded.started_at).total_seconds()
     if elapsed < pause:
-        return split(recorded, check, f"pause {elapsed:.0f}/{pause:,} s")
+        return _split_step(seen, serving, recorded, check, f"pause {elapsed:.0f}/{pause:,} s")
     if check.requests < rollout.step_check.min_requests:
-        return split(
+        return _split_step(
+            seen,
+            serving,
             recorded,
             check,
             f"waiting for {rollout.step_check.min_requests:,} requests "
             f"(rollout.stepCheck.minRequests), {check.requests:,} so far",
         )
-    if index + 1 < len(steps):
-        return start(index + 1, check)
-    # Every step held: all traffic to the target (the old revision goes on a later pass, once
-    # the Service's new selector has landed).
-    return step(
-        serving_revision=target,
-        workloads=tuple(_target_intents(observed, engines_up=True)),
-        delete_revisions=others,
-        service_revision=target,
-        step_check=check,
-    )
+    if index + 1 < len(rollout.steps):
+        return _start_split(seen, serving, index + 1, check)
+    return _switch_step(seen, check)
 
 
 def _router_replicas_of(observed: ObservedState, revision: str) -> int | None:
