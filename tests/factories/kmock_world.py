@@ -13,6 +13,9 @@ import kmock
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
+from kvgate.controller import content_check
+from kvgate.controller.modeldeployment import Reconciler
+from kvgate.controller.runtime import Runtime
 
 from factories.model_deployments import make_md, md_doc
 
@@ -126,3 +129,10 @@ def verified_pods() -> list[dict[str, Any]]:
 def router_ready(km: kmock.KubernetesEmulator, rev: str) -> None:
     deployments = km.resource("apps", "v1", "deployments")
     km.objects[deployments, NS, f"llama-{rev}-router"].patch({"status": {"readyReplicas": 1}})
+
+
+async def content_check_ran(reconciler: Reconciler, rt: Runtime) -> None:
+    """A pass that starts the target's content check (a task of its own), then the check's end:
+    the next pass reads its verdict, records it and acts on it."""
+    await reconciler.reconcile()
+    await content_check.idle(rt)

@@ -11,6 +11,7 @@ import kmock
 import pytest
 from factories.kmock_world import (
     NS,
+    content_check_ran,
     put_md,
     requests,
     router_ready,
@@ -19,7 +20,8 @@ from factories.kmock_world import (
 from factories.model_deployments import make_md
 from kvgate.api.revision import revision_of
 from kvgate.controller import content_check
-from kvgate.controller.modeldeployment import Reconciler, on_md_event
+from kvgate.controller.md_loops import on_md_event
+from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
 from kvgate.verify.content_probe import REASON_FAILED, ContentVerdict
 
@@ -55,6 +57,7 @@ async def test_a_failed_content_check_refuses_the_verified_revision_and_nothing_
 
     monkeypatch.setattr(content_check, "run_content_check", content_check_fails)
     reconciler, rev = await _content_check_due(kmock, rt)
+    await content_check_ran(reconciler, rt)
     step = await reconciler.reconcile()
     assert step is not None and step.serving_revision is None
     assert step.refusal is not None and step.refusal.reason == "ContentCheckFailed"
@@ -76,6 +79,7 @@ async def test_an_inconclusive_content_check_records_nothing_and_nothing_serves(
 
     monkeypatch.setattr(content_check, "run_content_check", no_router)
     reconciler, _ = await _content_check_due(kmock, rt)
+    await content_check_ran(reconciler, rt)
     step = await reconciler.reconcile()
     assert step is not None and step.serving_revision is None and step.refusal is None
     assert step.content_check_due
@@ -96,11 +100,12 @@ async def test_an_inconclusive_checks_backoff_belongs_to_the_runtime_and_ends_wi
 
     monkeypatch.setattr(content_check, "run_content_check", no_router)
     reconciler, rev = await _content_check_due(kmock, rt)
-    await reconciler.reconcile()
-    await reconciler.reconcile()
+    await content_check_ran(reconciler, rt)
+    await content_check_ran(reconciler, rt)
     assert checks == [rev]  # the second pass backed off
-    assert list(rt.content_inconclusive) == [(NS, "llama", rev)]
+    state = rt.owned(content_check.ContentChecks)
+    assert list(state.inconclusive) == [(NS, "llama", rev)]
     other = Runtime(api=rt.api, settings=rt.settings, verify=rt.verify)
-    assert other.content_inconclusive == {}
+    assert other.owned(content_check.ContentChecks).inconclusive == {}
     on_md_event(rt, "DELETED", {"metadata": {"namespace": NS, "name": "llama"}})
-    assert rt.content_inconclusive == {}
+    assert state.inconclusive == {}

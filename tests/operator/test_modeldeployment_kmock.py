@@ -15,6 +15,7 @@ import kmock
 import pytest
 from factories.kmock_world import (
     NS,
+    content_check_ran,
     engine_pod,
     foreign,
     put_md,
@@ -137,6 +138,7 @@ async def test_revision_serves_once_verified_and_an_unchanged_status_is_not_rewr
             },
         ]
         kmock.objects[pods, NS, pod["metadata"]["name"]] = pod
+    await content_check_ran(reconciler, rt)
     # The status written by the first pass, as the API server would now hold it.
     first_status = requests(kmock, "PATCH", "/status")[0].data["status"]
     mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
@@ -369,6 +371,7 @@ async def _engines_verified_in_the_store(
     for pod in verified_pods():
         rt.pods[pod["metadata"]["uid"]] = pod_view.slim(pod)
     _every_engine_pod_listed(rt)
+    await content_check_ran(reconciler, rt)
     return reconciler, rev
 
 
