@@ -1,4 +1,4 @@
-"""Input limits (issue 11 item 6): every input a tenant controls is bounded, and what kvgate
+"""Input limits: every input a tenant controls is bounded, and what kvgate
 cannot build or run from is denied at admission — never admitted to fail later.
 
 Each rule: allowed at the limit, denied one above, and the message names the field, the numbers

@@ -1,4 +1,4 @@
-"""The chart's high-availability defaults (issue 12): two leader-elected controller replicas and
+"""The chart's high-availability defaults: two leader-elected controller replicas and
 the admission webhook in its own Deployment (2 replicas, PodDisruptionBudget, RollingUpdate), so
 neither a controller crash nor `helm upgrade` leaves the API server without an admission answer."""
 
@@ -155,7 +155,7 @@ def test_the_lease_requests_of_the_operator_go_to_the_leader_election_priority_l
 ) -> None:
     """Without the FlowSchema the operator's Lease renewals wait in its own flow
     (service-accounts, workload-low) behind its reconcile traffic: at 1,000 ModelDeployments a
-    leader missed its renew deadline that way (issue 16)."""
+    leader missed its renew deadline that way (docs/design/scale.md)."""
     (schema,) = default.all("FlowSchema")
     spec = schema["spec"]
     assert spec["priorityLevelConfiguration"] == {"name": "leader-election"}

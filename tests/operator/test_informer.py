@@ -1,7 +1,7 @@
 """The operator's own list-then-watch of engine pods (kvgate.kube.informer), against an API server
 stand-in on 127.0.0.1 that pages its lists, expires continue tokens and watches, and streams
-scripted watch events: a restarted leader with thousands of engine pods must finish its list
-(round 8's stalled at 680 of 1,000 ModelDeployments), and a pod deleted while the watch was
+scripted watch events: a restarted leader with thousands of engine pods must finish its list (one
+scale run's list stalled at 680 of 1,000 ModelDeployments), and a pod deleted while the watch was
 down must be forgotten."""
 
 from __future__ import annotations

@@ -237,8 +237,8 @@ async def test_a_leader_whose_lease_was_taken_over_stops_leading_at_its_next_ren
 
 
 async def test_renewals_go_on_while_the_operators_event_loop_is_blocked() -> None:
-    """Issue 16: with 1,000 ModelDeployments the operator's loop was so busy that a renewal
-    queued on it missed the renew deadline; the leader stepped down and restarted over and
+    """At 1,000 ModelDeployments (docs/design/scale.md) the operator's loop was so busy that a
+    renewal queued on it missed the renew deadline; the leader stepped down and restarted over and
     over. The holder runs on a thread of its own with its own client."""
     from kvgate.controller import main
 

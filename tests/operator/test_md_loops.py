@@ -1,7 +1,7 @@
 """ModelDeployments carry no finalizer: their reconcile loops are tasks started and stopped by
 watch events (kvgate.controller.md_loops), and a finalizer left by an earlier kvgate is removed.
 
-Issue 16: deleting 200 ModelDeployments took over 2 minutes (a kopf daemon per object, so a
+Why: deleting 200 ModelDeployments took over 2 minutes (a kopf daemon per object, so a
 finalizer and an operator round trip per deletion), and hung with the operator uninstalled.
 """
 

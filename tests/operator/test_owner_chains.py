@@ -1,5 +1,5 @@
 """A proven ReplicaSet -> Deployment chain serves its sibling pods for a short while
-(kvgate.controller.identity, issue 16: two GETs per pod were 18,000 reads for 1,000
+(kvgate.controller.identity; two GETs per pod were 18,000 reads for the scale target's 1,000
 ModelDeployments); every sibling is still checked against it, and a recreated ReplicaSet or an
 expired entry is read again."""
 

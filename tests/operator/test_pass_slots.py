@@ -1,5 +1,5 @@
-"""At most KVGATE_MAX_CONCURRENT_RECONCILES ModelDeployment passes run at once (issue 16: 1,000
-ModelDeployments applied together each held their listed Deployments and pods at the same
+"""At most KVGATE_MAX_CONCURRENT_RECONCILES ModelDeployment passes run at once (the scale target's
+1,000 ModelDeployments applied together each held their listed Deployments and pods at the same
 instant, and the operator kept that peak: 353 MiB at 300 of them)."""
 
 from __future__ import annotations

@@ -387,7 +387,7 @@ def test_terminating_pods_do_not_count_as_verified(terminating: bool) -> None:
     assert (step.serving_revision == NEW) is (not terminating)
 
 
-# --- Lost or replaced derived objects (issue 19): the Service, Deployments, annotations, status.
+# --- Lost or replaced derived objects: the Service, Deployments, annotations, status.
 # The durable record is the status (only the operator writes it); everything else is evidence.
 
 GONE = "dddddddddd"  # a revision with no Deployment and no pod left

@@ -1,5 +1,5 @@
 """The per-engine-pod gauges (kvgate.kube.metrics): one table behind five gauge families, exposed as
-labelled gauges, forgotten with the pod, and small enough for 9,000 pods (issue 16)."""
+labelled gauges, forgotten with the pod, and small enough for 9,000 pods (docs/design/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The operator stores a projection of each watched pod (kvgate.verify.pod_view), indexed by its
-ModelDeployment (handlers.runtime.PodStore): issue 16's 1,000 ModelDeployments / 9,000 pods
-within 300 MB, and per-ModelDeployment questions that cost its own pods, not the fleet's."""
+ModelDeployment (kvgate.controller.runtime.PodStore): the scale target's 1,000 ModelDeployments /
+9,000 pods within 300 MB, and per-ModelDeployment questions that cost its own pods, not the
+fleet's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The operator's probe (kvgate.controller.main.Prober): one client session for every read, but
-never a
-connection kept between reads, and nothing one engine sets reaches another (issue 16)."""
+never a connection kept between reads, and nothing one engine sets reaches another
+(docs/design/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The router's ServiceAccount, Role and RoleBinding are watched: deleting or editing one wakes
-its ModelDeployment's loop at once, which puts it back (issue 16: ensured once per operator
+"""The router's ServiceAccount, Role and RoleBinding are watched: deleting or editing one wakes its
+ModelDeployment's loop at once, which puts it back (they were once ensured once per operator
 lifetime, then at the steady resync only). The operator's RBAC grants every watch kopf opens."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the operator watches, and how (issue 16: at rest, API traffic proportional to changes,
+"""What the operator watches, and how (at rest, API traffic proportional to changes,
 not to fleet size): every object a settled pass would repair is watched, so no timer has to
 find it; owned kinds are filtered by kvgate's label on the server; pods are not."""
 
