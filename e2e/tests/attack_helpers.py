@@ -9,19 +9,22 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import yaml
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, known_answer_body, output_ids
+from kvgate_e2e.world import World
 from scenario_helpers import (
     GATE,
     Tenant,
     TrafficLoop,
     deadline_loop,
+    known_answer,
     make_tenant,
-    md_condition,
     sample_md,
+    wait_known_answer,
+    wait_md_ready,
 )
 
 MD = "llama"
@@ -40,22 +43,12 @@ class Serving:
     router: dict[str, Any]
 
 
-def known_answer(world: World, namespace: str) -> tuple[bool, str]:
-    code, answer = world.router_request(MD, known_answer_body(MODEL), namespace, timeout=30)
-    ids = output_ids(answer)
-    return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:160]}"
-
-
 def serve(world: World, namespace: str) -> Serving:
     tenant = make_tenant(world, namespace)
     # `edit` covers ModelDeployments through the chart's aggregated ClusterRoles.
     applied = tenant.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample_md(MD)))
     assert applied.returncode == 0, applied.stderr
-    deadline_loop(
-        f"ModelDeployment {MD} to be Ready",
-        lambda: (c := md_condition(world, MD, namespace, "Ready")) and c["status"] == "True",
-        240,
-    )
+    wait_md_ready(world, MD, namespace, 240)
     md = world.get_md(MD, namespace)
     assert md is not None
     revision = md["status"]["servingRevision"]
@@ -65,9 +58,7 @@ def serve(world: World, namespace: str) -> Serving:
         (found,) = world.list("pods", namespace, selector)
         return found
 
-    deadline_loop(
-        "a known-answer request through the Service", lambda: known_answer(world, namespace)[0], 60
-    )
+    wait_known_answer(world, MD, namespace, 60, "a known-answer request through the Service")
     return Serving(tenant, revision, pod("prefill"), pod("decode"), pod("router"))
 
 
@@ -77,7 +68,7 @@ def under_attack(world: World, namespace: str, name: str) -> Iterator[TrafficLoo
     attack; afterwards every request must have been answered right."""
     with (
         InvariantSampler(world.cluster, namespace, name=name),
-        TrafficLoop(lambda: known_answer(world, namespace)) as traffic,
+        TrafficLoop(partial(known_answer, world, MD, namespace)) as traffic,
     ):
         yield traffic
     print(f"MEASURED {name}: {len(traffic.results)} known-answer requests during the attack")

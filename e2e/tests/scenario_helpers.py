@@ -20,10 +20,20 @@ import yaml
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import routes_to_ip
-from kvgate_e2e.world import BIG_POOL, World, condition, load_sample
+from kvgate_e2e.world import (
+    BIG_POOL,
+    KNOWN_PROMPT_IDS,
+    World,
+    condition,
+    is_ready,
+    known_answer_body,
+    load_sample,
+    output_ids,
+)
 
 T = TypeVar("T")
 GATE = "kvgate.io/engine-verified"
+SERVED_MODEL = "llama-3.1-8b"  # the sample's served model name
 
 
 # The scenarios' name for the harness's one poll loop: every 0.2 s until truthy, failing with an
@@ -73,6 +83,49 @@ def get_md_table(world: World, namespace: str) -> str:
 def md_condition(world: World, name: str, namespace: str, kind: str) -> dict[str, Any] | None:
     md = world.get_md(name, namespace)
     return condition(md, kind) if md else None
+
+
+def wait_md_ready(
+    world: World, md: str, namespace: str, timeout: float, what: str | None = None
+) -> dict[str, Any]:
+    """Wait until ``md``'s Ready condition is True and return the ModelDeployment; a timeout
+    names ``what`` and shows the operator's log."""
+    ready: dict[str, Any] = world.wait_for(
+        what or f"ModelDeployment {md} to be Ready",
+        lambda: (m := world.get_md(md, namespace)) is not None and is_ready(m) and m,
+        timeout,
+    )
+    return ready
+
+
+def known_answer(world: World, md: str, namespace: str, timeout: float = 30.0) -> tuple[bool, str]:
+    """One known-answer request through ``md``'s Service (its router): (answered right, what
+    came back). The reference engine copies the prompt, so a right answer is HTTP 200 with the
+    prompt's first four ids; a 200 with other tokens says WRONG TOKENS."""
+    body = known_answer_body(SERVED_MODEL)
+    code, answer = world.router_request(md, body, namespace, timeout=timeout)
+    ids = output_ids(answer)
+    if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
+        return False, f"WRONG TOKENS {ids}"
+    return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:200]}"
+
+
+def wait_known_answer(
+    world: World,
+    md: str,
+    namespace: str,
+    timeout: float = 60,
+    what: str = "a known-answer request through the router",
+) -> None:
+    """Wait until ``md`` serves: a known-answer request through its Service answered right; a
+    timeout names the last answer."""
+    last = ["no answer yet"]
+
+    def answered() -> bool:
+        ok, last[0] = known_answer(world, md, namespace)
+        return ok
+
+    deadline_loop(what, answered, timeout, details=lambda: f"last answer: {last[0]}")
 
 
 def refused_with(

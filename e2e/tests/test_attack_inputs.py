@@ -1,4 +1,4 @@
-"""Issue 11 item 6, as a tenant would try it with ``kubectl`` on the real API server: inputs
+"""Bounded tenant inputs, as a tenant would try them with ``kubectl`` on the real API server: inputs
 kvgate cannot build or run from are denied at admission with the rule, the numbers and the way
 out — never admitted to fail later — and a ModelDeployment at every limit is admitted, reconciled
 and serves.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,18 +29,14 @@ from kvgate.admission.limits import MAX_SPEC_BYTES, spec_bytes
 from kvgate.admission.names import max_name_length
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
     RELEASE,
     World,
-    known_answer_body,
-    output_ids,
 )
-from scenario_helpers import TrafficLoop, deadline_loop, md_condition, sample_md
+from scenario_helpers import TrafficLoop, known_answer, sample_md, wait_known_answer, wait_md_ready
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "llama-3.1-8b"  # the sample's served model name
 WEBHOOK = 'admission webhook "validate-modeldeployment.kvgate.io" denied the request'
 
 
@@ -76,11 +73,6 @@ def chart_floor(world: World) -> str:
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     return str(env["KVGATE_MIN_ENGINE_VERSION_FLOOR"])
-
-
-def known_answer(world: World, name: str, namespace: str) -> tuple[bool, str]:
-    code, answer = world.router_request(name, known_answer_body(MODEL), namespace, timeout=30)
-    return code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4], f"HTTP {code}"
 
 
 # ------------------------------------------------------------------------------------- names
@@ -168,11 +160,7 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
     assert len(name) == max_name_length() == 63
     applied = tenant(world, "apply", namespace, md)
     assert applied.returncode == 0, applied.stderr
-    deadline_loop(
-        f"ModelDeployment {name} to be Ready",
-        lambda: (c := md_condition(world, name, namespace, "Ready")) and c["status"] == "True",
-        240,
-    )
+    wait_md_ready(world, name, namespace, 240)
     stored = world.get_md(name, namespace)
     assert stored is not None
     # Admission measures the spec as the API server stores it (its defaults filled in), from
@@ -185,11 +173,7 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
         f"kubectl: {total:,} bytes of the API server's 262,144 ({sorted(annotations)})"
     )
     assert world.get("service", name, namespace) is not None  # the Service <md> exists
-    deadline_loop(
-        "a known-answer request through the Service",
-        lambda: known_answer(world, name, namespace)[0],
-        60,
-    )
+    wait_known_answer(world, name, namespace, 60, "a known-answer request through the Service")
     generation = stored["metadata"]["generation"]
     revision = stored["status"]["servingRevision"]
 
@@ -205,7 +189,7 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
     ]
     with (
         InvariantSampler(world.cluster, namespace, name="input-attacks"),
-        TrafficLoop(lambda: known_answer(world, name, namespace)) as traffic,
+        TrafficLoop(partial(known_answer, world, name, namespace)) as traffic,
     ):
         for field, value, phrases in edits:
             attack = copy.deepcopy(md)

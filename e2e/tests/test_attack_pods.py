@@ -1,9 +1,10 @@
-"""Issue 11 item 3, as a tenant would try it: a namespace editor (the built-in ``edit`` role bound
-to a ServiceAccount, used through ``kubectl --as``) attacks a serving ModelDeployment with pods,
-labels, annotations and edits of kvgate's objects. The chart's ValidatingAdmissionPolicies
-(``charts/kvgate/templates/admission-policy.yaml``) deny every attempt in the API server itself,
-with a message that names the label or field and the way out, while known-answer requests keep
-flowing through the ``<md>`` Service and the invariant sampler checks every traffic path.
+"""Engine pods a tenant could forge or edit, as a tenant would try it: a namespace editor (the
+built-in ``edit`` role bound to a ServiceAccount, used through ``kubectl --as``) attacks a serving
+ModelDeployment with pods, labels, annotations and edits of kvgate's objects. The chart's
+ValidatingAdmissionPolicies (``charts/kvgate/templates/admission-policy.yaml``) deny every attempt
+in the API server itself, with a message that names the label or field and the way out, while
+known-answer requests keep flowing through the ``<md>`` Service and the invariant sampler checks
+every traffic path.
 
 Each attack test fails when the policies are not installed (``admissionPolicy.enabled=false``):
 the attack is then admitted.

@@ -1,7 +1,7 @@
-"""Issue 11 item 5, as a tenant would try it: whoever writes a ModelDeployment chooses its engine's
-image and ``spec.engine.env``, so the engine kvgate probes is the tenant's. Here the tenant
-applies (with ``kubectl``, as a namespace editor) ModelDeployments whose reference engines answer
-kvgate's ``/server_info``, ``/get_server_info`` and ``/v1/models`` as an attacker
+"""A hostile engine answering the probe, as a tenant would try it: whoever writes a ModelDeployment
+chooses its engine's image and ``spec.engine.env``, so the engine kvgate probes is the tenant's.
+Here the tenant applies (with ``kubectl``, as a namespace editor) ModelDeployments whose reference
+engines answer kvgate's ``/server_info``, ``/get_server_info`` and ``/v1/models`` as an attacker
 (``KVGATE_REFERENCE_HOSTILE_PREFILL`` / ``_DECODE``, see engine/kvgate_engine/reference/hostile.py)
 while ``/health`` stays 200, so every container turns Ready and the operator probes it:
 
@@ -24,11 +24,11 @@ operator's log holds a byte the engines sent or a redirect's target; the operato
 Ready, never restarts, and its memory stays bounded while the 16 MiB body is probed at the e2e
 world's 2 s re-verify interval.
 
-Measured against the probe as it was before issue 11's fix (43102bc^: redirects followed,
-bodies echoed, up to 16 MiB parsed): the redirected decode pod turned verified on the sibling's
-report (this test then fails at once), the canary, the body's marker and the operator's metrics
-text reached the gate conditions, and the operator's RSS went from 78 MiB to 1,079 MiB (the
-chart's limit is 512 Mi). With the fix: 78 MiB to ~106-140 MiB.
+Measured against the probe as it was before it was hardened against hostile engines (43102bc^:
+redirects followed, bodies echoed, up to 16 MiB parsed): the redirected decode pod turned verified
+on the sibling's report (this test then fails at once), the canary, the body's marker and the
+operator's metrics text reached the gate conditions, and the operator's RSS went from 78 MiB to
+1,079 MiB (the chart's limit is 512 Mi). With the fix: 78 MiB to ~106-140 MiB.
 
 Run: ``.venv/bin/pytest -m e2e e2e/tests/test_attack_probe.py -v -s`` (root).
 """

@@ -38,13 +38,12 @@ from attack_helpers import (
     assert_bound_and_type_checked,
     assert_denied,
     copy_of,
-    known_answer,
     policy_lifted,
     serve,
     under_attack,
 )
 from kvgate_e2e.world import World, is_ready, ready_endpoints
-from scenario_helpers import Tenant, deadline_loop, events
+from scenario_helpers import Tenant, deadline_loop, events, known_answer
 
 pytestmark = pytest.mark.e2e
 
@@ -194,7 +193,7 @@ def test_a_tenant_cannot_delete_or_rewrite_the_router_key_secret_but_the_control
     assert after["data"] == before["data"]
     md = world.get_md(MD, namespace)
     assert md is not None and is_ready(md)
-    ok, detail = known_answer(world, namespace)
+    ok, detail = known_answer(world, MD, namespace)
     assert ok, detail
 
     # What deleting the namespace or the ModelDeployment sends, as those controllers.
@@ -216,7 +215,7 @@ def test_a_tenant_cannot_delete_or_rewrite_the_router_key_secret_but_the_control
             60,
         )
         assert restored["data"] == before["data"]  # the key is derived: the same one again
-    ok, detail = known_answer(world, namespace)
+    ok, detail = known_answer(world, MD, namespace)
     assert ok, detail
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from attack_helpers import MD, MODEL, known_answer, serve
+from attack_helpers import MD, MODEL, serve
 from kvgate_e2e.sampler import InvariantSampler, smg_host
 from kvgate_e2e.world import World, http_json, is_ready
-from scenario_helpers import deadline_loop, events, router_workers
+from scenario_helpers import deadline_loop, events, known_answer, router_workers
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +126,7 @@ def test_a_worker_url_smg_reads_as_another_host_is_removed_and_the_rogue_serves_
         # From then on every request is answered by the verified pair, none by the rogue.
         at_removal = received(world, rogue)
         for _ in range(REQUESTS):
-            ok, why = known_answer(world, namespace)
+            ok, why = known_answer(world, MD, namespace)
             assert ok, why
         assert worker_id not in [w.get("id") for w in router_workers(world, namespace, MD)]
         after = received(world, rogue) - at_removal

@@ -1,5 +1,5 @@
-"""Chaos on the real control plane (issue 12): kvgate keeps its promises while its own parts and
-the API server fail under it. The invariant sampler runs through every scenario.
+"""Chaos on the real control plane (the high-availability promises): kvgate keeps its promises while
+its own parts and the API server fail under it. The invariant sampler runs through every scenario.
 
 1. **Leader killed mid-rollout.** The controller runs 2 leader-elected replicas. In each round one
    ModelDeployment goes through its life — create, a safe update, an update the live check must
@@ -40,22 +40,18 @@ import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
     WEBHOOK_DEPLOYMENT,
     World,
     is_ready,
-    known_answer_body,
-    output_ids,
     unsafe_probe_md,
 )
-from scenario_helpers import deadline_loop, on_pool_without_estimate, sample_md
+from scenario_helpers import deadline_loop, known_answer, on_pool_without_estimate, sample_md
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-MODEL = "llama-3.1-8b"
 ROUNDS = int(os.environ.get("KVGATE_E2E_CHAOS_ROUNDS", "1"))
 SEED = int(os.environ.get("KVGATE_E2E_CHAOS_SEED", str(int(time.time()))))
 KILL_WITHIN_SECONDS = 6.0  # each step's kill lands at a uniform random point of this window
@@ -73,20 +69,20 @@ def serving(world: World, name: str, ns: str, revision_not: str | None = None) -
     return md if is_ready({"status": {"conditions": status.get("conditions")}}) else None
 
 
-def known_answer(world: World, name: str, ns: str) -> bool:
+def answers_known(world: World, name: str, ns: str) -> bool:
     """The known answer through the Service. A connection reset or refusal in the first
     seconds after the Service switched is kube-proxy still programming the new endpoints (seen
     in fresh-clone runs right after a revision started serving): retried for up to 15 s; any
     answer that arrives must be the known one."""
 
-    def ask() -> tuple[int, Any] | None:
+    def ask() -> tuple[bool, str] | None:
         try:
-            return world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
+            return known_answer(world, name, ns)
         except OSError:  # reset, refused (urllib wraps it in URLError, an OSError)
             return None
 
-    code, answer = deadline_loop("an answer through the Service", ask, 15, retry_on=())
-    return code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4]
+    ok, _ = deadline_loop("an answer through the Service", ask, 15, retry_on=())
+    return ok
 
 
 @dataclass
@@ -192,7 +188,7 @@ def lifecycle_with_kills(
     first = deadline_loop("the created revision to serve", lambda: serving(world, name, ns), 300)
     join_kill(kill)
     first_revision = first["status"]["servingRevision"]
-    assert known_answer(world, name, ns)
+    assert answers_known(world, name, ns)
 
     # safe update: the new revision takes over
     update = sample_md(name)
@@ -206,7 +202,7 @@ def lifecycle_with_kills(
     )
     join_kill(kill)
     second_revision = second["status"]["servingRevision"]
-    assert known_answer(world, name, ns)
+    assert answers_known(world, name, ns)
 
     # unsafe update (only the live check can tell): refused, the old revision keeps serving
     world.apply(on_pool_without_estimate(sample_md(name), "small"), namespace=ns)
@@ -220,7 +216,7 @@ def lifecycle_with_kills(
     refusal = deadline_loop("the unsafe revision to be refused", refused, 300)
     join_kill(kill)
     assert refusal["status"]["servingRevision"] == second_revision
-    assert known_answer(world, name, ns)
+    assert answers_known(world, name, ns)
 
     # delete: everything it owned goes
     world.kubectl("delete", "md", name, f"--namespace={ns}", "--wait=false")
@@ -428,4 +424,4 @@ def test_a_rollout_completes_when_the_api_server_restarts_in_the_middle_of_it(
         print(f"MEASURED kube-apiserver down (stop -> /readyz) {outage:.1f}s")
         md = deadline_loop("the rollout to serve", lambda: serving(world, name, ns), 300)
         assert md["status"]["servingRevision"]
-        deadline_loop("a known answer", lambda: known_answer(world, name, ns), 60)
+        deadline_loop("a known answer", lambda: answers_known(world, name, ns), 60)

@@ -30,6 +30,7 @@ from kvgate_e2e.world import (
     load_sample,
     unsafe_probe_md,
 )
+from scenario_helpers import wait_md_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -213,11 +214,7 @@ def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_dep
     assert denied.returncode != 0 and "denied the request" in denied.stderr, denied.stderr
     assert world.get_md("bad", namespace) is None
     assert apply(world, good_md("good"), namespace).returncode == 0
-    world.wait_for(
-        "the good ModelDeployment to be Ready",
-        lambda: (m := world.get_md("good", namespace)) and is_ready(m),
-        timeout=240,
-    )
+    wait_md_ready(world, "good", namespace, 240, "the good ModelDeployment to be Ready")
 
     # upgrade with a changed value: every controller and webhook pod is replaced (rolling), the
     # same CA and serving certificate; admission answers throughout (a dry run of an unsafe MD
@@ -245,10 +242,12 @@ def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_dep
     history = world.helm("history", RELEASE, f"--namespace={OPERATOR_NAMESPACE}")
     assert "upgrade complete" in history.lower(), history
     assert_denies_bad_and_admits_good(world, namespace)
-    world.wait_for(
+    wait_md_ready(
+        world,
+        "good",
+        namespace,
+        60,
         "the good ModelDeployment to stay Ready under the new operator",
-        lambda: (m := world.get_md("good", namespace)) and is_ready(m),
-        timeout=60,
     )
 
     # uninstall: the CRD and the user's ModelDeployment stay; the operator and webhook go.
@@ -268,8 +267,5 @@ def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_dep
         # from cluster state.
         world.install()
     assert_denies_bad_and_admits_good(world, namespace)
-    world.wait_for(
-        "the kept ModelDeployment to be Ready under the reinstalled operator",
-        lambda: (m := world.get_md("good", namespace)) and is_ready(m),
-        timeout=120,
-    )
+    kept = "the kept ModelDeployment to be Ready under the reinstalled operator"
+    wait_md_ready(world, "good", namespace, 120, kept)

@@ -1,4 +1,4 @@
-"""Issue 11 item 7 on the real API server: the per-revision NetworkPolicies
+"""Network isolation of the engines on the real API server: the per-revision NetworkPolicies
 (``kvgate.build.network_policy``) exist for a Ready ModelDeployment, match the builder, admit the
 running
 operator pod, and are accepted by the API server; the chart's own NetworkPolicy renders and is
@@ -22,7 +22,7 @@ import yaml
 from kvgate.api.models import ModelDeployment
 from kvgate.build.network_policy import RouterEgress, network_policies, policy_names
 from kvgate_e2e.world import CHART, OPERATOR_NAMESPACE, RELEASE, World, chart_values
-from scenario_helpers import deadline_loop, md_condition, sample_md
+from scenario_helpers import sample_md, wait_md_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -98,11 +98,7 @@ def test_a_ready_model_deployment_has_its_revisions_policies_as_built(
     world: World, namespace: str
 ) -> None:
     world.apply(sample_md(MD), namespace)
-    deadline_loop(
-        f"ModelDeployment {MD} to be Ready",
-        lambda: (c := md_condition(world, MD, namespace, "Ready")) and c["status"] == "True",
-        240,
-    )
+    wait_md_ready(world, MD, namespace, 240)
     live = world.get_md(MD, namespace)
     assert live is not None
     revision = live["status"]["servingRevision"]

@@ -1,4 +1,4 @@
-"""Issue 15, part 1: the content check at maximum length before traffic.
+"""The content check at maximum length before traffic.
 
 1. A healthy revision (the safe sample: 131,072-token context, 80 GiB GPUs) is verified, passes
    its content check through its own router (in-range prompts of ~50 % and ~100 % of the
@@ -19,11 +19,12 @@ from __future__ import annotations
 import copy
 import re
 import time
+from functools import partial
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, is_ready, known_answer_body, output_ids
+from kvgate_e2e.world import World, is_ready
 from scenario_helpers import (
     GATE,
     TrafficLoop,
@@ -31,8 +32,10 @@ from scenario_helpers import (
     engine_pods,
     events,
     get_md_table,
+    known_answer,
     md_condition,
     sample_md,
+    wait_known_answer,
 )
 
 pytestmark = [
@@ -40,7 +43,6 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 MD = "content"
-MODEL = "llama-3.1-8b"
 REQUESTS_AFTER_REFUSAL = 10
 LEAK = re.compile(
     r"131,073 tokens \(over contextLength 131,072\): HTTP 200, 8 tokens generated; want a "
@@ -90,13 +92,8 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
         )
         old_pods = {p["metadata"]["uid"] for p in engine_pods(world, ns, MD)}
 
-        def known_answer() -> tuple[bool, str]:
-            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-            ids = output_ids(answer)
-            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:200]}"
-
-        deadline_loop("a known-answer request", lambda: (r := known_answer())[0] and r, 60)
-        with TrafficLoop(known_answer) as traffic:
+        wait_known_answer(world, MD, ns, 60, "a known-answer request")
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             leaky = sample_md(MD)
             leaky["spec"]["engine"] = copy.deepcopy(leaky["spec"]["engine"])
             leaky["spec"]["engine"]["env"] = [{"name": "KVGATE_ADMIT_OVER_LENGTH", "value": "1"}]

@@ -25,19 +25,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     World,
     condition,
     http_json,
     is_ready,
-    known_answer_body,
-    output_ids,
 )
 from scenario_helpers import (
     GATE,
@@ -46,10 +44,13 @@ from scenario_helpers import (
     deadline_loop,
     engine_pods,
     events,
+    known_answer,
     md_condition,
     requests_served,
     routed,
     sample_md,
+    wait_known_answer,
+    wait_md_ready,
 )
 
 pytestmark = [
@@ -57,7 +58,6 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 MD = "restart"
-MODEL = "llama-3.1-8b"
 CONTEXT = 131_072
 FULL_GIB = 80
 SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
@@ -191,11 +191,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
         lambda: (g := gate()) is not None and g["status"] == "True",
         120,
     )
-    deadline_loop(
-        "the MD Ready again",
-        lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
-        60,
-    )
+    wait_md_ready(world, MD, ns, 60, "the MD Ready again")
     deadline_loop("smg to route to the restored engine", routed_here, 60)
     t = seen.seen
     return Round(
@@ -218,22 +214,11 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
     ns = namespace
     with InvariantSampler(world.cluster, ns, name="engine-restart") as sampler:
         world.apply(sample_md(MD), namespace=ns)
-        deadline_loop(
-            "the safe revision to serve",
-            lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
-            300,
-        )
+        wait_md_ready(world, MD, ns, 300, "the safe revision to serve")
 
-        def known_answer() -> tuple[bool, str]:
-            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-            ids = output_ids(answer)
-            if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
-                return False, f"WRONG TOKENS {ids}"
-            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:120]}"
-
-        deadline_loop("a known-answer request", lambda: known_answer()[0], 60)
+        wait_known_answer(world, MD, ns, 60, "a known-answer request")
         rounds: list[Round] = []
-        with TrafficLoop(known_answer) as traffic:
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             for role in ("decode", "prefill"):
                 rounds.append(shrink_and_restore(world, ns, role))
             count = len(traffic.results) + 5
@@ -270,5 +255,5 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
     # against both legs' circuit breakers, so the failures while prefill was
     # out can keep the healthy decode worker's breaker open for up to 60 s: wait for recovery
     # with a deadline rather than expecting the very next requests to succeed.
-    deadline_loop("a known-answer request after both restores", lambda: known_answer()[0], 120)
+    wait_known_answer(world, MD, ns, 120, "a known-answer request after both restores")
     assert sampler.stats.samples > 0

@@ -1,4 +1,4 @@
-"""SGLang's KV canary as a live signal (issue 15), end to end: the log line takes the engine out.
+"""SGLang's KV canary as a live signal, end to end: the log line takes the engine out.
 
 A ModelDeployment with ``safety.kvCanary: true`` (the safe sample, 2 decode engines) becomes
 Ready and answers a known-answer request through smg. Then, on one decode engine,
@@ -40,6 +40,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -47,7 +48,6 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.kubelet.logs import parse_timestamp
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,
     RELEASE,
@@ -55,8 +55,6 @@ from kvgate_e2e.world import (
     condition,
     http_json,
     is_ready,
-    known_answer_body,
-    output_ids,
     ready_endpoints,
 )
 from scenario_helpers import (
@@ -66,16 +64,17 @@ from scenario_helpers import (
     deadline_loop,
     engine_pods,
     events,
-    md_condition,
+    known_answer,
     routed,
     sample_md,
+    wait_known_answer,
+    wait_md_ready,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-MODEL = "llama-3.1-8b"
 REASON = "KvCanaryViolation"
 VIOLATION_LINE = "kv_canary violation: launch_tag="
 ROUNDS = int(os.environ.get("KVGATE_E2E_CANARY_ROUNDS", "3"))
@@ -108,17 +107,6 @@ def engines_service(md: str) -> dict[str, Any]:
             "ports": [{"name": "http", "port": 30000, "targetPort": 30000}],
         },
     }
-
-
-def known_answer_sender(world: World, md: str, ns: str) -> Callable[[], tuple[bool, str]]:
-    def send() -> tuple[bool, str]:
-        code, answer = world.router_request(md, known_answer_body(MODEL), ns, timeout=30)
-        ids = output_ids(answer)
-        if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
-            return False, f"WRONG TOKENS {ids}"
-        return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:120]}"
-
-    return send
 
 
 def violation_stamp(world: World, ns: str, pod: str) -> str | None:
@@ -232,11 +220,7 @@ def replace_and_serve(world: World, ns: str, md: str, tripped: dict[str, Any]) -
         lambda: routed(world, ns, md, fresh["status"]["podIP"]),
         90,
     )
-    deadline_loop(
-        "the MD Ready",
-        lambda: (c := md_condition(world, md, ns, "Ready")) and c["status"] == "True",
-        90,
-    )
+    wait_md_ready(world, md, ns, 90, "the MD Ready")
     return dict(fresh)
 
 
@@ -253,13 +237,9 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
     with InvariantSampler(world.cluster, ns, name="kv-canary") as sampler:
         world.apply(engines_service(md), namespace=ns)
         world.apply(canary_md(md, decode_replicas=2), namespace=ns)
-        deadline_loop(
-            "the canary revision to serve",
-            lambda: (c := md_condition(world, md, ns, "Ready")) and c["status"] == "True",
-            300,
-        )
-        send = known_answer_sender(world, md, ns)
-        deadline_loop("a known-answer request through the router", lambda: send()[0], 60)
+        wait_md_ready(world, md, ns, 300, "the canary revision to serve")
+        send = partial(known_answer, world, md, ns)
+        wait_known_answer(world, md, ns, 60)
         decode = engine_pods(world, ns, md, "decode")
         assert len(decode) == 2
         engine = next(c for c in decode[0]["spec"]["containers"] if c["name"] == "engine")
@@ -418,13 +398,9 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
     ns, md = namespace, "canary-down"
     with InvariantSampler(world.cluster, ns, name="kv-canary-operator-down") as sampler:
         world.apply(canary_md(md, decode_replicas=1), namespace=ns)
-        deadline_loop(
-            "the canary revision to serve",
-            lambda: (c := md_condition(world, md, ns, "Ready")) and c["status"] == "True",
-            300,
-        )
-        send = known_answer_sender(world, md, ns)
-        deadline_loop("a known-answer request through the router", lambda: send()[0], 60)
+        wait_md_ready(world, md, ns, 300, "the canary revision to serve")
+        send = partial(known_answer, world, md, ns)
+        wait_known_answer(world, md, ns, 60)
         (pod,) = engine_pods(world, ns, md, "decode")
         name = pod["metadata"]["name"]
         probes: dict[str, Callable[[], bool]] = {

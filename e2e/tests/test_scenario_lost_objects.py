@@ -1,4 +1,4 @@
-"""Issue 19's defect: a Ready ModelDeployment loses a derived object (its Service, the serving
+"""Lost derived objects: a Ready ModelDeployment loses a derived object (its Service, the serving
 revision's router Deployment, the annotations on a target's Deployments) and the rollout state
 must survive it: the revision that served keeps serving and is never deleted unless a verified
 successor serves (mission invariant 3), and what was lost comes back with an Event saying why.
@@ -34,13 +34,10 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
     World,
     condition,
     is_ready,
-    known_answer_body,
-    output_ids,
 )
 from scenario_helpers import (
     TrafficLoop,
@@ -48,15 +45,16 @@ from scenario_helpers import (
     engine_pods,
     events,
     get_md_table,
+    known_answer,
     on_pool_without_estimate,
     sample_md,
+    wait_known_answer,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-MODEL = "llama-3.1-8b"
 REQUESTS_AFTER_RECOVERY = 10
 VERIFY_STARTED_AT = "kvgate.io/verify-started-at"
 
@@ -77,18 +75,8 @@ def serve_old_revision(world: World, ns: str, md_name: str, **spec: Any) -> tupl
         300,
     )
     revision = str(md["status"]["servingRevision"])
-    deadline_loop(
-        "a known-answer request through the Service",
-        lambda: known_answer(world, ns, md_name)[0],
-        90,
-    )
+    wait_known_answer(world, md_name, ns, 90, "a known-answer request through the Service")
     return revision, engine_uids(world, ns, md_name, revision)
-
-
-def known_answer(world: World, ns: str, md_name: str) -> tuple[bool, str]:
-    code, answer = world.router_request(md_name, known_answer_body(MODEL), ns, timeout=30)
-    ok = code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4]
-    return ok, f"HTTP {code} {str(answer)[:200]}"
 
 
 def engine_uids(world: World, ns: str, md_name: str, revision: str) -> set[str]:
@@ -179,7 +167,7 @@ def test_lost_service_then_refused_update_keeps_the_old_revision_serving(
     ns, md_name = namespace, "lost-svc"
     with InvariantSampler(world.cluster, ns, name="lost-service"):
         old, old_pods = serve_old_revision(world, ns, md_name)
-        with TrafficLoop(lambda: known_answer(world, ns, md_name)) as traffic:
+        with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
             deadline_loop("traffic before the deletion", lambda: len(traffic.results) >= 5, 60)
             # A: the Service alone is deleted (a mistake, a GitOps prune).
             alone_at = time.monotonic()
@@ -282,7 +270,7 @@ def test_lost_router_deployment_of_the_serving_revision_is_rebuilt_and_serving_r
         assert before is not None
         router_pods = f"kvgate.io/deployment={md_name},kvgate.io/component=router"
         routers_before = {p["metadata"]["uid"] for p in world.list("pods", ns, router_pods)}
-        with TrafficLoop(lambda: known_answer(world, ns, md_name)) as traffic:
+        with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
             deadline_loop("traffic before the deletion", lambda: len(traffic.results) >= 5, 60)
             deleted_at = time.monotonic()
             world.kubectl("delete", "deployment", router, f"--namespace={ns}", "--wait=false")
@@ -338,7 +326,7 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
     rollout = {"verifyTimeoutSeconds": timeout}
     with InvariantSampler(world.cluster, ns, name="lost-annotations"):
         old, old_pods = serve_old_revision(world, ns, md_name, rollout=rollout)
-        with TrafficLoop(lambda: known_answer(world, ns, md_name)) as traffic:
+        with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
             # The target's engines go to a pool no node has: Pending, never verified.
             stuck = on_pool_without_estimate(sample_md(md_name, rollout=rollout), "absent")
             world.apply(stuck, namespace=ns)

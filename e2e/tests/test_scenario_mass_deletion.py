@@ -1,4 +1,4 @@
-"""Issue 16's deletion defect: deleting many ModelDeployments at once, or any with the operator
+"""Deletion at scale: deleting many ModelDeployments at once, or any with the operator
 down, is done by the API server and its garbage collector, not by a round trip through kvgate.
 
 Before: every ModelDeployment ran as a kopf daemon, so kopf put ``kvgate.io/finalizer`` on it and

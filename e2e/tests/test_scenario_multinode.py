@@ -1,4 +1,4 @@
-"""Multi-node engines (issue 17) on the real API server, with LeaderWorkerSet v0.9.0 running in
+"""Multi-node engines on the real API server, with LeaderWorkerSet v0.9.0 running in
 the world (kvgate_e2e.lws) and the reference engine's multi-node join.
 
 Every ModelDeployment here runs 2-node engines for both roles: ``nodes: 2``, ``tensorParallel:
@@ -37,13 +37,10 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler, live_workers, routable_addresses
 from kvgate_e2e.world import (
     BIG_POOL,
-    KNOWN_PROMPT_IDS,
     World,
     condition,
     http_json,
     is_ready,
-    known_answer_body,
-    output_ids,
     router_key,
 )
 from scenario_helpers import (
@@ -52,15 +49,16 @@ from scenario_helpers import (
     deadline_loop,
     events,
     get_md_table,
+    known_answer,
     on_pool_without_estimate,
     sample_md,
+    wait_known_answer,
 )
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-MODEL = "llama-3.1-8b"
 NODES = 2
 LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
@@ -100,13 +98,6 @@ def served(world: World, ns: str, md_name: str) -> dict[str, Any] | None:
     return None
 
 
-def known_answer(world: World, ns: str, md: str) -> tuple[bool, str]:
-    code, answer = world.router_request(md, known_answer_body(MODEL), ns, timeout=30)
-    return output_ids(answer) == KNOWN_PROMPT_IDS[
-        :4
-    ] and code == 200, f"HTTP {code} {answer!s:.200}"
-
-
 def smg_workers(world: World, ns: str, md: str) -> dict[str, dict[str, Any]]:
     """``GET /workers`` of every running router pod of ``md``, by router pod name."""
     out: dict[str, dict[str, Any]] = {}
@@ -125,9 +116,7 @@ def smg_workers(world: World, ns: str, md: str) -> dict[str, dict[str, Any]]:
 
 def wait_served(world: World, ns: str, name: str, timeout: float = 300) -> dict[str, Any]:
     md = deadline_loop(f"ModelDeployment {name} to serve", lambda: served(world, ns, name), timeout)
-    deadline_loop(
-        "a known-answer request through smg", lambda: known_answer(world, ns, name)[0], 90
-    )
+    wait_known_answer(world, name, ns, 90, "a known-answer request through smg")
     return md
 
 
@@ -175,9 +164,7 @@ def test_a_2_node_prefill_and_2_node_decode_md_serves_through_its_leaders_only(
         world.apply(multinode_md(name), namespace=ns)
         md = deadline_loop(f"{name} to serve", lambda: served(world, ns, name), 300)
         ready_after = time.monotonic() - applied
-        deadline_loop(
-            "a known-answer request through smg", lambda: known_answer(world, ns, name)[0], 90
-        )
+        wait_known_answer(world, name, ns, 90, "a known-answer request through smg")
         answered_after = time.monotonic() - applied
         print(get_md_table(world, ns))
         revision = md["status"]["servingRevision"]
@@ -360,11 +347,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             )
             reverified = time.monotonic()
             new_uid = new_leader["metadata"]["uid"]
-            deadline_loop(
-                "a known-answer request through smg again",
-                lambda: known_answer(world, ns, name)[0],
-                90,
-            )
+            wait_known_answer(world, name, ns, 90, "a known-answer request through smg again")
             served_again = time.monotonic()
             deadline_loop(
                 "the new decode leader in smg's workers",
@@ -434,7 +417,7 @@ def test_a_refused_multinode_revision_leaves_the_old_groups_serving_every_reques
             for p in md_pods(world, ns, name)
             if p["metadata"]["labels"].get("kvgate.io/revision") == old_revision
         }
-        with TrafficLoop(lambda: known_answer(world, ns, name)) as traffic:
+        with TrafficLoop(lambda: known_answer(world, name, ns)) as traffic:
             update = on_pool_without_estimate(multinode_md(name), "small")
             for role in ("prefill", "decode"):
                 update["spec"][role]["memFractionStatic"] = 0.5

@@ -1,5 +1,5 @@
-"""Fail-safe without the operator (issue 12, mission invariant 8): with kvgate scaled to 0, an
-engine restarted on a smaller pool still never takes traffic.
+"""Fail-safe without the operator (no unverified engine serves while kvgate is down): with kvgate
+scaled to 0, an engine restarted on a smaller pool still never takes traffic.
 
 The readiness gate ``kvgate.io/engine-verified`` is data: with the operator gone nobody turns it
 False, so it stays True on an engine that came back with a small pool. What keeps that pod out of
@@ -36,13 +36,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,
     RELEASE,
@@ -50,8 +50,6 @@ from kvgate_e2e.world import (
     condition,
     http_json,
     is_ready,
-    known_answer_body,
-    output_ids,
 )
 from scenario_helpers import (
     GATE,
@@ -59,10 +57,12 @@ from scenario_helpers import (
     TrafficLoop,
     deadline_loop,
     engine_pods,
-    md_condition,
+    known_answer,
     requests_served,
     routed,
     sample_md,
+    wait_known_answer,
+    wait_md_ready,
 )
 
 pytestmark = [
@@ -70,7 +70,6 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 MD = "opdown"
-MODEL = "llama-3.1-8b"
 CONTEXT = 131_072
 FULL_GIB = 80
 SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
@@ -238,29 +237,14 @@ def test_a_shrunk_engine_leaves_traffic_while_the_operator_is_down(
     rounds: list[Round] = []
     with InvariantSampler(world.cluster, ns, name="operator-down") as sampler:
         world.apply(sample_md(MD), namespace=ns)
-        deadline_loop(
-            "the safe revision to serve",
-            lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
-            300,
-        )
+        wait_md_ready(world, MD, ns, 300, "the safe revision to serve")
 
-        def known_answer() -> tuple[bool, str]:
-            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-            ids = output_ids(answer)
-            if code == 200 and ids is not None and ids != KNOWN_PROMPT_IDS[:4]:
-                return False, f"WRONG TOKENS {ids}"
-            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:120]}"
-
-        deadline_loop("a known-answer request", lambda: known_answer()[0], 60)
-        with TrafficLoop(known_answer) as traffic:
+        wait_known_answer(world, MD, ns, 60, "a known-answer request")
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             for i in range(ROUNDS):
                 with operator_down(world):
                     rounds.append(shrink_with_the_operator_down(world, ns, ROLES[i % 2]))
-                deadline_loop(
-                    "the MD Ready with the operator back",
-                    lambda: (c := md_condition(world, MD, ns, "Ready")) and c["status"] == "True",
-                    120,
-                )
+                wait_md_ready(world, MD, ns, 120, "the MD Ready with the operator back")
         for r in rounds:
             print(
                 f"MEASURED operator down, {r.role} restarted at {SHRUNK_GIB} GiB (pool "
@@ -292,5 +276,5 @@ def test_a_shrunk_engine_leaves_traffic_while_the_operator_is_down(
         f"{stats([r.shrunk_to_not_ready for r in rounds])}; router requests "
         f"{len(traffic.results)} ({len(traffic.failures)} failed while an engine was out)"
     )
-    deadline_loop("a known-answer request after the last round", lambda: known_answer()[0], 120)
+    wait_known_answer(world, MD, ns, 120, "a known-answer request after the last round")
     assert sampler.stats.samples > 0

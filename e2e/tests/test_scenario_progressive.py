@@ -1,4 +1,4 @@
-"""Progressive rollouts (issue 19): traffic moves in gated steps, and a failing step rolls back.
+"""Progressive rollouts: traffic moves in gated steps, and a failing step rolls back.
 
 ``spec.rollout.strategy: Progressive`` with steps 10 % and 50 %: once the new revision's engines
 are verified (and content-checked), the Service selects the routers of both revisions and the
@@ -23,15 +23,20 @@ import pytest
 from kvgate.rollout.progressive import counters_from_metrics
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, http_json, is_ready, known_answer_body
-from kvgate_e2e.world import output_ids as answer_ids
-from scenario_helpers import TrafficLoop, deadline_loop, engine_pods, events, sample_md
+from kvgate_e2e.world import World, http_json, is_ready
+from scenario_helpers import (
+    TrafficLoop,
+    deadline_loop,
+    engine_pods,
+    events,
+    known_answer,
+    sample_md,
+)
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
-MODEL = "llama-3.1-8b"
 PAUSE_SECONDS = 25
 ROUTERS = "kvgate.io/deployment={name},kvgate.io/component=router"
 
@@ -108,12 +113,6 @@ def share_between(
             per_revision[revision] = per_revision.get(revision, 0) + count - before[pod][1]
     total = sum(per_revision.values())
     return (100.0 * per_revision.get(target, 0) / total if total else 0.0), total
-
-
-def known_answer(world: World, name: str, ns: str) -> tuple[bool, str]:
-    code, answer = world.router_request(name, known_answer_body(MODEL), ns, timeout=30)
-    ok = code == 200 and answer_ids(answer) == KNOWN_PROMPT_IDS[:4]
-    return ok, f"HTTP {code} {str(answer)[:160]}"
 
 
 def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverified_in_between(

@@ -1,4 +1,4 @@
-"""The released SGLang 0.5.23, not kvgate's imitation of it, behind kvgate (issue 13).
+"""The released SGLang 0.5.23, not kvgate's imitation of it, behind kvgate (real-engine mode).
 
 The big pool's node is annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so
 its engine pods run the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv
@@ -221,7 +221,7 @@ def server_info(url: str) -> dict[str, Any] | None:
     return info if code == 200 and isinstance(info, dict) else None
 
 
-def wait_md_ready(real: Real, name: str) -> dict[str, Any]:
+def wait_real_md_ready(real: Real, name: str) -> dict[str, Any]:
     world, ns = real.world, real.ns
     started = time.monotonic()
     try:
@@ -269,7 +269,7 @@ def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_kn
     world, ns = real.world, real.ns
     with InvariantSampler(world.cluster, ns, name="real-engine-safe"):
         world.apply(real_md("real", real.model), ns)
-        md = wait_md_ready(real, "real")
+        md = wait_real_md_ready(real, "real")
         known = real.known.ids()
 
         # The content check at maximum length (on by default) passed on the real engines:

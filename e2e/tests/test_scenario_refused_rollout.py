@@ -17,16 +17,14 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_refused_rollout.py -v -s`
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    KNOWN_PROMPT_IDS,
     World,
     is_ready,
-    known_answer_body,
-    output_ids,
 )
 from scenario_helpers import (
     TrafficLoop,
@@ -34,9 +32,11 @@ from scenario_helpers import (
     engine_pods,
     events,
     get_md_table,
+    known_answer,
     md_condition,
     on_pool_without_estimate,
     sample_md,
+    wait_known_answer,
 )
 
 pytestmark = [
@@ -44,7 +44,6 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 MD = "rollout"
-MODEL = "llama-3.1-8b"
 REQUESTS_AFTER_SCALE_DOWN = 10
 REFUSAL = re.compile(
     r"(prefill|decode) pod \S+ reports KV pool [\d,]+ tokens < context length 131,072 "
@@ -76,15 +75,8 @@ def test_refused_rollout_leaves_the_old_revision_serving_every_request(
             )
         }
 
-        def known_answer() -> tuple[bool, str]:
-            code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-            ids = output_ids(answer)
-            return code == 200 and ids == KNOWN_PROMPT_IDS[:4], f"HTTP {code} {str(answer)[:200]}"
-
-        deadline_loop(
-            "a known-answer request through the router", lambda: (r := known_answer())[0] and r, 60
-        )
-        with TrafficLoop(known_answer) as traffic:
+        wait_known_answer(world, MD, ns, 60)
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             update = on_pool_without_estimate(sample_md(MD), "small")
             world.apply(update, namespace=ns)
             refused = deadline_loop(

@@ -1,4 +1,4 @@
-"""Rollback in one command (issue 19): ``kubectl annotate md <name> kvgate.io/rollback=<rev>``.
+"""Rollback in one command: ``kubectl annotate md <name> kvgate.io/rollback=<rev>``.
 
 A ModelDeployment serves revision A, is updated to a safe revision B (A's objects are then
 deleted), and is rolled back to A with one annotation. kvgate restores A's spec from
@@ -14,20 +14,20 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_rollback.py -v -s`` (root
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, is_ready, known_answer_body, output_ids
-from scenario_helpers import TrafficLoop, deadline_loop, events, sample_md
+from kvgate_e2e.world import World, is_ready
+from scenario_helpers import TrafficLoop, deadline_loop, events, known_answer, sample_md
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 MD = "rollback"
-MODEL = "llama-3.1-8b"
 
 
 def serving(world: World, ns: str, revision_not: str | None = None) -> dict[str, Any] | None:
@@ -56,11 +56,6 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
     world: World, namespace: str
 ) -> None:
     ns = namespace
-
-    def known_answer() -> tuple[bool, str]:
-        code, answer = world.router_request(MD, known_answer_body(MODEL), ns, timeout=30)
-        ok = code == 200 and output_ids(answer) == KNOWN_PROMPT_IDS[:4]
-        return ok, f"HTTP {code} {str(answer)[:200]}"
 
     with InvariantSampler(world.cluster, ns, name="rollback"):
         world.apply(sample_md(MD), namespace=ns)
@@ -96,7 +91,7 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
         )
         assert status_of(world, ns)["servingRevision"] == rev_b
 
-        with TrafficLoop(known_answer) as traffic:
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             started = time.monotonic()
             world.kubectl("annotate", "md", MD, f"--namespace={ns}", f"kvgate.io/rollback={rev_a}")
             back = deadline_loop(

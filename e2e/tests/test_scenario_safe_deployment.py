@@ -22,21 +22,18 @@ import yaml
 from kvgate_e2e.world import (
     BIG_POOL,
     GATE,
-    KNOWN_PROMPT_IDS,
     REPO,
     PodTimeline,
     World,
     condition,
     is_ready,
-    known_answer_body,
     load_sample,
-    output_ids,
     ready_endpoints,
 )
+from scenario_helpers import known_answer, wait_md_ready
 
 pytestmark = pytest.mark.e2e
 
-SERVED_MODEL = "llama-3.1-8b"
 CONTEXT = 131_072
 
 
@@ -61,11 +58,7 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
 ) -> None:
     with PodTimeline(world, namespace, "kvgate.io/component=engine") as timeline:
         world.apply(safe_md("llama"), namespace)
-        md = world.wait_for(
-            "ModelDeployment llama to be Ready",
-            lambda: (m := world.get_md("llama", namespace)) and is_ready(m) and m,
-            timeout=240,
-        )
+        md = wait_md_ready(world, "llama", namespace, 240)
     status = md["status"]
     verified = condition(md, "EnginesVerified")
     assert verified is not None and verified["status"] == "True", verified
@@ -116,9 +109,8 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
     )
 
     # Known answer: the reference model copies the prompt.
-    code, answer = world.router_request("llama", known_answer_body(SERVED_MODEL, 4), namespace)
-    assert code == 200, answer
-    assert output_ids(answer) == KNOWN_PROMPT_IDS[:4], answer
+    ok, detail = known_answer(world, "llama", namespace, timeout=60.0)
+    assert ok, detail
 
 
 def test_kubectl_apply_of_an_unsafe_deployment_is_denied_with_its_numbers_and_a_safe_one_admitted(
