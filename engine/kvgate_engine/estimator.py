@@ -519,6 +519,134 @@ def _dsa_cell(
     )
 
 
+@dataclass(frozen=True)
+class _KvRow:
+    """One layer's K and V for one token on one rank (MHA/GQA: KV heads split over the
+    attention TP ranks, at least one head per rank)."""
+
+    elements: int  # heads × (head_dim + v_head_dim)
+    dtype_bytes: int
+    mxfp8: bool
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * self.dtype_bytes
+
+    @property
+    def scale_bytes(self) -> float:
+        return self.elements / 32 if self.mxfp8 else 0  # one scale byte per 32 elements
+
+    @property
+    def bytes_with_scales(self) -> int:
+        return self.bytes + int(self.scale_bytes)
+
+    def all_layers(self, layers: int) -> int:
+        """Every layer in the full pool (its scales rounded once over all layers)."""
+        return self.bytes * layers + (int(self.elements * layers) // 32 if self.mxfp8 else 0)
+
+
+def _attention_tp(tp: int, flags: SizingFlags) -> int:
+    """The ranks one attention group spans: tp over the attention data-parallel size."""
+    if flags.attention_dp < 1 or tp % flags.attention_dp:
+        raise EstimateError(
+            f"attention data-parallel size {flags.attention_dp} must divide the tensor-parallel "
+            f"size {tp} (--dp-size with --enable-dp-attention)"
+        )
+    return tp // flags.attention_dp
+
+
+def _mla_cell(
+    text: Mapping[str, Any], layers: int, dtype_bytes: int, dtype: str, draft_layers: int
+) -> _Cell:
+    """MLA: the latent and the rope key per layer, the same on every rank."""
+    cell: float = (
+        (_require(text, "kv_lora_rank") + _require(text, "qk_rope_head_dim")) * layers * dtype_bytes
+    )
+    if draft_layers:
+        cell += int(cell * draft_layers / layers)
+    return _Cell(layout="MLA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
+
+
+def _swa_cell(
+    config: Mapping[str, Any],
+    layers: int,
+    row: _KvRow,
+    dtype: str,
+    draft_layers: int,
+    flags: SizingFlags,
+) -> _Cell:
+    """SWA (gpt-oss): the full layers plus the sliding layers' share of the pool
+    (pool_configurator.py HybridSWAPoolConfigurator); --disable-hybrid-swa-memory keeps every
+    layer in the full pool."""
+    text = _text_config(config)
+    if flags.disable_hybrid_swa_memory:
+        cell = row.all_layers(layers)
+        return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
+    layer_types = text.get("layer_types")
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise EstimateError(
+            f"config.json layer_types must list all {layers} layers to size the sliding-window "
+            f"pool of {_architecture(config)}"
+        )
+    if flags.disable_radix_cache and flags.max_running_requests_set:
+        raise EstimateError(
+            "--disable-radix-cache with --max-running-requests sizes the SWA pool from the "
+            "request cap (pool_configurator.py SWARequestCapPoolConfigurator), which kvgate "
+            "does not model; verify a live engine"
+        )
+    swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
+    full_layers = layers - swa_layers
+    full_token = row.bytes_with_scales
+    ratio = flags.swa_full_tokens_ratio
+    if not 0 < ratio <= 1:
+        raise EstimateError(f"--swa-full-tokens-ratio {ratio:g} must be in (0, 1]")
+    if full_layers == 0:
+        raise EstimateError("an all-sliding-window model is not modelled; verify a live engine")
+    # pool_configurator.py HybridSWAPoolConfigurator._recompute_cell_size
+    cell = full_token * (full_layers + draft_layers) + ratio * full_token * swa_layers
+    return _Cell(
+        layout="SWA",
+        bytes=cell,
+        kv_cache_dtype=dtype,
+        swa_ratio=ratio,
+        sliding_window=_int(text, "sliding_window"),
+        draft_layers=draft_layers,
+    )
+
+
+def _linear_cell(
+    text: Mapping[str, Any],
+    layers: int,
+    row: _KvRow,
+    dtype: str,
+    attn_tp: int,
+    gpu_major: int | None,
+    draft_layers: int,
+) -> _Cell:
+    """LINEAR: gated-delta-net hybrids (configs/qwen3_next.py). The full-attention layers make
+    the pool's cell; the linear layers' state is taken per request before it."""
+    if draft_layers:
+        raise EstimateError(
+            "speculative decoding on a linear-attention hybrid reserves intermediate mamba "
+            "state kvgate does not model; verify a live engine"
+        )
+    layer_types = text.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        full_layers = sum(kind == "full_attention" for kind in layer_types)
+    else:
+        interval = _require(text, "full_attention_interval")
+        full_layers = sum((layer + 1) % interval == 0 for layer in range(layers))
+    linear_layers = layers - full_layers
+    return _Cell(
+        layout="LINEAR",
+        bytes=row.bytes_with_scales * full_layers,
+        kv_cache_dtype=dtype,
+        mamba_bytes_per_request=_gdn_state_bytes(text, attn_tp) * linear_layers,
+        # arg_groups/model_overrides/qwen3_5.py forces page 64 on SM100 with trtllm_mha.
+        forced_page=64 if gpu_major is None or gpu_major == 10 else 1,
+    )
+
+
 def _cell(
     config: Mapping[str, Any],
     *,
@@ -528,94 +656,28 @@ def _cell(
     draft_layers: int,
     flags: SizingFlags,
 ) -> _Cell:
+    """The pool token's cell for the config's layout (layout_of)."""
     text = _text_config(config)
     layout = layout_of(config)
-    if flags.attention_dp < 1 or tp % flags.attention_dp:
-        raise EstimateError(
-            f"attention data-parallel size {flags.attention_dp} must divide the tensor-parallel "
-            f"size {tp} (--dp-size with --enable-dp-attention)"
-        )
-    attn_tp = tp // flags.attention_dp
+    attn_tp = _attention_tp(tp, flags)
     if layout == "DSA":
         return _dsa_cell(config, kv_cache_dtype, gpu_major, draft_layers)
     dtype_bytes, dtype = _kv_bytes(config, kv_cache_dtype)
-    mxfp8 = kv_cache_dtype == "mxfp8"
     layers = _layers(text)
     if layout == "MLA":
-        cell: float = (
-            (_require(text, "kv_lora_rank") + _require(text, "qk_rope_head_dim"))
-            * layers
-            * dtype_bytes
-        )
-        if draft_layers:
-            cell += int(cell * draft_layers / layers)
-        return _Cell(layout="MLA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
+        return _mla_cell(text, layers, dtype_bytes, dtype, draft_layers)
     head_dim = _head_dim(text)
     v_head_dim = _int(text, "v_head_dim") or head_dim  # configs/model_config.py
     heads = max(1, _kv_heads(text) // attn_tp)
-    elements = heads * (head_dim + v_head_dim)
-    per_layer = elements * dtype_bytes
-    scale_per_layer = elements / 32 if mxfp8 else 0  # one scale byte per 32 elements
+    row = _KvRow(heads * (head_dim + v_head_dim), dtype_bytes, kv_cache_dtype == "mxfp8")
     if layout == "MHA":
-        cell = per_layer * layers + (int(elements * layers) // 32 if mxfp8 else 0)
+        cell = row.all_layers(layers)
         if draft_layers:
             cell += int(cell * draft_layers / layers)
         return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
-    layer_types = text.get("layer_types")
     if layout == "SWA":
-        if flags.disable_hybrid_swa_memory:
-            cell = per_layer * layers + (int(elements * layers) // 32 if mxfp8 else 0)
-            return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
-        if not isinstance(layer_types, list) or len(layer_types) != layers:
-            raise EstimateError(
-                f"config.json layer_types must list all {layers} layers to size the sliding-window "
-                f"pool of {_architecture(config)}"
-            )
-        if flags.disable_radix_cache and flags.max_running_requests_set:
-            raise EstimateError(
-                "--disable-radix-cache with --max-running-requests sizes the SWA pool from the "
-                "request cap (pool_configurator.py SWARequestCapPoolConfigurator), which kvgate "
-                "does not model; verify a live engine"
-            )
-        swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
-        full_layers = layers - swa_layers
-        full_token = per_layer + int(scale_per_layer)
-        ratio = flags.swa_full_tokens_ratio
-        if not 0 < ratio <= 1:
-            raise EstimateError(f"--swa-full-tokens-ratio {ratio:g} must be in (0, 1]")
-        if full_layers == 0:
-            raise EstimateError("an all-sliding-window model is not modelled; verify a live engine")
-        # pool_configurator.py HybridSWAPoolConfigurator._recompute_cell_size
-        cell = full_token * (full_layers + draft_layers) + ratio * full_token * swa_layers
-        return _Cell(
-            layout="SWA",
-            bytes=cell,
-            kv_cache_dtype=dtype,
-            swa_ratio=ratio,
-            sliding_window=_int(text, "sliding_window"),
-            draft_layers=draft_layers,
-        )
-    # LINEAR: gated-delta-net hybrids (configs/qwen3_next.py)
-    if draft_layers:
-        raise EstimateError(
-            "speculative decoding on a linear-attention hybrid reserves intermediate mamba "
-            "state kvgate does not model; verify a live engine"
-        )
-    if isinstance(layer_types, list) and len(layer_types) == layers:
-        full_layers = sum(kind == "full_attention" for kind in layer_types)
-    else:
-        interval = _require(text, "full_attention_interval")
-        full_layers = sum((layer + 1) % interval == 0 for layer in range(layers))
-    linear_layers = layers - full_layers
-    cell = (per_layer + int(scale_per_layer)) * full_layers
-    return _Cell(
-        layout="LINEAR",
-        bytes=cell,
-        kv_cache_dtype=dtype,
-        mamba_bytes_per_request=_gdn_state_bytes(text, attn_tp) * linear_layers,
-        # arg_groups/model_overrides/qwen3_5.py forces page 64 on SM100 with trtllm_mha.
-        forced_page=64 if gpu_major is None or gpu_major == 10 else 1,
-    )
+        return _swa_cell(config, layers, row, dtype, draft_layers, flags)
+    return _linear_cell(text, layers, row, dtype, attn_tp, gpu_major, draft_layers)
 
 
 def _gdn_state_bytes(text: Mapping[str, Any], attn_tp: int) -> int:
@@ -742,6 +804,138 @@ def estimate_weights_gib(config: Mapping[str, Any]) -> float | None:
     return params * per_param / GIB
 
 
+def _check_sizes(
+    *,
+    gpu_memory_gib: float,
+    gpu_reserved_gib: float,
+    tp: int,
+    mem_fraction_static: float,
+    page_size: int,
+) -> None:
+    """Refuse sizes no engine can have."""
+    if gpu_memory_gib <= 0:
+        raise EstimateError(f"GPU memory {gpu_memory_gib:g} GiB must be > 0")
+    if not 0 <= gpu_reserved_gib < gpu_memory_gib:
+        raise EstimateError(
+            f"reserved GPU memory {gpu_reserved_gib:g} GiB must be >= 0 and below the GPU's "
+            f"{gpu_memory_gib:g} GiB"
+        )
+    if tp < 1:
+        raise EstimateError(f"tensor-parallel size {tp} must be >= 1")
+    if not 0 < mem_fraction_static < 1:
+        raise EstimateError(
+            f"mem_fraction_static {mem_fraction_static:g} must be between 0 and 1 (exclusive)"
+        )
+    if page_size < 1:
+        raise EstimateError(f"page size {page_size} must be >= 1")
+
+
+def _modelled_flags(engine_args: Sequence[str]) -> SizingFlags:
+    """The sizing flags, refusing those that change the pool in ways kvgate does not model."""
+    flags = SizingFlags.from_args(engine_args)
+    if flags.unmodelled:
+        raise EstimateError(
+            f"engine flags {', '.join(flags.unmodelled)} change how SGLang sizes the KV pool in "
+            f"ways kvgate does not model; verify a live engine"
+        )
+    return flags
+
+
+def _replica_weights_gib(config: Mapping[str, Any], weights_gib: float | None) -> float:
+    """The weights of one replica: as given, else computed from the config, else refused."""
+    if weights_gib is not None:
+        return weights_gib
+    estimated = estimate_weights_gib(config)
+    if estimated is None:
+        arch = config.get("architectures") or config.get("model_type") or "this model"
+        raise EstimateError(
+            f"cannot compute the weights of {arch} from config.json (MLA, quantized or "
+            f"custom layers); pass the weight size of one replica with --weights-gib "
+            f"(spec.model.weightsGiB)"
+        )
+    return estimated
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """kvgate's memory convention for one GPU rank (see estimate_pool)."""
+
+    gpu_memory_gib: float
+    gpu_reserved_gib: float
+    mem_fraction_static: float
+    weights_gib: float  # of one replica
+    tp: int
+
+    @property
+    def budget_gib(self) -> float:
+        """The free memory before the weights load, times mem_fraction_static."""
+        return (self.gpu_memory_gib - self.gpu_reserved_gib) * self.mem_fraction_static
+
+    @property
+    def weights_per_rank(self) -> float:
+        return self.weights_gib / self.tp
+
+    def no_room(self, usable_gib: float, page: int, page_bytes: int) -> NoRoomForKvCache:
+        """Not one page fits: the arithmetic that says so, and the way out."""
+        memory = (
+            f"({self.gpu_memory_gib:,.1f} GiB − reserved {self.gpu_reserved_gib:g} GiB)"
+            if self.gpu_reserved_gib
+            else f"{self.gpu_memory_gib:,.1f} GiB"
+        )
+        return NoRoomForKvCache(
+            f"weights leave no room for the KV cache: {memory} × mem-fraction-static "
+            f"{self.mem_fraction_static:g} = {self.budget_gib:,.2f} GiB per GPU, weights "
+            f"{self.weights_gib:,.2f} GiB / TP {self.tp} = {self.weights_per_rank:,.2f} GiB per "
+            f"GPU, leaving {usable_gib:,.2f} GiB (one {page:,}-token page needs "
+            f"{page_bytes:,} bytes); raise --tp, --mem-fraction-static or use GPUs with more "
+            f"memory"
+        )
+
+
+def _mamba_state_gib(usable_gib: float, per_request: int, ratio: float) -> float:
+    """The linear-attention state SGLang takes before the KV pool (kv_cache_configurator.py
+    _handle_max_mamba_cache): ratio/(1+ratio) of the budget goes to state slots (+1 padding
+    slot); the rest is the KV pool's."""
+    mamba_budget = usable_gib * ratio / (1 + ratio) * GIB
+    slots = int((mamba_budget - per_request) // per_request)
+    if slots <= 0:
+        raise NoRoomForKvCache(
+            f"no room for the linear-attention state: {usable_gib:,.2f} GiB usable per GPU "
+            f"gives {slots} state slots of {per_request:,} bytes; raise --tp, "
+            f"--mem-fraction-static or use GPUs with more memory"
+        )
+    return (slots + 1) * per_request / GIB
+
+
+def _pool_tokens(
+    usable_gib: float, cell: _Cell, page: int, max_total_tokens: int | None, memory: _Memory
+) -> int:
+    """The usable memory in cells, rounded down to the page; at least one page, and
+    --max-total-tokens only lowers it."""
+    available_bytes = int(usable_gib * GIB) if usable_gib > 0 else 0
+    tokens = int(available_bytes // cell.bytes) // page * page
+    if tokens <= 0:
+        raise memory.no_room(usable_gib, page, math.ceil(cell.bytes * page))
+    if max_total_tokens is not None and max_total_tokens < tokens:
+        # SGLang: --max-total-tokens only lowers the pool, then the configurator rounds it
+        # down to the page size (pool_configurator.py calculate_pool_sizes_from_max_tokens).
+        tokens = max_total_tokens // page * page
+    return tokens
+
+
+def _swa_pool_tokens(tokens: int, cell: _Cell, page: int) -> int:
+    """The sliding-window layers' pool, which must hold one request's window and a page."""
+    swa_tokens = int(tokens * cell.swa_ratio) // page * page
+    window = cell.sliding_window
+    if window is not None and window + page >= swa_tokens:
+        raise NoRoomForKvCache(
+            f"the sliding-window pool ({swa_tokens:,} tokens) cannot hold one request's "
+            f"window {window:,} + page {page:,} (SGLang refuses to start); raise the memory "
+            f"or --swa-full-tokens-ratio"
+        )
+    return swa_tokens
+
+
 def estimate_pool(
     config: Mapping[str, Any],
     *,
@@ -766,27 +960,14 @@ def estimate_pool(
     ``engine_args`` are the extra launch flags (speculative decoding, DP attention, SWA and
     mamba ratios); ``draft_layers`` overrides the draft layer count they imply.
     """
-    if gpu_memory_gib <= 0:
-        raise EstimateError(f"GPU memory {gpu_memory_gib:g} GiB must be > 0")
-    if not 0 <= gpu_reserved_gib < gpu_memory_gib:
-        raise EstimateError(
-            f"reserved GPU memory {gpu_reserved_gib:g} GiB must be >= 0 and below the GPU's "
-            f"{gpu_memory_gib:g} GiB"
-        )
-    if tp < 1:
-        raise EstimateError(f"tensor-parallel size {tp} must be >= 1")
-    if not 0 < mem_fraction_static < 1:
-        raise EstimateError(
-            f"mem_fraction_static {mem_fraction_static:g} must be between 0 and 1 (exclusive)"
-        )
-    if page_size < 1:
-        raise EstimateError(f"page size {page_size} must be >= 1")
-    flags = SizingFlags.from_args(engine_args)
-    if flags.unmodelled:
-        raise EstimateError(
-            f"engine flags {', '.join(flags.unmodelled)} change how SGLang sizes the KV pool in "
-            f"ways kvgate does not model; verify a live engine"
-        )
+    _check_sizes(
+        gpu_memory_gib=gpu_memory_gib,
+        gpu_reserved_gib=gpu_reserved_gib,
+        tp=tp,
+        mem_fraction_static=mem_fraction_static,
+        page_size=page_size,
+    )
+    flags = _modelled_flags(engine_args)
     gpu_major = _gpu_major(gpu_arch)
     if draft_layers is None:
         draft_layers = speculative_draft_layers(config, flags)
@@ -798,74 +979,32 @@ def estimate_pool(
         draft_layers=draft_layers,
         flags=flags,
     )
-    if weights_gib is None:
-        weights_gib = estimate_weights_gib(config)
-        if weights_gib is None:
-            arch = config.get("architectures") or config.get("model_type") or "this model"
-            raise EstimateError(
-                f"cannot compute the weights of {arch} from config.json (MLA, quantized or "
-                f"custom layers); pass the weight size of one replica with --weights-gib "
-                f"(spec.model.weightsGiB)"
-            )
+    memory = _Memory(
+        gpu_memory_gib=gpu_memory_gib,
+        gpu_reserved_gib=gpu_reserved_gib,
+        mem_fraction_static=mem_fraction_static,
+        weights_gib=_replica_weights_gib(config, weights_gib),
+        tp=tp,
+    )
     # SGLang overrides the page size for some families; rounding to a multiple of both the
     # requested and the forced page is never above either.
     page = math.lcm(page_size, cell.forced_page)
     multimodal_gib = VLM_CACHE_GIB if "vision_config" in config else 0.0
-    budget_gib = (gpu_memory_gib - gpu_reserved_gib) * mem_fraction_static
-    weights_per_rank = weights_gib / tp
-    usable_gib = budget_gib - weights_per_rank - multimodal_gib
+    usable_gib = memory.budget_gib - memory.weights_per_rank - multimodal_gib
     mamba_state_gib = 0.0
     if cell.mamba_bytes_per_request and usable_gib > 0:
-        # kv_cache_configurator.py _handle_max_mamba_cache: ratio/(1+ratio) of the budget goes
-        # to mamba state slots first (+1 padding slot); the rest is the KV pool's.
-        per_request = cell.mamba_bytes_per_request
-        ratio = flags.mamba_full_memory_ratio
-        mamba_budget = usable_gib * ratio / (1 + ratio) * GIB
-        slots = int((mamba_budget - per_request) // per_request)
-        if slots <= 0:
-            raise NoRoomForKvCache(
-                f"no room for the linear-attention state: {usable_gib:,.2f} GiB usable per GPU "
-                f"gives {slots} state slots of {per_request:,} bytes; raise --tp, "
-                f"--mem-fraction-static or use GPUs with more memory"
-            )
-        mamba_state_gib = (slots + 1) * per_request / GIB
+        mamba_state_gib = _mamba_state_gib(
+            usable_gib, cell.mamba_bytes_per_request, flags.mamba_full_memory_ratio
+        )
         usable_gib -= mamba_state_gib
-    available_bytes = int(usable_gib * GIB) if usable_gib > 0 else 0
-    tokens = int(available_bytes // cell.bytes) // page * page
-    if tokens <= 0:
-        memory = (
-            f"({gpu_memory_gib:,.1f} GiB − reserved {gpu_reserved_gib:g} GiB)"
-            if gpu_reserved_gib
-            else f"{gpu_memory_gib:,.1f} GiB"
-        )
-        raise NoRoomForKvCache(
-            f"weights leave no room for the KV cache: {memory} × mem-fraction-static "
-            f"{mem_fraction_static:g} = {budget_gib:,.2f} GiB per GPU, weights "
-            f"{weights_gib:,.2f} GiB / TP {tp} = {weights_per_rank:,.2f} GiB per GPU, leaving "
-            f"{usable_gib:,.2f} GiB (one {page:,}-token page needs "
-            f"{math.ceil(cell.bytes * page):,} bytes); raise --tp, --mem-fraction-static or "
-            f"use GPUs with more memory"
-        )
-    if max_total_tokens is not None and max_total_tokens < tokens:
-        # SGLang: --max-total-tokens only lowers the pool, then the configurator rounds it
-        # down to the page size (pool_configurator.py calculate_pool_sizes_from_max_tokens).
-        tokens = max_total_tokens // page * page
-    swa_tokens = None
-    if cell.layout == "SWA":
-        swa_tokens = int(tokens * cell.swa_ratio) // page * page
-        window = cell.sliding_window
-        if window is not None and window + page >= swa_tokens:
-            raise NoRoomForKvCache(
-                f"the sliding-window pool ({swa_tokens:,} tokens) cannot hold one request's "
-                f"window {window:,} + page {page:,} (SGLang refuses to start); raise the memory "
-                f"or --swa-full-tokens-ratio"
-            )
+    tokens = _pool_tokens(usable_gib, cell, page, max_total_tokens, memory)
+    swa_tokens = _swa_pool_tokens(tokens, cell, page) if cell.layout == "SWA" else None
     return Estimate(
         kv_pool_tokens=tokens,
         bytes_per_token=math.ceil(cell.bytes),
         context_length=derive_context_length(config),
         usable_gib=usable_gib,
-        weights_gib=weights_gib,
+        weights_gib=memory.weights_gib,
         attention=cell.layout,
         page_size=page,
         kv_cache_dtype=cell.kv_cache_dtype,
