@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.model_deployments import spec_of
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
@@ -20,15 +21,6 @@ CASES = sorted(GOLDEN.glob("*.json"))
 def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
     """The argv the operator puts in the pod: the spec mapped to the launcher's input, launched."""
     return launcher_argv(engine_launch(spec, role))
-
-
-def spec_of(**overrides: Any) -> ModelDeploymentSpec:
-    spec: dict[str, Any] = {
-        "model": {"name": "m", "path": "/models/m", "contextLength": 131072},
-        "engine": {"image": "lmsysorg/sglang:v0.5.23"},
-    }
-    spec.update(overrides)
-    return ModelDeploymentSpec.model_validate(spec)
 
 
 def test_golden_cases_exist() -> None:

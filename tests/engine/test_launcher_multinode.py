@@ -6,21 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.model_deployments import spec_of
 from kvgate.api import multinode
-from kvgate.api.models import ModelDeploymentSpec, Role
+from kvgate.api.models import Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import EngineLaunch, engine_argv
 
 TOPOLOGY = ("--nnodes", "--node-rank", "--dist-init-addr")
-
-
-def spec_of(**overrides: Any) -> ModelDeploymentSpec:
-    spec: dict[str, Any] = {
-        "model": {"name": "m", "path": "/models/m", "contextLength": 131072},
-        "engine": {"image": "lmsysorg/sglang:v0.5.23"},
-    }
-    spec.update(overrides)
-    return ModelDeploymentSpec.model_validate(spec)
 
 
 def flag_value(argv: list[str], flag: str) -> str:

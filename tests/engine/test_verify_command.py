@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from factories.local_http import serving_app
 from kvgate.cmd.cli import main
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine"
@@ -188,14 +189,8 @@ async def live_engine() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/server_info", _json_handler(info))
     app.router.add_get("/v1/models", _json_handler(models))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url
 
 
 def _json_handler(payload: Any) -> Any:

@@ -5,4 +5,5 @@
 - kmock_world: the kmock API emulator's resources, the objects kvgate reads there and its requests
 - fake_engine: a tiny SGLang-shaped engine on 127.0.0.1
 - local_http: any aiohttp app served on 127.0.0.1
+- golden: the operator's golden files (tests/golden/operator/)
 """

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvgate.api.models import ModelDeployment
+from kvgate.api.models import ModelDeployment, ModelDeploymentSpec
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 NOW = datetime(2026, 11, 5, 12, 0, 0, tzinfo=UTC)
@@ -34,3 +34,14 @@ def md_doc(**spec_overrides: Any) -> dict[str, Any]:
 
 def make_md(**spec_overrides: Any) -> ModelDeployment:
     return ModelDeployment.model_validate(copy.deepcopy(md_doc(**spec_overrides)))
+
+
+def spec_of(**overrides: Any) -> ModelDeploymentSpec:
+    """The smallest valid spec (model m, 131,072 tokens, SGLang v0.5.23), top-level keys
+    replaced by ``overrides``."""
+    spec: dict[str, Any] = {
+        "model": {"name": "m", "path": "/models/m", "contextLength": 131072},
+        "engine": {"image": "lmsysorg/sglang:v0.5.23"},
+    }
+    spec.update(overrides)
+    return ModelDeploymentSpec.model_validate(spec)

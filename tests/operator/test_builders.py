@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from factories.golden import check_golden
 from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
 from kvgate.build import builders
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
-UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"
 REV = "7c9d0e1f2a"
-
-
-def _check_golden(name: str, body: dict[str, Any]) -> None:
-    path = GOLDEN / f"{name}.yaml"
-    text = yaml.safe_dump(body, sort_keys=True, allow_unicode=True)
-    if UPDATE or not path.exists():
-        assert UPDATE, f"{path} is missing; run with KVGATE_UPDATE_GOLDEN=1 to create it"
-        path.write_text(text)
-    assert yaml.safe_load(path.read_text()) == yaml.safe_load(text), (
-        f"{path.name} differs from the builder output; if intended, rerun with "
-        "KVGATE_UPDATE_GOLDEN=1 and review the diff"
-    )
 
 
 def _full_md() -> Any:
@@ -61,11 +45,11 @@ def _full_md() -> Any:
     ],
 )
 def test_built_object_matches_golden_file(name: str, build: Any) -> None:
-    _check_golden(name, build(make_md()))
+    check_golden(name, build(make_md()))
 
 
 def test_prefill_with_placement_and_resources_matches_golden_file() -> None:
-    _check_golden(
+    check_golden(
         "prefill-deployment-full", builders.deployment(_full_md(), REV, "prefill", replicas=2)
     )
 
@@ -171,7 +155,7 @@ GUARD = builders.Guard("ghcr.io/kvgate/kvgate-operator:0.2.0", cluster_floor="0.
 
 
 def test_guarded_decode_deployment_matches_golden_file() -> None:
-    _check_golden(
+    check_golden(
         "decode-deployment-guard",
         builders.deployment(make_md(), REV, "decode", replicas=1, guard=GUARD),
     )
@@ -265,7 +249,7 @@ def _template(md: Any, role: str = "prefill", guard: Any = None) -> dict[str, An
 
 
 def test_mooncake_over_rdma_prefill_deployment_matches_golden_file() -> None:
-    _check_golden(
+    check_golden(
         "prefill-deployment-mooncake-rdma",
         builders.deployment(
             make_md(engine__transfer=RDMA_PLUGIN), REV, "prefill", replicas=1, guard=GUARD
@@ -274,7 +258,7 @@ def test_mooncake_over_rdma_prefill_deployment_matches_golden_file() -> None:
 
 
 def test_rdma_from_a_hostpath_decode_deployment_matches_golden_file() -> None:
-    _check_golden(
+    check_golden(
         "decode-deployment-rdma-hostpath",
         builders.deployment(make_md(engine__transfer=RDMA_HOSTPATH), REV, "decode", replicas=1),
     )
@@ -362,11 +346,11 @@ def test_mooncake_rdma_pod_has_what_sglangs_own_kubernetes_pd_example_has() -> N
 
 def test_api_key_decode_deployment_and_router_match_golden_files() -> None:
     md = make_md(engine__apiKeySecretRef=API_KEY)
-    _check_golden(
+    check_golden(
         "decode-deployment-api-key",
         builders.deployment(md, REV, "decode", replicas=1, guard=GUARD),
     )
-    _check_golden("router-deployment-api-key", builders.deployment(md, REV, "router", replicas=1))
+    check_golden("router-deployment-api-key", builders.deployment(md, REV, "router", replicas=1))
 
 
 def test_api_key_goes_to_engine_guard_and_router_from_the_secret() -> None:

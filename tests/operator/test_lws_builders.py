@@ -3,19 +3,15 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from factories.golden import check_golden
 from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
 from kvgate.api.models import Role
 from kvgate.build import builders, lws_builders
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
-UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"
 REV = "7c9d0e1f2a"
 GUARD = builders.Guard(image="kvgate:test")
 
@@ -41,15 +37,7 @@ def _engine(template: dict[str, Any]) -> dict[str, Any]:
 
 def test_leader_worker_set_matches_golden_file() -> None:
     body = lws_builders.leader_worker_set(md(), REV, Role.DECODE, replicas=2, guard=GUARD)
-    path = GOLDEN / "decode-leaderworkerset.yaml"
-    text = yaml.safe_dump(body, sort_keys=True, allow_unicode=True)
-    if UPDATE or not path.exists():
-        assert UPDATE, f"{path} is missing; run with KVGATE_UPDATE_GOLDEN=1 to create it"
-        path.write_text(text)
-    assert yaml.safe_load(path.read_text()) == body, (
-        f"{path.name} differs from the builder output; if intended, rerun with "
-        "KVGATE_UPDATE_GOLDEN=1 and review the diff"
-    )
+    check_golden("decode-leaderworkerset", body)
 
 
 @pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])

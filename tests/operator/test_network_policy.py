@@ -7,20 +7,17 @@ policies against a table of connections the way an enforcing CNI would decide th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from factories.golden import check_golden
 from factories.model_deployments import MD_UID, make_md
 from kvgate.api import labels
 from kvgate.build import network_policy
 from kvgate.build.network_policy import RouterEgress, network_policies
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "operator"
-UPDATE = os.environ.get("KVGATE_UPDATE_GOLDEN") == "1"
 REV, OLD = "7c9d0e1f2a", "1a2b3c4d5e"
 OPERATOR_NS = "kvgate-system"
 OPERATOR_LABELS = {
@@ -29,18 +26,6 @@ OPERATOR_LABELS = {
     "app.kubernetes.io/component": "operator",
 }
 NS = "models"  # make_md's namespace
-
-
-def _check_golden(name: str, body: Any) -> None:
-    path = GOLDEN / f"{name}.yaml"
-    text = yaml.safe_dump(body, sort_keys=True, allow_unicode=True)
-    if UPDATE or not path.exists():
-        assert UPDATE, f"{path} is missing; run with KVGATE_UPDATE_GOLDEN=1 to create it"
-        path.write_text(text)
-    assert yaml.safe_load(path.read_text()) == yaml.safe_load(text), (
-        f"{path.name} differs from the builder output; if intended, rerun with "
-        "KVGATE_UPDATE_GOLDEN=1 and review the diff"
-    )
 
 
 def _policies(md: Any = None, revision: str = REV, **kwargs: Any) -> list[dict[str, Any]]:
@@ -134,13 +119,13 @@ HTTP, BOOTSTRAP, TRANSFER, ROUTER_PORT = 30000, 8998, 17_000, 8000
 
 def test_policies_of_a_revision_match_golden_files() -> None:
     engines, router = _policies()
-    _check_golden("networkpolicy-engines", engines)
-    _check_golden("networkpolicy-router", router)
+    check_golden("networkpolicy-engines", engines)
+    check_golden("networkpolicy-router", router)
 
 
 def test_router_egress_policy_matches_golden_file() -> None:
     *_, egress = _policies(router_egress=RouterEgress())
-    _check_golden("networkpolicy-router-egress", egress)
+    check_golden("networkpolicy-router-egress", egress)
 
 
 # --- who may connect --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Public model configs (trimmed to what the estimator reads) for the planner's tests."""
+"""Public model configs (trimmed to what the estimator reads) and the shipped sample for the
+planner's tests."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from factories.model_configs import model_config
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plan"
+SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 LLAMA_70B_CONFIG = GOLDEN / "llama-3.1-70b-config.json"
 LLAMA_31_70B: dict[str, Any] = json.loads(LLAMA_70B_CONFIG.read_text())
 LLAMA_70B_WEIGHTS_GIB = 131.5  # 70.6 B parameters in bfloat16
@@ -43,3 +46,26 @@ MAMBA: dict[str, Any] = {
     "vocab_size": 50280,
     "torch_dtype": "bfloat16",
 }
+
+
+def sample() -> dict[str, Any]:
+    """The shipped safe sample: Llama-3.1-8B, 131,072 tokens, 80 GiB GPUs."""
+    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    return doc
+
+
+def mutated(changes: dict[str, Any]) -> dict[str, Any]:
+    """The sample with dotted-path changes applied: {"spec.decode.gpuMemoryGiB": 24}.
+
+    No GPU memory reserved, so the pools are the estimator's plain formula.
+    """
+    doc = sample()
+    for role in ("prefill", "decode"):
+        doc["spec"][role]["gpuReservedGiB"] = 0
+    for dotted, value in changes.items():
+        node = doc
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return doc

@@ -13,28 +13,13 @@ import yaml
 from kvgate.admission import check_document
 from kvgate.cmd.cli import main
 
-from .models import LLAMA_31_70B
+from .models import LLAMA_31_70B, mutated
 
-SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 HINT = re.compile(
     r"; this shape holds at most contextLength (?P<largest>[\d,]+); the smallest change that "
     r"holds (?P<context>[\d,]+): (?P<path>[a-z]+\.[A-Za-z]+) (?P<value>\S+) \(estimated pool "
     r"(?P<pool>[\d,]+) tokens\)$"
 )
-
-
-def document(changes: dict[str, Any]) -> dict[str, Any]:
-    """The shipped sample, no GPU memory reserved (the plain formula), with changes applied."""
-    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    for role in ("prefill", "decode"):
-        doc["spec"][role]["gpuReservedGiB"] = 0
-    for dotted, value in changes.items():
-        node = doc
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node[key]
-        node[last] = value
-    return doc
 
 
 def _pool_denial(doc: dict[str, Any], role: str) -> str | None:
@@ -77,7 +62,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 def test_following_the_denials_advice_gets_the_deployment_admitted(
     name: str, changes: dict[str, Any], role: str
 ) -> None:
-    doc = document(changes)
+    doc = mutated(changes)
     message = _pool_denial(doc, role)
     assert message is not None and message.startswith("estimated KV pool")  # the old text leads
     found = HINT.search(message)
@@ -93,13 +78,13 @@ def test_following_the_denials_advice_gets_the_deployment_admitted(
     # The largest contextLength the shape holds is admitted; one more token is not.
     largest = _number(found["largest"])
     assert isinstance(largest, int)
-    assert _pool_denial(document(changes | {"spec.model.contextLength": largest}), role) is None
-    over = document(changes | {"spec.model.contextLength": largest + 1})
+    assert _pool_denial(mutated(changes | {"spec.model.contextLength": largest}), role) is None
+    over = mutated(changes | {"spec.model.contextLength": largest + 1})
     assert _pool_denial(over, role) is not None
 
 
 def test_a_gpu_the_weights_fill_is_told_the_smallest_change_that_holds_the_context() -> None:
-    doc = document({"spec.decode.gpuMemoryGiB": 16})
+    doc = mutated({"spec.decode.gpuMemoryGiB": 16})
     message = _pool_denial(doc, "decode")
     assert message is not None and message.startswith("the weights leave no room for a KV pool")
     tail = message.split("; the smallest change that holds 131,072: ")
@@ -115,7 +100,7 @@ def test_kvgate_validate_prints_the_advice(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     path = tmp_path / "md.yaml"
-    path.write_text(yaml.safe_dump(document({"spec.decode.gpuMemoryGiB": 24})))
+    path.write_text(yaml.safe_dump(mutated({"spec.decode.gpuMemoryGiB": 24})))
     assert main(["validate", str(path)]) == 1
     out = capsys.readouterr().out
     assert "error: spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072" in out

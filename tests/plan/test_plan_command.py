@@ -11,33 +11,9 @@ import pytest
 import yaml
 from kvgate.cmd.cli import main
 
-from .models import DEEPSEEK_V3, LLAMA_31_8B, LLAMA_70B_CONFIG, MAMBA
+from .models import DEEPSEEK_V3, LLAMA_31_8B, LLAMA_70B_CONFIG, MAMBA, SAMPLE, mutated, sample
 
 LLAMA_70B = str(LLAMA_70B_CONFIG)
-SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
-
-
-def sample() -> dict[str, Any]:
-    """The shipped safe sample: Llama-3.1-8B, 131,072 tokens, 80 GiB GPUs."""
-    doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    return doc
-
-
-def mutated(changes: dict[str, Any]) -> dict[str, Any]:
-    """The sample with dotted-path changes applied: {"spec.decode.gpuMemoryGiB": 24}.
-
-    No GPU memory reserved, so the pools are the estimator's plain formula.
-    """
-    doc = sample()
-    for role in ("prefill", "decode"):
-        doc["spec"][role]["gpuReservedGiB"] = 0
-    for dotted, value in changes.items():
-        node = doc
-        *parents, last = dotted.split(".")
-        for key in parents:
-            node = node[key]
-        node[last] = value
-    return doc
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
