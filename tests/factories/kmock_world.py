@@ -58,21 +58,28 @@ def put_revision_chain(km: kmock.KubernetesEmulator) -> None:
     md = make_md(model__contextLength=131_072)
     rev = revision_of(md.spec)
     for role in ("prefill", "decode"):
-        dep = builders.deployment(md, rev, role, replicas=1)
-        name = dep["metadata"]["name"]
-        dep["metadata"]["uid"] = f"dep-{role}"
-        km.objects[km.resource("apps", "v1", "deployments"), NS, name] = dep
-        rs = {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {
-                "name": f"{name}-7f",
-                "namespace": NS,
-                "uid": f"rs-{role}",
-                "ownerReferences": [controller_ref("Deployment", name, f"dep-{role}")],
-            },
-        }
-        km.objects[km.resource("apps", "v1", "replicasets"), NS, f"{name}-7f"] = rs
+        put_deployment_and_replica_set(km, builders.deployment(md, rev, role, replicas=1), role)
+
+
+def put_deployment_and_replica_set(
+    km: kmock.KubernetesEmulator, deployment: dict[str, Any], role: str
+) -> None:
+    """A revision Deployment (uid ``dep-<role>``) and its ReplicaSet ``<name>-7f`` (uid
+    ``rs-<role>``), the chain an engine pod of that role is proven through."""
+    name = deployment["metadata"]["name"]
+    deployment["metadata"]["uid"] = f"dep-{role}"
+    km.objects[km.resource("apps", "v1", "deployments"), NS, name] = deployment
+    rs = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": f"{name}-7f",
+            "namespace": NS,
+            "uid": f"rs-{role}",
+            "ownerReferences": [controller_ref("Deployment", name, f"dep-{role}")],
+        },
+    }
+    km.objects[km.resource("apps", "v1", "replicasets"), NS, f"{name}-7f"] = rs
 
 
 def engine_pod(port: int, *, role: str = "decode", ready: bool = True) -> dict[str, Any]:

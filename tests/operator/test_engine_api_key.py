@@ -12,7 +12,11 @@ from typing import Any
 import kmock
 import pytest
 from factories.fake_engine import FakeEngine, running
-from factories.kmock_world import controller_ref, declare_resources
+from factories.kmock_world import (
+    controller_ref,
+    declare_resources,
+    put_deployment_and_replica_set,
+)
 from factories.model_deployments import NOW, md_doc
 from kvgate.api.models import ModelDeployment
 from kvgate.api.revision import revision_of
@@ -97,19 +101,7 @@ def chain_with_key(km: kmock.KubernetesEmulator, port: int) -> dict[str, Any]:
     rev = revision_of(md.spec)
     dep = builders.deployment(md, rev, "decode", replicas=1)
     name = dep["metadata"]["name"]
-    dep["metadata"]["uid"] = "dep-decode"
-    km.objects[km.resource("apps", "v1", "deployments"), NS, name] = dep
-    rs = {
-        "apiVersion": "apps/v1",
-        "kind": "ReplicaSet",
-        "metadata": {
-            "name": f"{name}-7f",
-            "namespace": NS,
-            "uid": "rs-decode",
-            "ownerReferences": [controller_ref("Deployment", name, "dep-decode")],
-        },
-    }
-    km.objects[km.resource("apps", "v1", "replicasets"), NS, f"{name}-7f"] = rs
+    put_deployment_and_replica_set(km, dep, "decode")
     template = dep["spec"]["template"]
     template["spec"]["containers"][0]["ports"][0]["containerPort"] = port
     pod = {
