@@ -23,8 +23,12 @@ from kvgate_e2e.sampler import routes_to_ip
 from kvgate_e2e.world import (
     BIG_POOL,
     KNOWN_PROMPT_IDS,
+    OPERATOR_NAMESPACE,
+    OPERATOR_SELECTOR,
+    RELEASE,
     World,
     condition,
+    http_json,
     is_ready,
     known_answer_body,
     load_sample,
@@ -374,3 +378,37 @@ class FirstSeen:
 
     def wait(self, name: str, timeout: float) -> float:
         return deadline_loop(f"{name} (first seen)", lambda: self.seen.get(name), timeout)
+
+
+def server_info(url: str, timeout: float = 5.0) -> dict[str, Any] | None:
+    """An engine's ``/server_info`` read directly (None while it does not answer 200)."""
+    try:
+        code, info = http_json(f"{url}/server_info", timeout=timeout)
+    except OSError:
+        return None
+    return info if code == 200 and isinstance(info, dict) else None
+
+
+@contextmanager
+def operator_down(world: World) -> Iterator[dict[str, float]]:
+    """kvgate's controller Deployment at 0 replicas inside the block; back, with a leader,
+    afterwards, whatever happens inside. The yielded dict gets the wall times ``scaled_up``
+    (the scale back up was asked) and ``leader_ready`` (a Ready leader, the webhook answering)."""
+    deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)
+    assert deployment is not None
+    replicas = int(deployment["spec"]["replicas"])
+    scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
+    world.kubectl(*scale, "--replicas=0")
+    times: dict[str, float] = {}
+    try:
+        deadline_loop(
+            "every controller pod to be gone",
+            lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
+            120,
+        )
+        yield times
+    finally:
+        times["scaled_up"] = time.time()
+        world.kubectl(*scale, f"--replicas={replicas}")
+        world.wait_operator_ready()
+        times["leader_ready"] = time.time()

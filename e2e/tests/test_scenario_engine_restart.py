@@ -34,7 +34,6 @@ from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     World,
     condition,
-    http_json,
     is_ready,
 )
 from scenario_helpers import (
@@ -49,6 +48,7 @@ from scenario_helpers import (
     requests_served,
     routed,
     sample_md,
+    server_info,
     wait_known_answer,
     wait_md_ready,
 )
@@ -61,14 +61,6 @@ MD = "restart"
 CONTEXT = 131_072
 FULL_GIB = 80
 SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per token << 131,072
-
-
-def server_info(url: str) -> dict[str, Any] | None:
-    try:
-        code, info = http_json(f"{url}/server_info", timeout=2)
-    except OSError:
-        return None
-    return info if code == 200 and isinstance(info, dict) else None
 
 
 @dataclass(frozen=True)
@@ -130,7 +122,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
         "pod NotReady": lambda: not is_ready(live_pod()),
         "smg stops routing": lambda: not routed_here(),
         "shrunk pool visible": lambda: (
-            (i := server_info(engine)) is not None and i["max_total_num_tokens"] < CONTEXT
+            (i := server_info(engine, timeout=2)) is not None and i["max_total_num_tokens"] < CONTEXT
         ),
         "engine container ready": engine_ready_again,
         "gate KvPoolTooSmall": lambda: (
@@ -148,7 +140,7 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
             for probe in probes:
                 seen.wait(probe, 120)
         lost = gate()
-        info = server_info(engine)
+        info = server_info(engine, timeout=2)
         assert info is not None
         served = requests_served(engine)
     finally:

@@ -37,8 +37,7 @@ import re
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,9 +47,6 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.kubelet.logs import parse_timestamp
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    OPERATOR_NAMESPACE,
-    OPERATOR_SELECTOR,
-    RELEASE,
     World,
     condition,
     http_json,
@@ -65,6 +61,7 @@ from scenario_helpers import (
     engine_pods,
     events,
     known_answer,
+    operator_down,
     routed,
     sample_md,
     wait_known_answer,
@@ -365,31 +362,6 @@ def assert_what_a_user_sees(world: World, ns: str, md: str, pod: str) -> None:
     others = [p for p in engine_pods(world, ns, md, "decode") if p["metadata"]["name"] != pod]
     assert others and all(is_ready(p) for p in others), others
     assert all(routed(world, ns, md, p["status"]["podIP"]) for p in others)
-
-
-@contextmanager
-def operator_down(world: World) -> Iterator[dict[str, float]]:
-    """kvgate's controller Deployment at 0 replicas inside the block; back, with a leader,
-    afterwards, whatever happens inside. The yielded dict gets the wall times ``scaled_up``
-    (the scale back up was asked) and ``leader_ready`` (a Ready leader, the webhook answering)."""
-    deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)
-    assert deployment is not None
-    replicas = int(deployment["spec"]["replicas"])
-    scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
-    world.kubectl(*scale, "--replicas=0")
-    times: dict[str, float] = {}
-    try:
-        deadline_loop(
-            "every controller pod to be gone",
-            lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
-            120,
-        )
-        yield times
-    finally:
-        times["scaled_up"] = time.time()
-        world.kubectl(*scale, f"--replicas={replicas}")
-        world.wait_operator_ready()
-        times["leader_ready"] = time.time()
 
 
 def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is_back(

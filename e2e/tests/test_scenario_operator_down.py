@@ -33,8 +33,7 @@ import statistics
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -43,9 +42,6 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
-    OPERATOR_NAMESPACE,
-    OPERATOR_SELECTOR,
-    RELEASE,
     World,
     condition,
     http_json,
@@ -58,6 +54,7 @@ from scenario_helpers import (
     deadline_loop,
     engine_pods,
     known_answer,
+    operator_down,
     requests_served,
     routed,
     sample_md,
@@ -98,28 +95,6 @@ def guard_answer(url: str) -> tuple[int, str] | None:
         return err.code, err.read().decode()
     except OSError:
         return None
-
-
-@contextmanager
-def operator_down(world: World) -> Iterator[None]:
-    """kvgate's controller Deployment at 0 replicas (every controller pod gone: no leader, no
-    standby) inside the block; back at its replicas, with a leader, afterwards, whatever happens
-    inside. The webhook Deployment keeps running (it is not what this scenario takes away)."""
-    deployment = world.get("deployment", RELEASE, OPERATOR_NAMESPACE)
-    assert deployment is not None
-    replicas = int(deployment["spec"]["replicas"])
-    scale = ("scale", f"--namespace={OPERATOR_NAMESPACE}", f"deployment/{RELEASE}")
-    world.kubectl(*scale, "--replicas=0")
-    try:
-        deadline_loop(
-            "every controller pod to be gone",
-            lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
-            120,
-        )
-        yield
-    finally:
-        world.kubectl(*scale, f"--replicas={replicas}")
-        world.wait_operator_ready()
 
 
 @dataclass(frozen=True)

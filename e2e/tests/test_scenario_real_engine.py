@@ -76,6 +76,7 @@ from scenario_helpers import (
     node_pool_capped,
     routed,
     router_workers,
+    server_info,
 )
 
 pytestmark = [
@@ -211,14 +212,6 @@ def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
 def engine_log(real: Real, pod: str, container: str = "engine") -> str:
     path = real.world.kubelet.kubelet.log_path(real.ns, pod, container)
     return path.read_text(errors="replace")[-4000:] if path and path.exists() else "(no log)"
-
-
-def server_info(url: str) -> dict[str, Any] | None:
-    try:
-        code, info = http_json(f"{url}/server_info", timeout=5)
-    except OSError:
-        return None
-    return info if code == 200 and isinstance(info, dict) else None
 
 
 def wait_real_md_ready(real: Real, name: str) -> dict[str, Any]:
