@@ -122,7 +122,8 @@ def shrink_and_restore(world: World, ns: str, role: str) -> Round:
         "pod NotReady": lambda: not is_ready(live_pod()),
         "smg stops routing": lambda: not routed_here(),
         "shrunk pool visible": lambda: (
-            (i := server_info(engine, timeout=2)) is not None and i["max_total_num_tokens"] < CONTEXT
+            (i := server_info(engine, timeout=2)) is not None
+            and i["max_total_num_tokens"] < CONTEXT
         ),
         "engine container ready": engine_ready_again,
         "gate KvPoolTooSmall": lambda: (
