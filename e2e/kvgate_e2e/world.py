@@ -233,6 +233,11 @@ class World:
             lws.uninstall()
 
     @property
+    def leaderworkerset_running(self) -> bool:
+        """Whether LeaderWorkerSet runs in this world (namespaces then hold groups to stop)."""
+        return self._lws is not None
+
+    @property
     def lws(self) -> LwsController:
         if self._lws is None:
             raise WorldError("world started without LeaderWorkerSet (WorldConfig.leaderworkerset)")
@@ -408,7 +413,7 @@ class World:
         ``wait_namespaces_deleted`` waits for all such namespaces."""
         ns = f"--namespace={name}"
         workloads = "deployments.apps,replicasets.apps"
-        if self._lws is not None:
+        if self.leaderworkerset_running:
             # Multi-node groups too: their StatefulSets recreate a deleted pod until the garbage
             # collector, behind on a loaded machine, has removed them (a group being recreated
             # after a killed worker outlived the 180 s below with two worlds side by side).

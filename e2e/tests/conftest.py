@@ -6,8 +6,7 @@
 Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest.mark.e2e``):
 
 ``world`` (session scope)
-    One ``kvgate_e2e.world.World`` for the whole session (per pytest-xdist worker with
-    `make e2e E2E_WORKERS=2`, each module on one of them): the control plane in its own network
+    One ``kvgate_e2e.world.World`` for the whole session: the control plane in its own network
     namespace, the loopback kubelet with two GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
     node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``), and
     ``helm install kvgate charts/kvgate`` in ``kvgate-system`` (operator re-verifies every 2 s).
@@ -42,21 +41,207 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     module's tests that need it last.
 
 A test that fails prints the operator's log tail (``world.operator_log()``).
+
+One world, several workers (`make e2e`: ``KVGATE_E2E_SHARED_WORLD=1 pytest -n 3 --dist loadfile``;
+``kvgate_e2e.shared_world``): the xdist controller starts the world and each worker's ``world``
+attaches to it, so the tests of up to three modules run at once against one control plane. A
+test shares the world with the others unless ``ALONE`` names it: it changes what every other
+test sees, so it waits for the running tests, keeps new ones out and runs alone (``Turns``).
+Without ``-n`` (or without ``KVGATE_E2E_SHARED_WORLD``) the session builds its own world, as
+before, and nothing waits for a turn. The terminal summary gives each file's seconds (setup,
+call and teardown of its tests, less the time they waited for their turn) and its wall span.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import tempfile
 import time
+from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from kvgate_e2e import shared_world
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.world import World
+
+# Tests that change what every other test of a shared world sees run alone in it: file -> test
+# names ("*": all of the file's tests). A name that the file no longer has fails the run (so a
+# renamed test is never silently shared).
+ALONE: dict[str, tuple[str, ...]] = {
+    # kills the leader and webhook pods, restarts kube-apiserver
+    "test_chaos.py": ("*",),
+    # the operator at 0 replicas; a node's GPU memory shrunk
+    "test_scenario_operator_down.py": ("*",),
+    # a node's GPU memory shrunk and restored
+    "test_scenario_engine_restart.py": ("*",),
+    # the engine-args annotation on a node (every engine started there gets the flag)
+    "test_attack_engine_window.py": ("*",),
+    # measures the operator's memory and its fleet-wide verdict counters
+    "test_attack_probe.py": ("*",),
+    # the big pool's node runs the released SGLang for the whole module (module fixture)
+    "test_scenario_real_engine.py": ("*",),
+    "test_scenario_kv_canary.py": (
+        # the operator at 0 replicas
+        "test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is_back",
+    ),
+    "test_scenario_mass_deletion.py": (
+        # 100 ModelDeployments at once (a timing bound on the shared operator), and the
+        # operator at 0 replicas
+        "test_deleting_100_model_deployments_at_once_takes_seconds",
+        "test_deletion_completes_with_the_operator_down",
+    ),
+    "test_helm_install.py": (
+        # helm upgrade, uninstall and install of the release
+        "test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_deployments",
+    ),
+    "test_scenario_incident.py": (
+        # the small pool's node capped (node_pool_capped)
+        "test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary",
+    ),
+    "test_attack_tenant.py": (
+        # a cluster-wide ValidatingAdmissionPolicyBinding lifted (policy_lifted)
+        "test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine",
+        "test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key",
+    ),
+}
+# Files whose module-scoped fixtures change the world: alone from their first test to their end.
+MODULE_ALONE = frozenset({"test_scenario_real_engine.py"})
+# The ``lws`` fixture (helm upgrade with LeaderWorkerSet) takes the world alone from the first
+# test that asks for it to the end of its module.
+
+# Rough seconds per file (one world, unloaded) to start the longest first when they share a
+# world; a file not listed counts 60.
+EXPECTED_SECONDS: dict[str, int] = {
+    "test_scenario_real_engine.py": 233,
+    "test_scenario_operator_down.py": 145,
+    "test_scenario_mass_deletion.py": 137,
+    "test_chaos.py": 136,
+    "test_scenario_multinode.py": 125,
+    "test_scenario_lost_objects.py": 109,
+    "test_scenario_progressive.py": 104,
+    "test_attack_pods.py": 100,
+    "test_kubelet_smoke.py": 90,
+    "test_scenario_kv_canary.py": 90,
+    "test_attack_tenant.py": 80,
+    "test_attack_tenant_addresses.py": 80,
+    "test_helm_install.py": 70,
+    "test_cluster_smoke.py": 60,
+}
+_WORLD_FIXTURES = frozenset({"world", "namespace", "lws"})
+
+
+def _shared_dir() -> Path | None:
+    value = os.environ.get(shared_world.DIR_ENV)
+    return Path(value) if value else None
+
+
+_host: shared_world.WorldHost | None = None
+_turns: shared_world.Turns | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the xdist controller of a run that asks for one shared world: start it (in the
+    background, while the workers collect) and tell the workers where it is."""
+    global _host
+    if (
+        os.environ.get(shared_world.REQUEST_ENV) != "1"
+        or not getattr(config.option, "numprocesses", None)
+        or hasattr(config, "workerinput")
+        or find_binaries() is None
+        or os.geteuid() != 0
+        or netns_supported() is not None
+    ):
+        return
+    directory = Path(tempfile.mkdtemp(prefix="kvgate-shared-world-"))
+    _host = shared_world.WorldHost(directory)
+    _host.start()
+    os.environ[shared_world.DIR_ENV] = str(directory)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _host
+    if _host is not None:
+        host, _host = _host, None
+        started = time.monotonic()
+        host.stop()
+        print(f"\nMEASURED shared world stopped in {time.monotonic() - started:.1f}s")
+        os.environ.pop(shared_world.DIR_ENV, None)
+
+
+def _alone_names(item: pytest.Item) -> tuple[str, ...]:
+    return ALONE.get(Path(str(item.fspath)).name, ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Check ``ALONE`` against the collected tests; in a shared world, start the files with a
+    lone test first (their turns come while most files still wait to start), each group longest
+    first. Tests keep their order inside a file."""
+    collected: dict[str, set[str]] = defaultdict(set)
+    for item in items:
+        collected[Path(str(item.fspath)).name].add(getattr(item, "originalname", item.name))
+    for file, names in ALONE.items():
+        missing = [n for n in names if n != "*" and n not in collected[file]]
+        if collected[file] and missing:
+            raise pytest.UsageError(f"conftest.ALONE names tests {file} does not have: {missing}")
+    if _shared_dir() is None:
+        return
+    order = {id(item): i for i, item in enumerate(items)}
+
+    def key(item: pytest.Item) -> tuple[int, int, int]:
+        file = Path(str(item.fspath)).name
+        has_alone = 0 if ALONE.get(file) or file in MODULE_ALONE else 1
+        return (has_alone, -EXPECTED_SECONDS.get(file, 60), order[id(item)])
+
+    files_first: dict[str, int] = {}
+    for item in items:
+        files_first.setdefault(str(item.fspath), order[id(item)])
+    items.sort(key=lambda it: (*key(it)[:2], files_first[str(it.fspath)], order[id(it)]))
+
+
+def _turns_here() -> shared_world.Turns | None:
+    global _turns
+    directory = _shared_dir()
+    if directory is None:
+        return None
+    if _turns is None:
+        _turns = shared_world.Turns(directory)
+    return _turns
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A file in ``MODULE_ALONE`` has the shared world alone for all of its tests."""
+    turns = _turns_here()
+    if turns is None or Path(str(request.node.fspath)).name not in MODULE_ALONE:
+        yield
+        return
+    with turns.hold(alone=True) as waited:
+        print(f"\nMEASURED waited {waited:.1f}s to have the world alone for {request.node.name}")
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _world_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the shared world waits for its turn: shared, or alone (``ALONE``)."""
+    turns = _turns_here()
+    if turns is None or not _WORLD_FIXTURES & set(request.fixturenames):
+        yield
+        return
+    names = _alone_names(request.node)
+    alone = "*" in names or getattr(request.node, "originalname", request.node.name) in names
+    with turns.hold(alone=alone) as waited:
+        request.node.user_properties.append(("turn_wait", waited))
+        if waited >= 1.0:
+            kind = "alone" if alone else "shared"
+            print(f"\nMEASURED waited {waited:.1f}s for a {kind} turn of the world")
+        yield
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -78,11 +263,10 @@ def world() -> Iterator[World]:
     if reason is not None:
         pytest.fail(f"the e2e tier needs network namespaces: {reason}")
     started = time.monotonic()
-    with World() as w:
-        print(
-            f"\nMEASURED world (cluster + kubelet + helm install) up in "
-            f"{time.monotonic() - started:.1f}s"
-        )
+    directory = _shared_dir()
+    with shared_world.attach(directory) if directory is not None else World() as w:
+        up = getattr(w, "started_in", None) or time.monotonic() - started
+        print(f"\nMEASURED world (cluster + kubelet + helm install) up in {up:.1f}s")
         yield w
         # The namespace fixture leaves each Namespace object to the namespace controller (its
         # pods are stopped by then); a namespace still there after the deadline fails the run.
@@ -97,23 +281,34 @@ def world() -> Iterator[World]:
 def lws(world: World) -> Iterator[World]:
     """LeaderWorkerSet in the session world for this module's remaining tests, and kvgate
     upgraded with ``leaderWorkerSet.enabled=true``; both undone afterwards (the namespaces that
-    ran groups are waited for first), so later modules see the world they always saw."""
+    ran groups are waited for first), so later modules see the world they always saw. In a
+    shared world the module has it alone from here to its end (the upgrade restarts the
+    operator every test uses)."""
     if controller_binary() is None:
         pytest.fail(
             "the LeaderWorkerSet controller is not built: run e2e/controlplane/build-lws.sh"
         )
-    started = time.monotonic()
-    world.enable_leaderworkerset()
-    took = time.monotonic() - started
-    print(f"\nMEASURED LeaderWorkerSet started and kvgate upgraded in {took:.1f}s")
-    try:
-        yield world
-    finally:
-        world.wait_namespaces_deleted()
+    turns = _turns_here()
+    with turns.hold(alone=True) if turns is not None else _no_turn() as waited:
+        if waited >= 1.0:
+            print(f"\nMEASURED waited {waited:.1f}s to have the world alone for LeaderWorkerSet")
         started = time.monotonic()
-        world.disable_leaderworkerset()
+        world.enable_leaderworkerset()
         took = time.monotonic() - started
-        print(f"MEASURED LeaderWorkerSet uninstalled and kvgate upgraded back in {took:.1f}s")
+        print(f"\nMEASURED LeaderWorkerSet started and kvgate upgraded in {took:.1f}s")
+        try:
+            yield world
+        finally:
+            world.wait_namespaces_deleted()
+            started = time.monotonic()
+            world.disable_leaderworkerset()
+            took = time.monotonic() - started
+            print(f"MEASURED LeaderWorkerSet uninstalled and kvgate upgraded back in {took:.1f}s")
+
+
+@contextlib.contextmanager
+def _no_turn() -> Iterator[float]:
+    yield 0.0
 
 
 @pytest.fixture
@@ -146,3 +341,37 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             log = f"(unavailable: {exc})"
         item.add_report_section("call", "kvgate operator log (tail)", log)
     return report
+
+
+_file_seconds: dict[str, float] = defaultdict(float)
+_file_waited: dict[str, float] = defaultdict(float)
+_file_span: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each file's seconds (its tests' setup, call and teardown, less the time they waited for
+    a turn of the shared world) and wall span, for the terminal summary."""
+    file = report.nodeid.split("::", 1)[0]
+    _file_seconds[file] += report.duration
+    if report.when == "setup":
+        _file_waited[file] += sum(v for k, v in report.user_properties if k == "turn_wait")
+    start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+    if start is not None and stop is not None:
+        span = _file_span.setdefault(file, [start, stop])
+        span[0], span[1] = min(span[0], start), max(span[1], stop)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _file_seconds or hasattr(terminalreporter.config, "workerinput"):
+        return
+    rows = sorted(_file_seconds, key=lambda f: -(_file_seconds[f] - _file_waited[f]))
+    terminalreporter.section("MEASURED seconds per file")
+    terminalreporter.write_line(f"{'seconds':>8} {'waited':>7} {'span':>7}  file")
+    total = 0.0
+    for file in rows:
+        own = _file_seconds[file] - _file_waited[file]
+        total += own
+        span = _file_span.get(file)
+        wall = f"{span[1] - span[0]:7.1f}" if span else "      -"
+        terminalreporter.write_line(f"{own:8.1f} {_file_waited[file]:7.1f} {wall}  {file}")
+    terminalreporter.write_line(f"{total:8.1f} {'':7} {'':7}  all files")
