@@ -34,6 +34,7 @@ from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeReques
 from kvgate.verify.pod_identity import EngineIdentity
 
 log = logging.getLogger("kvgate.content_check")
+CONNECT_SECONDS = 10.0  # to open the connection to the router, within the probe's deadline
 MAX_ANSWER_BYTES = 1 << 20  # a probe asks for at most 1,024 tokens; more is not an answer
 
 
@@ -113,7 +114,11 @@ async def send_probe(
             json=body,
             headers=dict(headers or {}),
             allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout),
+            # A router that does not accept the connection is inconclusive in seconds; an
+            # answer may take the whole deadline (a long prefill streams nothing before it).
+            timeout=aiohttp.ClientTimeout(
+                total=timeout, sock_connect=min(timeout, CONNECT_SECONDS)
+            ),
         ) as response:
             raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
             truncated = len(raw) > MAX_ANSWER_BYTES
