@@ -19,7 +19,7 @@ from kvgate_e2e.kubelet.images import (
     parse_image,
     rewrite_host,
 )
-from kvgate_e2e.kubelet.mounts import keep_visible, order_mounts
+from kvgate_e2e.kubelet.mounts import PROJECT_ROOT, keep_visible, order_mounts
 from kvgate_e2e.kubelet.node import (
     GPU_MEMORY_KEY,
     MAX_TOTAL_TOKENS_ANNOTATION,
@@ -708,3 +708,10 @@ def test_a_kubelet_that_fails_before_registering_fails_its_start(tmp_path: Path)
     with pytest.raises(RuntimeError, match="failed to start: no such directory"):
         thread.start(timeout=10)
     thread.stop()
+
+
+def test_the_checkout_kept_visible_in_pods_is_the_repository_root() -> None:
+    """Pods run from this checkout: a clone under /tmp (an emptyDir there would hide it) stays
+    visible only if PROJECT_ROOT is the checkout itself, operator/ and engine/ included."""
+    assert (PROJECT_ROOT / "pyproject.toml").is_file()
+    assert (PROJECT_ROOT / "operator" / "kvgate").is_dir()

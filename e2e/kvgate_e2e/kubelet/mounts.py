@@ -23,7 +23,7 @@ _MOUNT_SCRIPT = (
     'shift 2; done; shift; exec "$@"'
 )
 # Where this checkout's packages and virtualenv live: pod processes run from them.
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # e2e/kvgate_e2e/kubelet/ is 3 down
 KEEP_STAGE = "/run/kvgate-e2e-keep"  # staging mount points, see keep_visible()
 
 MountPair = tuple[str, str]  # (source on the host, mountPath in the container)
