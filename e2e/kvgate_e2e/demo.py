@@ -50,6 +50,9 @@ from kvgate_e2e.real_engine import (
 )
 from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import (
+    REAL_NODE,
+    REAL_NODE_SPEC,
+    REAL_POOL,
     SAMPLES,
     World,
     WorldConfig,
@@ -65,9 +68,7 @@ from kvgate_e2e.world import (
 NAMESPACE = "kvgate-demo"
 READY_MD, REFUSED_MD = "llama-8b-big", "llama-8b-small"
 SERVED_MODEL = "llama-3.1-8b"
-REAL_MD, REAL_POOL, REAL_NODE = "tiny-llama-sglang", "real", "kvgate-real-0"
-# The real SGLang pool's node: GPUs only for scheduling (the engines run on CPU).
-REAL_NODE_SPEC = f"{REAL_NODE}:pool={REAL_POOL}:gpus=8:gpu-memory-gib=80"
+REAL_MD = "tiny-llama-sglang"
 REAL_TIMEOUT = 600.0  # a CPU SGLang prefill + decode pair starts in ~1-2 min on 2 cores
 REAL_PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's vocab
 UNSAFE_REASONS = (

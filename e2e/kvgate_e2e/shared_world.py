@@ -44,7 +44,7 @@ from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet.agent import KubeletThread, LoopbackKubelet
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.netns import NetNamespace
-from kvgate_e2e.world import World, WorldConfig, WorldError
+from kvgate_e2e.world import REAL_NODE_SPEC, World, WorldConfig, WorldError
 
 DIR_ENV = "KVGATE_E2E_SHARED_WORLD_DIR"  # set by the host for its workers
 REQUEST_ENV = "KVGATE_E2E_SHARED_WORLD"  # "1": the run asks for one shared world (make e2e)
@@ -58,7 +58,7 @@ class WorldHost:
 
     def __init__(self, directory: Path, config: WorldConfig | None = None) -> None:
         self.directory = directory
-        self.config = config or WorldConfig(progress=sys.stderr)
+        self.config = config or WorldConfig(progress=sys.stderr, extra_nodes=(REAL_NODE_SPEC,))
         self.world: World | None = None
         self.error: str | None = None
         self.started_in: float | None = None

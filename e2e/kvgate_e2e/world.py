@@ -51,6 +51,10 @@ OPERATOR_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=o
 WEBHOOK_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=webhook"
 BIG_POOL, SMALL_POOL = "big", "small"
 SMALL_NODE = "kvgate-small-0"
+# The real SGLang's pool and node (GPUs only for scheduling: the engines run on CPU), apart from
+# the big pool, so the real-engine scenarios and the demo change no node another test uses.
+REAL_POOL, REAL_NODE = "real", "kvgate-real-0"
+REAL_NODE_SPEC = f"{REAL_NODE}:pool={REAL_POOL}:gpus=8:gpu-memory-gib=80"
 GATE = "kvgate.io/engine-verified"
 T = TypeVar("T")
 

@@ -7,8 +7,9 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
 
 ``world`` (session scope)
     One ``kvgate_e2e.world.World`` for the whole session: the control plane in its own network
-    namespace, the loopback kubelet with two GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
-    node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``), and
+    namespace, the loopback kubelet with three GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
+    node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``;
+    ``kvgate.io/pool=real``: 8 x 80 GiB on ``kvgate-real-0``, the real SGLang's), and
     ``helm install kvgate charts/kvgate`` in ``kvgate-system`` (operator re-verifies every 2 s).
     Built on first use, torn down at the end of the session. Useful members::
 
@@ -69,7 +70,7 @@ from kvgate_e2e import shared_world
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
-from kvgate_e2e.world import World
+from kvgate_e2e.world import REAL_NODE_SPEC, World, WorldConfig
 
 # Tests that change what every other test of a shared world sees run alone in it: file -> test
 # names ("*": all of the file's tests). A name that the file no longer has fails the run (so a
@@ -112,7 +113,8 @@ ALONE: dict[str, tuple[str, ...]] = {
     ),
 }
 # Files whose module-scoped fixtures change the world: alone from their first test to their end.
-MODULE_ALONE = frozenset({"test_scenario_real_engine.py"})
+# (The real-engine scenarios run on their own node, kvgate-real-0, and so share the world.)
+MODULE_ALONE: frozenset[str] = frozenset()
 # The ``lws`` fixture (helm upgrade with LeaderWorkerSet) takes the world alone from the first
 # test that asks for it to the end of its module.
 
@@ -264,7 +266,8 @@ def world() -> Iterator[World]:
         pytest.fail(f"the e2e tier needs network namespaces: {reason}")
     started = time.monotonic()
     directory = _shared_dir()
-    with shared_world.attach(directory) if directory is not None else World() as w:
+    own = WorldConfig(extra_nodes=(REAL_NODE_SPEC,))
+    with shared_world.attach(directory) if directory is not None else World(own) as w:
         up = getattr(w, "started_in", None) or time.monotonic() - started
         print(f"\nMEASURED world (cluster + kubelet + helm install) up in {up:.1f}s")
         yield w

@@ -1,10 +1,11 @@
 """The released SGLang 0.5.23, not kvgate's imitation of it, behind kvgate (real-engine mode).
 
-The big pool's node is annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so
-its engine pods run the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv
-plus only the CPU flags of research/sglang-cpu.md), with a tiny Llama generated here (fixed seed)
-into a host path the pods read. Its greedy known answer is recorded once per run from a unified
-real server (started at the beginning, in parallel with the pair, and stopped once it answered).
+The real pool's node (``kvgate-real-0``, apart from the big pool the other scenarios use) is
+annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so its engine pods run
+the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv plus only the CPU
+flags of research/sglang-cpu.md), with a tiny Llama generated here (fixed seed) into a host path
+the pods read. Its greedy known answer is recorded once per run from a unified real server
+(started at the beginning, in parallel with the pair, and stopped once it answered).
 
 One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
@@ -67,7 +68,16 @@ from kvgate_e2e.real_engine import (
     unified_server_argv,
 )
 from kvgate_e2e.sampler import InvariantSampler, live_host
-from kvgate_e2e.world import BIG_POOL, GATE, World, condition, http_json, is_ready, output_ids
+from kvgate_e2e.world import (
+    GATE,
+    REAL_NODE,
+    REAL_POOL,
+    World,
+    condition,
+    http_json,
+    is_ready,
+    output_ids,
+)
 from scenario_helpers import (
     deadline_loop,
     engine_pods,
@@ -181,7 +191,7 @@ class Real:
 
 
 def real_md(name: str, model: Path, **role_changes: Any) -> dict[str, Any]:
-    return tiny_llama_md(name, model, BIG_POOL, **role_changes)
+    return tiny_llama_md(name, model, REAL_POOL, **role_changes)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +203,7 @@ def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
     started = time.monotonic()
     model = make_tiny_llama(env, sys.executable, tmp_path_factory.mktemp("tiny-llama"), SEED)
     print(f"\nMEASURED tiny Llama generated in {time.monotonic() - started:.1f}s at {model}")
-    node = world.cluster.proxy_node_name  # the big pool's node
+    node = REAL_NODE  # the real pool's node: no other scenario uses it
     ns = "t-real-engine-" + hashlib.sha1(str(model).encode()).hexdigest()[:6]
     known = KnownAnswer(env, model, tmp_path_factory.mktemp("unified") / "sglang.log")
     try:
