@@ -189,7 +189,7 @@ class Reconciler:
             spec=spec,
         )
         router_key = router_auth.control_key(rt.settings.router_key_seed, ns, name, uid or "")
-        secret_name = builders.router_control_secret(md, router_key)["metadata"]["name"]
+        secret_name = builders.router_control_secret_name(name)
         selector = {labels.DEPLOYMENT: name, labels.MANAGED_BY: labels.MANAGED_BY_VALUE}
         listed, (lws_access, groups), listed_pods, service, secret = await asyncio.gather(
             self._deployments(selector),
