@@ -227,9 +227,13 @@ class ContentChecks:
     finished: dict[CheckKey, ContentOutcome] = field(default_factory=dict)
     inconclusive: dict[CheckKey, float] = field(default_factory=dict)
 
-    def forget_md(self, key: MdKey) -> None:
-        for check in [c for c in self.tasks if c[:2] == key]:
+    def cancel(self, key: MdKey, keep: CheckKey | None = None) -> None:
+        """Stop the ModelDeployment's running checks (all but ``keep``)."""
+        for check in [c for c in self.tasks if c[:2] == key and c != keep]:
             self.tasks.pop(check).cancel()
+
+    def forget_md(self, key: MdKey) -> None:
+        self.cancel(key)
         for store in (self.finished, self.inconclusive):
             for check in [c for c in store if c[:2] == key]:
                 del store[check]
@@ -252,8 +256,7 @@ def keep_due(rt: Runtime, md: ModelDeployment, step: RolloutStep) -> None:
     namespace, md_name = md.metadata.namespace or "", md.metadata.name or ""
     state = rt.owned(ContentChecks)
     due = (namespace, md_name, step.target_revision) if step.content_check_due else None
-    for check in [c for c in state.tasks if c[:2] == (namespace, md_name) and c != due]:
-        state.tasks.pop(check).cancel()
+    state.cancel((namespace, md_name), keep=due)
     if due is None or due in state.finished:
         return
     running = state.tasks.get(due)
@@ -269,9 +272,7 @@ def keep_due(rt: Runtime, md: ModelDeployment, step: RolloutStep) -> None:
 
 def stop(rt: Runtime, key: MdKey) -> None:
     """The ModelDeployment's loop ended: its running checks stop."""
-    state = rt.owned(ContentChecks)
-    for check in [c for c in state.tasks if c[:2] == key]:
-        state.tasks.pop(check).cancel()
+    rt.owned(ContentChecks).cancel(key)
 
 
 async def _check(rt: Runtime, md: ModelDeployment, revision: str, pool: int | None) -> None:

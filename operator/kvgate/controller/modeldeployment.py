@@ -268,16 +268,13 @@ class Reconciler:
         return due
 
     async def _access_objects(self, md: ModelDeployment) -> dict[str, Body | None]:
-        """The router's ServiceAccount, Role and RoleBinding as they are, by kind."""
-        desired = [
-            builders.router_service_account(md),
-            builders.router_role(md),
-            builders.router_role_binding(md),
-        ]
+        """The router's ServiceAccount, Role and RoleBinding as they are, by kind (all three
+        are named after the router's account)."""
+        name = builders.router_account_name(md.metadata.name or "")
         found = await asyncio.gather(
-            *(self.rt.api.get(d["kind"], self.namespace, _key(d)) for d in desired)
+            *(self.rt.api.get(kind, self.namespace, name) for kind in pass_decision.ACCESS_KINDS)
         )
-        return {d["kind"]: current for d, current in zip(desired, found, strict=True)}
+        return dict(zip(pass_decision.ACCESS_KINDS, found, strict=True))
 
     async def _policies(
         self, name: str, running: set[str], due: bool
