@@ -44,10 +44,10 @@ from kvgate_e2e.real_engine import (
     SGLANG_CPU,
     TINY_SERVED,
     RealEngineError,
-    make_tiny_llama,
     sglang_cpu,
     tiny_llama_md,
 )
+from kvgate_e2e.real_engine_cache import make_tiny_llama
 from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import (
     REAL_NODE,

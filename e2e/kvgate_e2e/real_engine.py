@@ -11,8 +11,8 @@ rewrite to the pod IP); this module adds only what SGLang needs to run on a CPU,
 ``research/sglang-cpu.md``, never anything that changes what kvgate verifies:
 
 * flags ``--device cpu --attention-backend torch_native --disable-cuda-graph
-  --max-running-requests 16``; prefill also ``--disable-overlap-schedule``, decode also
-  ``--disaggregation-decode-retraction-backup cpu_tensor``;
+  --max-running-requests 16 --sleep-on-idle``; prefill also ``--disable-overlap-schedule``,
+  decode also ``--disaggregation-decode-retraction-backup cpu_tensor``;
 * environment ``SGLANG_USE_CPU_ENGINE=1 CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1
   MOONCAKE_PROTOCOL=tcp``, prefill also ``SGLANG_DISAGGREGATION_ALL_CP_RANKS_TRANSFER=1``, and the
   environment's ``PYTHONPATH`` and ``LD_LIBRARY_PATH`` (the ``libcuda.so.1`` stand-in);
@@ -34,12 +34,14 @@ really starts with a pool of N tokens.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import random
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kvgate_e2e.content_cache import cache_home
 
 RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
 SGLANG_CPU = "sglang-cpu"
@@ -65,7 +67,18 @@ CPU_FLAGS: tuple[str, ...] = (
     "--disable-cuda-graph",
     "--max-running-requests",
     "16",
+    # An idle scheduler waits on its sockets (up to 1 s) instead of spinning: on a 2-core
+    # machine a spinning prefill and decode pin both cores for as long as they run.
+    "--sleep-on-idle",
 )
+# --mem-fraction-static of every real engine on CPU. There the pool is capped by
+# --max-total-tokens, and the fraction only sets how much of the host's free RAM may vanish
+# between SGLang's two samples of it (before and after loading the weights,
+# kv_cache_configurator._profile_available_bytes): the start fails unless the second is at least
+# (1 - fraction) of the first. At 0.05, 5 % of ~17 GB free (0.85 GB) was too little while other
+# servers started beside it (CI, stop 39: a unified server lost 8.6 % as the PD pair started and
+# refused to start). At 0.5 half the free RAM may go; the pool is the same.
+CPU_MEM_FRACTION_STATIC = 0.5
 ROLE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "prefill": ("--disable-overlap-schedule",),
     "decode": ("--disaggregation-decode-retraction-backup", "cpu_tensor"),
@@ -86,8 +99,7 @@ class RealEngineError(ValueError):
 
 
 def cache_root() -> Path:
-    base = os.environ.get("KVGATE_CACHE") or str(Path.home() / ".cache" / "kvgate")
-    return Path(base) / "sglang-cpu"
+    return cache_home() / "sglang-cpu"
 
 
 @dataclass(frozen=True)
@@ -187,9 +199,32 @@ def unified_server_argv(
         "--max-total-tokens",
         str(2 * context_length),
         "--mem-fraction-static",
-        "0.05",
+        str(CPU_MEM_FRACTION_STATIC),
         *CPU_FLAGS,
     ]
+
+
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def unified_server_port() -> int:
+    """A free 127.0.0.1 port for the unified server, below the kernel's ephemeral range.
+
+    The server binds its port ~1 min after it is chosen (SGLang loads first); a port from the
+    ephemeral range (what binding port 0 gives) can meanwhile go to one of the world's relays
+    (``World.forward`` binds port 0), and a relay to a prefill engine accepts a /generate and
+    never answers. Nothing takes a port below the range unless asked for it by number."""
+    low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    candidates = list(range(max(1024, low - 10_000), low))
+    random.shuffle(candidates)
+    for port in candidates[:500]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RealEngineError(f"no free 127.0.0.1 port found below the ephemeral range ({low})")
 
 
 def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dict[str, Any]:
@@ -198,15 +233,16 @@ def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dic
 
     What the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts CUDA
     tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
-    stays on) and ``memFractionStatic: 0.05`` (the pool is sized from host RAM; the cap is
-    ``maxTotalTokens``). ``model.config`` is the model's own config.json, as a user gives it:
-    kvgate's content check takes its probe token ids from inside ``vocab_size`` (384 here)."""
+    stays on) and ``memFractionStatic: CPU_MEM_FRACTION_STATIC`` (the pool is sized from host RAM;
+    the cap is ``maxTotalTokens``). ``model.config`` is the model's own config.json, as a user
+    gives it: kvgate's content check takes its probe token ids from inside ``vocab_size`` (384
+    here)."""
     config_file = model / "config.json"
     config = json.loads(config_file.read_text()) if config_file.exists() else None
     role: dict[str, Any] = {
         "replicas": 1,
         "tensorParallel": 1,
-        "memFractionStatic": 0.05,
+        "memFractionStatic": CPU_MEM_FRACTION_STATIC,
         "maxTotalTokens": TINY_POOL,
         "nodeSelector": {"kvgate.io/pool": pool},
         **role_changes,
@@ -229,17 +265,3 @@ def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dic
             "rollout": {"verifyTimeoutSeconds": 900},
         },
     }
-
-
-def make_tiny_llama(env: SglangCpu, python: str, out: Path, seed: int = 0) -> Path:
-    """Generate the tiny Llama and its tokenizer into ``out`` (once: kept if already there)."""
-    if (out / "kvgate-tiny-llama.json").exists() and (out / "config.json").exists():
-        return out
-    subprocess.run(
-        [python, str(MAKE_MODEL_SCRIPT), str(out), "--seed", str(seed)],
-        env={**os.environ, **env.env()},
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return out

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any, cast
@@ -44,7 +44,7 @@ from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.kubelet.agent import KubeletThread, LoopbackKubelet
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.netns import NetNamespace
-from kvgate_e2e.world import REAL_NODE_SPEC, World, WorldConfig, WorldError
+from kvgate_e2e.world import TEST_NODE_SPECS, World, WorldConfig, WorldError
 
 DIR_ENV = "KVGATE_E2E_SHARED_WORLD_DIR"  # set by the host for its workers
 REQUEST_ENV = "KVGATE_E2E_SHARED_WORLD"  # "1": the run asks for one shared world (make e2e)
@@ -58,7 +58,7 @@ class WorldHost:
 
     def __init__(self, directory: Path, config: WorldConfig | None = None) -> None:
         self.directory = directory
-        self.config = config or WorldConfig(progress=sys.stderr, extra_nodes=(REAL_NODE_SPEC,))
+        self.config = config or WorldConfig(progress=sys.stderr, extra_nodes=TEST_NODE_SPECS)
         self.world: World | None = None
         self.error: str | None = None
         self.started_in: float | None = None
@@ -322,6 +322,15 @@ def attach(directory: Path) -> SharedWorld:
 
 
 # ---------------------------------------------------------------------- turns
+FINISHED = "finished-tests"  # one node id per line, appended by the xdist controller
+
+
+def record_finished(directory: Path, nodeid: str) -> None:
+    """Note that the test ``nodeid`` is over (its teardown reported, or its worker crashed)."""
+    with open(directory / FINISHED, "a", encoding="utf-8") as out:
+        out.write(nodeid + "\n")
+
+
 class Turns:
     """Who uses the shared world: ``hold(alone=False)`` shares it with the other holders,
     ``hold(alone=True)`` waits until no one else holds it and keeps new holders out (they wait
@@ -330,10 +339,42 @@ class Turns:
     itself)."""
 
     def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self._gate = directory / "gate.lock"
         self._world = directory / "world.lock"
         self._mode: str | None = None
+        self._held: int | None = None  # the world lock's descriptor while a turn holds it
         self.waited: float = 0.0  # seconds this process spent waiting for its turns
+
+    def after_lone_tests(self, lone: Collection[str], timeout: float) -> float:
+        """Wait until every test of ``lone`` has finished (``record_finished``), at most
+        ``timeout`` seconds (then go on: the order of turns is an optimisation, not a rule);
+        returns the seconds waited."""
+        started = time.monotonic()
+        done = self.directory / FINISHED
+        while time.monotonic() - started < timeout:
+            try:
+                finished = set(done.read_text().splitlines())
+            except FileNotFoundError:
+                finished = set()
+            if finished >= set(lone):
+                break
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    @property
+    def holding(self) -> bool:
+        """Does a turn of this process hold the world lock now (not a free inner hold)?"""
+        return self._held is not None
+
+    def share_rest(self) -> bool:
+        """Share the world for the rest of this process's lone turn (its clean-up changes nothing
+        the others see): other holders may start at once. False if no lone turn is held here."""
+        if self._mode != "alone" or self._held is None:
+            return False
+        fcntl.flock(self._held, fcntl.LOCK_SH)  # converts the lock: waiting holders get theirs
+        self._mode = "shared"
+        return True
 
     @contextlib.contextmanager
     def hold(self, *, alone: bool) -> Iterator[float]:
@@ -355,10 +396,12 @@ class Turns:
             waited = time.monotonic() - started
             self.waited += waited
             self._mode = "alone" if alone else "shared"
+            self._held = world
             try:
                 yield waited
             finally:
                 self._mode = None
+                self._held = None
                 fcntl.flock(world, fcntl.LOCK_UN)
         finally:
             os.close(world)

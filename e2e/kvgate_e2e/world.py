@@ -55,6 +55,19 @@ SMALL_NODE = "kvgate-small-0"
 # the big pool, so the real-engine scenarios and the demo change no node another test uses.
 REAL_POOL, REAL_NODE = "real", "kvgate-real-0"
 REAL_NODE_SPEC = f"{REAL_NODE}:pool={REAL_POOL}:gpus=8:gpu-memory-gib=80"
+# Pools of one node each for the scenarios that change a node while other tests share the world:
+# the engine-restart scenario shrinks its node's GPU memory, the engine-window attack gives every
+# engine its node starts an extra flag, the incident caps its node's pools. No other test pins
+# an engine there, so what they do to their node reaches no other test's engines.
+RESTART_POOL, RESTART_NODE = "restart", "kvgate-restart-0"
+WINDOW_POOL, WINDOW_NODE = "window", "kvgate-window-0"
+INCIDENT_POOL, INCIDENT_NODE = "incident", "kvgate-incident-0"
+TEST_NODE_SPECS: tuple[str, ...] = (
+    REAL_NODE_SPEC,
+    f"{RESTART_NODE}:pool={RESTART_POOL}:gpus=8:gpu-memory-gib=80",
+    f"{WINDOW_NODE}:pool={WINDOW_POOL}:gpus=8:gpu-memory-gib=80",
+    f"{INCIDENT_NODE}:pool={INCIDENT_POOL}:gpus=8:gpu-memory-gib=24",
+)
 GATE = "kvgate.io/engine-verified"
 T = TypeVar("T")
 

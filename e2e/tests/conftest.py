@@ -70,7 +70,7 @@ from kvgate_e2e import shared_world
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
-from kvgate_e2e.world import REAL_NODE_SPEC, World, WorldConfig
+from kvgate_e2e.world import TEST_NODE_SPECS, World, WorldConfig
 
 # Tests that change what every other test of a shared world sees run alone in it: file -> test
 # names ("*": all of the file's tests). A name that the file no longer has fails the run (so a
@@ -80,14 +80,6 @@ ALONE: dict[str, tuple[str, ...]] = {
     "test_chaos.py": ("*",),
     # the operator at 0 replicas; a node's GPU memory shrunk
     "test_scenario_operator_down.py": ("*",),
-    # a node's GPU memory shrunk and restored
-    "test_scenario_engine_restart.py": ("*",),
-    # the engine-args annotation on a node (every engine started there gets the flag)
-    "test_attack_engine_window.py": ("*",),
-    # measures the operator's memory and its fleet-wide verdict counters
-    "test_attack_probe.py": ("*",),
-    # the big pool's node runs the released SGLang for the whole module (module fixture)
-    "test_scenario_real_engine.py": ("*",),
     "test_scenario_kv_canary.py": (
         # the operator at 0 replicas
         "test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is_back",
@@ -102,18 +94,17 @@ ALONE: dict[str, tuple[str, ...]] = {
         # helm upgrade, uninstall and install of the release
         "test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_deployments",
     ),
-    "test_scenario_incident.py": (
-        # the small pool's node capped (node_pool_capped)
-        "test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary",
-    ),
     "test_attack_tenant.py": (
         # a cluster-wide ValidatingAdmissionPolicyBinding lifted (policy_lifted)
         "test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine",
         "test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key",
     ),
 }
+# Not here, though they change a node: the engine-restart, engine-window, incident and real-SGLang
+# scenarios, each on a node of its own (kvgate_e2e.world.TEST_NODE_SPECS). The probe attack shares
+# the world too: its operator-memory bound (300 MiB, against 1,079 MiB before the fix) holds with
+# other tests' deployments, and other tests' verdicts only add to the count it waits for.
 # Files whose module-scoped fixtures change the world: alone from their first test to their end.
-# (The real-engine scenarios run on their own node, kvgate-real-0, and so share the world.)
 MODULE_ALONE: frozenset[str] = frozenset()
 # The ``lws`` fixture (helm upgrade with LeaderWorkerSet) takes the world alone from the first
 # test that asks for it to the end of its module.
@@ -137,6 +128,11 @@ EXPECTED_SECONDS: dict[str, int] = {
     "test_cluster_smoke.py": 60,
 }
 _WORLD_FIXTURES = frozenset({"world", "namespace", "lws"})
+# The longest the files without a lone test wait for the lone tests (a safety net: a lone test's
+# end is recorded even if its worker crashes, by the controller).
+LONE_PHASE_TIMEOUT = 3600.0
+# Set on a test whose own turn has the world alone: its namespace's clean-up shares the world.
+_OWN_LONE_TURN = pytest.StashKey[bool]()
 
 
 def _shared_dir() -> Path | None:
@@ -181,6 +177,31 @@ def _alone_names(item: pytest.Item) -> tuple[str, ...]:
     return ALONE.get(Path(str(item.fspath)).name, ())
 
 
+def _named_alone(item: pytest.Item) -> bool:
+    """Does ``ALONE`` name ``item`` (or all of its file's tests)?"""
+    names = _alone_names(item)
+    return "*" in names or getattr(item, "originalname", item.name) in names
+
+
+def _is_lone(item: pytest.Item) -> bool:
+    """Does ``item`` have the shared world alone (``ALONE``, ``MODULE_ALONE``, the ``lws``
+    fixture)?"""
+    return (
+        _named_alone(item)
+        or Path(str(item.fspath)).name in MODULE_ALONE
+        or "lws" in getattr(item, "fixturenames", ())
+    )
+
+
+# The lone tests of this session and their files (collected alike on every worker). A lone test
+# waits for the tests running when its turn comes, and the other workers idle meanwhile; so the
+# files that hold no lone test start only once every lone test is done (``Turns.after_lone_tests``):
+# first the lone tests one after another (with their own files' shared tests), then the rest
+# side by side with nothing left to wait for.
+_lone_tests: set[str] = set()
+_files_with_lone: set[str] = set()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Check ``ALONE`` against the collected tests; in a shared world, start the files with a
     lone test first (their turns come while most files still wait to start), each group longest
@@ -194,11 +215,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"conftest.ALONE names tests {file} does not have: {missing}")
     if _shared_dir() is None:
         return
+    _lone_tests.update(item.nodeid for item in items if _is_lone(item))
+    _files_with_lone.update(str(item.fspath) for item in items if item.nodeid in _lone_tests)
     order = {id(item): i for i, item in enumerate(items)}
 
     def key(item: pytest.Item) -> tuple[int, int, int]:
         file = Path(str(item.fspath)).name
-        has_alone = 0 if ALONE.get(file) or file in MODULE_ALONE else 1
+        has_alone = 0 if str(item.fspath) in _files_with_lone else 1
         return (has_alone, -EXPECTED_SECONDS.get(file, 60), order[id(item)])
 
     files_first: dict[str, int] = {}
@@ -236,9 +259,15 @@ def _world_turn(request: pytest.FixtureRequest) -> Iterator[None]:
     if turns is None or not _WORLD_FIXTURES & set(request.fixturenames):
         yield
         return
-    names = _alone_names(request.node)
-    alone = "*" in names or getattr(request.node, "originalname", request.node.name) in names
+    alone = _named_alone(request.node)
+    if str(request.node.fspath) not in _files_with_lone:
+        waited = turns.after_lone_tests(_lone_tests, LONE_PHASE_TIMEOUT)
+        if waited >= 1.0:
+            print(f"\nMEASURED waited {waited:.1f}s for the lone tests to be done")
+        request.node.user_properties.append(("turn_wait", waited))
+    own = not turns.holding  # this hold takes the lock (not inside a module's or lws' lone turn)
     with turns.hold(alone=alone) as waited:
+        request.node.stash[_OWN_LONE_TURN] = alone and own
         request.node.user_properties.append(("turn_wait", waited))
         if waited >= 1.0:
             kind = "alone" if alone else "shared"
@@ -266,7 +295,7 @@ def world() -> Iterator[World]:
         pytest.fail(f"the e2e tier needs network namespaces: {reason}")
     started = time.monotonic()
     directory = _shared_dir()
-    own = WorldConfig(extra_nodes=(REAL_NODE_SPEC,))
+    own = WorldConfig(extra_nodes=TEST_NODE_SPECS)
     with shared_world.attach(directory) if directory is not None else World(own) as w:
         up = getattr(w, "started_in", None) or time.monotonic() - started
         print(f"\nMEASURED world (cluster + kubelet + helm install) up in {up:.1f}s")
@@ -328,6 +357,9 @@ def namespace(world: World, request: pytest.FixtureRequest) -> Iterator[str]:
         yield name
     finally:
         print(f"\nMEASURED wall time {request.node.name}: {time.monotonic() - started:.1f}s")
+        turns = _turns_here()
+        if turns is not None and request.node.stash.get(_OWN_LONE_TURN, False):
+            turns.share_rest()  # the clean-up changes nothing the others see: they may start
         started = time.monotonic()
         world.delete_namespace(name, wait=False)
         print(f"MEASURED clean-up {request.node.name}: {time.monotonic() - started:.1f}s")
@@ -354,6 +386,8 @@ _file_span: dict[str, list[float]] = {}
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Each file's seconds (its tests' setup, call and teardown, less the time they waited for
     a turn of the shared world) and wall span, for the terminal summary."""
+    if _host is not None and report.when in ("teardown", "???"):  # "???": a crashed worker's
+        shared_world.record_finished(_host.directory, report.nodeid)
     file = report.nodeid.split("::", 1)[0]
     _file_seconds[file] += report.duration
     if report.when == "setup":

@@ -89,6 +89,27 @@ def md_condition(world: World, name: str, namespace: str, kind: str) -> dict[str
     return condition(md, kind) if md else None
 
 
+def md_story(world: World, md: str, namespace: str) -> str:
+    """What a timed-out wait on ``md`` shows: its status, its pods (phase, readiness, gate), the
+    namespace's latest Events and the leading operator's log."""
+    import json
+
+    status = (world.get_md(md, namespace) or {}).get("status")
+    lines = [f"ModelDeployment {namespace}/{md} status: {json.dumps(status, sort_keys=True)}"]
+    for pod in world.list("pods", namespace, f"kvgate.io/deployment={md}"):
+        conditions = {
+            c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []
+        }
+        lines.append(
+            f"pod {pod['metadata']['name']}: {(pod.get('status') or {}).get('phase')} "
+            f"{conditions} deleting={bool(pod['metadata'].get('deletionTimestamp'))}"
+        )
+    for event in events(world, namespace)[-15:]:
+        lines.append(f"event {event.get('reason')}: {str(event.get('message'))[:300]}")
+    lines.append("operator log:\n" + world.operator_log(120))
+    return "\n".join(lines)
+
+
 def wait_md_ready(
     world: World, md: str, namespace: str, timeout: float, what: str | None = None
 ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kvgate_e2e.kubelet.images import ENGINE_ARGS_ANNOTATION
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import BIG_POOL, World
+from kvgate_e2e.world import WINDOW_POOL, World
 from scenario_helpers import (
     GATE,
     deadline_loop,
@@ -58,7 +58,7 @@ def engines_started_with(world: World, pool: str, args: list[str]) -> Iterator[N
 
 
 def window_md() -> dict[str, Any]:
-    md = sample_md(MD)
+    md = sample_md(MD, WINDOW_POOL)  # the window pool's own node gets the image's flag
     md["spec"]["model"]["contextLength"] = CONTEXT
     md["spec"]["prefill"]["maxTotalTokens"] = PREFILL_POOL
     md["spec"]["decode"]["maxTotalTokens"] = DECODE_POOL
@@ -78,7 +78,7 @@ def test_engines_whose_own_window_outruns_the_pools_of_their_revision_never_take
 ) -> None:
     tenant = make_tenant(world, namespace)
     with (
-        engines_started_with(world, BIG_POOL, ["--context-length", str(TOLD)]),
+        engines_started_with(world, WINDOW_POOL, ["--context-length", str(TOLD)]),
         InvariantSampler(world.cluster, namespace, name="engine-window") as sampler,
     ):
         applied = tenant.kubectl("apply", "-f", "-", input=yaml.safe_dump(window_md()))

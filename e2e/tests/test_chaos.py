@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pytest
@@ -46,7 +47,13 @@ from kvgate_e2e.world import (
     is_ready,
     unsafe_probe_md,
 )
-from scenario_helpers import deadline_loop, known_answer, on_pool_without_estimate, sample_md
+from scenario_helpers import (
+    deadline_loop,
+    known_answer,
+    md_story,
+    on_pool_without_estimate,
+    sample_md,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -185,7 +192,10 @@ def lifecycle_with_kills(
     # create: served although the leader died on the way
     world.apply(sample_md(name), namespace=ns)
     kill = kill_during(world, ns, name, rng, out, "create")
-    first = deadline_loop("the created revision to serve", lambda: serving(world, name, ns), 300)
+    story = partial(md_story, world, name, ns)
+    first = deadline_loop(
+        "the created revision to serve", lambda: serving(world, name, ns), 300, details=story
+    )
     join_kill(kill)
     first_revision = first["status"]["servingRevision"]
     assert answers_known(world, name, ns)
@@ -199,6 +209,7 @@ def lifecycle_with_kills(
         "the updated revision to serve",
         lambda: serving(world, name, ns, revision_not=first_revision),
         300,
+        details=story,
     )
     join_kill(kill)
     second_revision = second["status"]["servingRevision"]
@@ -213,7 +224,7 @@ def lifecycle_with_kills(
         status = (md or {}).get("status") or {}
         return md if status.get("refusedRevision") not in (None, second_revision) else None
 
-    refusal = deadline_loop("the unsafe revision to be refused", refused, 300)
+    refusal = deadline_loop("the unsafe revision to be refused", refused, 300, details=story)
     join_kill(kill)
     assert refusal["status"]["servingRevision"] == second_revision
     assert answers_known(world, name, ns)

@@ -6,6 +6,7 @@ of research/sglang-cpu.md, added by the test world's mapping, never by the launc
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,7 @@ def test_a_real_engine_node_runs_sglang_with_the_launcher_argv_plus_only_the_cpu
         "--disable-cuda-graph",
         "--max-running-requests",
         "16",
+        "--sleep-on-idle",
         *role_flags,
     ]
     expected_env = {
@@ -180,3 +182,13 @@ def test_flag_value_reads_the_last_occurrence_in_both_spellings() -> None:
 def test_cache_root_follows_kvgate_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_CACHE", "/x")
     assert real_engine.cache_root() == Path("/x/sglang-cpu")
+
+
+def test_the_unified_server_port_is_free_and_below_the_ephemeral_range_relays_draw_from() -> None:
+    low = int(real_engine.EPHEMERAL_PORTS.read_text().split()[0])
+    port = real_engine.unified_server_port()
+    assert 1024 <= port < low
+    with socket.socket() as server, socket.socket() as relay:
+        server.bind(("127.0.0.1", port))  # still free
+        relay.bind(("127.0.0.1", 0))  # as World.forward binds its relays
+        assert relay.getsockname()[1] >= low

@@ -1,6 +1,7 @@
 """Scenario 4: an engine restarted with a smaller pool loses verification and its traffic.
 
-A verified engine of the safe sample (80 GiB GPUs, pinned to the big pool) is killed and restarted
+A verified engine of the safe sample (80 GiB GPUs, pinned to the restart pool's own node, so the
+shrink reaches no other test's engines in a shared world) is killed and restarted
 by the kubelet on 20 GiB of simulated GPU memory: its new pool is far below the 131,072-token
 context. The operator must turn its gate False (the pod leaves Ready, smg drains and drops its
 worker) before any request reaches the shrunk engine, and say why in numbers: the
@@ -32,6 +33,7 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
+    RESTART_POOL,
     World,
     condition,
     is_ready,
@@ -206,7 +208,7 @@ def test_engine_restarted_with_a_smaller_pool_loses_verification_and_traffic(
 ) -> None:
     ns = namespace
     with InvariantSampler(world.cluster, ns, name="engine-restart") as sampler:
-        world.apply(sample_md(MD), namespace=ns)
+        world.apply(sample_md(MD, RESTART_POOL), namespace=ns)
         wait_md_ready(world, MD, ns, 300, "the safe revision to serve")
 
         wait_known_answer(world, MD, ns, 60, "a known-answer request")

@@ -4,8 +4,9 @@ never take traffic and the same requests get no output and no canary.
 
 The model is tiny-llama (2,048-token context) so prompts stay cheap; the prefill's KV pool is
 capped at 692 tokens, below the context, as the GLM prefill's 681,280 was below 1,048,576: by
-``--max-total-tokens 692`` in the bypassed deployment, and under kvgate by the small pool's node
-(``e2e.kvgate.io/max-total-tokens: 692``, a node whose free GPU memory holds only that much KV).
+``--max-total-tokens 692`` in the bypassed deployment, and under kvgate by the incident pool's own
+node (24 GiB GPUs, ``e2e.kvgate.io/max-total-tokens: 692``: a node whose free GPU memory holds
+only that much KV; no other test's engines run there).
 Request A carries a canary; request B is 800 tokens: longer than the prefill's
 ``max_req_input_len`` (686), shorter than the context, so it passes the tokenizer and fails only
 the scheduler.
@@ -31,7 +32,7 @@ import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import POD_READY, WORKER, InvariantSampler, Obj
-from kvgate_e2e.world import SMALL_NODE, World, http_json, is_ready
+from kvgate_e2e.world import INCIDENT_NODE, INCIDENT_POOL, World, http_json, is_ready
 from kvgate_engine.verdict import Requirement
 from scenario_helpers import (
     GATE,
@@ -116,7 +117,7 @@ def plain_engine(ns: str, role: str, pool: int | None) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels, "annotations": annotations},
                 "spec": {
-                    "nodeSelector": {"kvgate.io/pool": "small"},
+                    "nodeSelector": {"kvgate.io/pool": INCIDENT_POOL},
                     "terminationGracePeriodSeconds": 2,
                     "containers": [
                         {
@@ -235,12 +236,12 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
 
 # ------------------------------------------------------------------ the same engines under kvgate
 def kvgate_md(name: str) -> dict[str, Any]:
-    """tiny-llama behind kvgate on the small pool with the pre-fix behaviour, for engines whose
+    """tiny-llama behind kvgate on the incident pool with the pre-fix behaviour, for engines whose
     pool is below the context. Admission refuses the honest spelling of this (image v0.5.20, or
     ``maxTotalTokens: 692``, or ``--max-total-tokens 692`` in ``engine.args``); here both are out
     of its sight (an unversioned image whose engines emulate 0.5.20; the pool capped by the
     node the engines run on, :func:`node_pool_capped`), so only the live gate stands."""
-    role = {"replicas": 1, "nodeSelector": {"kvgate.io/pool": "small"}}
+    role = {"replicas": 1, "nodeSelector": {"kvgate.io/pool": INCIDENT_POOL}}
     return {
         "apiVersion": "kvgate.io/v1alpha1",
         "kind": "ModelDeployment",
@@ -266,7 +267,7 @@ def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
     ns = namespace
     started = time.monotonic()
     with (
-        node_pool_capped(world, SMALL_NODE, PREFILL_POOL),
+        node_pool_capped(world, INCIDENT_NODE, PREFILL_POOL),
         InvariantSampler(world.cluster, ns, name="kvgate-incident"),
     ):
         world.apply(kvgate_md("leaky"), namespace=ns)

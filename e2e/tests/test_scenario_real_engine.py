@@ -3,9 +3,11 @@
 The real pool's node (``kvgate-real-0``, apart from the big pool the other scenarios use) is
 annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so its engine pods run
 the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv plus only the CPU
-flags of research/sglang-cpu.md), with a tiny Llama generated here (fixed seed) into a host path
-the pods read. Its greedy known answer is recorded once per run from a unified real server
-(started at the beginning, in parallel with the pair, and stopped once it answered).
+flags of research/sglang-cpu.md), with a tiny Llama (fixed seed) copied into a host path the pods
+read. The model and its greedy known answer, recorded from a unified real server, are cached on
+disk by everything they depend on (``kvgate_e2e.real_engine_cache``); on a miss the model is
+generated and the unified server started at the beginning, in parallel with the pair, and stopped
+once it answered. ``KVGATE_REAL_ENGINE_NO_CACHE=1`` computes both afresh.
 
 One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
@@ -26,8 +28,8 @@ the invariant sampler; CPU SGLang takes about a minute to start, so each start i
 
 The safety settings the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts
 CUDA tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
-stays on) and ``memFractionStatic: 0.05`` (on CPU the pool is sized from host RAM; the cap is
-``maxTotalTokens``).
+stays on) and ``memFractionStatic: 0.5`` (on CPU the pool is sized from host RAM; the cap is
+``maxTotalTokens``; ``CPU_MEM_FRACTION_STATIC`` says why not lower).
 
 Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_scenario_real_engine.py``
 (root; after ``make real-engine-deps``). Prints ``MEASURED`` lines for each step.
@@ -36,10 +38,10 @@ Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_scenario
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -62,11 +64,12 @@ from kvgate_e2e.real_engine import (
     TINY_SERVED,
     RealEngineError,
     SglangCpu,
-    make_tiny_llama,
     sglang_cpu,
     tiny_llama_md,
     unified_server_argv,
+    unified_server_port,
 )
+from kvgate_e2e.real_engine_cache import known_answer, tiny_llama
 from kvgate_e2e.sampler import InvariantSampler, live_host
 from kvgate_e2e.world import (
     GATE,
@@ -114,58 +117,94 @@ def generate_body() -> dict[str, Any]:
 
 
 class KnownAnswer:
-    """A unified real server of the tiny model (host network, 127.0.0.1), started at once and
-    asked for the greedy answer by a background thread as soon as it is up, then stopped: an
-    idle CPU SGLang scheduler keeps a core busy and holds 3 GB, which the PD pair starting beside
-    it needs. ``ids()`` returns the answer (waiting for it if need be)."""
+    """The tiny model's greedy answer to ``generate_body()`` from a unified (not disaggregated)
+    real server, kept on disk by everything it depends on
+    (``kvgate_e2e.real_engine_cache.known_answer``): on a hit no server starts. On a miss a
+    unified server (host network, 127.0.0.1) starts at once and a background thread asks it as
+    soon as it is up, then stops it: an idle CPU SGLang scheduler keeps a core busy and holds
+    3 GB, which the PD pair starting beside it needs. ``ids()`` returns the answer (waiting for
+    it if need be)."""
 
     def __init__(self, env: SglangCpu, model: Path, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.log = log
+        self.env, self.model, self.log = env, model, log
         self.started = time.monotonic()
-        argv = unified_server_argv(
-            sys.executable,
-            str(model),
-            SERVED,
-            host="127.0.0.1",
-            port=self.port,
-            context_length=CONTEXT,
-        )
-        self.proc = subprocess.Popen(
-            argv,
-            env={**os.environ, **env.env()},
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc: subprocess.Popen[bytes] | None = None
         self._ids: list[int] | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._record, name="known-answer", daemon=True)
+        self._thread = threading.Thread(target=self._find, name="known-answer", daemon=True)
         self._thread.start()
 
-    def _record(self) -> None:
-        url = f"http://127.0.0.1:{self.port}"
+    def argv(self, port: int) -> list[str]:
+        return unified_server_argv(
+            sys.executable,
+            str(self.model),
+            SERVED,
+            host="127.0.0.1",
+            port=port,
+            context_length=CONTEXT,
+        )
 
-        def answer() -> list[int] | None:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"unified SGLang exited: {self.log.read_text()[-3000:]}")
-            code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
-            return output_ids(body) if code == 200 else None
-
+    def _find(self) -> None:
         try:
-            self._ids = deadline_loop(
-                "the unified real SGLang's known answer", answer, START_TIMEOUT
+            found = known_answer(
+                self.env,
+                self.model,
+                self.argv(0),
+                generate_body(),
+                inspect.getsource(KnownAnswer),
+                self._record,
             )
-            print(
-                f"\nMEASURED unified real SGLang up and answered in "
-                f"{time.monotonic() - self.started:.1f}s: known answer {self._ids}"
-            )
+            took = time.monotonic() - self.started
+            if found.computed:
+                print(
+                    f"\nMEASURED known answer computed: unified real SGLang up and answered in "
+                    f"{took:.1f}s: {found.value} (stored under key {found.key[:12]})"
+                )
+            else:
+                print(
+                    f"\nMEASURED known answer from the cache (key {found.key[:12]}) in "
+                    f"{took:.1f}s, no unified server started: {found.value}"
+                )
+            self._ids = found.value
         except BaseException as exc:  # reported by ids()
             self._error = exc
         finally:
             self.stop()
+
+    def _record(self) -> list[int]:
+        port = unified_server_port()
+        proc = self.proc = subprocess.Popen(
+            self.argv(port),
+            env={**os.environ, **self.env.env()},
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+
+        def alive() -> None:
+            log = self.log.read_text(errors="replace")
+            if proc.poll() is not None or "address already in use" in log:
+                raise AssertionError(f"unified SGLang did not start: {log[-3000:]}")
+
+        def answer() -> list[int] | None:
+            info = server_info(url)
+            if info is None:
+                return None
+            # The answer is cached: it must be this server's, not another's on a reused port.
+            mine = info.get("port") == port and info.get("disaggregation_mode") == "null"
+            assert mine, f"127.0.0.1:{port} answers as another server: {info.get('port')}"
+            code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
+            return output_ids(body) if code == 200 else None
+
+        ids: list[int] = deadline_loop(
+            "the unified real SGLang's known answer",
+            answer,
+            START_TIMEOUT,
+            guard=alive,
+            retry_on=(OSError,),
+        )
+        return ids
 
     def ids(self) -> list[int]:
         self._thread.join(START_TIMEOUT + 60)
@@ -175,7 +214,7 @@ class KnownAnswer:
         return self._ids
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
 
@@ -201,8 +240,13 @@ def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
     except RealEngineError as exc:
         pytest.fail(f"{exc} (make test runs make real-engine-deps first)")
     started = time.monotonic()
-    model = make_tiny_llama(env, sys.executable, tmp_path_factory.mktemp("tiny-llama"), SEED)
-    print(f"\nMEASURED tiny Llama generated in {time.monotonic() - started:.1f}s at {model}")
+    found = tiny_llama(env, sys.executable, tmp_path_factory.mktemp("tiny-llama"), SEED)
+    model = found.value
+    how = "generated" if found.computed else "copied from the cache"
+    print(
+        f"\nMEASURED tiny Llama {how} (key {found.key[:12]}) in "
+        f"{time.monotonic() - started:.1f}s at {model}"
+    )
     node = REAL_NODE  # the real pool's node: no other scenario uses it
     ns = "t-real-engine-" + hashlib.sha1(str(model).encode()).hexdigest()[:6]
     known = KnownAnswer(env, model, tmp_path_factory.mktemp("unified") / "sglang.log")

@@ -9,7 +9,8 @@ change how the pool is sized (``kvgate_engine.estimator.SIZING_FLAGS``), both th
 release's own parser (``ServerArgs.add_cli_args``, as ``prepare_server_args`` builds it) says what
 every spelling means, for every option string and every prefix of it (``--x``, ``--xy``, ...),
 alone and with ``=value``, in one subprocess per release (in its own environment,
-tests/conformance/setup_env.sh), and for each table:
+tests/conformance/setup_env.sh; its answer cached by everything it depends on,
+factories/release_answers.py), and for each table:
 
 - every spelling the release reads as a table flag is read by kvgate as that flag (so every
   spelling of a denied flag is denied);
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.release_answers import ask_release
 from kvgate.admission.engine_args import (
     DENIED_ENGINE_FLAGS,
     DENIED_SWITCHES,
@@ -44,7 +46,7 @@ from kvgate.admission.engine_args import (
 from kvgate_engine.estimator import SIZING_FLAGS, SIZING_SWITCHES
 from kvgate_engine.flag_reader import FlagUse, read_flags
 from kvgate_engine.launcher import EngineLaunch, engine_argv
-from test_sglang_argv import SUPPORTED_VERSIONS, run_in_release, sglang_envs
+from test_sglang_argv import SUPPORTED_VERSIONS, sglang_envs
 
 pytestmark = pytest.mark.conformance
 
@@ -155,8 +157,8 @@ TABLES = {
 }
 
 
-def _release(version: str, target: Path, cwd: Path) -> Release:
-    raw: dict[str, Any] = run_in_release(target, PARSER, cwd)
+def _release(version: str, target: Path) -> Release:
+    raw: dict[str, Any] = ask_release(target, PARSER)
     return Release(
         version=version,
         allow_abbrev=raw["allow_abbrev"],
@@ -171,16 +173,12 @@ def _release(version: str, target: Path, cwd: Path) -> Release:
 
 
 @pytest.fixture(scope="module")
-def releases(
-    sglang_envs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Release]:
+def releases(sglang_envs: dict[str, Path]) -> dict[str, Release]:
     """Each release's parser, asked once (one subprocess per release, side by side: most of
-    each one's time is importing SGLang and torch)."""
+    each one's time is importing SGLang and torch), or its cached answer."""
     with ThreadPoolExecutor(len(SUPPORTED_VERSIONS)) as pool:
         asked = {
-            version: pool.submit(
-                _release, version, sglang_envs[version], tmp_path_factory.mktemp(version)
-            )
+            version: pool.submit(_release, version, sglang_envs[version])
             for version in SUPPORTED_VERSIONS
         }
         return {version: future.result() for version, future in asked.items()}

@@ -11,20 +11,20 @@ For each supported SGLang release (each in its own environment, tests/conformanc
 - kvgate's table (``kvgate_engine.sglang_choices``) must be exactly that release's parser's
   ``choices`` for each flag in it;
 - the reference engine, emulating that release, accepts no value the release's parser refuses.
+
+What each release's parser answers is cached by everything it depends on
+(factories/release_answers.py); the comparisons run every time.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from factories.release_answers import ask_release
 from kvgate.admission.checks import check_document
 from kvgate.admission.engine_flags import API_ENGINE_FLAGS
 from kvgate.api.models import ModelDeploymentSpec, Role
@@ -37,15 +37,16 @@ from kvgate_engine.sglang_choices import (
 )
 from test_sglang_argv import (
     LLAMA_31_8B_CONFIG,
-    SETUP,
     SUPPORTED_VERSIONS,
     engine_argv,
-    run_in_release,
+    model_dir,
+    sglang_envs,
 )
 
 pytestmark = pytest.mark.conformance
 
-CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "conformance"
+__all__ = ["model_dir", "sglang_envs"]  # module fixtures this file uses
+
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 
 # Runs inside one SGLang environment: each argv through prepare_server_args, and the parser's
@@ -134,28 +135,10 @@ def admitted(case: Case) -> bool:
     return not any(problem.field == case.field for problem in result.denials)
 
 
-@pytest.fixture(scope="module")
-def sglang_envs() -> dict[str, Path]:
-    result = subprocess.run(
-        ["bash", str(SETUP), *SUPPORTED_VERSIONS],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        env={**os.environ, "KVGATE_PYTHON": sys.executable},
+def run_parser(target: Path, argvs: list[list[str]], fields: list[str], model: Path) -> Any:
+    return ask_release(
+        target, PARSER, {"argvs": argvs, "fields": fields}, reads=[model / "config.json"]
     )
-    assert result.returncode == 0, f"setup_env.sh failed:\n{result.stdout}\n{result.stderr}"
-    return {version: CACHE / f"sglang-{version}" for version in SUPPORTED_VERSIONS}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("model")
-    (directory / "config.json").write_text(json.dumps(LLAMA_31_8B_CONFIG))
-    return directory
-
-
-def run_parser(target: Path, argvs: list[list[str]], fields: list[str], cwd: Path) -> Any:
-    return run_in_release(target, PARSER, cwd, {"argvs": argvs, "fields": fields})
 
 
 @dataclass(frozen=True)
@@ -167,9 +150,7 @@ class Parsed:
 
 
 @pytest.fixture(scope="module")
-def parsed(
-    sglang_envs: dict[str, Path], model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, Parsed]:
+def parsed(sglang_envs: dict[str, Path], model_dir: Path) -> dict[str, Parsed]:
     """Every case's argv through each release's parser, once per module."""
     answers = {}
     for version in SUPPORTED_VERSIONS:
@@ -179,8 +160,7 @@ def parsed(
             for case in found
         ]
         fields = sorted({case.dest for case in found})
-        cwd = tmp_path_factory.mktemp(f"sglang-{version}")
-        answer = run_parser(sglang_envs[version], argvs, fields, cwd)
+        answer = run_parser(sglang_envs[version], argvs, fields, model_dir)
         assert len(answer["results"]) == len(found)
         answers[version] = Parsed(found, argvs, answer["results"], answer["choices"])
     return answers

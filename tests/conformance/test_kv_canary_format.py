@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import ast
 import enum
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kvgate.verify import kv_canary
 from kvgate_engine.reference import canary
+from test_sglang_argv import sglang_envs
 
 pytestmark = pytest.mark.conformance
 
-HERE = Path(__file__).parent
-CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "conformance"
+__all__ = ["sglang_envs"]  # the module fixture this file uses
+
 VERSION = "0.5.23"
 ROWS = [
     # kernel_kind, slot_idx, position, stored_token, expected_token, chain_hash, aux, fail bits
@@ -37,16 +35,9 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def sglang_tree() -> Path:
-    result = subprocess.run(
-        ["bash", str(HERE / "setup_env.sh"), VERSION],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        env={**os.environ, "KVGATE_PYTHON": sys.executable},
-    )
-    assert result.returncode == 0, f"setup_env.sh failed:\n{result.stdout}\n{result.stderr}"
-    return CACHE / f"sglang-{VERSION}" / "sglang"
+def sglang_tree(sglang_envs: dict[str, Path]) -> Path:
+    """0.5.23's source, from the releases the tier installs (once per worker)."""
+    return sglang_envs[VERSION] / "sglang"
 
 
 def _class(source: str, name: str) -> str:

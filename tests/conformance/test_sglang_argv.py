@@ -1,7 +1,8 @@
 """Conformance: the launcher's argv parses with each supported SGLang release's own parser.
 
 Each release lives in its own directory outside the project venv (tests/conformance/setup_env.sh);
-the parse runs in a subprocess with PYTHONPATH pointing there, so nothing else imports sglang.
+the parse runs in a subprocess with PYTHONPATH pointing there, so nothing else imports sglang, and
+what the release answers is cached by everything it depends on (factories/release_answers.py).
 SGLang's ``prepare_server_args`` exits 2 on an unknown flag, and its resolution step reads the
 model's ``config.json`` (a directory holding only that file is enough) and refuses a
 ``--context-length`` above the model's own.
@@ -9,7 +10,7 @@ model's ``config.json`` (a directory holding only that file is enough) and refus
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from factories.model_configs import model_config
+from factories.release_answers import CONFORMANCE_CACHE, ask_release, model_directory
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
@@ -31,7 +33,7 @@ def engine_argv(spec: ModelDeploymentSpec, role: Role) -> list[str]:
 
 HERE = Path(__file__).parent
 SETUP = HERE / "setup_env.sh"
-CACHE = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "conformance"
+CACHE = CONFORMANCE_CACHE
 SUPPORTED_VERSIONS = ("0.5.23", "0.5.22", "0.5.21", "0.5.20", "0.5.19")
 UNKNOWN_FLAG = "--kvgate-no-such-flag"
 
@@ -148,9 +150,11 @@ def expected_values(spec: ModelDeploymentSpec, role: Role, argv: list[str]) -> d
     return values
 
 
-@pytest.fixture(scope="module")
-def sglang_envs() -> dict[str, Path]:
-    """Install (once, idempotently) every supported release; fail loudly if one cannot be."""
+@functools.cache
+def _installed() -> tuple[Path, ...]:
+    """Install (idempotently) every supported release; fail loudly if one cannot be. Once per
+    process: each module's fixture asks, and setup_env.sh takes seconds even when all is cached
+    (it imports torch, under a lock the other worker waits on)."""
     result = subprocess.run(
         ["bash", str(SETUP), *SUPPORTED_VERSIONS],
         capture_output=True,
@@ -159,49 +163,29 @@ def sglang_envs() -> dict[str, Path]:
         env={**os.environ, "KVGATE_PYTHON": sys.executable},
     )
     assert result.returncode == 0, f"setup_env.sh failed:\n{result.stdout}\n{result.stderr}"
-    return {version: CACHE / f"sglang-{version}" for version in SUPPORTED_VERSIONS}
+    return tuple(CACHE / f"sglang-{version}" for version in SUPPORTED_VERSIONS)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("model")
-    (directory / "config.json").write_text(json.dumps(LLAMA_31_8B_CONFIG))
-    return directory
+def sglang_envs() -> dict[str, Path]:
+    return dict(zip(SUPPORTED_VERSIONS, _installed(), strict=True))
 
 
-def run_in_release(target: Path, script: str, cwd: Path, stdin: Any = None) -> Any:
-    """Run ``script`` with the project's Python and the release installed at ``target`` on its
-    path (offline, no GPU), feeding it ``stdin`` as JSON; returns the JSON it printed after
-    ``KVGATE-RESULTS ``."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(target),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        input=None if stdin is None else json.dumps(stdin),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=env,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("KVGATE-RESULTS ")]
-    assert lines, f"SGLang parser did not run (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    return json.loads(lines[-1].removeprefix("KVGATE-RESULTS "))
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    """The model's config.json, at a path named by its content: the argv naming it is the same
+    on every run, so the release's answer can be cached."""
+    return model_directory(LLAMA_31_8B_CONFIG)
 
 
-def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
-    parsed: list[dict[str, Any]] = run_in_release(target, PARSER, cwd, argvs)
+def parse_with_sglang(target: Path, argvs: list[list[str]], model: Path) -> list[dict[str, Any]]:
+    parsed: list[dict[str, Any]] = ask_release(target, PARSER, argvs, reads=[model / "config.json"])
     return parsed
 
 
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
 def test_launcher_argv_parses_with_sglang(
-    version: str, sglang_envs: dict[str, Path], model_dir: Path, tmp_path: Path
+    version: str, sglang_envs: dict[str, Path], model_dir: Path
 ) -> None:
     cases = specs(version, model_dir)
     argvs = [engine_argv(spec, role) for _, spec, role in cases]
@@ -214,7 +198,7 @@ def test_launcher_argv_parses_with_sglang(
     # RDMA lacks: reaching that check proves the flag and its value were read.
     rdma_argv = engine_argv(rdma_spec(version, model_dir), Role.PREFILL)
     inputs.append(rdma_argv[3:])
-    results = parse_with_sglang(sglang_envs[version], inputs, tmp_path)
+    results = parse_with_sglang(sglang_envs[version], inputs, model_dir)
     rdma_result = results.pop()
     assert rdma_result["exit"] != 2, f"sglang {version} rejected {rdma_argv}: {rdma_result}"
     if rdma_result["exit"] == 0:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.release_answers import ask_release
 from kvgate.api import multinode
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv
-from test_sglang_argv import UNKNOWN_FLAG, model_dir, run_in_release, sglang_envs
+from test_sglang_argv import UNKNOWN_FLAG, model_dir, sglang_envs
 
 pytestmark = pytest.mark.conformance
 
@@ -56,9 +57,9 @@ def expand(argv: list[str], env: dict[str, str]) -> list[str]:
     return [_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
 
 
-def parse_with_sglang(target: Path, argvs: list[list[str]], cwd: Path) -> list[dict[str, Any]]:
+def parse_with_sglang(target: Path, argvs: list[list[str]], model: Path) -> list[dict[str, Any]]:
     """Each argv through SGLang's prepare_server_args, in that release's own environment."""
-    parsed: list[dict[str, Any]] = run_in_release(target, PARSER, cwd, argvs)
+    parsed: list[dict[str, Any]] = ask_release(target, PARSER, argvs, reads=[model / "config.json"])
     return parsed
 
 
@@ -75,7 +76,7 @@ def group_spec(version: str, model: Path) -> ModelDeploymentSpec:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_multi_node_argv_parses_with_sglang_as_the_topology_kvgate_means(
-    version: str, sglang_envs: dict[str, Path], model_dir: Path, tmp_path: Path
+    version: str, sglang_envs: dict[str, Path], model_dir: Path
 ) -> None:
     spec = group_spec(version, model_dir)
     # (role, the rank given to the launcher mapping, LWS_WORKER_INDEX in that pod)
@@ -97,7 +98,7 @@ def test_multi_node_argv_parses_with_sglang_as_the_topology_kvgate_means(
     unexpanded = engine_argv(engine_launch(spec, Role.DECODE, node_rank=multinode.WORKER_RANK))
     inputs.append(expand(unexpanded, {"LWS_LEADER_ADDRESS": LEADER_ADDRESS})[3:])
 
-    results = parse_with_sglang(sglang_envs[version], inputs, tmp_path)
+    results = parse_with_sglang(sglang_envs[version], inputs, model_dir)
     assert len(results) == len(inputs)
     assert results.pop()["exit"] != 0, "an unexpanded $(LWS_WORKER_INDEX) was accepted"
     assert results.pop()["exit"] == 2, f"sglang {version} accepted {UNKNOWN_FLAG}"

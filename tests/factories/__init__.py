@@ -6,4 +6,6 @@
 - fake_engine: a tiny SGLang-shaped engine on 127.0.0.1
 - local_http: any aiohttp app served on 127.0.0.1
 - golden: the operator's golden files (tests/golden/operator/)
+- release_answers: what an SGLang release's own parser answers, asked in a subprocess, cached
+  on disk (the conformance tier)
 """
