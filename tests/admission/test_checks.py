@@ -115,6 +115,28 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
     ("another kind", {"kind": "Deployment"}, "kind", ["ModelDeployment", "'Deployment'"]),
     ("another api version", {"apiVersion": "kvgate.io/v1"}, "apiVersion", ["kvgate.io/v1alpha1"]),
     ("unicode name", {"metadata.name": "модель-8b"}, "metadata.name", ["DNS-1035"]),
+    (
+        "tensor parallel that does not divide the heads",
+        {"spec.decode.tensorParallel": 3},
+        "spec.decode.tensorParallel",
+        ["3 does not divide the model's 32 attention heads", "set decode.tensorParallel to"],
+    ),
+    (
+        "tensor parallel and KV heads that do not divide one another",
+        {
+            "spec.prefill.tensorParallel": 16,
+            "spec.model.config.num_attention_heads": 48,
+            "spec.model.config.num_key_value_heads": 12,
+        },
+        "spec.prefill.tensorParallel",
+        ["16 and the model's 12 KV heads", "do not divide one another"],
+    ),
+    (
+        "GPU memory no GPU has",
+        {"spec.prefill.gpuMemoryGiB": 1e25},
+        "spec.prefill.gpuMemoryGiB",
+        ["at most 16,384", "got 1e+25"],
+    ),
     ("name too long for a label", {"metadata.name": "m" * 64}, "metadata.name", ["64", "63"]),
 ]
 
@@ -293,3 +315,26 @@ def test_garbage_model_config_warns_instead_of_crashing() -> None:
     )
     assert result.allowed, result.message
     assert any("cannot" in w.message for w in result.warnings)
+
+
+def test_a_tp_that_does_not_divide_the_heads_is_denied_once_without_an_estimate() -> None:
+    """SGLang asserts num_attention_heads % tp_size == 0 at start-up: the engine would crash-loop,
+    so the denial is the whole answer for that role (no estimate warning beside it)."""
+    result = check_document(mutated({"spec.prefill.tensorParallel": 3}))
+    assert [str(d) for d in result.denials] == [
+        "spec.prefill.tensorParallel: 3 does not divide the model's 32 attention heads "
+        "(spec.model.config num_attention_heads); SGLang asserts num_attention_heads % tp_size "
+        "== 0 and the engine does not start; set prefill.tensorParallel to one that divides 32: "
+        "1, 2, 4, 8 or 16"
+    ]
+    assert not [w for w in result.warnings if w.field == "spec.prefill"]
+
+
+def test_an_architecture_kvgate_does_not_model_is_estimated_with_a_warning() -> None:
+    result = check_document(mutated({"spec.model.config.architectures": ["FooForCausalLM"]}))
+    assert result.allowed
+    assert [str(w) for w in result.warnings] == [
+        "spec.model.config: FooForCausalLM is not an architecture kvgate models; its KV pool "
+        "is estimated as standard attention (MHA/GQA: num_key_value_heads × head_dim × "
+        "num_hidden_layers), which may be wrong for it; the live engines are verified either way"
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -73,21 +74,144 @@ def test_every_document_in_a_multi_document_file_is_checked(
     assert "spec.decode.replicas: must be >= 0 (got -3)" in out
 
 
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [
-        ("spec: [unclosed", "cannot read"),
-        ("", "holds no document"),
-        ("- just\n- a list\n", "must be a ModelDeployment object"),
-    ],
-)
-def test_unreadable_or_foreign_files_are_denied_with_a_reason(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, words: str
+def test_a_document_that_is_not_a_model_deployment_is_denied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["validate", _write(tmp_path, text)]) == 1
-    assert words in capsys.readouterr().out
+    assert main(["validate", _write(tmp_path, "- just\n- a list\n")]) == 1
+    assert "must be a ModelDeployment object" in capsys.readouterr().out
 
 
-def test_missing_file_is_denied_naming_the_path(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", "/nonexistent/md.yaml"]) == 1
-    assert "cannot read /nonexistent/md.yaml" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("spec: [unclosed", "is not YAML"),
+        ("", "is empty; pass a ModelDeployment"),
+        ("---\n---\n", "holds no document; pass a ModelDeployment"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "is not UTF-8 text (byte 0x89 at offset 0"),
+    ],
+    ids=["not yaml", "empty", "only separators", "binary"],
+)
+def test_a_file_that_cannot_be_read_as_yaml_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | bytes, words: str
+) -> None:
+    path = tmp_path / "md.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    assert main(["validate", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"kvgate validate: {path}: ")
+    assert words in err
+
+
+def test_missing_file_exits_2_naming_the_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "/nonexistent/md.yaml"]) == 2
+    assert capsys.readouterr().err == (
+        "kvgate validate: /nonexistent/md.yaml: cannot read it: No such file or directory\n"
+    )
+
+
+def _billion_laughs(levels: int) -> str:
+    """The sample with 10^levels strings behind a few hundred bytes of YAML aliases."""
+    lines = [
+        "x-anchors:",
+        '  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+    ]
+    for level in range(1, levels):
+        lines.append(f"  a{level}: &a{level} [" + ",".join([f"*a{level - 1}"] * 10) + "]")
+    bomb = f"torch_dtype: bfloat16\n      laughs: *a{levels - 1}"
+    return "\n".join(lines) + "\n" + SAMPLE.read_text().replace("torch_dtype: bfloat16", bomb)
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A million strings behind 600 bytes of aliases: refused at parse, in well under a second
+    (it took a second and 90 MB to be denied as oversized; 10^9 took 21 s and 2 GB and was
+    reported as a kvgate bug)."""
+    path = _write(tmp_path, _billion_laughs(6))
+    started = time.perf_counter()
+    assert main(["validate", path]) == 2
+    elapsed = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert err == (
+        f"kvgate validate: {path}: document 1 expands to more than 65,536 values through YAML "
+        "aliases (*name); kvgate reads at most what a 1 MiB request could hold: write the "
+        "values out, or use fewer aliases\n"
+    )
+    assert elapsed < 1.0
+
+
+def test_a_recursive_yaml_alias_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "kind: ModelDeployment\nspec: &spec\n  model: {config: *spec}\n"
+    path = _write(tmp_path, text)
+    assert main(["validate", path]) == 2
+    assert "document 1 refers to itself through a YAML alias (*spec)" in capsys.readouterr().err
+
+
+def test_a_file_above_the_webhooks_request_cap_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "md.yaml"
+    path.write_bytes(b"# " + b"x" * 2**20 + b"\n" + SAMPLE.read_bytes())
+    assert main(["validate", str(path)]) == 2
+    assert (
+        f"{path}: is larger than the 1 MiB kvgate reads (the webhook's request cap)"
+        in capsys.readouterr().err
+    )
+
+
+def test_a_tensor_parallel_that_does_not_divide_the_heads_is_denied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = mutated({"spec.prefill.tensorParallel": 3})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
+    assert (
+        "error: spec.prefill.tensorParallel: 3 does not divide the model's 32 attention heads"
+        in capsys.readouterr().out
+    )
+
+
+def test_an_allowed_document_shows_each_roles_estimate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """(80 − 1) × 0.85 − 15 = 52.15 GiB per GPU; 52.15 × 2^30 / 131,072 bytes = 427,212 tokens."""
+    assert main(["validate", str(SAMPLE)]) == 0
+    out = capsys.readouterr().out
+    for role in ("prefill", "decode"):
+        assert (
+            f"  estimate: {role} KV pool 427,212 tokens per engine ≥ 131,072 required "
+            "(contextLength 131,072 × headroom 1.0), margin +225.9%; 80 GiB × TP 1, bfloat16, "
+            "memFractionStatic 0.85, weights 15 GiB (an estimate: every live engine is "
+            "verified)\n"
+        ) in out
+    assert main(["validate", str(SAMPLE), "--json"]) == 0
+    [document] = json.loads(capsys.readouterr().out)["documents"]
+    assert [
+        (e["role"], e["kv_pool_tokens"], e["required_pool_tokens"]) for e in document["estimates"]
+    ] == [("prefill", 427_212, 131_072), ("decode", 427_212, 131_072)]
+
+
+def test_json_output_has_the_schema_version_and_an_error_object_for_input_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["validate", str(SAMPLE), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (payload["schemaVersion"], payload["command"], payload["exit_code"]) == (
+        1,
+        "validate",
+        0,
+    )
+    assert payload["error"] is None
+    path = _write(tmp_path, "")
+    assert main(["validate", path, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out) == {
+        "schemaVersion": 1,
+        "command": "validate",
+        "exit_code": 2,
+        "error": {"input": path, "message": "is empty; pass a ModelDeployment YAML or JSON file"},
+    }

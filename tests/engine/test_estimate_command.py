@@ -160,7 +160,7 @@ def test_mla_with_fp8_kv_and_weights(capsys: pytest.CaptureFixture[str], tmp_pat
     [
         ("not json", "is not JSON"),
         ("[1, 2]", "is not a JSON object"),
-        (None, "cannot read --config file"),
+        (None, "--config: cannot read "),
     ],
 )
 def test_unreadable_config_exits_2(
@@ -193,3 +193,162 @@ def test_page_size_and_cap_are_applied(capsys: pytest.CaptureFixture[str], llama
     )
     assert code == 0
     assert json.loads(out)["kv_pool_tokens"] == 434_112  # 6,783 pages of 64
+
+
+# --- bad input: exit 2 naming the flag, the value and the way out --------------------------------
+
+
+def test_a_binary_config_exits_2_naming_the_flag_and_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(bytes(range(0xF5, 0x100)) + bytes(range(256)))
+    code, out, err = run(capsys, "--config", str(path), "--gpu-memory-gib", "80", "--tp", "1")
+    assert code == 2
+    assert out == ""
+    assert err == (
+        f"kvgate estimate: --config: {path} is not UTF-8 text (byte 0xf5 at offset 0: a binary "
+        "file?); pass the model's config.json\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["--gpu-memory-gib", "inf", "--tp", "1"],
+            "--gpu-memory-gib: must be a finite number of GiB above 0 and at most 16,384 (got "
+            "inf); give the memory of one GPU, e.g. 80",
+        ),
+        (
+            ["--gpu-memory-gib", "80", "--tp", "1", "--weights-gib", "-15"],
+            "--weights-gib: must be a finite number of GiB above 0 (got -15); give the weight "
+            "size of one replica, e.g. 15",
+        ),
+        (
+            ["--gpu-memory-gib", "80", "--tp", "1000000"],
+            "--tp: must be between 1 and 512 GPUs per engine (16 per node on at most 32 nodes) "
+            "(got 1,000,000); e.g. 1, 2, 4 or 8",
+        ),
+        (
+            ["--gpu-memory-gib", "80", "--tp", "3"],
+            "--tp: 3 does not divide the model's 32 attention heads (num_attention_heads); "
+            "SGLang asserts num_attention_heads % tp_size == 0 and the engine does not start; "
+            "use one that divides 32: 1, 2, 4, 8, 16 or 32",
+        ),
+        (
+            ["--gpu-memory-gib", "80", "--tp", "1", "--kv-cache-dtype", "float16"],
+            "--kv-cache-dtype: float16 is not accepted by any SGLang release kvgate supports "
+            "(0.5.19 to 0.5.23; the engine exits 2 at start-up); use one of auto, fp8_e5m2, "
+            "fp8_e4m3, mxfp8, bf16, bfloat16",
+        ),
+        (
+            ["--gpu-memory-gib", "80", "--tp", "1", "--max-total-tokens", "0"],
+            "--max-total-tokens: must be 1 or more (got 0); leave it out to keep SGLang's pool",
+        ),
+    ],
+    ids=[
+        "infinite GPU",
+        "negative weights",
+        "TP of a million",
+        "TP 3 of 32 heads",
+        "float16",
+        "cap 0",
+    ],
+)
+def test_a_value_sglang_or_kvgate_would_refuse_exits_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], llama: str, argv: list[str], words: str
+) -> None:
+    code, out, err = run(capsys, "--config", llama, "--weights-gib", "15", *argv)
+    assert code == 2
+    assert out == ""
+    assert err == f"kvgate estimate: {words}\n"
+
+
+def test_a_tp_that_splits_the_kv_heads_unevenly_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """48 heads split 16 ways is fine; 12 KV heads neither split nor replicate over 16 ranks."""
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps({**LLAMA_31_8B, "num_attention_heads": 48, "num_key_value_heads": 12})
+    )
+    code, _, err = run(
+        capsys, "--config", str(path), "--gpu-memory-gib", "80", "--tp", "16", "--weights-gib", "15"
+    )
+    assert code == 2
+    assert err.startswith(
+        "kvgate estimate: --tp: 16 and the model's 12 KV heads (num_key_value_heads) do not "
+        "divide one another"
+    )
+
+
+def test_an_architecture_kvgate_does_not_model_is_sized_with_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_31_8B, "architectures": ["FooForCausalLM"]}))
+    argv = ["--config", str(path), "--gpu-memory-gib", "80", "--tp", "1", "--weights-gib", "15"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    note = (
+        "FooForCausalLM is not an architecture kvgate models; its KV pool is estimated as "
+        "standard attention (MHA/GQA: num_key_value_heads × head_dim × num_hidden_layers), "
+        "which may be wrong for it; verify a live engine (kvgate verify)"
+    )
+    assert f"  note: {note}\n" in out
+    code, out, _ = run(capsys, *argv, "--json")
+    assert json.loads(out)["notes"] == [note]
+    code, out, _ = run(capsys, "--config", llama_config_path(tmp_path), *argv[2:], "--json")
+    assert json.loads(out)["notes"] == []
+
+
+def llama_config_path(tmp_path: Path) -> str:
+    path = tmp_path / "llama.json"
+    path.write_text(json.dumps(LLAMA_31_8B))
+    return str(path)
+
+
+def test_json_has_the_schema_version_and_errors_are_objects_naming_the_input(
+    capsys: pytest.CaptureFixture[str], llama: str, tmp_path: Path
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "--config",
+        llama,
+        "--gpu-memory-gib",
+        "80",
+        "--tp",
+        "1",
+        "--weights-gib",
+        "15",
+        "--json",
+    )
+    payload = json.loads(out)
+    assert (
+        payload["schemaVersion"],
+        payload["command"],
+        payload["exit_code"],
+        payload["error"],
+    ) == (
+        1,
+        "estimate",
+        0,
+        None,
+    )
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00")
+    code, out, err = run(
+        capsys, "--config", str(binary), "--gpu-memory-gib", "80", "--tp", "1", "--json"
+    )
+    assert code == 2 and err == ""
+    assert json.loads(out) == {
+        "schemaVersion": 1,
+        "command": "estimate",
+        "exit_code": 2,
+        "error": {
+            "input": "--config",
+            "message": f"{binary} is not UTF-8 text (byte 0xff at offset 0: a binary file?); "
+            "pass the model's config.json",
+        },
+    }

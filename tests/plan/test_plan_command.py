@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +13,19 @@ import pytest
 import yaml
 from kvgate.cmd.cli import main
 
-from .models import DEEPSEEK_V3, LLAMA_31_8B, LLAMA_70B_CONFIG, MAMBA, SAMPLE, mutated, sample
+from .models import (
+    DEEPSEEK_V3,
+    LLAMA_31_8B,
+    LLAMA_70B_CONFIG,
+    MAMBA,
+    QWEN3_4B,
+    SAMPLE,
+    mutated,
+    sample,
+)
 
 LLAMA_70B = str(LLAMA_70B_CONFIG)
+KVGATE = Path(sys.executable).parent / "kvgate"
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -221,7 +233,8 @@ def test_a_context_beyond_the_model_says_the_models_limit(
 ) -> None:
     code, payload = run_json(capsys, "--config", LLAMA_70B, "--context-length", "1048576")
     assert code == 1
-    assert "the model's config supports at most 131,072 tokens" in payload["error"]
+    assert payload["error"]["input"] == "--context-length"
+    assert "the model's config supports at most 131,072 tokens" in payload["error"]["message"]
     assert payload["cheapest"] == []
 
 
@@ -253,13 +266,45 @@ def test_weights_that_fit_nowhere_exit_1_naming_the_numbers(
         ),
         (LLAMA_31_8B, ["--tp", ","], ["--tp: the search space is empty"]),
         (LLAMA_31_8B, ["--tp", "two"], ["--tp: 'two' is not an integer; e.g. --tp 1,2,4,8"]),
-        (LLAMA_31_8B, ["--gpu-memory-gib", "-80"], ["--gpu-memory-gib: -80 GiB"]),
+        (
+            LLAMA_31_8B,
+            ["--gpu-memory-gib", "-80"],
+            [
+                "--gpu-memory-gib: must be a finite number of GiB above 0 and at most 16,384 "
+                "(got -80)"
+            ],
+        ),
         (LLAMA_31_8B, ["--kv-cache-dtype", "int4"], ["--kv-cache-dtype", "'int4'"]),
-        (LLAMA_31_8B, ["--mem-fraction-static", "1.5"], ["--mem-fraction-static: 1.5"]),
-        (LLAMA_31_8B, ["--headroom", "0.5"], ["--headroom: 0.5 must be >= 1.0"]),
-        (LLAMA_31_8B, ["--context-length", "-1"], ["--context-length: -1 must be >= 1"]),
-        (LLAMA_31_8B, ["--page-size", "0"], ["--page-size: 0 must be >= 1"]),
-        (LLAMA_31_8B, ["--weights-gib", "0"], ["--weights-gib: 0 GiB must be > 0"]),
+        (
+            LLAMA_31_8B,
+            ["--mem-fraction-static", "1.5"],
+            ["--mem-fraction-static: must be between 0 and 1, exclusive (got 1.5)"],
+        ),
+        (
+            LLAMA_31_8B,
+            ["--headroom", "0.5"],
+            ["--headroom: must be a finite number >= 1.0 (got 0.5)"],
+        ),
+        (LLAMA_31_8B, ["--context-length", "-1"], ["--context-length: must be 1 or more (got -1)"]),
+        (LLAMA_31_8B, ["--page-size", "0"], ["--page-size: must be 1 or more (got 0)"]),
+        (
+            LLAMA_31_8B,
+            ["--weights-gib", "0"],
+            ["--weights-gib: must be a finite number of GiB above 0 (got 0)"],
+        ),
+        (
+            LLAMA_31_8B,
+            ["--kv-cache-dtype", "float16"],
+            ["--kv-cache-dtype: float16 is not accepted by any SGLang release kvgate supports"],
+        ),
+        (
+            LLAMA_31_8B,
+            ["--headroom", "1e308", "--context-length", "131072"],
+            [
+                "--headroom: contextLength 131,072 × headroom 1e+308 is too large to compute; "
+                "lower --context-length or --headroom"
+            ],
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(
@@ -276,7 +321,7 @@ def test_bad_input_exits_2_naming_the_flag(
     for word in words:
         assert word in err
     code, payload = run_json(capsys, "--config", path, *argv)
-    assert code == 2 and words[0] in payload["error"]
+    assert code == 2 and words[0] in f"{payload['error']['input']}: {payload['error']['message']}"
 
 
 def test_unreadable_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -385,6 +430,85 @@ def test_file_that_cannot_be_read_exits_2(
     assert code == 2 and "-f: cannot read" in err
     code, _, err = run(capsys, "-f", write(tmp_path, "empty.yaml", "---\n"))
     assert code == 2 and "holds no document" in err
+
+
+def test_a_gpu_size_no_gpu_has_exits_2_at_once_instead_of_searching_for_ever(
+    tmp_path: Path,
+) -> None:
+    """1e25 GiB made a pool of 10^30 tokens, and the search for its largest safe context stepped
+    one token at a time (it never returned for Qwen3-4B)."""
+    config = write(tmp_path, "config.json", QWEN3_4B)
+    done = subprocess.run(
+        [str(KVGATE), "plan", "--config", config, "--weights-gib", "8", "--gpu-memory-gib", "1e25"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        "kvgate plan: --gpu-memory-gib: must be a finite number of GiB above 0 and at most "
+        "16,384 (got 1e+25); give the memory of one GPU, e.g. 80\n"
+    )
+
+
+def test_a_binary_config_exits_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\x00\xff" * 100)
+    code, out, err = run(capsys, "--config", str(path))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"kvgate plan: --config: {path} is not UTF-8 text (byte 0xff at offset 1: a binary "
+        "file?); pass the model's config.json\n"
+    )
+
+
+def test_a_yaml_alias_bomb_given_to_f_is_refused_unexpanded(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    lines = ["x: &a0 [" + ",".join(["lol"] * 10) + "]"]
+    lines += [f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    path = write(tmp_path, "md.yaml", "\n".join(lines) + "\n" + SAMPLE.read_text())
+    started = time.perf_counter()
+    code, out, err = run(capsys, "-f", path)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"kvgate plan: -f: {path}: document 1 expands to more than 65,536 values")
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_file_whose_tensor_parallel_does_not_divide_the_heads_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(tmp_path, "md.yaml", yaml.safe_dump(mutated({"spec.decode.tensorParallel": 3})))
+    code, _, err = run(capsys, "-f", path)
+    assert code == 2
+    assert (
+        "ModelDeployment/llama-8b: spec.decode.tensorParallel: 3 does not divide the model's 32 "
+        "attention heads"
+    ) in err
+
+
+def test_json_has_the_schema_version_and_errors_are_objects(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    for argv in (["--config", LLAMA_70B], ["-f", str(SAMPLE)]):
+        code, payload = run_json(capsys, *argv)
+        assert (payload["schemaVersion"], payload["command"], payload["error"]) == (1, "plan", None)
+    code, payload = run_json(capsys, "--config", LLAMA_70B, "--headroom", "inf")
+    assert code == 2
+    assert payload == {
+        "schemaVersion": 1,
+        "command": "plan",
+        "exit_code": 2,
+        "error": {
+            "input": "--headroom",
+            "message": "must be a finite number >= 1.0 (got inf); the pool must hold the "
+            "context: 1.0 or more, e.g. 1.2",
+        },
+    }
 
 
 # --- --plot --------------------------------------------------------------------------------------

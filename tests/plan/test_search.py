@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from typing import Any
 
 import pytest
@@ -95,6 +96,17 @@ def test_largest_safe_context_sits_exactly_on_the_gates_line(headroom: float) ->
     for pool in [*range(1, 400), 131_071, 131_072, 434_176, 1_048_576, 681_280]:
         got = largest_safe_context(pool, headroom, 10**9)
         assert math.ceil(got * headroom) <= pool < math.ceil((got + 1) * headroom)
+
+
+@pytest.mark.parametrize("headroom", [1.0, 1.2, 3.7, 1e25])
+def test_largest_safe_context_of_a_vast_pool_is_found_in_a_few_steps(headroom: float) -> None:
+    """Float division lands far off the gate's line for pools beyond 2^53 tokens; the answer is
+    still exact, and found by bisection rather than by stepping one token at a time."""
+    for pool in (2**53 + 1, 10**18, 10**30):
+        started = time.perf_counter()
+        got = largest_safe_context(pool, headroom, 10**40)
+        assert time.perf_counter() - started < 0.1
+        assert required_pool_tokens(got, headroom) <= pool < required_pool_tokens(got + 1, headroom)
 
 
 def test_llama_70b_on_80_and_141_gib_gpus() -> None:
