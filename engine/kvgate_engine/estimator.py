@@ -28,6 +28,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate_engine.flag_reader import last_uses
+from kvgate_engine.sglang_choices import (
+    KV_CACHE_DTYPE,
+    NEWEST_CHECKED,
+    OLDEST_CHECKED,
+    SUPPORTED_RELEASES,
+    accepted_values,
+    refusing_releases,
+)
+from kvgate_engine.shape_limits import (
+    MAX_ENGINE_NODES,
+    MAX_GPU_MEMORY_GIB,
+    MAX_GPUS_PER_NODE,
+    MAX_TENSOR_PARALLEL,
+)
 
 GIB = 2**30
 
@@ -48,15 +62,14 @@ CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
     "gemma3_text": {"max_position_embeddings": 131_072},
 }
 
+# --kv-cache-dtype values the estimator sizes: those every supported SGLang release accepts
+# (kvgate_engine.sglang_choices) apart from the FP4 caches, whose layout kvgate does not model.
 KV_DTYPE_BYTES = {
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
     "mxfp8": 1,
     "bfloat16": 2,
     "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "half": 2,
 }
 MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2, "float": 2, "half": 2}
 
@@ -75,14 +88,26 @@ class Estimate:
     swa_pool_tokens: int | None = None  # sliding-window layers' pool (SWA hybrids)
     mamba_state_gib: float = 0.0  # linear-attention state taken before the KV pool
     draft_layers: int = 0  # speculative-decoding draft layers sharing the pool
+    notes: tuple[str, ...] = ()  # what the number rests on that kvgate does not know to hold
 
 
 class EstimateError(ValueError):
-    """The estimate cannot be made; the message carries the numbers and the way out."""
+    """The estimate cannot be made; the message carries the numbers and the way out.
+
+    ``parameter`` is the :func:`estimate_pool` input at fault (``config`` unless another is), so
+    a caller can put the name its user knows in front of the message: ``--tp`` on the command
+    line, ``spec.prefill.tensorParallel`` at admission."""
+
+    def __init__(self, message: str, parameter: str = "config") -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 class NoRoomForKvCache(EstimateError):
     """The weights leave no GPU memory for even one page of KV cache."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "weights_gib")
 
 
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -166,6 +191,104 @@ def _layers(text: Mapping[str, Any]) -> int:
     return _require(text, "num_hidden_layers", "num_layers", "n_layer")
 
 
+# SGLang's attention layers assert on the TP size at start-up (models/llama.py LlamaAttention,
+# qwen2.py, qwen3.py, gpt_oss.py, deepseek_v2.py): the query heads split evenly over the attention
+# TP ranks; the KV heads split evenly too, or, when there are fewer than ranks, each is replicated
+# on an equal number of ranks.
+@dataclass(frozen=True)
+class TensorParallelMismatch:
+    """A TP size the model's attention heads do not allow."""
+
+    tp: int
+    heads: int
+    kv_heads: int | None = None  # set when the KV heads are what does not fit
+    kv_heads_key: str = "num_key_value_heads"
+
+    def short(self) -> str:
+        """``TP 3 does not divide num_attention_heads 32``."""
+        if self.kv_heads is None:
+            return f"TP {self.tp} does not divide num_attention_heads {self.heads}"
+        return f"TP {self.tp} and {self.kv_heads_key} {self.kv_heads} do not divide one another"
+
+    def explain(self, where: str = "") -> str:
+        """What SGLang asserts, with the numbers; ``where`` goes before the config key."""
+        if self.kv_heads is None:
+            return (
+                f"{self.tp} does not divide the model's {self.heads} attention heads "
+                f"({where}num_attention_heads); SGLang asserts num_attention_heads % tp_size == 0 "
+                "and the engine does not start"
+            )
+        return (
+            f"{self.tp} and the model's {self.kv_heads} KV heads ({where}{self.kv_heads_key}) "
+            "do not divide one another; SGLang splits the KV heads over the TP ranks, or "
+            "replicates them when TP is larger, and asserts that one divides the other, so the "
+            "engine does not start"
+        )
+
+
+def _configured_kv_heads(text: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The KV head count the config states, and its key (None: as many as query heads)."""
+    if text.get("multi_query"):
+        return 1, "multi_query"
+    keys = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num")
+    for key in (*keys, "num_attention_groups"):
+        value = _int(text, key)
+        if value is not None and value > 0:
+            return value, key
+    return None
+
+
+def tensor_parallel_mismatch(
+    config: Mapping[str, Any], tp: int, *, attention_dp: int = 1
+) -> TensorParallelMismatch | None:
+    """Why SGLang's attention layers refuse ``tp`` for this model, or None (also when the config
+    does not say its heads). With DP attention the heads split over ``tp / attention_dp``."""
+    text = _text_config(config)
+    heads = _int(text, "num_attention_heads")
+    if heads is None or heads <= 0 or tp < 1:
+        return None
+    attn_tp = tp // attention_dp if attention_dp >= 1 and tp % attention_dp == 0 else tp
+    if heads % attn_tp:
+        return TensorParallelMismatch(tp, heads)
+    kv = None if is_mla(config) else _configured_kv_heads(text)
+    if kv is not None:
+        kv_heads, key = kv
+        if (kv_heads % attn_tp) if kv_heads >= attn_tp else (attn_tp % kv_heads):
+            return TensorParallelMismatch(tp, heads, kv_heads, key)
+    return None
+
+
+def tensor_parallel_sizes(
+    config: Mapping[str, Any], limit: int, *, multiple_of: int = 1
+) -> list[int]:
+    """The TP sizes up to ``limit`` (multiples of ``multiple_of``) the model's heads allow."""
+    return [
+        tp
+        for tp in range(multiple_of, limit + 1, multiple_of)
+        if tensor_parallel_mismatch(config, tp) is None
+    ]
+
+
+def fitting_tensor_parallel(config: Mapping[str, Any], limit: int, *, multiple_of: int = 1) -> str:
+    """The way out of a mismatch: ``one that divides 32: 1, 2, 4, 8, 16 or 32``."""
+    sizes = tensor_parallel_sizes(config, limit, multiple_of=multiple_of)
+    heads = _int(_text_config(config), "num_attention_heads") or 0
+    if not sizes:
+        return f"no size up to {limit:,} fits the model's {heads} attention heads"
+    divisors = [tp for tp in range(multiple_of, limit + 1, multiple_of) if heads % tp == 0]
+    kv = _configured_kv_heads(_text_config(config))
+    what = f"one that divides {heads}"
+    if sizes != divisors and kv is not None:
+        what += f" and fits its {kv[0]} KV heads"
+    return f"{what}: {listed(sizes)}"
+
+
+def listed(values: Sequence[int]) -> str:
+    """``1, 2, 4 or 8``."""
+    shown = [f"{value:,}" for value in values]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
 def kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
     """Bytes per KV element for --kv-cache-dtype (``auto`` = the model's own dtype)."""
     if kv_cache_dtype == "auto":
@@ -182,12 +305,32 @@ def kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
                 f"({', '.join(sorted(MODEL_DTYPE_BYTES))}); pass an explicit --kv-cache-dtype"
             )
         return MODEL_DTYPE_BYTES[str(model_dtype)]
-    if kv_cache_dtype not in KV_DTYPE_BYTES:
-        raise EstimateError(
-            f"--kv-cache-dtype {kv_cache_dtype!r} is not supported by the estimator; use one of "
-            f"auto, {', '.join(KV_DTYPE_BYTES)}"
-        )
+    problem = kv_cache_dtype_problem(kv_cache_dtype)
+    if problem is not None:
+        raise EstimateError(problem, "kv_cache_dtype")
     return KV_DTYPE_BYTES[kv_cache_dtype]
+
+
+def sized_kv_cache_dtypes() -> tuple[str, ...]:
+    """The --kv-cache-dtype values the estimator takes, in SGLang's order: ``auto`` and every
+    value of KV_DTYPE_BYTES that the newest checked release lists."""
+    listed = accepted_values(KV_CACHE_DTYPE, NEWEST_CHECKED) or ()
+    return tuple(value for value in listed if value == "auto" or value in KV_DTYPE_BYTES)
+
+
+def kv_cache_dtype_problem(kv_cache_dtype: str) -> str | None:
+    """Why the estimator will not size this --kv-cache-dtype, or None: a value every supported
+    SGLang release refuses (the engine would exit 2 at start-up), or one kvgate cannot size."""
+    if kv_cache_dtype == "auto" or kv_cache_dtype in KV_DTYPE_BYTES:
+        return None
+    shown = repr(kv_cache_dtype) if not kv_cache_dtype.isprintable() else kv_cache_dtype or "''"
+    choices = f"use one of {', '.join(sized_kv_cache_dtypes())}"
+    if len(refusing_releases(KV_CACHE_DTYPE, kv_cache_dtype)) == len(SUPPORTED_RELEASES):
+        return (
+            f"{shown} is not accepted by any SGLang release kvgate supports ({OLDEST_CHECKED} "
+            f"to {NEWEST_CHECKED}; the engine exits 2 at start-up); {choices}"
+        )
+    return f"{shown} is a KV cache layout kvgate cannot size; {choices}"
 
 
 # --- What SGLang 0.5.23 does per model family (each rule cites the file it comes from) ---
@@ -355,7 +498,7 @@ def _flag_float(values: Mapping[str, str | None], flag: str, default: float) -> 
     try:
         return float(raw)
     except ValueError:
-        raise EstimateError(f"engine flag {flag} {raw!r} is not a number") from None
+        raise EstimateError(f"engine flag {flag} {raw!r} is not a number", "engine_args") from None
 
 
 def _architecture(config: Mapping[str, Any]) -> str:
@@ -373,7 +516,8 @@ def _gpu_major(gpu_arch: str | None) -> int | None:
     if match is None:
         raise EstimateError(
             f"GPU architecture {gpu_arch!r} is not an SM version like sm90 (Hopper) or sm100 "
-            f"(Blackwell); leave it unset for the conservative estimate"
+            f"(Blackwell); leave it unset for the conservative estimate",
+            "gpu_arch",
         )
     return int(match.group(1)) // 10
 
@@ -412,6 +556,52 @@ def layout_of(config: Mapping[str, Any]) -> str:
         kinds = sorted({str(kind) for kind in layer_types})
         raise EstimateError(f"{unmodelled} (layer types {', '.join(kinds)}); verify a live engine")
     return "MLA" if is_mla(config) else "MHA"
+
+
+# Architectures whose KV cache SGLang 0.5.23 lays out as the MHA/GQA rule above says (models/
+# llama.py, also Phi3 and InternLM3; mistral.py, mixtral.py, qwen2.py, qwen2_moe.py, qwen3.py,
+# qwen3_moe.py, granite.py, granitemoe.py, olmo2.py, glm4.py, internlm2.py, exaone.py, step3's
+# text model), or as MLA (models/deepseek_v2.py). Any other MHA- or MLA-looking config is sized
+# by the same rule, with a note that says so.
+STANDARD_ATTENTION_ARCHITECTURES = frozenset(
+    {
+        "LlamaForCausalLM",
+        "Phi3ForCausalLM",
+        "InternLM3ForCausalLM",
+        "MistralForCausalLM",
+        "MixtralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "GraniteForCausalLM",
+        "GraniteMoeForCausalLM",
+        "Olmo2ForCausalLM",
+        "Glm4ForCausalLM",
+        "InternLM2ForCausalLM",
+        "ExaoneForCausalLM",
+        "Step3TextForCausalLM",
+        *FULL_POOL_SWA_ARCHITECTURES,
+    }
+)
+MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
+
+
+def unmodelled_architecture_note(config: Mapping[str, Any], layout: str) -> str | None:
+    """What an estimate of ``layout`` rests on when the config's architecture is not one kvgate
+    knows to be laid out that way, or None. Only MHA and MLA are ever assumed: DSA, SWA and
+    LINEAR are chosen by architecture name (layout_of)."""
+    arch = _architecture(config)
+    known = STANDARD_ATTENTION_ARCHITECTURES if layout == "MHA" else MLA_ARCHITECTURES
+    if layout not in ("MHA", "MLA") or arch in known:
+        return None
+    name = arch or "config.json names no architecture, so this model"
+    if layout == "MLA":
+        rule = "multi-head latent attention (MLA: (kv_lora_rank + qk_rope_head_dim) × layers)"
+    else:
+        rule = "standard attention (MHA/GQA: num_key_value_heads × head_dim × num_hidden_layers)"
+    verb = "is not an architecture kvgate models" if arch else "is not one kvgate knows"
+    return f"{name} {verb}; its KV pool is estimated as {rule}, which may be wrong for it"
 
 
 @dataclass(frozen=True)
@@ -486,7 +676,8 @@ def _dsa_cell(
     else:
         raise EstimateError(
             f"SGLang serves {arch} (DeepSeek sparse attention) only with kvCacheDtype auto, "
-            f"bfloat16{'' if sinks else ' or fp8_e4m3'}, not {kv_cache_dtype!r}"
+            f"bfloat16{'' if sinks else ' or fp8_e4m3'}, not {kv_cache_dtype!r}",
+            "kv_cache_dtype",
         )
     if dtype == "bfloat16":
         per_layer = (rank + rope) * 2
@@ -550,7 +741,8 @@ def _attention_tp(tp: int, flags: SizingFlags) -> int:
     if flags.attention_dp < 1 or tp % flags.attention_dp:
         raise EstimateError(
             f"attention data-parallel size {flags.attention_dp} must divide the tensor-parallel "
-            f"size {tp} (--dp-size with --enable-dp-attention)"
+            f"size {tp} (--dp-size with --enable-dp-attention)",
+            "engine_args",
         )
     return tp // flags.attention_dp
 
@@ -592,14 +784,15 @@ def _swa_cell(
         raise EstimateError(
             "--disable-radix-cache with --max-running-requests sizes the SWA pool from the "
             "request cap (pool_configurator.py SWARequestCapPoolConfigurator), which kvgate "
-            "does not model; verify a live engine"
+            "does not model; verify a live engine",
+            "engine_args",
         )
     swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
     full_layers = layers - swa_layers
     full_token = row.bytes_with_scales
     ratio = flags.swa_full_tokens_ratio
     if not 0 < ratio <= 1:
-        raise EstimateError(f"--swa-full-tokens-ratio {ratio:g} must be in (0, 1]")
+        raise EstimateError(f"--swa-full-tokens-ratio {ratio:g} must be in (0, 1]", "engine_args")
     if full_layers == 0:
         raise EstimateError("an all-sliding-window model is not modelled; verify a live engine")
     # pool_configurator.py HybridSWAPoolConfigurator._recompute_cell_size
@@ -628,7 +821,8 @@ def _linear_cell(
     if draft_layers:
         raise EstimateError(
             "speculative decoding on a linear-attention hybrid reserves intermediate mamba "
-            "state kvgate does not model; verify a live engine"
+            "state kvgate does not model; verify a live engine",
+            "engine_args",
         )
     layer_types = text.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == layers:
@@ -693,7 +887,8 @@ def _gdn_state_bytes(text: Mapping[str, Any], attn_tp: int) -> int:
     if k_heads % attn_tp or v_heads % attn_tp:
         raise EstimateError(
             f"linear-attention heads ({k_heads} key, {v_heads} value) do not divide by the "
-            f"attention TP size {attn_tp}; SGLang pads them in a way kvgate does not model"
+            f"attention TP size {attn_tp}; SGLang pads them in a way kvgate does not model",
+            "tp",
         )
     conv_dim = v_heads * v_dim + 2 * k_heads * k_dim
     ssm_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}.get(
@@ -714,18 +909,21 @@ def speculative_draft_layers(config: Mapping[str, Any], flags: SizingFlags) -> i
     if algorithm not in EAGLE_FAMILY:
         raise EstimateError(
             f"--speculative-algorithm {algorithm} sizes a draft pool kvgate does not model; "
-            f"verify a live engine"
+            f"verify a live engine",
+            "engine_args",
         )
     if flags.speculative_draft_model_path is not None:
         raise EstimateError(
             f"--speculative-draft-model-path {flags.speculative_draft_model_path}: the draft "
-            f"model's KV shares the pool and its config is not in the spec; verify a live engine"
+            f"model's KV shares the pool and its config is not in the spec; verify a live engine",
+            "engine_args",
         )
     layers = _int(_text_config(config), "num_nextn_predict_layers")
     if layers is None or layers <= 0:
         raise EstimateError(
             f"--speculative-algorithm {algorithm} without a draft model needs the config's "
-            f"num_nextn_predict_layers, which this config.json does not have"
+            f"num_nextn_predict_layers, which this config.json does not have",
+            "engine_args",
         )
     return layers
 
@@ -804,30 +1002,65 @@ def estimate_weights_gib(config: Mapping[str, Any]) -> float | None:
     return params * per_param / GIB
 
 
-def _check_sizes(
+def _shown(value: float) -> str:
+    """A number as a message shows it: 1,000,000 / 0.85 / 1e+25 / inf / nan."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) < 10**30 else f"a {len(str(abs(value))):,}-digit number"
+    return f"{value:g}"
+
+
+def check_sizes(
     *,
     gpu_memory_gib: float,
-    gpu_reserved_gib: float,
     tp: int,
-    mem_fraction_static: float,
-    page_size: int,
+    mem_fraction_static: float = 0.85,
+    page_size: int = 1,
+    gpu_reserved_gib: float = 0.0,
+    weights_gib: float | None = None,
+    max_total_tokens: int | None = None,
 ) -> None:
-    """Refuse sizes no engine can have."""
-    if gpu_memory_gib <= 0:
-        raise EstimateError(f"GPU memory {gpu_memory_gib:g} GiB must be > 0")
-    if not 0 <= gpu_reserved_gib < gpu_memory_gib:
+    """Refuse sizes no engine can have: EstimateError naming the parameter, the value and a good
+    one. The API model's bounds (kvgate.api.models) come from the same limits, so admission,
+    ``kvgate estimate`` and ``kvgate plan`` refuse the same values."""
+    if not (math.isfinite(gpu_memory_gib) and 0 < gpu_memory_gib <= MAX_GPU_MEMORY_GIB):
         raise EstimateError(
-            f"reserved GPU memory {gpu_reserved_gib:g} GiB must be >= 0 and below the GPU's "
-            f"{gpu_memory_gib:g} GiB"
+            f"must be a finite number of GiB above 0 and at most {MAX_GPU_MEMORY_GIB:,} (got "
+            f"{_shown(gpu_memory_gib)}); give the memory of one GPU, e.g. 80",
+            "gpu_memory_gib",
         )
-    if tp < 1:
-        raise EstimateError(f"tensor-parallel size {tp} must be >= 1")
+    if not (math.isfinite(gpu_reserved_gib) and 0 <= gpu_reserved_gib < gpu_memory_gib):
+        raise EstimateError(
+            f"must be a finite number of GiB, 0 or more and below the GPU's "
+            f"{_shown(gpu_memory_gib)} (got {_shown(gpu_reserved_gib)}); e.g. "
+            f"{DEFAULT_GPU_RESERVED_GIB:g}, the default",
+            "gpu_reserved_gib",
+        )
+    if not 1 <= tp <= MAX_TENSOR_PARALLEL:
+        raise EstimateError(
+            f"must be between 1 and {MAX_TENSOR_PARALLEL} GPUs per engine ({MAX_GPUS_PER_NODE} "
+            f"per node on at most {MAX_ENGINE_NODES} nodes) (got {_shown(tp)}); e.g. 1, 2, 4 "
+            "or 8",
+            "tp",
+        )
     if not 0 < mem_fraction_static < 1:
         raise EstimateError(
-            f"mem_fraction_static {mem_fraction_static:g} must be between 0 and 1 (exclusive)"
+            f"must be between 0 and 1, exclusive (got {_shown(mem_fraction_static)}); e.g. 0.85",
+            "mem_fraction_static",
         )
     if page_size < 1:
-        raise EstimateError(f"page size {page_size} must be >= 1")
+        raise EstimateError(f"must be 1 or more (got {_shown(page_size)}); e.g. 1", "page_size")
+    if weights_gib is not None and not (math.isfinite(weights_gib) and weights_gib > 0):
+        raise EstimateError(
+            f"must be a finite number of GiB above 0 (got {_shown(weights_gib)}); give the "
+            "weight size of one replica, e.g. 15",
+            "weights_gib",
+        )
+    if max_total_tokens is not None and max_total_tokens < 1:
+        raise EstimateError(
+            f"must be 1 or more (got {_shown(max_total_tokens)}); leave it out to keep "
+            "SGLang's pool",
+            "max_total_tokens",
+        )
 
 
 def _modelled_flags(engine_args: Sequence[str]) -> SizingFlags:
@@ -836,7 +1069,8 @@ def _modelled_flags(engine_args: Sequence[str]) -> SizingFlags:
     if flags.unmodelled:
         raise EstimateError(
             f"engine flags {', '.join(flags.unmodelled)} change how SGLang sizes the KV pool in "
-            f"ways kvgate does not model; verify a live engine"
+            f"ways kvgate does not model; verify a live engine",
+            "engine_args",
         )
     return flags
 
@@ -851,7 +1085,8 @@ def _replica_weights_gib(config: Mapping[str, Any], weights_gib: float | None) -
         raise EstimateError(
             f"cannot compute the weights of {arch} from config.json (MLA, quantized or "
             f"custom layers); pass the weight size of one replica with --weights-gib "
-            f"(spec.model.weightsGiB)"
+            f"(spec.model.weightsGiB)",
+            "weights_gib",
         )
     return estimated
 
@@ -960,14 +1195,20 @@ def estimate_pool(
     ``engine_args`` are the extra launch flags (speculative decoding, DP attention, SWA and
     mamba ratios); ``draft_layers`` overrides the draft layer count they imply.
     """
-    _check_sizes(
+    check_sizes(
         gpu_memory_gib=gpu_memory_gib,
         gpu_reserved_gib=gpu_reserved_gib,
         tp=tp,
         mem_fraction_static=mem_fraction_static,
         page_size=page_size,
+        weights_gib=weights_gib,
+        max_total_tokens=max_total_tokens,
     )
     flags = _modelled_flags(engine_args)
+    mismatch = tensor_parallel_mismatch(config, tp, attention_dp=max(flags.attention_dp, 1))
+    if mismatch is not None:
+        way = fitting_tensor_parallel(config, MAX_TENSOR_PARALLEL)
+        raise EstimateError(f"{mismatch.explain()}; use {way}", "tp")
     gpu_major = _gpu_major(gpu_arch)
     if draft_layers is None:
         draft_layers = speculative_draft_layers(config, flags)
@@ -999,6 +1240,7 @@ def estimate_pool(
         usable_gib -= mamba_state_gib
     tokens = _pool_tokens(usable_gib, cell, page, max_total_tokens, memory)
     swa_tokens = _swa_pool_tokens(tokens, cell, page) if cell.layout == "SWA" else None
+    note = unmodelled_architecture_note(config, cell.layout)
     return Estimate(
         kv_pool_tokens=tokens,
         bytes_per_token=math.ceil(cell.bytes),
@@ -1012,4 +1254,5 @@ def estimate_pool(
         swa_pool_tokens=swa_tokens,
         mamba_state_gib=mamba_state_gib,
         draft_layers=cell.draft_layers,
+        notes=() if note is None else (note,),
     )

@@ -27,10 +27,13 @@ from kvgate_engine.estimator import (
     EstimateError,
     NoRoomForKvCache,
     bytes_per_token,
+    check_sizes,
     derive_context_length,
     estimate_pool,
     estimate_weights_gib,
+    tensor_parallel_mismatch,
 )
+from kvgate_engine.verdict import requirement_problem
 
 DEFAULT_GPU_MEMORY_GIB: tuple[float, ...] = (24, 48, 80, 141, 192)
 DEFAULT_TP: tuple[int, ...] = (1, 2, 4, 8)
@@ -43,6 +46,17 @@ GPU_CATALOG_GIB: tuple[float, ...] = (16, 24, 40, 48, 80, 94, 96, 141, 180, 192,
 MAX_MEM_FRACTION_STATIC = 0.95
 # Tensor-parallel sizes a fix may propose (one engine runs on one node of at most 8 GPUs).
 TP_CHOICES: tuple[int, ...] = (1, 2, 4, 8)
+# The search's flags, by estimate_pool parameter (check_sizes names the one at fault).
+SEARCH_FLAGS = {
+    "gpu_memory_gib": "--gpu-memory-gib",
+    "tp": "--tp",
+    "mem_fraction_static": "--mem-fraction-static",
+    "page_size": "--page-size",
+    "gpu_reserved_gib": "--gpu-reserved-gib",
+    "weights_gib": "--weights-gib",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "config": "--config",
+}
 # A 16-bit KV cache can be halved with fp8; these are the dtypes a fix may switch from.
 SIXTEEN_BIT_KV_DTYPES = frozenset({"auto", "bfloat16", "bf16", "float16", "fp16", "half"})
 
@@ -139,20 +153,28 @@ def required_pool_tokens(context_length: int, headroom: float) -> int:
     return math.ceil(context_length * headroom)
 
 
+def _holds(context: int, headroom: float, kv_pool_tokens: int) -> bool:
+    """The gate's ceil(C × headroom) ≤ pool, computed as the gate computes it."""
+    try:
+        return required_pool_tokens(context, headroom) <= kv_pool_tokens
+    except (OverflowError, ValueError):  # C × headroom is not a finite number
+        return False
+
+
 def largest_safe_context(kv_pool_tokens: int, headroom: float, model_context_length: int) -> int:
-    """The largest contextLength a pool holds under headroom, the input rule and the model limit."""
-    if kv_pool_tokens <= 0:
-        return 0
-    context = min(math.floor(kv_pool_tokens / headroom), kv_pool_tokens)
-    # Float division can land one off the gate's ceil(C × headroom) ≤ pool: settle it exactly.
-    while context > 0 and required_pool_tokens(context, headroom) > kv_pool_tokens:
-        context -= 1
-    while (
-        context + 1 <= kv_pool_tokens
-        and required_pool_tokens(context + 1, headroom) <= kv_pool_tokens
-    ):
-        context += 1
-    return min(context, model_context_length)
+    """The largest contextLength a pool holds under headroom, the input rule and the model limit.
+
+    The largest C ≤ pool with ceil(C × headroom) ≤ pool, found by bisection on the gate's own
+    float arithmetic (monotonic in C): float division alone can land far off it for a vast pool,
+    and stepping one token at a time from there would not end."""
+    low, high = 0, max(kv_pool_tokens, 0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _holds(middle, headroom, kv_pool_tokens):
+            low = middle
+        else:
+            high = middle - 1
+    return min(low, model_context_length)
 
 
 def architecture(config: Mapping[str, Any]) -> str:
@@ -164,41 +186,16 @@ def architecture(config: Mapping[str, Any]) -> str:
     return model_type if isinstance(model_type, str) else "this model"
 
 
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    text = config.get("text_config")
-    return text if isinstance(text, Mapping) else config
-
-
-def _positive_int(text: Mapping[str, Any], key: str) -> int | None:
-    value = text.get(key)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
-
-
 def tp_problem(config: Mapping[str, Any], tp: int) -> str | None:
-    """Why SGLang would refuse this TP size for the model, or None.
-
-    SGLang splits attention heads across ranks: num_attention_heads must divide by TP, and the
-    KV heads must divide by TP or TP by them (then each rank holds a replica).
-    """
-    text = _text_config(config)
-    heads = _positive_int(text, "num_attention_heads")
-    if heads is not None and heads % tp:
-        return f"TP {tp} does not divide num_attention_heads {heads}"
-    kv_heads = _positive_int(text, "num_key_value_heads")
-    if kv_heads is not None and kv_heads % tp and tp % kv_heads:
-        return f"TP {tp} and num_key_value_heads {kv_heads} do not divide one another"
-    return None
+    """Why SGLang would refuse this TP size for the model, or None (the estimator's rule:
+    :func:`~kvgate_engine.estimator.tensor_parallel_mismatch`)."""
+    mismatch = tensor_parallel_mismatch(config, tp)
+    return None if mismatch is None else mismatch.short()
 
 
 def _weights(request: PlanRequest) -> float:
     if request.weights_gib is not None:
-        if not request.weights_gib > 0:
-            raise PlanError(
-                "--weights-gib", f"{request.weights_gib:g} GiB must be > 0 (one replica's weights)"
-            )
-        return request.weights_gib
+        return request.weights_gib  # checked with the other sizes (_check_request)
     try:
         weights = estimate_weights_gib(request.config)
     except Exception:  # a user's config.json can hold anything
@@ -213,7 +210,16 @@ def _weights(request: PlanRequest) -> float:
     return weights
 
 
+def _check_sizes(**sizes: Any) -> None:
+    """The estimator's rules for one shape, as a PlanError naming the flag."""
+    try:
+        check_sizes(**sizes)
+    except EstimateError as error:
+        raise PlanError(SEARCH_FLAGS.get(error.parameter, "--config"), str(error)) from None
+
+
 def _check_request(request: PlanRequest) -> None:
+    """Every value searched meets the estimator's rules (admission's bounds, one set of them)."""
     space = {
         "--gpu-memory-gib": request.gpu_memory_gib,
         "--tp": request.tp,
@@ -224,31 +230,27 @@ def _check_request(request: PlanRequest) -> None:
         if not values:
             raise PlanError(flag, "the search space is empty: give at least one value")
     for gib in request.gpu_memory_gib:
-        if not (gib > 0 and math.isfinite(gib)):
-            raise PlanError("--gpu-memory-gib", f"{gib:g} GiB must be a positive number")
-    for tp in request.tp:
-        if tp < 1:
-            raise PlanError("--tp", f"{tp} must be >= 1 (GPUs per engine)")
-    for fraction in request.mem_fraction_static:
-        if not 0 < fraction < 1:
-            raise PlanError(
-                "--mem-fraction-static", f"{fraction:g} must be between 0 and 1, e.g. 0.85"
-            )
-    if not (request.headroom >= 1.0 and math.isfinite(request.headroom)):
-        raise PlanError(
-            "--headroom", f"{request.headroom:g} must be >= 1.0 (the pool must hold the context)"
-        )
-    if request.context_length is not None and request.context_length < 1:
-        raise PlanError("--context-length", f"{request.context_length} must be >= 1")
-    if request.page_size < 1:
-        raise PlanError("--page-size", f"{request.page_size} must be >= 1")
+        _check_sizes(gpu_memory_gib=gib, tp=1)
     smallest = min(request.gpu_memory_gib)
-    if not (0 <= request.gpu_reserved_gib < smallest and math.isfinite(request.gpu_reserved_gib)):
-        raise PlanError(
-            "--gpu-reserved-gib",
-            f"{request.gpu_reserved_gib:g} GiB must be >= 0 and below the smallest GPU searched "
-            f"({smallest:g} GiB); admission's default is {DEFAULT_GPU_RESERVED_GIB:g}",
-        )
+    for tp in request.tp:
+        _check_sizes(gpu_memory_gib=smallest, tp=tp)
+    for fraction in request.mem_fraction_static:
+        _check_sizes(gpu_memory_gib=smallest, tp=1, mem_fraction_static=fraction)
+    _check_sizes(
+        gpu_memory_gib=smallest,
+        tp=1,
+        page_size=request.page_size,
+        gpu_reserved_gib=request.gpu_reserved_gib,
+        weights_gib=request.weights_gib,
+    )
+    problem = requirement_problem(
+        1 if request.context_length is None else request.context_length,
+        request.headroom,
+        context_name="--context-length",
+        headroom_name="--headroom",
+    )
+    if problem is not None:
+        raise PlanError(*problem)
 
 
 def _check_config(config: Mapping[str, Any], kv_cache_dtypes: Sequence[str]) -> None:
@@ -257,9 +259,10 @@ def _check_config(config: Mapping[str, Any], kv_cache_dtypes: Sequence[str]) -> 
         try:
             bytes_per_token(config, tp=1, kv_cache_dtype=dtype)
         except EstimateError as error:
-            field = "--kv-cache-dtype" if "kv-cache-dtype" in str(error) else "--config"
+            if error.parameter == "kv_cache_dtype":
+                raise PlanError("--kv-cache-dtype", str(error)) from error
             raise PlanError(
-                field, f"cannot size the KV cache of {architecture(config)}: {error}"
+                "--config", f"cannot size the KV cache of {architecture(config)}: {error}"
             ) from error
         except Exception as error:  # a config the estimator chokes on
             raise PlanError(

@@ -24,6 +24,8 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate_engine.report import EngineReport
 
+INT64_MAX = 2**63 - 1  # spec.model.contextLength is a Kubernetes (64-bit) integer
+
 # The engine version floor when neither the spec nor the cluster sets one: disaggregated SGLang
 # before it can hand stale KV pages to decode on an over-length prompt.
 DEFAULT_MIN_ENGINE_VERSION = "0.5.22"
@@ -50,6 +52,46 @@ class Outcome(StrEnum):
     SAFE = "Safe"
     UNSAFE = "Unsafe"
     CANNOT_TELL = "CannotTell"
+
+
+def required_pool_tokens(context_length: int, headroom: float) -> int | None:
+    """ceil(context_length x headroom), the smallest pool that holds the context; None when the
+    product is not a finite number (an infinite headroom, or one too large to multiply)."""
+    try:
+        product = context_length * headroom
+    except OverflowError:  # an integer too large for a float
+        return None
+    return math.ceil(product) if math.isfinite(product) else None
+
+
+def requirement_problem(
+    context_length: int,
+    headroom: float,
+    *,
+    context_name: str = "contextLength",
+    headroom_name: str = "headroom",
+) -> tuple[str, str] | None:
+    """Why no engine can be judged against this requirement: (the name at fault, a message with
+    the value and the way out), or None. The names are the caller's (flags or spec fields)."""
+    if not 1 <= context_length <= INT64_MAX:
+        shown = f"{context_length:,}" if abs(context_length) < 10**30 else "a vast number"
+        bound = "1 or more" if context_length < 1 else f"at most {INT64_MAX:,} (64 bits)"
+        return context_name, (
+            f"must be {bound} (got {shown}); give the advertised context window in tokens, "
+            "e.g. 131072"
+        )
+    if not (math.isfinite(headroom) and headroom >= 1.0):
+        return headroom_name, (
+            f"must be a finite number >= 1.0 (got {headroom:g}); the pool must hold the context: "
+            "1.0 or more, e.g. 1.2"
+        )
+    if required_pool_tokens(context_length, headroom) is None:
+        shown = f"{context_length:,}" if context_length < 10**30 else "a vast number"
+        return headroom_name, (
+            f"contextLength {shown} × headroom {headroom:g} is too large to compute; lower "
+            f"{context_name} or {headroom_name}"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -160,15 +160,24 @@ def test_gqa_model_with_tp_larger_than_its_kv_heads() -> None:
     """Qwen2.5-7B: 4 KV heads, head_dim 3,584 / 28 = 128.
     TP 2: 2 heads -> 2 × 256 × 28 × 2 = 28,672 bytes. TP 8: max(1, 4 // 8) = 1 -> 14,336 bytes
     (not 7,168: a GPU cannot hold half a head).
-    On 24 GiB, mfs 0.8, 16 GiB weights, TP 8: usable = 19.2 − 2 = 17.2 GiB;
-    tokens = 17.2 × 2^30 / 14,336 = 1,288,250.5 -> 1,288,250."""
+    SGLang runs it on TP 28 (28 query heads, each KV head on 7 ranks), not on TP 8 (28 heads do
+    not split 8 ways). On 24 GiB, mfs 0.8, 16 GiB weights, TP 28: usable = 19.2 − 16 / 28 =
+    18.63 GiB; tokens = 18.63 × 2^30 / 14,336 = 1,395,248.07 -> 1,395,248."""
     assert bytes_per_token(QWEN25_7B, tp=2) == 28_672
     assert bytes_per_token(QWEN25_7B, tp=4) == 14_336
     assert bytes_per_token(QWEN25_7B, tp=8) == 14_336
     estimate = estimate_pool(
-        QWEN25_7B, gpu_memory_gib=24, tp=8, mem_fraction_static=0.8, weights_gib=16
+        QWEN25_7B, gpu_memory_gib=24, tp=28, mem_fraction_static=0.8, weights_gib=16
     )
-    assert estimate.kv_pool_tokens == 1_288_250
+    assert estimate.kv_pool_tokens == 1_395_248
+    with pytest.raises(EstimateError) as refused:
+        estimate_pool(QWEN25_7B, gpu_memory_gib=24, tp=8, mem_fraction_static=0.8, weights_gib=16)
+    assert refused.value.parameter == "tp"
+    assert str(refused.value) == (
+        "8 does not divide the model's 28 attention heads (num_attention_heads); SGLang asserts "
+        "num_attention_heads % tp_size == 0 and the engine does not start; use one that divides "
+        "28 and fits its 4 KV heads: 1, 2, 4 or 28"
+    )
 
 
 def test_deepseek_v3_mla_with_fp8_kv_cache() -> None:
@@ -313,24 +322,46 @@ def test_derive_context_length(config: dict[str, Any], context_length: int) -> N
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "parameter", "message"),
     [
-        ({"gpu_memory_gib": 0, "tp": 1}, "GPU memory 0 GiB must be > 0"),
-        ({"gpu_memory_gib": 80, "tp": 0}, "tensor-parallel size 0 must be >= 1"),
+        ({"gpu_memory_gib": 0, "tp": 1}, "gpu_memory_gib", "above 0 and at most 16,384 (got 0)"),
+        ({"gpu_memory_gib": float("inf"), "tp": 1}, "gpu_memory_gib", "(got inf)"),
+        ({"gpu_memory_gib": 80, "tp": 0}, "tp", "between 1 and 512 GPUs per engine"),
         (
             {"gpu_memory_gib": 80, "tp": 1, "mem_fraction_static": 1.5},
-            "mem_fraction_static 1.5 must be between 0 and 1 (exclusive)",
+            "mem_fraction_static",
+            "must be between 0 and 1, exclusive (got 1.5)",
         ),
-        ({"gpu_memory_gib": 80, "tp": 1, "page_size": 0}, "page size 0 must be >= 1"),
+        ({"gpu_memory_gib": 80, "tp": 1, "page_size": 0}, "page_size", "1 or more (got 0)"),
+        (
+            {"gpu_memory_gib": 80, "tp": 1, "gpu_reserved_gib": 80},
+            "gpu_reserved_gib",
+            "below the GPU's 80 (got 80)",
+        ),
         (
             {"gpu_memory_gib": 80, "tp": 1, "kv_cache_dtype": "nvfp4"},
-            "--kv-cache-dtype 'nvfp4' is not supported by the estimator",
+            "kv_cache_dtype",
+            "nvfp4 is a KV cache layout kvgate cannot size",
+        ),
+        (
+            {"gpu_memory_gib": 80, "tp": 1, "kv_cache_dtype": "float16"},
+            "kv_cache_dtype",
+            "float16 is not accepted by any SGLang release kvgate supports",
+        ),
+        (
+            {"gpu_memory_gib": 80, "tp": 1, "max_total_tokens": 0},
+            "max_total_tokens",
+            "must be 1 or more (got 0)",
         ),
     ],
 )
-def test_bad_inputs_are_refused_with_the_value(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(EstimateError, match=message.replace("(", r"\(").replace(")", r"\)")):
+def test_bad_inputs_are_refused_with_the_parameter_and_the_value(
+    kwargs: dict[str, Any], parameter: str, message: str
+) -> None:
+    with pytest.raises(EstimateError) as refused:
         estimate_pool(LLAMA_31_8B, weights_gib=15, **kwargs)
+    assert refused.value.parameter == parameter
+    assert message in str(refused.value)
 
 
 def test_config_without_layers_names_the_field() -> None:

@@ -11,6 +11,11 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 # Re-exported: the API's default, defined once in the engine package (Requirement's default too).
+# Re-exported: how large one engine may be, shared with the estimator's input checks.
+from kvgate_engine.shape_limits import MAX_ENGINE_NODES as MAX_ENGINE_NODES
+from kvgate_engine.shape_limits import MAX_GPU_MEMORY_GIB as MAX_GPU_MEMORY_GIB
+from kvgate_engine.shape_limits import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
+from kvgate_engine.shape_limits import MAX_TENSOR_PARALLEL as MAX_TENSOR_PARALLEL
 from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION as DEFAULT_MIN_ENGINE_VERSION
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -44,10 +49,7 @@ RESOURCE_NAME_PATTERN = (
 # enough that everything kvgate builds from the spec stays within what Kubernetes accepts.
 MAX_ENGINE_REPLICAS = 1024  # engine pods per role
 MAX_ROUTER_REPLICAS = 64
-MAX_GPUS_PER_NODE = 16  # GPUs one engine pod asks for: no node has more
-MAX_ENGINE_NODES = 32  # pods (nodes) of one multi-node engine: a LeaderWorkerSet group's size
-# GPUs of one engine (--tp-size) across all its nodes.
-MAX_TENSOR_PARALLEL = MAX_GPUS_PER_NODE * MAX_ENGINE_NODES
+# MAX_GPUS_PER_NODE, MAX_ENGINE_NODES, MAX_TENSOR_PARALLEL: kvgate_engine.shape_limits.
 MAX_ARGS = 128  # items in engine.args, router.args and engine.env
 MAX_ARG_LENGTH = 4096  # characters in one argument or environment value
 MAX_NAME_LENGTH = 256  # model.name, env names
