@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate_engine.estimator import (
+    Estimate,
+    EstimateError,
     NoRoomForKvCache,
+    check_sizes,
     derive_context_length,
     estimate_pool,
     estimate_weights_gib,
+    fitting_tensor_parallel,
+    tensor_parallel_mismatch,
 )
 from kvgate_engine.launcher import image_version
+from kvgate_engine.verdict import required_pool_tokens as _required_pool_tokens
 from packaging.version import InvalidVersion, Version
 
 from kvgate.admission import names
@@ -34,6 +41,7 @@ from kvgate.api.models import (
     API_VERSION,
     DEFAULT_MIN_ENGINE_VERSION,
     KIND,
+    MAX_GPUS_PER_NODE,
     KvCacheDtype,
     ModelDeploymentSpec,
     Role,
@@ -56,11 +64,7 @@ def _gib(value: float) -> str:
 
 def required_pool_tokens(spec: ModelDeploymentSpec) -> int | None:
     """ceil(contextLength × headroom), or None when the product is not a finite number."""
-    try:
-        product = spec.model.context_length * spec.safety.headroom
-    except OverflowError:
-        return None
-    return math.ceil(product) if math.isfinite(product) else None
+    return _required_pool_tokens(spec.model.context_length, spec.safety.headroom)
 
 
 def _requirement_text(spec: ModelDeploymentSpec) -> str:
@@ -167,6 +171,76 @@ def check_finite(
                 "spec.safety.headroom",
                 f"{_requirement_text(spec)} is too large to compute; lower contextLength or "
                 "headroom",
+            )
+        )
+    if not denials:
+        denials += _role_size_problems(spec)
+    return denials, []
+
+
+# estimate_pool's parameters as a role's spec fields.
+_ROLE_FIELDS = {
+    "gpu_memory_gib": "gpuMemoryGiB",
+    "gpu_reserved_gib": "gpuReservedGiB",
+    "tp": "tensorParallel",
+    "mem_fraction_static": "memFractionStatic",
+    "max_total_tokens": "maxTotalTokens",
+}
+
+
+def _role_size_problems(spec: ModelDeploymentSpec) -> list[Problem]:
+    """The estimator's rules for each role's sizes (kvgate_engine.estimator.check_sizes, which
+    `kvgate estimate` and `kvgate plan` apply too): what the schema cannot bound, such as a GPU
+    larger than any, or a reserve that takes the whole GPU."""
+    problems = []
+    for role, role_spec in _roles(spec):
+        if role_spec.gpu_memory_gi_b is None:
+            continue
+        try:
+            check_sizes(
+                gpu_memory_gib=role_spec.gpu_memory_gi_b,
+                tp=role_spec.tensor_parallel,
+                mem_fraction_static=role_spec.mem_fraction_static,
+                page_size=spec.engine.page_size,
+                gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
+                weights_gib=spec.model.weights_gi_b,
+                max_total_tokens=role_spec.max_total_tokens,
+            )
+        except EstimateError as error:
+            if error.parameter in _ROLE_FIELDS:
+                field = f"spec.{role}.{_ROLE_FIELDS[error.parameter]}"
+            else:
+                field = {"page_size": "spec.engine.pageSize"}.get(
+                    error.parameter, "spec.model.weightsGiB"
+                )
+            problems.append(Problem(field, str(error)))
+    return problems
+
+
+def check_tensor_parallel_heads(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """Each role's tensorParallel is one the model's attention heads allow: SGLang asserts it at
+    start-up (the estimator's rule, kvgate_engine.estimator.tensor_parallel_mismatch)."""
+    config = spec.model.config
+    if config is None:
+        return [], []
+    node_gpus = policy.gpus_per_node or MAX_GPUS_PER_NODE
+    denials = []
+    for role, role_spec in _roles(spec):
+        try:
+            mismatch = tensor_parallel_mismatch(config, role_spec.tensor_parallel)
+            if mismatch is None:
+                continue
+            way = fitting_tensor_parallel(
+                config, node_gpus * role_spec.nodes, multiple_of=role_spec.nodes
+            )
+        except Exception:  # a user's config.json can hold anything; the engine still verifies
+            continue
+        denials.append(
+            Problem(
+                f"spec.{role}.tensorParallel",
+                f"{mismatch.explain('spec.model.config ')}; set {role}.tensorParallel to {way}",
             )
         )
     return denials, []
@@ -345,14 +419,14 @@ def _estimate_inputs(
     return config, weights_gib, [warning]
 
 
-def _estimate_role_pool(
+def _estimate_role(
     spec: ModelDeploymentSpec,
     role_spec: RoleSpec,
     config: dict[str, Any],
     gpu_memory_gib: float,
     weights_gib: float,
-) -> int:
-    """The estimator's KV pool tokens for one role's engines."""
+) -> Estimate:
+    """The estimator's answer for one role's engines."""
     return estimate_pool(
         config,
         gpu_memory_gib=gpu_memory_gib,
@@ -364,7 +438,7 @@ def _estimate_role_pool(
         max_total_tokens=role_spec.max_total_tokens,
         gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
         engine_args=spec.engine.args,
-    ).kv_pool_tokens
+    )
 
 
 def _no_room_denial(
@@ -441,14 +515,21 @@ def check_estimated_pool(
     denials: list[Problem] = []
     if config is None or weights_gib is None:
         return denials, warnings
-    # A role whose maxTotalTokens cap is already denied is not estimated again.
-    capped = {p.field for p in check_max_total_tokens(spec, policy)[0]}
+    # A role whose maxTotalTokens cap or tensorParallel is already denied is not estimated.
+    denied = {p.field for p in check_max_total_tokens(spec, policy)[0]}
+    denied |= {p.field for p in check_tensor_parallel_heads(spec, policy)[0]}
+    notes: set[str] = set()
     for role, role_spec in _roles(spec):
         gpu_memory_gib = role_spec.gpu_memory_gi_b
-        if gpu_memory_gib is None or f"spec.{role}.maxTotalTokens" in capped:
+        if gpu_memory_gib is None or denied & {
+            f"spec.{role}.maxTotalTokens",
+            f"spec.{role}.tensorParallel",
+        }:
             continue
         try:
-            pool = _estimate_role_pool(spec, role_spec, config, gpu_memory_gib, weights_gib)
+            estimate = _estimate_role(spec, role_spec, config, gpu_memory_gib, weights_gib)
+            pool = estimate.kv_pool_tokens
+            notes.update(estimate.notes)
         except NoRoomForKvCache:
             denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
             continue
@@ -461,12 +542,96 @@ def check_estimated_pool(
             )
         elif pool < required * (1 + MARGIN_WARNING):
             warnings.append(_thin_margin_warning(spec, role, pool, required))
+    warnings += [
+        Problem("spec.model.config", f"{note}; the live engines are verified either way")
+        for note in sorted(notes)
+    ]
     return denials, warnings
+
+
+@dataclass(frozen=True)
+class RoleEstimate:
+    """What the estimator predicts for one role of an admitted spec (`kvgate validate`)."""
+
+    role: str
+    kv_pool_tokens: int
+    required_pool_tokens: int
+    context_length: int
+    headroom: float
+    gpu_memory_gib: float
+    tensor_parallel: int
+    kv_cache_dtype: str  # as SGLang resolves it
+    mem_fraction_static: float
+    weights_gib: float
+
+    def describe(self) -> str:
+        margin = (self.kv_pool_tokens / self.required_pool_tokens - 1) * 100
+        return (
+            f"{self.role} KV pool {self.kv_pool_tokens:,} tokens per engine ≥ "
+            f"{self.required_pool_tokens:,} required (contextLength {self.context_length:,} × "
+            f"headroom {self.headroom!r}), margin {margin:+.1f}%; {self.gpu_memory_gib:g} GiB × "
+            f"TP {self.tensor_parallel}, {self.kv_cache_dtype}, memFractionStatic "
+            f"{self.mem_fraction_static:g}, weights {self.weights_gib:.4g} GiB (an estimate: "
+            "every live engine is verified)"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "role": self.role,
+            "kv_pool_tokens": self.kv_pool_tokens,
+            "required_pool_tokens": self.required_pool_tokens,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "tensor_parallel": self.tensor_parallel,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "mem_fraction_static": self.mem_fraction_static,
+            "weights_gib": self.weights_gib,
+        }
+
+
+def role_estimates(document: object) -> list[RoleEstimate]:
+    """The estimate behind an allowed document's pool check, per role that has one (none when
+    the spec lacks what the estimate needs; the warnings say which). Never raises."""
+    try:
+        if not isinstance(document, Mapping):
+            return []
+        model, _ = parse_model(document)
+        if model is None:
+            return []
+        spec = model.spec
+        required = required_pool_tokens(spec)
+        config, weights_gib, _ = _estimate_inputs(spec)
+        if required is None or config is None or weights_gib is None:
+            return []
+        found = []
+        for role, role_spec in _roles(spec):
+            if role_spec.gpu_memory_gi_b is None:
+                continue
+            estimate = _estimate_role(
+                spec, role_spec, config, role_spec.gpu_memory_gi_b, weights_gib
+            )
+            found.append(
+                RoleEstimate(
+                    role=role,
+                    kv_pool_tokens=estimate.kv_pool_tokens,
+                    required_pool_tokens=required,
+                    context_length=spec.model.context_length,
+                    headroom=spec.safety.headroom,
+                    gpu_memory_gib=role_spec.gpu_memory_gi_b,
+                    tensor_parallel=role_spec.tensor_parallel,
+                    kv_cache_dtype=estimate.kv_cache_dtype,
+                    mem_fraction_static=role_spec.mem_fraction_static,
+                    weights_gib=estimate.weights_gib,
+                )
+            )
+        return found
+    except Exception:  # a spec the estimator cannot size was warned about by the checks
+        return []
 
 
 CHECKS: tuple[Check, ...] = (
     check_finite,
     check_shape,
+    check_tensor_parallel_heads,
     check_engine_version,
     check_engine_flag_values,
     check_max_total_tokens,
