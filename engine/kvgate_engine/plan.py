@@ -31,7 +31,9 @@ from kvgate_engine.estimator import (
     derive_context_length,
     estimate_pool,
     estimate_weights_gib,
+    layout_of,
     tensor_parallel_mismatch,
+    unmodelled_architecture_note,
 )
 from kvgate_engine.verdict import requirement_problem
 
@@ -142,6 +144,7 @@ class Plan:
     shapes: tuple[ShapePlan, ...]  # every shape considered, fewest GPUs first
     cheapest: tuple[ShapePlan, ...]  # the shapes that hold the requested context, best first
     skipped: tuple[str, ...]  # search values left out, each with why
+    notes: tuple[str, ...] = ()  # what the estimates rest on that kvgate does not know to hold
 
     @property
     def any_room(self) -> bool:
@@ -370,7 +373,13 @@ def make_plan(request: PlanRequest) -> Plan:
         shapes=tuple(rows),
         cheapest=tuple(cheapest),
         skipped=tuple(skipped),
+        notes=_notes(request.config),
     )
+
+
+def _notes(config: Mapping[str, Any]) -> tuple[str, ...]:
+    note = unmodelled_architecture_note(config, layout_of(config))
+    return () if note is None else (note,)
 
 
 # ---------------------------------------------------------------------------------------------

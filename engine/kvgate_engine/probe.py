@@ -345,8 +345,18 @@ def parse_report(server_info: object, models: object | None) -> EngineReport:
 # ---------------------------------------------------------------------------------------------
 
 
-def unauthorized_message(error: Exception, api_key: str | None) -> str:
-    """Why the engine refused the probe, and the way out."""
+def unauthorized_message(
+    error: Exception, api_key: str | None, key_source: str | None = None
+) -> str:
+    """Why the engine refused the probe, and the way out: where the key comes from, which is
+    spec.engine.apiKeySecretRef unless ``key_source`` names another place (a flag)."""
+    if key_source is not None:
+        if api_key:
+            return (
+                f"engine refused the API key from {key_source}: {error}; pass the engine's own "
+                "--api-key value"
+            )
+        return f"engine requires an API key: {error}; pass the engine's --api-key with {key_source}"
     if api_key:
         return (
             f"engine refused kvgate's API key: {error}; the key in the Secret named by "
@@ -505,9 +515,11 @@ async def fetch_report(
     retries: int = 2,
     session: aiohttp.ClientSession | None = None,
     api_key: str | None = None,
+    key_source: str | None = None,
 ) -> EngineReport | Verdict:
     """Read one engine (with ``api_key`` as a Bearer token when it has one). A CANNOT_TELL
-    Verdict when it is unreachable or its answer unreadable."""
+    Verdict when it is unreachable or its answer unreadable (``key_source``: where a refused
+    key came from, for the message)."""
     base = base_url.rstrip("/")
     owned = session is None
     client = session if session is not None else aiohttp.ClientSession()
@@ -523,7 +535,9 @@ async def fetch_report(
             if isinstance(exc, Unreachable):
                 return cannot_tell(ENGINE_UNREACHABLE, f"engine unreachable: {exc}")
             if isinstance(exc, Unauthorized):
-                return cannot_tell(ENGINE_UNAUTHORIZED, unauthorized_message(exc, api_key))
+                return cannot_tell(
+                    ENGINE_UNAUTHORIZED, unauthorized_message(exc, api_key, key_source)
+                )
             return cannot_tell(REPORT_UNREADABLE, f"engine report unreadable: {exc}")
         models, models_problem = await models_task
     except Exception as exc:  # a bad engine must never crash the caller
@@ -546,10 +560,16 @@ async def verify(
     retries: int = 2,
     session: aiohttp.ClientSession | None = None,
     api_key: str | None = None,
+    key_source: str | None = None,
 ) -> Verdict:
     """Read one engine and judge it against the requirement."""
     report = await fetch_report(
-        base_url, timeout=timeout, retries=retries, session=session, api_key=api_key
+        base_url,
+        timeout=timeout,
+        retries=retries,
+        session=session,
+        api_key=api_key,
+        key_source=key_source,
     )
     if isinstance(report, Verdict):
         return report

@@ -109,7 +109,8 @@ def test_a_file_that_cannot_be_read_as_yaml_exits_2_naming_it(
 def test_missing_file_exits_2_naming_the_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", "/nonexistent/md.yaml"]) == 2
     assert capsys.readouterr().err == (
-        "kvgate validate: /nonexistent/md.yaml: cannot read it: No such file or directory\n"
+        "kvgate validate: /nonexistent/md.yaml: cannot read it: No such file or directory; "
+        "pass a ModelDeployment YAML or JSON file\n"
     )
 
 

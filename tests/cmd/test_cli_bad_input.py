@@ -408,6 +408,7 @@ def _cases() -> list[Case]:
         "verify--url-not-a-url",
         ("verify", "--url", "not a url ✓", "--context-length", "8", "--timeout", "1"),
         two,
+        "--url",
     )
     add(
         "verify--models-with-url",

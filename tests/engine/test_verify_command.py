@@ -112,6 +112,8 @@ def test_json_output_is_a_stable_object(capsys: pytest.CaptureFixture[str]) -> N
     result = json.loads(out)
     assert code == 1
     assert sorted(result) == [
+        "command",
+        "error",
         "exit_code",
         "findings",
         "message",
@@ -119,6 +121,7 @@ def test_json_output_is_a_stable_object(capsys: pytest.CaptureFixture[str]) -> N
         "reason",
         "report",
         "requirement",
+        "schemaVersion",
         "source",
     ]
     assert (result["outcome"], result["exit_code"], result["reason"]) == (

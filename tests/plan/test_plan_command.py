@@ -274,7 +274,11 @@ def test_weights_that_fit_nowhere_exit_1_naming_the_numbers(
                 "(got -80)"
             ],
         ),
-        (LLAMA_31_8B, ["--kv-cache-dtype", "int4"], ["--kv-cache-dtype", "'int4'"]),
+        (
+            LLAMA_31_8B,
+            ["--kv-cache-dtype", "int4"],
+            ["--kv-cache-dtype: int4 is not accepted by any SGLang release"],
+        ),
         (
             LLAMA_31_8B,
             ["--mem-fraction-static", "1.5"],
@@ -491,6 +495,20 @@ def test_a_file_whose_tensor_parallel_does_not_divide_the_heads_exits_2(
     ) in err
 
 
+def test_an_architecture_kvgate_does_not_model_is_planned_with_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write(tmp_path, "config.json", {**LLAMA_31_8B, "architectures": ["FooForCausalLM"]})
+    argv = ("--config", config, "--weights-gib", "15", "--gpu-memory-gib", "80", "--tp", "1")
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert "note: FooForCausalLM is not an architecture kvgate models" in out
+    _, payload = run_json(capsys, *argv)
+    assert payload["notes"][0].endswith("; verify a live engine (kvgate verify)")
+    _, payload = run_json(capsys, "--config", write(tmp_path, "llama.json", LLAMA_31_8B))
+    assert payload["notes"] == []
+
+
 def test_json_has_the_schema_version_and_errors_are_objects(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -566,7 +584,7 @@ def test_plot_without_matplotlib_exits_2_with_the_install_command(
     code, out, err = run(capsys, "--config", LLAMA_70B, "--plot", str(picture))
     assert code == 2
     assert out == ""
-    assert "--plot needs matplotlib" in err and "pip install 'kvgate[plot]'" in err
+    assert "kvgate plan: --plot: needs matplotlib" in err and "pip install 'kvgate[plot]'" in err
     assert not picture.exists()
 
 
@@ -594,6 +612,6 @@ def test_the_search_keeps_the_gpu_memory_admission_keeps_and_says_when_it_cannot
     code, _, err = run(capsys, *common, "--gpu-reserved-gib", "80")
     assert code == 2
     assert (
-        "--gpu-reserved-gib: 80 GiB must be >= 0 and below the smallest GPU searched (80 GiB)"
-        in err
+        "--gpu-reserved-gib: must be a finite number of GiB, 0 or more and below the GPU's 80 "
+        "(got 80)" in err
     )

@@ -28,6 +28,7 @@ from kvgate.admission import metrics
 from kvgate.admission.answer import HANDLER_ID, WEBHOOK_PATH, Answer, answer_review, internal_error
 from kvgate.admission.certificates import CHECK_INTERVAL_SECONDS, ReloadingCertificate
 from kvgate.admission.checks import check_document
+from kvgate.admission.limits import MAX_REQUEST_BYTES
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.review import RejectedReview, check_resource, check_review, parse_review
 from kvgate.api.models import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -39,7 +40,7 @@ HANDLER_IDS = frozenset({HANDLER_ID})
 # has been given up on.
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 # kopf's (aiohttp's) limit, kept: a larger body is answered 413.
-MAX_BODY_BYTES = 1024**2
+MAX_BODY_BYTES = MAX_REQUEST_BYTES
 # kube-apiserver's webhook client (Go's http.Transport) drops idle keep-alive connections after
 # 90 s; a server that closes them first (aiohttp's default: 75 s) races the client's next POST,
 # which Go does not retry ("EOF"). Idle connections are left for the client to close.

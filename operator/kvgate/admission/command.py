@@ -1,39 +1,30 @@
-"""`kvgate validate FILE [--json] [--min-version-floor VERSION]`: the webhook's checks, offline.
+"""`kvgate validate FILE [--json] [--min-version-floor VERSION] [--gpus-per-node N]`: the
+webhook's checks, offline.
 
-Exit 0 when every document in FILE is allowed (warnings are printed), 1 when any is denied or
-FILE cannot be read, 2 when --min-version-floor is not a version. Every problem is printed, with
-its field and numbers. --min-version-floor is the cluster's chart value engineVersionFloor: with
-it, the answers are the ones that cluster's webhook gives.
+Exit 0 when every document in FILE is allowed (warnings and each role's estimated pool are
+printed), 1 when any is denied (every problem, with its field and numbers), 2 when FILE cannot be
+read as YAML or JSON within the webhook's 1 MiB (:mod:`kvgate.admission.documents`) or a flag is
+not usable. --min-version-floor is the cluster's chart value engineVersionFloor and
+--gpus-per-node its gpusPerNode: with them, the answers are the ones that cluster's webhook gives.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any, TextIO
 
-import yaml
+from kvgate_engine.command_inputs import InputError
+from kvgate_engine.command_output import envelope, print_json
 
-from kvgate.admission.checks import check_document
+from kvgate.admission.checks import RoleEstimate, check_document, role_estimates
+from kvgate.admission.documents import load_manifests
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.admission.result import AdmissionResult, Problem
+from kvgate.admission.result import AdmissionResult
 
 EXIT_ALLOWED = 0
 EXIT_DENIED = 1
 EXIT_USAGE = 2
-
-
-def _read(source: str) -> str:
-    if source == "-":
-        return sys.stdin.read()
-    with open(source, encoding="utf-8") as handle:
-        return handle.read()
-
-
-def load_documents(text: str) -> list[Any]:
-    """Every YAML (or JSON) document in `text`, skipping empty ones (`---` at the end)."""
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
 
 
 def _name(document: Any, index: int) -> str:
@@ -44,54 +35,59 @@ def _name(document: Any, index: int) -> str:
     return f"document {index + 1}"
 
 
-def _print_text(out: TextIO, name: str, result: AdmissionResult) -> None:
+def _print_text(
+    out: TextIO, name: str, result: AdmissionResult, estimates: list[RoleEstimate]
+) -> None:
     verdict = "allowed" if result.allowed else "denied"
     out.write(f"{name}: {verdict}\n")
     for denial in result.denials:
         out.write(f"  error: {denial}\n")
+    for estimate in estimates:
+        out.write(f"  estimate: {estimate.describe()}\n")
     for warning in result.warnings:
         out.write(f"  warning: {warning}\n")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Check FILE; print every denial and warning; exit 0 allowed, 1 denied."""
-    out = sys.stdout
+def _policy(args: argparse.Namespace) -> ClusterPolicy:
+    floor = getattr(args, "min_version_floor", None)
     try:
-        policy = ClusterPolicy(min_engine_version_floor=getattr(args, "min_version_floor", None))
+        ClusterPolicy(min_engine_version_floor=floor)
     except ValueError as error:
-        sys.stderr.write(f"kvgate validate: --min-version-floor: {error}\n")
-        return EXIT_USAGE
+        raise InputError("--min-version-floor", str(error)) from None
     try:
-        policy = ClusterPolicy(
-            min_engine_version_floor=policy.min_engine_version_floor,
-            gpus_per_node=getattr(args, "gpus_per_node", None),
+        return ClusterPolicy(
+            min_engine_version_floor=floor, gpus_per_node=getattr(args, "gpus_per_node", None)
         )
     except ValueError as error:
-        sys.stderr.write(f"kvgate validate: --gpus-per-node: {error}\n")
-        return EXIT_USAGE
-    try:
-        documents = load_documents(_read(args.file))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as error:
-        result = AdmissionResult(
-            denials=(Problem("", f"cannot read {args.file}: {error}; pass a YAML or JSON file"),)
-        )
-        named = [(args.file, result)]
-    else:
-        if not documents:
-            empty = Problem("", f"{args.file} holds no document; pass a ModelDeployment")
-            named = [(args.file, AdmissionResult(denials=(empty,)))]
-        else:
-            named = [
-                (_name(doc, i), check_document(doc, policy)) for i, doc in enumerate(documents)
-            ]
+        raise InputError("--gpus-per-node", str(error)) from None
 
+
+def main(args: argparse.Namespace) -> int:
+    """Check FILE; print every denial, estimate and warning; exit 0 allowed, 1 denied (an
+    unusable FILE or flag raises InputError: exit 2)."""
+    policy = _policy(args)
+    documents = load_manifests(args.file, input_name=args.file)
+    checked = []
+    for index, document in enumerate(documents):
+        result = check_document(document, policy)
+        estimates = role_estimates(document) if result.allowed else []
+        checked.append((_name(document, index), result, estimates))
+    allowed = all(result.allowed for _, result, _ in checked)
+    code = EXIT_ALLOWED if allowed else EXIT_DENIED
     if args.json:
         payload = {
-            "allowed": all(result.allowed for _, result in named),
-            "documents": [{"name": name, **result.as_dict()} for name, result in named],
+            "allowed": allowed,
+            "documents": [
+                {
+                    "name": name,
+                    **result.as_dict(),
+                    "estimates": [estimate.as_dict() for estimate in estimates],
+                }
+                for name, result, estimates in checked
+            ],
         }
-        out.write(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+        print_json(envelope("validate", code, payload), sort_keys=False)
     else:
-        for name, result in named:
-            _print_text(out, name, result)
-    return EXIT_ALLOWED if all(result.allowed for _, result in named) else EXIT_DENIED
+        for name, result, estimates in checked:
+            _print_text(sys.stdout, name, result, estimates)
+    return code

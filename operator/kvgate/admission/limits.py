@@ -28,6 +28,9 @@ from collections.abc import Mapping
 from typing import Any
 
 MAX_SPEC_BYTES = 96 * 1024
+# The most the webhook reads of one AdmissionReview (kopf's and aiohttp's limit, kept; a larger
+# body is answered 413), and so the most `kvgate validate` and `kvgate plan -f` read of a file.
+MAX_REQUEST_BYTES = 1024**2
 _GO_PLAIN_FLOAT_LIMIT = 1e21  # Go's encoding/json writes integral floats below this as integers
 
 

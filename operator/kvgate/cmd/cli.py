@@ -1,15 +1,26 @@
 """The `kvgate` command line. Stable subcommand names; tests and users call them.
 
-Each subcommand's work lives in the module that owns it; this file only parses arguments.
+Each subcommand's work lives in the module that owns it; this file parses arguments and, for the
+one-shot commands, turns what goes wrong into a message and an exit code: an input the command
+cannot use (:class:`~kvgate_engine.command_inputs.InputError`, argparse's own errors) is exit 2
+naming the input; anything else is a kvgate bug, reported in one line as exit 3. Never a
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
+from kvgate_engine.command_inputs import InputError
+from kvgate_engine.command_output import report_failure
+from kvgate_engine.launcher import API_KEY_ENV
 from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION
 
 # subcommand -> "module:function"; the function takes the parsed namespace, returns an exit code.
@@ -23,21 +34,105 @@ COMMANDS: dict[str, str] = {
     "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.cmd.guard:main",
 }
+# The commands that run once and exit: their failures are messages and exit codes.
+ONE_SHOT = frozenset({"crd", "validate", "estimate", "verify", "plan"})
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
+
+INTERNAL = "3  internal error: a kvgate bug, reported in one line (please report it)"
+EXIT_CODES_HELP = {
+    "validate": (
+        "0  every document is allowed (warnings are printed)",
+        "1  a document is denied (every problem printed, with its field and numbers)",
+        "2  the file or a flag cannot be used: unreadable, binary, empty, over 1 MiB, not YAML, "
+        "a YAML alias bomb, a bad --min-version-floor or --gpus-per-node",
+        INTERNAL,
+    ),
+    "estimate": (
+        "0  the estimate is printed",
+        "1  the weights leave no room for a KV cache",
+        "2  an input error (named): an unreadable or oversized --config, a number out of range, "
+        "a TP the model's heads do not allow, a KV dtype SGLang refuses, a model kvgate cannot "
+        "size",
+        INTERNAL,
+    ),
+    "verify": (
+        "0  SAFE: the engine holds the context",
+        "1  UNSAFE: a check failed (each printed with its numbers)",
+        "2  CANNOT TELL (never safe), or an input error (named): an unreadable --server-info or "
+        "--models, a number out of range",
+        INTERNAL,
+    ),
+    "plan": (
+        "0  a shape holds the context (without --context-length: some shape has room); with -f, "
+        "every role holds its contextLength",
+        "1  nothing searched holds the context, or the weights fit nowhere; with -f, a role does "
+        "not hold its contextLength (the fixes are printed)",
+        "2  usage or input error (named): an unreadable file, a value out of range, a model the "
+        "estimator cannot size, --plot unavailable",
+        INTERNAL,
+    ),
+}
+
+
+def _exit_codes(command: str) -> str:
+    lines = [
+        textwrap.fill(line, width=78, initial_indent="  ", subsequent_indent="     ")
+        for line in EXIT_CODES_HELP[command]
+    ]
+    return "exit codes:\n" + "\n".join(lines)
+
+
+def _input_named(message: str) -> str:
+    """The flag an argparse message is about: ``argument --tp: invalid int value`` -> ``--tp``,
+    ``the following arguments are required: --tp`` -> ``--tp``."""
+    match = re.match(r"argument ([^:\s/]+)", message) or re.search(r"required: ([^,\s/]+)", message)
+    return match.group(1) if match else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors are a JSON object on stdout when --json was asked for."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_errors:
+            report_failure(
+                self.prog.split()[-1], EXIT_USAGE, _input_named(message), message, as_json=True
+            )
+            self.exit(EXIT_USAGE)
+        super().error(message)
+
+
+def _one_shot(
+    sub: argparse._SubParsersAction[_Parser], name: str, help_text: str, description: str = ""
+) -> _Parser:
+    """A subcommand whose --help ends with its exit codes."""
+    return sub.add_parser(
+        name,
+        help=help_text,
+        description=description or help_text,
+        epilog=_exit_codes(name),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvgate",
         description=(
             "Deploy SGLang prefill/decode engines and let no engine take traffic until its live "
             "KV pool is proven to hold the advertised context window."
         ),
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub: argparse._SubParsersAction[_Parser] = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND"
+    )
 
     sub.add_parser("crd", help="print the ModelDeployment CRD generated from the API models")
 
-    p = sub.add_parser("validate", help="run the admission webhook's checks offline")
+    p = _one_shot(sub, "validate", "run the admission webhook's checks offline")
     p.add_argument("file", help="ModelDeployment YAML or JSON file ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
@@ -60,7 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
-    p = sub.add_parser("estimate", help="predict the KV pool of one engine before any GPU is spent")
+    p = _one_shot(
+        sub,
+        "estimate",
+        "predict the KV pool of one engine before any GPU is spent",
+        "Predict the KV pool of one engine before any GPU is spent, with admission's rules: a "
+        "size admission denies is refused here too.",
+    )
     p.add_argument("--config", required=True, help="the model's config.json")
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, GiB")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
@@ -89,12 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser(
+    p = _one_shot(
+        sub,
         "plan",
-        help="which context a GPU shape safely holds, and the cheapest shape for a context",
-        description="Exit 0: a shape holds the context; 1: nothing searched holds it (or the "
-        "weights fit nowhere; with -f: a role does not hold its contextLength); 2: usage or "
-        "input error. Lists take commas or repeated values: --tp 1,2,4,8.",
+        "which context a GPU shape safely holds, and the cheapest shape for a context",
+        "Which context a GPU shape safely holds, and the cheapest shape for a context. Lists "
+        "take commas or repeated values: --tp 1,2,4,8.",
     )
     p.add_argument("-f", "--file", default=None, help="plan an existing ModelDeployment YAML")
     p.add_argument("--config", default=None, help="the model's config.json (a search)")
@@ -116,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the plan (needs [plot])")
 
-    p = sub.add_parser("verify", help="verify a live engine (or its saved /server_info)")
+    p = _one_shot(sub, "verify", "verify a live engine (or its saved /server_info)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="engine base URL, e.g. http://10.0.0.5:30000")
     src.add_argument("--server-info", help="a saved /server_info JSON file")
@@ -126,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=["prefill", "decode"], default=None)
     p.add_argument("--min-version", default=DEFAULT_MIN_ENGINE_VERSION)
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"the engine's --api-key, sent as Authorization: Bearer (default: ${API_KEY_ENV}; "
+        "the variable keeps the key out of the process list)",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("operator", help="run the operator")
@@ -189,9 +296,48 @@ def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
     return func
 
 
+def _escape_unencodable_output() -> None:
+    """Messages quote file names and use ×, − and ≥: a terminal (or a file name from argv) that
+    cannot be written as-is gets backslash escapes instead of an exception."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            # A closed or detached stream has nothing to protect.
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return _resolve(COMMANDS[args.command])(args)
+    words = list(sys.argv[1:] if argv is None else argv)
+    _escape_unencodable_output()
+    _Parser.json_errors = "--json" in words
+    try:
+        args = build_parser().parse_args(words)
+    except SystemExit as stop:  # --help, or a usage error argparse has already printed
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    finally:
+        _Parser.json_errors = False
+    run = _resolve(COMMANDS[args.command])
+    if args.command not in ONE_SHOT:
+        return run(args)
+    as_json = bool(getattr(args, "json", False))
+    try:
+        return run(args)
+    except InputError as error:
+        return report_failure(args.command, EXIT_USAGE, error.input, error.message, as_json=as_json)
+    except KeyboardInterrupt:
+        print(f"kvgate {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as error:  # the last resort: a bug, in one line, never a traceback
+        detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return report_failure(
+            args.command,
+            EXIT_INTERNAL,
+            "",
+            f"internal error ({detail[:300]}); this is a kvgate bug: please report it with the "
+            "command line",
+            as_json=as_json,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

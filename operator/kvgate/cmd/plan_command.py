@@ -12,19 +12,24 @@ Exit codes:
      with -f, a role does not hold its contextLength (the fixes are printed)
   2  usage or input error: unreadable file, an architecture the estimator cannot size, weights
      it cannot compute, an empty search space, a value out of range, --plot unavailable
+  3  internal error (a kvgate bug), in one line
+
+Every value is checked with the estimator's rules (``kvgate_engine.estimator.check_sizes``),
+the ones admission applies; files are read within caps (``kvgate_engine.command_inputs``,
+``kvgate.admission.documents``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-from kvgate_engine.estimator import DEFAULT_GPU_RESERVED_GIB
+from kvgate_engine.command_inputs import CONFIG_FILE, CONFIG_LIMITS, InputError, load_json
+from kvgate_engine.command_output import envelope, print_json, report_failure
+from kvgate_engine.estimator import DEFAULT_GPU_RESERVED_GIB, EstimateError
 from kvgate_engine.plan import (
     LIMITED_BY_MODEL,
     LIMITED_BY_NO_ROOM,
@@ -38,8 +43,10 @@ from kvgate_engine.plan import (
     required_pool_tokens,
 )
 
-from kvgate.admission.command import load_documents
+from kvgate.admission.checks import check_finite, check_tensor_parallel_heads
+from kvgate.admission.documents import load_manifests
 from kvgate.admission.plan_hint import fit_spec_role
+from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.schema import parse_model
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.cmd.plan_plot import Bar, PlotUnavailable, render
@@ -50,18 +57,12 @@ EXIT_USAGE = 2
 SHOWN_CHEAPEST = 3
 
 
-class _InputError(Exception):
+class _SpecError(Exception):
+    """A ModelDeployment that cannot be planned: the field and what is wrong with it."""
+
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def _fail(message: str, code: int, as_json: bool) -> int:
-    if as_json:
-        print(json.dumps({"error": message, "exit_code": code}, indent=2, sort_keys=True))
-    else:
-        print(f"kvgate plan: {message}", file=sys.stderr)
-    return code
 
 
 def _flatten(values: Sequence[str] | None) -> list[str]:
@@ -76,22 +77,8 @@ def _numbers(values: Sequence[str] | None, flag: str, kind: type[float] | type[i
             result.append(kind(text))
         except ValueError:
             what = "an integer" if kind is int else "a number"
-            raise _InputError(f"{flag}: {text!r} is not {what}; e.g. {flag} 1,2,4,8") from None
+            raise InputError(flag, f"{text!r} is not {what}; e.g. {flag} 1,2,4,8") from None
     return result
-
-
-def _read_json_object(path: str) -> Mapping[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise _InputError(f"--config: cannot read {path}: {error.strerror or error}") from None
-    try:
-        config = json.loads(text)
-    except ValueError as error:
-        raise _InputError(f"--config: {path} is not JSON: {error}") from None
-    if not isinstance(config, Mapping):
-        raise _InputError(f"--config: {path} is not a JSON object (a model's config.json)")
-    return config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,8 +88,10 @@ def _read_json_object(path: str) -> Mapping[str, Any]:
 
 def _request(args: argparse.Namespace) -> PlanRequest:
     if args.config is None:
-        raise _InputError("pass --config config.json (a search) or -f modeldeployment.yaml")
-    config = _read_json_object(args.config)
+        raise InputError("", "pass --config config.json (a search) or -f modeldeployment.yaml")
+    config: Mapping[str, Any] = load_json(
+        args.config, input_name="--config", limits=CONFIG_LIMITS, what=CONFIG_FILE
+    )
     fields: dict[str, Any] = {}
     gib = _numbers(args.gpu_memory_gib, "--gpu-memory-gib", float)
     if args.gpu_memory_gib is not None:
@@ -161,26 +150,36 @@ def shape_json(row: ShapePlan) -> dict[str, Any]:
     }
 
 
-def plan_json(plan: Plan, exit_code: int) -> dict[str, Any]:
+def plan_json(plan: Plan, exit_code: int, problem: tuple[str, str] | None) -> dict[str, Any]:
     """The stable `kvgate plan --json` object: every key is always present."""
     request = plan.request
-    return {
-        "exit_code": exit_code,
-        "model": {
-            "architecture": plan.architecture,
-            "weights_gib": round(plan.weights_gib, 4),
-            "context_length": plan.model_context_length,
+    return envelope(
+        "plan",
+        exit_code,
+        {
+            "model": {
+                "architecture": plan.architecture,
+                "weights_gib": round(plan.weights_gib, 4),
+                "context_length": plan.model_context_length,
+            },
+            "headroom": request.headroom,
+            "context_length": request.context_length,
+            "required_pool_tokens": None
+            if request.context_length is None
+            else required_pool_tokens(request.context_length, request.headroom),
+            "page_size": request.page_size,
+            "skipped": list(plan.skipped),
+            "notes": notes(plan),
+            "shapes": [shape_json(row) for row in plan.shapes],
+            "cheapest": [shape_json(row) for row in plan.cheapest],
         },
-        "headroom": request.headroom,
-        "context_length": request.context_length,
-        "required_pool_tokens": None
-        if request.context_length is None
-        else required_pool_tokens(request.context_length, request.headroom),
-        "page_size": request.page_size,
-        "skipped": list(plan.skipped),
-        "shapes": [shape_json(row) for row in plan.shapes],
-        "cheapest": [shape_json(row) for row in plan.cheapest],
-    }
+        error=problem,
+    )
+
+
+def notes(plan: Plan) -> list[str]:
+    """What the plan's estimates rest on, each with the way to check it."""
+    return [f"{note}; verify a live engine (kvgate verify)" for note in plan.notes]
 
 
 def print_plan(plan: Plan, out: TextIO) -> None:
@@ -212,6 +211,8 @@ def print_plan(plan: Plan, out: TextIO) -> None:
         print(line.rstrip(), file=out)
     for skipped in plan.skipped:
         print(f"skipped: {skipped} (SGLang refuses it)", file=out)
+    for note in notes(plan):
+        print(f"note: {note}", file=out)
     if request.context_length is None or not plan.cheapest:
         return
     required = required_pool_tokens(request.context_length, request.headroom)
@@ -228,14 +229,14 @@ def print_plan(plan: Plan, out: TextIO) -> None:
         )
 
 
-def _nothing_holds(plan: Plan) -> str | None:
-    """Why the plan has no answer (exit 1), or None."""
+def _nothing_holds(plan: Plan) -> tuple[str, str] | None:
+    """Why the plan has no answer (exit 1): the flag to change and the message; or None."""
     request = plan.request
     if not plan.any_room:
         best = max(plan.shapes, key=lambda row: row.usable_gib)
         s = best.shape
-        return (
-            f"--weights-gib: weights {plan.weights_gib:,.2f} GiB leave no room for a KV pool on "
+        return "--weights-gib", (
+            f"weights {plan.weights_gib:,.2f} GiB leave no room for a KV pool on "
             f"any shape searched; the roomiest, {s.label()}, has {s.gpu_memory_gib:g} × "
             f"{s.mem_fraction_static:g} = {s.gpu_memory_gib * s.mem_fraction_static:,.2f} GiB "
             f"per GPU for {plan.weights_gib / s.tp:,.2f} GiB of weights per GPU; add larger "
@@ -245,18 +246,18 @@ def _nothing_holds(plan: Plan) -> str | None:
         return None
     best = max(plan.shapes, key=lambda row: row.largest_safe_context)
     message = (
-        f"--context-length: no shape searched holds contextLength {request.context_length:,} × "
+        f"no shape searched holds contextLength {request.context_length:,} × "
         f"headroom {_h(request.headroom)} = "
         f"{required_pool_tokens(request.context_length, request.headroom):,} pool tokens; "
         f"the most any holds is {best.largest_safe_context:,} ({best.shape.label()})"
     )
     if request.context_length > plan.model_context_length:
-        return message + (
+        return "--context-length", message + (
             f"; the model's config supports at most {plan.model_context_length:,} tokens "
             f"(SGLang refuses a longer --context-length): ask for at most "
             f"{plan.model_context_length:,}"
         )
-    return message + (
+    return "--context-length", message + (
         "; add larger --tp values or bigger --gpu-memory-gib, try --kv-cache-dtype fp8_e4m3, "
         f"or advertise at most {best.largest_safe_context:,}"
     )
@@ -282,30 +283,31 @@ def _plot_plan(plan: Plan, path: str) -> None:
     render(bars, required, title, Path(path))
 
 
+def _plot(draw: Any, path: str) -> None:
+    """Draw the plot; InputError naming --plot when it cannot be drawn or written."""
+    try:
+        draw()
+    except PlotUnavailable as error:
+        raise InputError("--plot", str(error)) from None
+    except OSError as error:
+        raise InputError("--plot", f"cannot write {path}: {error}") from None
+
+
 def _search_main(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(_request(args))
-    except _InputError as error:
-        return _fail(error.message, EXIT_USAGE, args.json)
     except PlanError as error:
-        return _fail(str(error), EXIT_USAGE, args.json)
+        raise InputError(error.field, error.detail) from None
     problem = _nothing_holds(plan)
     code = EXIT_OK if problem is None else EXIT_NOTHING_HOLDS
     if args.plot:
-        try:
-            _plot_plan(plan, args.plot)
-        except PlotUnavailable as error:
-            return _fail(str(error), EXIT_USAGE, args.json)
-        except OSError as error:
-            return _fail(f"--plot: cannot write {args.plot}: {error}", EXIT_USAGE, args.json)
+        _plot(lambda: _plot_plan(plan, args.plot), args.plot)
     if args.json:
-        payload = plan_json(plan, code)
-        payload["error"] = problem
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        print_json(plan_json(plan, code, problem))
     else:
         print_plan(plan, sys.stdout)
         if problem is not None:
-            print(f"kvgate plan: {problem}", file=sys.stderr)
+            report_failure("plan", code, *problem, as_json=False)
     return code
 
 
@@ -322,10 +324,17 @@ def _doc_name(document: Any, index: int) -> str:
     return f"document {index + 1}"
 
 
-def _fit_spec(spec: ModelDeploymentSpec, weights_flag: float | None) -> dict[str, RoleFit]:
+def _fit_spec(
+    spec: ModelDeploymentSpec, weights_flag: float | None
+) -> tuple[dict[str, RoleFit], list[str]]:
     config = spec.model.config
+    # Admission's rules first: sizes no GPU has, a TP the model's heads do not allow.
+    for check in (check_finite, check_tensor_parallel_heads):
+        denials, _ = check(spec, ClusterPolicy())
+        if denials:
+            raise _SpecError("; ".join(str(denial) for denial in denials))
     if config is None:
-        raise _InputError(
+        raise _SpecError(
             "spec.model.config is not set: the plan needs the model's config.json there "
             "(or run kvgate plan --config config.json)"
         )
@@ -335,17 +344,20 @@ def _fit_spec(spec: ModelDeploymentSpec, weights_flag: float | None) -> dict[str
         plan = make_plan(request)  # validates the config and finds the weights
     except PlanError as error:
         field = "spec.model.weightsGiB" if error.field == "--weights-gib" else error.field
-        raise _InputError(f"{field}: {error.detail}") from None
+        raise _SpecError(f"{field}: {error.detail}") from None
     fits: dict[str, RoleFit] = {}
     for role in Role:
         role_spec = spec.prefill if role is Role.PREFILL else spec.decode
         if role_spec.gpu_memory_gi_b is None:
-            raise _InputError(
+            raise _SpecError(
                 f"spec.{role.value}.gpuMemoryGiB is not set: the plan needs the memory of one "
                 f"GPU; set it (e.g. 80 for an H100)"
             )
-        fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib)
-    return fits
+        try:
+            fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib)
+        except EstimateError as error:
+            raise _SpecError(f"spec.{role.value}: cannot estimate the KV pool: {error}") from None
+    return fits, notes(plan)
 
 
 def fix_json(fix: Fix) -> dict[str, Any]:
@@ -397,13 +409,7 @@ def print_role(role: str, fit: RoleFit, out: TextIO) -> None:
 
 
 def _file_main(args: argparse.Namespace) -> int:
-    try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
-        documents = load_documents(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as error:
-        return _fail(f"-f: cannot read {args.file}: {error}", EXIT_USAGE, args.json)
-    if not documents:
-        return _fail(f"-f: {args.file} holds no document; pass a ModelDeployment", 2, args.json)
+    documents = load_manifests(args.file, input_name="-f")
     results: list[dict[str, Any]] = []
     all_hold = True
     bars: list[Bar] = []
@@ -413,11 +419,11 @@ def _file_main(args: argparse.Namespace) -> int:
         model, problems = parse_model(document) if isinstance(document, dict) else (None, [])
         if model is None:
             detail = "; ".join(str(p) for p in problems) or "not a mapping"
-            return _fail(f"-f: {name} is not a valid ModelDeployment: {detail}", 2, args.json)
+            raise InputError("-f", f"{args.file}: {name} is not a valid ModelDeployment: {detail}")
         try:
-            fits = _fit_spec(model.spec, args.weights_gib)
-        except _InputError as error:
-            return _fail(f"{name}: {error.message}", EXIT_USAGE, args.json)
+            fits, spec_notes = _fit_spec(model.spec, args.weights_gib)
+        except _SpecError as error:
+            raise InputError("-f", f"{args.file}: {name}: {error.message}") from None
         spec = model.spec
         required = required_pool_tokens(spec.model.context_length, spec.safety.headroom)
         all_hold = all_hold and all(fit.holds for fit in fits.values())
@@ -428,6 +434,7 @@ def _file_main(args: argparse.Namespace) -> int:
                 "headroom": spec.safety.headroom,
                 "required_pool_tokens": required,
                 "roles": {role: role_json(fit) for role, fit in fits.items()},
+                "notes": spec_notes,
             }
         )
         bars += [
@@ -445,16 +452,14 @@ def _file_main(args: argparse.Namespace) -> int:
             )
             for role, fit in fits.items():
                 print_role(role, fit, sys.stdout)
+            for note in spec_notes:
+                print(f"  note: {note}")
     code = EXIT_OK if all_hold else EXIT_NOTHING_HOLDS
     if args.plot:
-        try:
-            render(bars, required, f"{args.file}: KV pool per role", Path(args.plot))
-        except PlotUnavailable as error:
-            return _fail(str(error), EXIT_USAGE, args.json)
-        except OSError as error:
-            return _fail(f"--plot: cannot write {args.plot}: {error}", EXIT_USAGE, args.json)
+        title = f"{args.file}: KV pool per role"
+        _plot(lambda: render(bars, required, title, Path(args.plot)), args.plot)
     if args.json:
-        print(json.dumps({"exit_code": code, "documents": results}, indent=2, sort_keys=True))
+        print_json(envelope("plan", code, {"documents": results}))
     return code
 
 
@@ -476,11 +481,10 @@ def main(args: argparse.Namespace) -> int:
             if value is not None
         ]
         if search_flags:
-            return _fail(
+            raise InputError(
+                search_flags[0],
                 f"-f plans the ModelDeployment's own shapes; drop {', '.join(search_flags)} "
                 "(or drop -f to search with --config)",
-                EXIT_USAGE,
-                args.json,
             )
         return _file_main(args)
     return _search_main(args)

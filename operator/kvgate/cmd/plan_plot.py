@@ -38,7 +38,7 @@ def render(bars: Sequence[Bar], required_pool_tokens: int, title: str, path: Pat
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise PlotUnavailable(
-            f"--plot needs matplotlib, which is not installed ({error}); {INSTALL_HINT}"
+            f"needs matplotlib, which is not installed ({error}); {INSTALL_HINT}"
         ) from error
 
     width = max(6.0, 0.55 * len(bars) + 2.5)
