@@ -243,11 +243,13 @@ def tensor_parallel_mismatch(
 ) -> TensorParallelMismatch | None:
     """Why SGLang's attention layers refuse ``tp`` for this model, or None (also when the config
     does not say its heads). With DP attention the heads split over ``tp / attention_dp``."""
+    attn_tp = tp // attention_dp if attention_dp >= 1 and tp % attention_dp == 0 else tp
+    if attn_tp <= 1:
+        return None  # one rank holds every head
     text = _text_config(config)
     heads = _int(text, "num_attention_heads")
-    if heads is None or heads <= 0 or tp < 1:
+    if heads is None or heads <= 0:
         return None
-    attn_tp = tp // attention_dp if attention_dp >= 1 and tp % attention_dp == 0 else tp
     if heads % attn_tp:
         return TensorParallelMismatch(tp, heads)
     kv = None if is_mla(config) else _configured_kv_heads(text)

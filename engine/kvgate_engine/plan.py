@@ -167,10 +167,22 @@ def _holds(context: int, headroom: float, kv_pool_tokens: int) -> bool:
 def largest_safe_context(kv_pool_tokens: int, headroom: float, model_context_length: int) -> int:
     """The largest contextLength a pool holds under headroom, the input rule and the model limit.
 
-    The largest C ≤ pool with ceil(C × headroom) ≤ pool, found by bisection on the gate's own
-    float arithmetic (monotonic in C): float division alone can land far off it for a vast pool,
-    and stepping one token at a time from there would not end."""
-    low, high = 0, max(kv_pool_tokens, 0)
+    The largest C ≤ pool with ceil(C × headroom) ≤ pool as the gate computes it. Float division
+    lands on C or next to it for any real pool; for a vast one (beyond 2^53 tokens) it can land
+    far off, and the answer is found by bisection on the gate's arithmetic (monotonic in C)."""
+    if kv_pool_tokens <= 0:
+        return 0
+    try:
+        guess = min(math.floor(kv_pool_tokens / headroom), kv_pool_tokens)
+    except (OverflowError, ValueError):
+        guess = 0
+    for context in (guess, guess - 1, guess + 1):
+        fits = 0 <= context <= kv_pool_tokens and _holds(context, headroom, kv_pool_tokens)
+        if fits and (
+            context == kv_pool_tokens or not _holds(context + 1, headroom, kv_pool_tokens)
+        ):
+            return min(context, model_context_length)
+    low, high = 0, kv_pool_tokens
     while low < high:
         middle = (low + high + 1) // 2
         if _holds(middle, headroom, kv_pool_tokens):

@@ -338,3 +338,9 @@ def test_an_architecture_kvgate_does_not_model_is_estimated_with_a_warning() -> 
         "is estimated as standard attention (MHA/GQA: num_key_value_heads × head_dim × "
         "num_hidden_layers), which may be wrong for it; the live engines are verified either way"
     ]
+
+
+def test_a_kv_dtype_sglang_refuses_is_denied_once_without_an_estimate() -> None:
+    result = check_document(mutated({"spec.engine.kvCacheDtype": "float16"}))
+    assert [d.field for d in result.denials] == ["spec.engine.kvCacheDtype"]
+    assert result.warnings == ()

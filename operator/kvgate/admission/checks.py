@@ -21,6 +21,7 @@ from kvgate_engine.estimator import (
     estimate_pool,
     estimate_weights_gib,
     fitting_tensor_parallel,
+    kv_cache_dtype_problem,
     tensor_parallel_mismatch,
 )
 from kvgate_engine.launcher import image_version
@@ -515,16 +516,12 @@ def check_estimated_pool(
     denials: list[Problem] = []
     if config is None or weights_gib is None:
         return denials, warnings
-    # A role whose maxTotalTokens cap or tensorParallel is already denied is not estimated.
-    denied = {p.field for p in check_max_total_tokens(spec, policy)[0]}
-    denied |= {p.field for p in check_tensor_parallel_heads(spec, policy)[0]}
+    # A role whose maxTotalTokens cap is already denied is not estimated again.
+    capped = {p.field for p in check_max_total_tokens(spec, policy)[0]}
     notes: set[str] = set()
     for role, role_spec in _roles(spec):
         gpu_memory_gib = role_spec.gpu_memory_gi_b
-        if gpu_memory_gib is None or denied & {
-            f"spec.{role}.maxTotalTokens",
-            f"spec.{role}.tensorParallel",
-        }:
+        if gpu_memory_gib is None or f"spec.{role}.maxTotalTokens" in capped:
             continue
         try:
             estimate = _estimate_role(spec, role_spec, config, gpu_memory_gib, weights_gib)
@@ -534,7 +531,8 @@ def check_estimated_pool(
             denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
-            warnings.append(Problem(f"spec.{role}", f"cannot estimate the KV pool: {error}"))
+            if not _denied_elsewhere(spec, role_spec, error):
+                warnings.append(Problem(f"spec.{role}", f"cannot estimate the KV pool: {error}"))
             continue
         if pool < required:
             denials.append(
@@ -547,6 +545,18 @@ def check_estimated_pool(
         for note in sorted(notes)
     ]
     return denials, warnings
+
+
+def _denied_elsewhere(spec: ModelDeploymentSpec, role_spec: RoleSpec, error: Exception) -> bool:
+    """The estimator refused what another check denies (a TP the heads do not allow, a KV dtype
+    no release accepts): the denial is the whole answer, with no estimate warning beside it."""
+    if not isinstance(error, EstimateError) or spec.model.config is None:
+        return False
+    if error.parameter == "tp":
+        return tensor_parallel_mismatch(spec.model.config, role_spec.tensor_parallel) is not None
+    if error.parameter == "kv_cache_dtype":
+        return kv_cache_dtype_problem(spec.engine.kv_cache_dtype.value) is not None
+    return False
 
 
 @dataclass(frozen=True)
