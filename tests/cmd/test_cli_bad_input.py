@@ -689,3 +689,21 @@ def test_every_one_shot_command_documents_its_exit_codes_in_help(
         assert "exit codes:" in text, command
         for code in (0, 1, 2, 3):
             assert f"{code} " in text.split("exit codes:")[1], (command, code)
+
+
+def test_output_cut_short_by_its_reader_is_not_reported_as_a_bug() -> None:
+    """`kvgate plan ... | head -1`: the reader went away; exit 141 (SIGPIPE), no message."""
+    config = ROOT / "tests" / "golden" / "plan" / "llama-3.1-70b-config.json"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe fails: its reader is gone
+    try:
+        done = subprocess.run(
+            [str(KVGATE), "plan", "--config", str(config), "--weights-gib", "131.5"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            timeout=SUBPROCESS_SECONDS,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, b"")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import os
 import re
 import sys
 import textwrap
@@ -39,6 +40,7 @@ ONE_SHOT = frozenset({"crd", "validate", "estimate", "verify", "plan"})
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
 
 INTERNAL = "3  internal error: a kvgate bug, reported in one line (please report it)"
 EXIT_CODES_HELP = {
@@ -307,6 +309,13 @@ def _escape_unencodable_output() -> None:
                 reconfigure(errors="backslashreplace")
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     _escape_unencodable_output()
@@ -328,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kvgate {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `kvgate plan ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except Exception as error:  # the last resort: a bug, in one line, never a traceback
         detail = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         return report_failure(
