@@ -168,7 +168,13 @@ def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen
     """Corrupt ``pod``'s next decode, wait for the violation line and every observation."""
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     slice_service = engines_service(md)["metadata"]["name"]
-    assert ip in ready_endpoints(world, ns, slice_service), "the engine is not in the slice"
+    # The engine is verified and Ready; the EndpointSlice controller publishes that in its own
+    # time (seconds behind under load; the Service may have been created moments ago).
+    deadline_loop(
+        f"{name} ({ip}) ready in the EndpointSlice of {slice_service}",
+        lambda: ip in ready_endpoints(world, ns, slice_service),
+        60,
+    )
     probes: dict[str, Callable[[], bool]] = {
         "gate False": lambda: tripped_gate(pod_state(world, ns, name)),
         "pod NotReady": lambda: not is_ready(pod_state(world, ns, name) or {}),
