@@ -109,23 +109,28 @@ MODULE_ALONE: frozenset[str] = frozenset()
 # The ``lws`` fixture (helm upgrade with LeaderWorkerSet) takes the world alone from the first
 # test that asks for it to the end of its module.
 
-# Rough seconds per file (one world, unloaded) to start the longest first when they share a
-# world; a file not listed counts 60.
+# Seconds per file (their own seconds in a warm shared world, 3 workers, make test at 359cc49)
+# to start the longest first when they share a world; a file not listed counts 20.
 EXPECTED_SECONDS: dict[str, int] = {
-    "test_scenario_real_engine.py": 233,
-    "test_scenario_operator_down.py": 145,
-    "test_scenario_mass_deletion.py": 137,
-    "test_chaos.py": 136,
-    "test_scenario_multinode.py": 125,
-    "test_scenario_lost_objects.py": 109,
-    "test_scenario_progressive.py": 104,
-    "test_attack_pods.py": 100,
-    "test_kubelet_smoke.py": 90,
-    "test_scenario_kv_canary.py": 90,
-    "test_attack_tenant.py": 80,
-    "test_attack_tenant_addresses.py": 80,
-    "test_helm_install.py": 70,
-    "test_cluster_smoke.py": 60,
+    "test_scenario_real_engine.py": 220,
+    "test_scenario_mass_deletion.py": 155,
+    "test_scenario_lost_objects.py": 140,
+    "test_chaos.py": 138,
+    "test_scenario_progressive.py": 126,
+    "test_scenario_multinode.py": 123,
+    "test_attack_pods.py": 102,
+    "test_scenario_engine_restart.py": 91,
+    "test_scenario_operator_down.py": 90,
+    "test_kubelet_smoke.py": 87,
+    "test_attack_tenant.py": 76,
+    "test_attack_tenant_addresses.py": 70,
+    "test_attack_probe.py": 52,
+    "test_cluster_smoke.py": 51,
+    "test_helm_install.py": 40,
+    "test_attack_inputs.py": 33,
+    "test_scenario_kv_canary.py": 30,
+    "test_scenario_rollback.py": 30,
+    "test_attack_worker_url.py": 30,
 }
 _WORLD_FIXTURES = frozenset({"world", "namespace", "lws"})
 # The longest the files without a lone test wait for the lone tests (a safety net: a lone test's
@@ -222,7 +227,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def key(item: pytest.Item) -> tuple[int, int, int]:
         file = Path(str(item.fspath)).name
         has_alone = 0 if str(item.fspath) in _files_with_lone else 1
-        return (has_alone, -EXPECTED_SECONDS.get(file, 60), order[id(item)])
+        return (has_alone, -EXPECTED_SECONDS.get(file, 20), order[id(item)])
 
     files_first: dict[str, int] = {}
     for item in items:
