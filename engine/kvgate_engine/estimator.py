@@ -62,6 +62,31 @@ CONFIG_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
     "gemma3_text": {"max_position_embeddings": 131_072},
 }
 
+# The transformers each supported SGLang release pins (its wheel's Requires-Dist).
+TRANSFORMERS_PINNED: dict[str, str] = {
+    "0.5.19": "5.12.1",
+    "0.5.20": "5.12.1",
+    "0.5.21": "5.12.1",
+    "0.5.22": "5.19.0",
+    "0.5.23": "5.19.0",
+}
+# Rope types whose dict transformers 5 completes with original_max_position_embeddings.
+ROPE_TYPES_WITH_ORIGINAL = frozenset({"llama3", "yarn", "longrope"})
+# transformers version -> the model types whose config class turns a flat rope_scaling into one
+# dict per layer type (convert_rope_params_to_dict in models/<type>/configuration_<type>.py).
+_ROPE_PER_LAYER_TYPE: dict[str, frozenset[str]] = {
+    "5.12.1": frozenset({"gemma3_text", "gemma3n_text"}),
+    "5.19.0": frozenset({"gemma3_text", "gemma3n_text", "olmo3"}),
+}
+
+
+def rope_per_layer_type_models(release: str) -> frozenset[str]:
+    """The model types whose rope parameters SGLang ``release`` sees per layer type (a release
+    kvgate has not checked takes the newest checked release's transformers)."""
+    pinned = TRANSFORMERS_PINNED.get(release, TRANSFORMERS_PINNED[NEWEST_CHECKED])
+    return _ROPE_PER_LAYER_TYPE[pinned]
+
+
 # --kv-cache-dtype values the estimator sizes: those every supported SGLang release accepts
 # (kvgate_engine.sglang_choices) apart from the FP4 caches, whose layout kvgate does not model.
 KV_DTYPE_BYTES = {
@@ -136,25 +161,50 @@ def _require(config: Mapping[str, Any], *keys: str) -> int:
     )
 
 
-def derive_context_length(config: Mapping[str, Any]) -> int:
-    """The model's own context length, as SGLang derives it when --context-length is not given.
+def _rope_parameters(text: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The rope dict transformers 5 keeps as ``rope_parameters`` (its ``rope_scaling`` property
+    returns the same): config.json's ``rope_scaling`` when set, else its ``rope_parameters``."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = text.get(key)
+        if isinstance(value, Mapping) and value:
+            return value
+    return None
 
-    First of CONTEXT_LENGTH_KEYS times ``rope_scaling.factor``; the factor counts as 1 when
-    ``rope_scaling`` has ``original_max_position_embeddings`` or ``rope_type == "llama3"``
-    (those configs already state the extended window). A key the config leaves out takes its
-    transformers config class's default where kvgate knows it (CONFIG_CLASS_DEFAULTS); no key
-    at all: 2,048.
+
+def _rope_factor(text: Mapping[str, Any], release: str) -> float:
+    """The factor SGLang's get_context_length multiplies by, as transformers 5 leaves the dict.
+
+    transformers' ``RotaryEmbeddingConfigMixin.standardize_rope_params`` (5.12.1 and 5.19.0)
+    adds ``original_max_position_embeddings`` to a llama3, yarn or longrope dict, and SGLang
+    counts such a factor as 1; model types in ROPE_PER_LAYER_TYPE store the dict per layer type,
+    where SGLang finds no top-level ``factor``. A dict already keyed by layer type has none
+    either."""
+    rope = _rope_parameters(text)
+    if rope is None:
+        return 1
+    if str(text.get("model_type") or "") in rope_per_layer_type_models(release):
+        return 1
+    raw = rope.get("factor", 1)
+    factor: float = raw if isinstance(raw, int | float) and not isinstance(raw, bool) else 1
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if "original_max_position_embeddings" in rope or rope_type in ROPE_TYPES_WITH_ORIGINAL:
+        return 1
+    return factor
+
+
+def derive_context_length(config: Mapping[str, Any], release: str = NEWEST_CHECKED) -> int:
+    """The model's own context length, as SGLang ``release`` derives it when --context-length is
+    not given (``get_context_length`` in utils/hf_transformers/common.py, on the config object
+    of the transformers version that release pins: TRANSFORMERS_PINNED).
+
+    First of CONTEXT_LENGTH_KEYS times the rope factor (:func:`_rope_factor`: 1 for llama3, yarn
+    and longrope, for an ``original_max_position_embeddings``, and for rope parameters stored per
+    layer type, as Gemma 3's are). A key the config leaves out takes its transformers config
+    class's default where kvgate knows it (CONFIG_CLASS_DEFAULTS); no key at all: 2,048.
+    Remote-code config classes that skip transformers' rope standardisation are not modelled.
     """
     text = _text_config(config)
-    factor: float = 1
-    rope_scaling = text.get("rope_scaling")
-    if isinstance(rope_scaling, Mapping) and rope_scaling:
-        raw = rope_scaling.get("factor", 1)
-        factor = raw if isinstance(raw, int | float) and not isinstance(raw, bool) else 1
-        if "original_max_position_embeddings" in rope_scaling:
-            factor = 1
-        if rope_scaling.get("rope_type") == "llama3":
-            factor = 1
+    factor = _rope_factor(text, release)
     defaults = CONFIG_CLASS_DEFAULTS.get(str(text.get("model_type") or ""), {})
     for key in CONTEXT_LENGTH_KEYS:
         value = text.get(key, defaults.get(key))

@@ -269,7 +269,25 @@ def test_weights_that_leave_no_room_say_so_with_numbers() -> None:
         ({"max_position_embeddings": 32768}, 32_768),
         (
             {"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}},
-            131_072,
+            32_768,
+        ),
+        (
+            {"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2}},
+            8_192,
+        ),
+        (
+            {
+                "max_position_embeddings": 4096,
+                "rope_parameters": {"rope_type": "linear", "factor": 2},
+            },
+            8_192,
+        ),
+        (
+            {
+                "max_position_embeddings": 4096,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8}},
+            },
+            4_096,
         ),
         (
             {
@@ -305,7 +323,10 @@ def test_weights_that_leave_no_room_say_so_with_numbers() -> None:
     ],
     ids=[
         "plain",
-        "yarn factor multiplies",
+        "yarn: transformers 5 adds original_max_position_embeddings, so no factor",
+        "dynamic factor multiplies",
+        "rope_parameters read as rope_scaling",
+        "rope parameters per layer type: no top-level factor",
         "original_max_position_embeddings disables the factor",
         "llama3 disables the factor",
         "fractional factor",

@@ -29,6 +29,7 @@ from kvgate_engine.estimator import (
     estimate_pool,
     layout_of,
 )
+from kvgate_engine.sglang_choices import SUPPORTED_RELEASES
 
 GIB = 2**30
 
@@ -293,14 +294,30 @@ def test_sizing_flags_parse_both_spellings() -> None:
     assert (flags.speculative_algorithm, flags.attention_dp) == ("NEXTN", 1)
 
 
-def test_gemma3_context_comes_from_its_config_class_default_times_the_rope_factor() -> None:
+def test_gemma3_context_is_its_config_class_default_as_transformers_5_nests_its_rope() -> None:
     """sglang/srt/utils/hf_transformers/common.py get_context_length reads max_position_embeddings
     with getattr on the transformers config, where Gemma3TextConfig defaults it to 131,072 (the
-    published config.json leaves it out); rope_scaling {factor 8, linear} multiplies it."""
-    assert derive_context_length(GEMMA3) == 131_072 * 8
+    published config.json leaves it out). transformers 5.12.1 and 5.19.0 (pinned by every
+    supported release) store Gemma 3's rope_scaling per layer type, so SGLang finds no top-level
+    factor: 131,072, not 131,072 × 8."""
+    for release in SUPPORTED_RELEASES:
+        assert derive_context_length(GEMMA3, release) == 131_072
     # Without the model type kvgate knows no class default: SGLang's last resort, 2,048.
     anonymous = {**GEMMA3, "text_config": {**GEMMA3["text_config"], "model_type": "unknown"}}
     assert derive_context_length(anonymous) == 2_048
+
+
+def test_olmo3_rope_factor_counts_until_its_transformers_nests_it_per_layer_type() -> None:
+    """Olmo3Config nests its rope parameters in transformers 5.19.0 (SGLang 0.5.22 on), not in
+    5.12.1 (0.5.19-0.5.21), where a linear factor still multiplies."""
+    olmo3 = {
+        "model_type": "olmo3",
+        "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    assert derive_context_length(olmo3, "0.5.21") == 16_384
+    assert derive_context_length(olmo3, "0.5.22") == 4_096
+    assert derive_context_length(olmo3) == 4_096
 
 
 UNIFIED_AND_MAMBA = ("--enable-unified-memory", "--max-mamba-cache-size")
