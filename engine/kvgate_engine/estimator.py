@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -341,14 +341,89 @@ def listed(values: Sequence[int]) -> str:
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
 
+def _is_fp8(value: object) -> bool:
+    return isinstance(value, str) and value.strip().upper() == "FP8"
+
+
+def _float8_scheme(scheme: object) -> bool:
+    return (
+        isinstance(scheme, Mapping)
+        and scheme.get("type") == "float"
+        and scheme.get("num_bits") == 8
+    )
+
+
+def _static_fp8_tensor_scheme(scheme: object) -> bool:
+    """CompressedTensorsKVCacheMethod.is_supported_scheme: static symmetric per-tensor FP8."""
+    return (
+        isinstance(scheme, Mapping)
+        and _float8_scheme(scheme)
+        and scheme.get("strategy") == "tensor"
+        and bool(scheme.get("symmetric", True))
+        and not scheme.get("dynamic", False)
+    )
+
+
+def _modelopt_fp8_kv(quant: Mapping[str, Any]) -> bool:
+    """ModelOpt (layers/quantization/modelopt_quant.py from_config, and ModelConfig's
+    _parse_modelopt for MXFP8): a nested ``quantization`` section's ``kv_cache_quant_algo``;
+    flat, a ``kv_cache_scheme`` dict of 8-bit floats, a ``kv_cache_scheme`` string FP8/FLOAT8
+    (FP4 checkpoints only), else ``kv_cache_quant_algo``. MIXED_PRECISION without NVFP4 layers
+    loads as w4afp8, which declares no KV dtype."""
+    section = quant.get("quantization")
+    if quant.get("quant_algo") is None:
+        return isinstance(section, Mapping) and _is_fp8(section.get("kv_cache_quant_algo"))
+    algo = str(quant.get("quant_algo")).upper()
+    scheme = quant.get("kv_cache_scheme")
+    if algo == "MIXED_PRECISION":
+        layers = quant.get("quantized_layers") or {}
+        if not isinstance(layers, Mapping) or not any(
+            isinstance(layer, Mapping)
+            and str(layer.get("quant_algo", "")).upper() in ("NVFP4", "W4A16_NVFP4")
+            for layer in layers.values()
+        ):
+            return False
+    if isinstance(scheme, Mapping):
+        return _float8_scheme(scheme)
+    if isinstance(scheme, str) and "FP4" in algo:
+        return scheme.strip().upper() in ("FP8", "FLOAT8")
+    return _is_fp8(quant.get("kv_cache_quant_algo"))
+
+
+# quant_method -> whether its SGLang config class turns --kv-cache-dtype auto into fp8_e4m3
+# (mem_cache/kv_cache_dtype.py configure_kv_cache_dtype reads quant_config.kv_cache_quant_algo;
+# the classes registered in layers/quantization/__init__.py that set it). Other methods' classes
+# have no kv_cache_quant_algo, so auto stays the model's dtype whatever the config says.
+_FP8_KV_RULES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "fp8": lambda quant: _is_fp8(quant.get("kv_cache_quant_algo")),
+    "mxfp8": lambda quant: _is_fp8(quant.get("kv_cache_quant_algo")),
+    "modelopt": _modelopt_fp8_kv,
+    "modelopt_fp8": _modelopt_fp8_kv,
+    "modelopt_fp4": _modelopt_fp8_kv,
+    "modelopt_mixed": _modelopt_fp8_kv,
+    "compressed-tensors": lambda quant: _static_fp8_tensor_scheme(quant.get("kv_cache_scheme")),
+    "minimax_m3_nvfp4": lambda quant: _is_fp8(quant.get("kv_cache_quant_algo", "FP8")),
+}
+
+
+def checkpoint_fp8_kv_cache(config: Mapping[str, Any]) -> str | None:
+    """The ``quantization_config`` method whose FP8 KV scheme makes SGLang (0.5.19 to 0.5.23)
+    size ``--kv-cache-dtype auto`` as fp8_e4m3, or None when auto stays the model's dtype.
+    A ModelOpt ``hf_quant_config.json`` beside config.json is not seen here."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    # ModelConfig._parse_quant_hf_config reads a config without quant_method as ModelOpt's.
+    method = str(quant.get("quant_method") or "modelopt").lower()
+    rule = _FP8_KV_RULES.get(method)
+    return method if rule is not None and rule(quant) else None
+
+
 def kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
     """Bytes per KV element for --kv-cache-dtype (``auto`` = the model's own dtype)."""
     if kv_cache_dtype == "auto":
-        quant = config.get("quantization_config")
-        if isinstance(quant, Mapping):
-            algo = quant.get("kv_cache_quant_algo")
-            if isinstance(algo, str) and algo.upper() == "FP8":
-                return 1
+        if checkpoint_fp8_kv_cache(config) is not None:
+            return 1
         model_dtype = _text_config(config).get("torch_dtype") or config.get("torch_dtype")
         model_dtype = model_dtype or config.get("dtype") or "float32"
         if model_dtype not in MODEL_DTYPE_BYTES:

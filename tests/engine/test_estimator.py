@@ -205,10 +205,66 @@ def test_deepseek_v3_mla_with_fp8_kv_cache() -> None:
     assert (auto.bytes_per_token, auto.kv_pool_tokens) == (70_272, 673_533)
 
 
-def test_checkpoint_with_fp8_kv_quantization_uses_one_byte_under_auto() -> None:
-    """quantization_config.kv_cache_quant_algo FP8 makes auto = fp8: 131,072 / 2 = 65,536."""
-    config = LLAMA_31_8B | {"quantization_config": {"kv_cache_quant_algo": "FP8"}}
-    assert bytes_per_token(config, tp=1) == 65_536
+FP8_FLOAT_SCHEME = {"type": "float", "num_bits": 8, "dynamic": False}
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "bytes_per_token_under_auto"),
+    [
+        ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, 65_536),
+        (
+            {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_scheme": FP8_FLOAT_SCHEME},
+            65_536,
+        ),
+        ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_scheme": "FP8"}, 65_536),
+        ({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}, 65_536),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "kv_cache_scheme": FP8_FLOAT_SCHEME | {"strategy": "tensor", "symmetric": True},
+            },
+            65_536,
+        ),
+        # dynamic compressed-tensors schemes store no scales: SGLang ignores them
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "kv_cache_scheme": FP8_FLOAT_SCHEME | {"strategy": "tensor", "dynamic": True},
+            },
+            131_072,
+        ),
+        (
+            {
+                "quant_method": "modelopt",
+                "quant_algo": "FP8",
+                "kv_cache_scheme": {"type": "float", "num_bits": 4},
+            },
+            131_072,
+        ),
+        # AWQ's config class has no KV dtype, so SGLang keeps auto = the model's dtype
+        ({"quant_method": "awq", "kv_cache_quant_algo": "FP8"}, 131_072),
+    ],
+    ids=[
+        "fp8 kv_cache_quant_algo",
+        "ModelOpt kv_cache_scheme float 8",
+        "ModelOpt FP4 kv_cache_scheme string",
+        "ModelOpt nested quantization section",
+        "compressed-tensors static fp8 per tensor",
+        "compressed-tensors dynamic: model dtype",
+        "ModelOpt 4-bit scheme: model dtype",
+        "awq: model dtype",
+    ],
+)
+def test_auto_kv_cache_dtype_follows_the_checkpoints_fp8_kv_scheme(
+    quantization_config: dict[str, Any], bytes_per_token_under_auto: int
+) -> None:
+    """mem_cache/kv_cache_dtype.py: auto is fp8_e4m3 when the checkpoint's quantization config
+    class reports kv_cache_quant_algo FP8 (131,072 bf16 bytes / 2 = 65,536)."""
+    config = LLAMA_31_8B | {"quantization_config": quantization_config}
+    assert bytes_per_token(config, tp=1) == bytes_per_token_under_auto
+    estimate = estimate_pool(config, gpu_memory_gib=80, tp=1, weights_gib=16)
+    expected = "fp8_e4m3" if bytes_per_token_under_auto == 65_536 else "bfloat16"
+    assert estimate.kv_cache_dtype == expected
 
 
 def test_deepseek_weights_need_the_flag() -> None:

@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "operator": "kvgate.controller.main:run",
     "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.cmd.guard:main",
+    "fetch-model": "kvgate.cmd.fetch_model:main",
 }
 # The commands that run once and exit: their failures are messages and exit codes.
 ONE_SHOT = frozenset({"crd", "validate", "estimate", "verify", "plan"})
@@ -287,6 +288,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="per-request deadline, s (default: period, >= 1)",
     )
+
+    p = sub.add_parser(
+        "fetch-model",
+        help="download a model snapshot from a Hugging Face Hub into a directory (the init "
+        "container of spec.model.source.download)",
+    )
+    importlib.import_module("kvgate.cmd.fetch_model").add_arguments(p)
 
     return parser
 
