@@ -363,8 +363,12 @@ class _Download:
 
     def partial_path(self, f: RepoFile) -> Path:
         key = hashlib.sha256(f"{self.commit}\0{f.path}".encode()).hexdigest()[:32]
-        owner = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.options.identity)
-        return self.dest / PARTIAL_DIR / f"{key}.{owner[:64]}.part"
+        return self.dest / PARTIAL_DIR / f"{key}.{self.owner}.part"
+
+    @property
+    def owner(self) -> str:
+        """This pod's name as it appears in its partial files' names."""
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in self.options.identity)[:64]
 
     def in_place(self, f: RepoFile) -> bool:
         """Already there: a file is renamed into place only after it was verified."""
@@ -467,8 +471,7 @@ class _Download:
     def clean_partials(self) -> None:
         """This pod's partial files, and the folder once empty."""
         folder = self.dest / PARTIAL_DIR
-        owner = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.options.identity)
-        for leftover in folder.glob(f"*.{owner[:64]}.part"):
+        for leftover in folder.glob(f"*.{self.owner}.part"):
             leftover.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             folder.rmdir()
