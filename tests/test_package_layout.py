@@ -1,9 +1,9 @@
 """The package's folders show its architecture: pure decisions apart from the I/O around them.
 
-``api``, ``gen``, ``build``, ``rollout`` and ``verify`` take plain data and return plain data;
-only ``kube`` (the client, informers, leader election, metrics) and ``controller`` (the trigger
-handlers and the reconcile pass) do I/O. A pure module that imports asyncio, aiohttp, kopf or the
-I/O folders fails here, naming the module and the import.
+``api``, ``gen``, ``build``, ``rollout``, ``verify`` and ``diagnose`` take plain data and return
+plain data; only ``kube`` (the client, informers, leader election, metrics) and ``controller``
+(the trigger handlers and the reconcile pass) do I/O. A pure module that imports asyncio,
+aiohttp, kopf or the I/O folders fails here, naming the module and the import.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import kvgate
 
 PACKAGE = Path(kvgate.__file__).parent
-PURE = ("api", "gen", "build", "rollout", "verify")
+PURE = ("api", "gen", "build", "rollout", "verify", "diagnose")
 IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.controller")
 
 

@@ -35,7 +35,15 @@ MODELS = ENGINE_FIXTURES / "models_131072.json"
 # What each command may exit with (its --help and docs/operating.md say the same): 0 yes,
 # 1 the command's "no", 2 an input or usage error (or, for verify, "could not tell"). 3, an
 # internal error, is documented too, but no input in this corpus may reach it.
-DOCUMENTED = {"validate": {0, 1, 2}, "estimate": {0, 1, 2}, "verify": {0, 1, 2}, "plan": {0, 1, 2}}
+DOCUMENTED = {
+    "validate": {0, 1, 2},
+    "estimate": {0, 1, 2},
+    "verify": {0, 1, 2},
+    "plan": {0, 1, 2},
+    "explain": {0, 1, 2},
+    "history": {0, 2},
+    "rollback": {0, 2},
+}
 IN_PROCESS_SECONDS = 5.0
 SUBPROCESS_SECONDS = 60.0
 SUBPROCESS_MEMORY_BYTES = 2 * 2**30
@@ -125,6 +133,10 @@ def _write_corpus(directory: Path) -> dict[str, Path]:
         ),
         "server-info-list.json": "[]",
         "models-string.json": '"models"',
+        # A kubeconfig whose API server nobody answers at (the discard port, closed).
+        "unreachable.kubeconfig": "apiVersion: v1\nkind: Config\nclusters:\n"
+        "- {name: c, cluster: {server: 'http://127.0.0.1:9'}}\nusers:\n- {name: u, user: {}}\n"
+        "contexts:\n- {name: ctx, context: {cluster: c, user: u}}\ncurrent-context: ctx\n",
     }
     paths = {}
     for name, content in files.items():
@@ -502,6 +514,53 @@ def _cases() -> list[Case]:
             two,
             "--min-version-floor",
         )
+
+    # The cluster commands: kubeconfigs that cannot be used, names that are not names, an API
+    # server nobody answers at.
+    unreachable = ("--kubeconfig", "{unreachable.kubeconfig}")
+    for command in ("explain", "history", "rollback"):
+        for name in (
+            "binary.bin",
+            "empty",
+            "blank",
+            "huge.json",
+            "list.yaml",
+            "scalar.yaml",
+            "bomb-small.yaml",
+            "deep.yaml",
+            "a-directory",
+            "missing",
+        ):
+            add(
+                f"{command}-kubeconfig-{name}",
+                (command, "llama", "--kubeconfig", f"{{{name}}}"),
+                two,
+                "--kubeconfig",
+            )
+        add(f"{command}-unreachable", (command, "llama", *unreachable), two, "--kubeconfig")
+        add(
+            f"{command}-context-unknown",
+            (command, "llama", *unreachable, "--context", "nope🙂"),
+            two,
+            "--context",
+        )
+        for value in ("🙂", "Llama", "a/b", "x" * 300, "-", "llama,x=y"):
+            add(f"{command}-name={value[:8]!r}", (command, value, *unreachable), two, "NAME")
+        for value in ("🙂", "A_B", "x" * 64):
+            add(
+                f"{command}-namespace={value[:8]!r}",
+                (command, "llama", "-n", value, *unreachable),
+                two,
+                "--namespace",
+            )
+    for value in ("🙂", "", "a" * 64, "HEAD~1", "1.5"):
+        add(
+            f"rollback--to-revision={value[:8]!r}",
+            ("rollback", "llama", "--to-revision", value, *unreachable),
+            two,
+            "--to-revision",
+        )
+    add("explain-no-name", ("explain",), two)
     return cases
 
 
@@ -591,6 +650,9 @@ SUBPROCESS_CASES = [
         "verify--headroom=inf",
         "plan--gpu-memory-gib=1e25-qwen",
         "estimate--tp=1000000",
+        "explain-kubeconfig-binary.bin",
+        "history-unreachable",
+        "rollback--to-revision='🙂'",
     }
 ]
 
@@ -614,7 +676,7 @@ def _kvgate(
 
 def test_the_subprocess_sample_covers_every_command() -> None:
     assert {case.command for case in SUBPROCESS_CASES} == set(DOCUMENTED)
-    assert len(SUBPROCESS_CASES) == 13
+    assert len(SUBPROCESS_CASES) == 16
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES, ids=[case.id for case in SUBPROCESS_CASES])

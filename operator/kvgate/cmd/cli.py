@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.metadata
 import os
 import re
 import sys
@@ -31,19 +32,29 @@ COMMANDS: dict[str, str] = {
     "estimate": "kvgate_engine.commands:estimate_main",
     "verify": "kvgate_engine.commands:verify_main",
     "plan": "kvgate.cmd.plan_command:main",
+    "explain": "kvgate.cmd.cluster_commands:explain_main",
+    "history": "kvgate.cmd.cluster_commands:history_main",
+    "rollback": "kvgate.cmd.cluster_commands:rollback_main",
     "operator": "kvgate.controller.main:run",
     "webhook": "kvgate.admission.webhook_command:main",
     "guard": "kvgate.cmd.guard:main",
     "fetch-model": "kvgate.cmd.fetch_model:main",
 }
 # The commands that run once and exit: their failures are messages and exit codes.
-ONE_SHOT = frozenset({"crd", "validate", "estimate", "verify", "plan"})
+ONE_SHOT = frozenset(
+    {"crd", "validate", "estimate", "verify", "plan", "explain", "history", "rollback"}
+)
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a writer whose reader went away
 
 INTERNAL = "3  internal error: a kvgate bug, reported in one line (please report it)"
+CLUSTER_ERROR = (
+    "2  an input or cluster error (named): a bad NAME or flag, an unusable kubeconfig, an API "
+    "server that cannot be reached or refuses (the message names the server and the "
+    "kubeconfig), no such ModelDeployment"
+)
 EXIT_CODES_HELP = {
     "validate": (
         "0  every document is allowed (warnings are printed)",
@@ -74,6 +85,20 @@ EXIT_CODES_HELP = {
         "not hold its contextLength (the fixes are printed)",
         "2  usage or input error (named): an unreadable file, a value out of range, a model the "
         "estimator cannot size, --plot unavailable",
+        INTERNAL,
+    ),
+    "explain": (
+        "0  the ModelDeployment is Ready",
+        "1  it is not Ready (why, with the numbers and the smallest change that fixes it)",
+        CLUSTER_ERROR,
+        INTERNAL,
+    ),
+    "history": ("0  the revisions are printed", CLUSTER_ERROR, INTERNAL),
+    "rollback": (
+        "0  the operator was asked to roll back (annotation kvgate.io/rollback), or the "
+        "revision asked for is already the spec's",
+        "2  no such revision, or one that was refused or never served (nothing is written); "
+        + CLUSTER_ERROR[3:],
         INTERNAL,
     ),
 }
@@ -121,14 +146,46 @@ def _one_shot(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    """The installed distribution's version (``pip install`` of the repository)."""
+    try:
+        return importlib.metadata.version("kvgate")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (kvgate is not installed: pip install the repository)"
+
+
+def _cluster_command(
+    sub: argparse._SubParsersAction[_Parser], name: str, help_text: str, description: str
+) -> _Parser:
+    """A command about one ModelDeployment in a cluster: NAME, -n, --kubeconfig, --context and
+    --json, as kubectl takes them (``kubectl kvgate NAME ...`` passes them on)."""
+    p = _one_shot(sub, name, help_text, description)
+    p.add_argument("name", metavar="NAME", help="the ModelDeployment")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="its namespace (default: the kubeconfig context's, else default)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster)",
+    )
+    p.add_argument("--context", default=None, help="kubeconfig context (default: the current)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="kvgate",
+        prog=prog,
         description=(
             "Deploy SGLang prefill/decode engines and let no engine take traffic until its live "
             "KV pool is proven to hold the advertised context window."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"kvgate {_version()}")
     sub: argparse._SubParsersAction[_Parser] = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND"
     )
@@ -238,6 +295,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
+    _cluster_command(
+        sub,
+        "explain",
+        "why a ModelDeployment is or is not Ready, with the numbers and the fix",
+        "Why a ModelDeployment is or is not Ready: its conditions, the live KV pool of each "
+        "role against contextLength × headroom, each engine pod's gate, the smallest change "
+        "that fixes it, and its recent Events. Reads the cluster as kubectl does.",
+    )
+    _cluster_command(
+        sub,
+        "history",
+        "a ModelDeployment's revisions: when each served, its spec, refusals",
+        "A ModelDeployment's revisions, oldest first: the ones that served (status.history, "
+        "what a rollback can restore), the spec's own, and refused ones, each with its spec "
+        "and the refusal's reason and numbers.",
+    )
+    p = _cluster_command(
+        sub,
+        "rollback",
+        "ask the operator to roll back to a revision that served (kvgate.io/rollback)",
+        "Ask the operator to roll back to a revision that served: writes the annotation "
+        "kvgate.io/rollback=<revision>, nothing else. The operator restores that revision's "
+        "recorded spec; its engines are verified before it takes traffic.",
+    )
+    p.add_argument(
+        "--to-revision",
+        metavar="REV",
+        default=None,
+        help="a revision, a unique prefix of one, or its row number in kvgate history "
+        "(default: the newest that served before the spec's own)",
+    )
+
     p = sub.add_parser("operator", help="run the operator")
     p.add_argument("--namespace", action="append", default=[], help="watch only these")
     p.add_argument("--standalone", action="store_true", help="no kopf peering (one replica)")
@@ -324,12 +413,12 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "kvgate") -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     _escape_unencodable_output()
     _Parser.json_errors = "--json" in words
     try:
-        args = build_parser().parse_args(words)
+        args = build_parser(prog).parse_args(words)
     except SystemExit as stop:  # --help, or a usage error argparse has already printed
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     finally:
@@ -358,6 +447,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command line",
             as_json=as_json,
         )
+
+
+def kubectl_plugin() -> int:
+    """``kubectl kvgate ...``: kubectl runs ``kubectl-kvgate`` from PATH with the words after
+    ``kvgate`` (flags included), and the environment (KUBECONFIG) as it has it."""
+    return main(prog="kubectl kvgate")
 
 
 if __name__ == "__main__":  # pragma: no cover

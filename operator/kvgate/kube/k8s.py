@@ -151,24 +151,34 @@ class Credentials:
         return ctx
 
 
-def load_credentials() -> Credentials:
-    """In-cluster service account if present, else the current kubeconfig context."""
+def in_cluster_credentials() -> Credentials | None:
+    """The pod's service account, when this process runs in a pod that has one."""
     host, port = (
         os.environ.get("KUBERNETES_SERVICE_HOST"),
         os.environ.get("KUBERNETES_SERVICE_PORT"),
     )
-    if host and port and (SA_DIR / "token").exists():
-        server_host = f"[{host}]" if ":" in host else host
-        return Credentials(
-            server=f"https://{server_host}:{port}",
-            token_file=str(SA_DIR / "token"),
-            ca_file=str(SA_DIR / "ca.crt"),
-        )
+    if not (host and port and (SA_DIR / "token").exists()):
+        return None
+    server_host = f"[{host}]" if ":" in host else host
+    return Credentials(
+        server=f"https://{server_host}:{port}",
+        token_file=str(SA_DIR / "token"),
+        ca_file=str(SA_DIR / "ca.crt"),
+    )
+
+
+def kubeconfig_credentials(
+    config_file: str | None = None, context: str | None = None
+) -> Credentials:
+    """A kubeconfig's context (default: $KUBECONFIG or ~/.kube/config, its current context),
+    read by the ``kubernetes`` package's loader (exec plugins and auth providers included)."""
     from kubernetes import config  # the kubeconfig loader only; no API calls through it
     from kubernetes.client import Configuration
 
     cfg = Configuration()
-    config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=config_file, context=context, client_configuration=cfg
+    )
     raw = cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization")
     token = raw.removeprefix("Bearer ").strip() if raw else None
     return Credentials(
@@ -179,6 +189,11 @@ def load_credentials() -> Credentials:
         key_file=cfg.key_file,
         verify=bool(cfg.verify_ssl),
     )
+
+
+def load_credentials() -> Credentials:
+    """In-cluster service account if present, else the current kubeconfig context."""
+    return in_cluster_credentials() or kubeconfig_credentials()
 
 
 def _api_error(response: aiohttp.ClientResponse, method: str, path: str, text: str) -> ApiError:

@@ -1,0 +1,664 @@
+"""``kvgate explain``: why a ModelDeployment is or is not Ready, with the numbers, and the
+smallest change that fixes it. Pure: the objects read from the API in, an Explanation out, and
+text or JSON from it.
+
+The numbers: the advertised context and headroom from the spec, the live pool of each role from
+what the operator wrote after reading the engines (the pods' gate conditions, else the refusal in
+the status, else the Events, else ``status.<role>.minVerifiedKvPoolTokens``). A gate message says
+``<role> pod <name> reports KV pool <N> tokens`` (``kvgate.verify.gate.verdict_message``); a test
+writes it with that function and reads it back here. The fix: the largest contextLength the live
+pools hold (the gate's own arithmetic, ``kvgate_engine.plan.largest_safe_context``), and, when the
+spec gives ``model.config`` and ``gpuMemoryGiB``, the planner's smallest single change to the
+role's shape (``kvgate_engine.plan.fit_role``, as ``kvgate plan -f`` and admission use it; one on
+the GPUs the role has before one on another GPU model), judged against the live pool: when the
+engine reports less than the estimate for its shape, a change must hold the requirement at that
+same ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate_engine.plan import (
+    Fix,
+    PlanRequest,
+    Shape,
+    fit_role,
+    fix_order,
+    largest_safe_context,
+    make_plan,
+)
+from kvgate_engine.plan import required_pool_tokens as _required_pool_tokens
+
+from kvgate.admission.plan_hint import estimator_options
+from kvgate.api import labels
+from kvgate.api.models import ModelDeploymentSpec, RoleSpec
+from kvgate.api.refusals import Reason, reason
+
+ROLES = ("prefill", "decode")
+MAX_EVENTS = 8
+# What a verdict message says about the pool (kvgate.verify.gate.verdict_message).
+POOL_REPORT = re.compile(
+    r"\b(?P<role>prefill|decode|engine) pod (?P<pod>\S+) reports KV pool (?P<pool>[\d,]+) tokens"
+)
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PodGate:
+    """One engine pod of the spec's revision and its gate."""
+
+    name: str
+    role: str
+    revision: str | None
+    ready: bool
+    gate_status: str | None  # "True", "False", or None before the first verdict
+    gate_reason: str | None
+    gate_message: str
+    kv_pool_tokens: int | None  # what its engine reported, when the message says
+
+
+@dataclass(frozen=True)
+class RoleLive:
+    """One role's live numbers against the requirement."""
+
+    role: str
+    pods: tuple[PodGate, ...]
+    kv_pool_tokens: int | None  # the smallest pool its engines reported
+    source: str  # where that number was read ("" when none is known)
+    context_length: int
+    required_pool_tokens: int
+
+    @property
+    def holds(self) -> bool | None:
+        if self.kv_pool_tokens is None:
+            return None
+        return self.kv_pool_tokens >= self.required_pool_tokens
+
+    @property
+    def short_by_tokens(self) -> int | None:
+        if self.kv_pool_tokens is None:
+            return None
+        return max(0, self.required_pool_tokens - self.kv_pool_tokens)
+
+    @property
+    def context_ratio(self) -> float | None:
+        """pool ÷ contextLength (the headroom the engine has)."""
+        if self.kv_pool_tokens is None:
+            return None
+        return self.kv_pool_tokens / self.context_length
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field changed to one value that holds the requirement."""
+
+    field: str  # the spec path: spec.decode.tensorParallel, spec.model.contextLength
+    value: int | float | str
+    basis: str  # "live": the gate's arithmetic on the live pool; "estimate": the planner's
+    text: str
+    kv_pool_tokens: int | None = None  # the pool it is expected to give (estimate basis)
+
+
+@dataclass(frozen=True)
+class EventLine:
+    type: str
+    reason: str
+    message: str
+    count: int
+    time: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    name: str
+    namespace: str
+    ready: bool
+    reason: str
+    message: str
+    generation: int | None
+    observed_generation: int | None
+    serving_revision: str | None
+    target_revision: str | None
+    refused_revision: str | None
+    refusal: tuple[str, str] | None  # (reason, message) of the spec's revision
+    context_length: int | None
+    headroom: float | None
+    required_pool_tokens: int | None
+    roles: tuple[RoleLive, ...]
+    changes: tuple[Change, ...]
+    advice: tuple[Reason, ...]
+    events: tuple[EventLine, ...]
+    notes: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the objects
+# ---------------------------------------------------------------------------------------------
+
+
+def _map(value: object) -> Obj:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _condition(conditions: object, kind: str) -> Obj:
+    for cond in conditions if isinstance(conditions, list) else []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return {}
+
+
+def pools_in(message: str) -> list[tuple[str, str, int]]:
+    """(role, pod, pool tokens) for each ``<role> pod <name> reports KV pool <N> tokens``."""
+    return [
+        (m["role"], m["pod"], int(m["pool"].replace(",", "")))
+        for m in POOL_REPORT.finditer(message)
+    ]
+
+
+def parse_spec(md: Obj) -> ModelDeploymentSpec | None:
+    """The spec as the operator reads it, or None when it does not parse (InvalidSpec)."""
+    try:
+        return ModelDeploymentSpec.model_validate(md.get("spec"))
+    except Exception:  # pydantic's ValidationError, or anything a stored object holds
+        return None
+
+
+def pod_gate(pod: Obj) -> PodGate:
+    meta = _map(pod.get("metadata"))
+    pod_labels = _map(meta.get("labels"))
+    status = _map(pod.get("status"))
+    gate = _condition(status.get("conditions"), labels.ENGINE_VERIFIED)
+    ready = _condition(status.get("conditions"), "Ready").get("status") == "True"
+    message = str(gate.get("message") or "")
+    found = pools_in(message)
+    return PodGate(
+        name=str(meta.get("name") or "?"),
+        role=str(pod_labels.get(labels.ROLE) or "engine"),
+        revision=_str(pod_labels.get(labels.REVISION)),
+        ready=ready,
+        gate_status=_str(gate.get("status")),
+        gate_reason=_str(gate.get("reason")),
+        gate_message=message,
+        kv_pool_tokens=found[0][2] if found else None,
+    )
+
+
+def _event_time(event: Obj) -> str:
+    series = _map(event.get("series"))
+    for value in (
+        series.get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        _map(event.get("metadata")).get("creationTimestamp"),
+    ):
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def event_lines(events: Sequence[Obj], uid: str | None, name: str | None = None) -> list[EventLine]:
+    """The ModelDeployment's Events, newest first (Events of other objects, and of an earlier
+    object of the same name, by its uid, are left out)."""
+    lines = []
+    for event in events:
+        involved = _map(event.get("involvedObject"))
+        if uid and involved.get("uid") not in (None, uid):
+            continue
+        if name and involved.get("name") not in (None, name):
+            continue
+        if involved.get("kind") not in (None, "ModelDeployment"):
+            continue
+        lines.append(
+            EventLine(
+                type=str(event.get("type") or ""),
+                reason=str(event.get("reason") or ""),
+                message=str(event.get("message") or ""),
+                count=_int(event.get("count")) or 1,
+                time=_event_time(event),
+            )
+        )
+    return sorted(lines, key=lambda line: line.time, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the numbers
+# ---------------------------------------------------------------------------------------------
+
+
+def _role_live(
+    role: str,
+    pods: Sequence[PodGate],
+    *,
+    md_name: str,
+    target: str | None,
+    refusal_message: str,
+    events: Sequence[EventLine],
+    status: Obj,
+    context_length: int,
+    required: int,
+) -> RoleLive:
+    mine = tuple(p for p in pods if p.role == role)
+    reported = [p.kv_pool_tokens for p in mine if p.kv_pool_tokens is not None]
+    pool, source = (min(reported), "the pods' gate conditions") if reported else (None, "")
+    if pool is None and refusal_message:
+        found = [n for r, _, n in pools_in(refusal_message) if r == role]
+        if found:
+            pool, source = min(found), "status.rollout.refusal"
+    if pool is None and target:
+        prefix = f"{md_name}-{target}-"
+        newest: dict[str, int] = {}
+        for line in events:  # newest first: the first report of a pod is its latest
+            for r, pod, n in pools_in(line.message):
+                if r == role and pod.startswith(prefix):
+                    newest.setdefault(pod, n)
+        if newest:
+            pool, source = min(newest.values()), "Events"
+    if pool is None and target and status.get("servingRevision") == target:
+        verified = _int(_map(status.get(role)).get("minVerifiedKvPoolTokens"))
+        if verified is not None:
+            pool, source = verified, f"status.{role}.minVerifiedKvPoolTokens"
+    return RoleLive(role, mine, pool, source, context_length, required)
+
+
+def _role_spec(spec: ModelDeploymentSpec, role: str) -> RoleSpec:
+    return spec.prefill if role == "prefill" else spec.decode
+
+
+def _fix_text(fix: Fix, role: str, expected: int | None) -> str:
+    value = f"{fix.value:g}" if isinstance(fix.value, float) else str(fix.value)
+    if isinstance(fix.value, int):
+        value = f"{fix.value:,}"
+    about = "" if expected is None else f", about {expected:,} live at the ratio its engines show"
+    return (
+        f"set spec.{fix.spec_field(role)} to {value} (estimated pool {fix.kv_pool_tokens:,} "
+        f"tokens{about})"
+    )
+
+
+def estimated_changes(spec: ModelDeploymentSpec, role: str, live_pool: int) -> list[Change]:
+    """The planner's single changes to a role's shape that hold the requirement, judged at the
+    ratio of the live pool to the estimate for the current shape (never above 1: an estimate
+    lower than the engine's report is kept as it is). Empty when the spec gives the planner too
+    little (no model.config or gpuMemoryGiB) or the estimator cannot size the model."""
+    role_spec = _role_spec(spec, role)
+    config = spec.model.config
+    if config is None or role_spec.gpu_memory_gi_b is None:
+        return []
+    required = _required_pool_tokens(spec.model.context_length, spec.safety.headroom)
+    shape = Shape(
+        role_spec.gpu_memory_gi_b,
+        role_spec.tensor_parallel,
+        spec.engine.kv_cache_dtype.value,
+        role_spec.mem_fraction_static,
+    )
+    try:
+        weights = make_plan(
+            PlanRequest(
+                config, weights_gib=spec.model.weights_gi_b, tp=(1,), kv_cache_dtypes=("auto",)
+            )
+        ).weights_gib
+
+        def fit(context_length: int, headroom: float) -> Any:
+            return fit_role(
+                config,
+                shape,
+                weights_gib=weights,
+                context_length=context_length,
+                headroom=headroom,
+                page_size=spec.engine.page_size,
+                max_total_tokens=role_spec.max_total_tokens,
+                estimator_options=estimator_options(spec, role_spec),
+            )
+
+        current = fit(spec.model.context_length, spec.safety.headroom)
+        estimate = current.kv_pool_tokens
+        ratio = min(1.0, live_pool / estimate) if estimate > 0 else 1.0
+        planned = current if ratio >= 1.0 else fit(math.ceil(required / ratio), 1.0)
+    except Exception:  # a user's config.json can hold anything; the live numbers still stand
+        return []
+    changes = []
+    # On the GPUs the role has first (a setting, more of them), then on another GPU model.
+    for fix in sorted(planned.fixes, key=lambda f: (f.new_hardware, fix_order(f))):
+        if fix.field == "maxTotalTokens":
+            changes.append(
+                Change(
+                    f"spec.{fix.spec_field(role)}",
+                    required,
+                    "estimate",
+                    f"raise spec.{fix.spec_field(role)} to {required:,} or remove it (the cap "
+                    "is below the requirement)",
+                )
+            )
+            continue
+        expected = None if ratio >= 1.0 else math.floor(fix.kv_pool_tokens * ratio)
+        changes.append(
+            Change(
+                f"spec.{fix.spec_field(role)}",
+                fix.value,
+                "estimate",
+                _fix_text(fix, role, expected),
+                fix.kv_pool_tokens,
+            )
+        )
+    return changes
+
+
+def _context_change(roles: Sequence[RoleLive], headroom: float) -> Change | None:
+    known = [r for r in roles if r.kv_pool_tokens is not None]
+    if not known or all(r.holds for r in known):
+        return None
+    value, smallest = min(
+        (
+            (largest_safe_context(r.kv_pool_tokens or 0, headroom, r.context_length), r)
+            for r in known
+        ),
+        key=lambda pair: pair[0],
+    )
+    if value <= 0:
+        return None
+    return Change(
+        "spec.model.contextLength",
+        value,
+        "live",
+        f"lower spec.model.contextLength to {value:,} (the most {smallest.role}'s live pool of "
+        f"{smallest.kv_pool_tokens:,} tokens holds at headroom {_h(headroom)})",
+    )
+
+
+def _h(headroom: float) -> str:
+    return f"{headroom:.1f}" if headroom == int(headroom) else f"{headroom:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the explanation
+# ---------------------------------------------------------------------------------------------
+
+
+def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
+    """Why ``md`` is or is not Ready, from it, its engine pods and its Events."""
+    meta = _map(md.get("metadata"))
+    status = _map(md.get("status"))
+    name = str(meta.get("name") or "?")
+    generation = _int(meta.get("generation"))
+    ready_cond = _condition(status.get("conditions"), "Ready")
+    observed = _int(ready_cond.get("observedGeneration")) or _int(status.get("observedGeneration"))
+    current = generation is None or observed == generation
+    ready = ready_cond.get("status") == "True" and current
+    target = _str(status.get("targetRevision"))
+    rollout = _map(status.get("rollout"))
+    refusal_raw = _map(rollout.get("refusal"))
+    refusal = (
+        (str(refusal_raw["reason"]), str(refusal_raw.get("message") or ""))
+        if refusal_raw.get("reason")
+        else None
+    )
+    lines = event_lines(events, _str(meta.get("uid")), name)
+    spec = parse_spec(md)
+    notes: list[str] = []
+    if not status:
+        notes.append(
+            "it has no status: the operator has not processed it; is kvgate running, and does "
+            "it watch this namespace (chart value watchNamespaces)?"
+        )
+    elif not current:
+        notes.append(
+            f"its status is of generation {observed}, the spec is generation {generation}: the "
+            "operator has not processed the latest change yet"
+        )
+    gates = [
+        pod_gate(pod)
+        for pod in pods
+        if _map(_map(pod.get("metadata")).get("labels")).get(labels.DEPLOYMENT) == name
+    ]
+    target_pods = [g for g in gates if target is None or g.revision == target]
+    roles: list[RoleLive] = []
+    changes: list[Change] = []
+    context = headroom = required = None
+    if spec is not None:
+        context, headroom = spec.model.context_length, spec.safety.headroom
+        required = _required_pool_tokens(context, headroom)
+        roles = [
+            _role_live(
+                role,
+                target_pods,
+                md_name=name,
+                target=target,
+                refusal_message=refusal[1] if refusal else "",
+                events=lines,
+                status=status,
+                context_length=context,
+                required=required,
+            )
+            for role in ROLES
+        ]
+        if not ready:
+            for live in roles:
+                if live.holds is not False or not live.kv_pool_tokens:
+                    continue
+                found = estimated_changes(spec, live.role, live.kv_pool_tokens)
+                if found:
+                    changes.append(found[0])  # the smallest; `kvgate plan -f` lists the others
+                    continue
+                need = (
+                    f"{live.role} needs a pool {required / live.kv_pool_tokens:.2f}× the one it has"
+                )
+                if spec.model.config is None or _role_spec(spec, live.role).gpu_memory_gi_b is None:
+                    notes.append(
+                        f"{need} (more GPU memory per engine, a larger tensorParallel, an fp8 "
+                        f"kvCacheDtype); with spec.model.config and spec.{live.role}.gpuMemoryGiB "
+                        "set, kvgate names the shape that holds it"
+                    )
+                else:
+                    notes.append(
+                        f"{need}; no single change to its shape holds it by the planner's "
+                        "estimate (kvgate plan -f lists what each shape holds)"
+                    )
+            context_change = _context_change(roles, headroom)
+            if context_change is not None:
+                changes.append(context_change)
+    elif status:
+        notes.append("the spec does not parse for this kvgate version (kvgate validate says why)")
+    return Explanation(
+        name=name,
+        namespace=str(meta.get("namespace") or ""),
+        ready=ready,
+        reason=str(ready_cond.get("reason") or ""),
+        message=str(ready_cond.get("message") or status.get("message") or ""),
+        generation=generation,
+        observed_generation=observed,
+        serving_revision=_str(status.get("servingRevision")),
+        target_revision=target,
+        refused_revision=_str(status.get("refusedRevision")),
+        refusal=refusal,
+        context_length=context,
+        headroom=headroom,
+        required_pool_tokens=required,
+        roles=tuple(roles),
+        changes=tuple(changes),
+        advice=_advice(ready, ready_cond, status, refusal, target_pods),
+        events=tuple(lines[:MAX_EVENTS]),
+        notes=tuple(notes),
+    )
+
+
+def _advice(
+    ready: bool,
+    ready_cond: Obj,
+    status: Obj,
+    refusal: tuple[str, str] | None,
+    pods: Sequence[PodGate],
+) -> tuple[Reason, ...]:
+    """The catalogue's rows for the reasons behind a not-Ready state, each once."""
+    if ready:
+        return ()
+    wanted = [str(ready_cond.get("reason") or "")]
+    if refusal is not None:
+        wanted.append(refusal[0])
+    degraded = _condition(status.get("conditions"), "Degraded")
+    if degraded.get("status") == "True":
+        wanted.append(str(degraded.get("reason") or ""))
+    wanted += [p.gate_reason or "" for p in pods if p.gate_status != "True"]
+    rows: list[Reason] = []
+    for name in wanted:
+        row = reason(name)
+        if row is not None and row.change and row not in rows:
+            rows.append(row)
+    return tuple(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------------
+
+
+def _pool_line(live: RoleLive) -> str:
+    if live.kv_pool_tokens is None:
+        return f"  {live.role:<8} no pool reported yet ({len(live.pods)} pod(s))"
+    ratio = live.context_ratio or 0.0
+    state = (
+        f"holds it ({ratio:.2f}× the context)"
+        if live.holds
+        else f"short by {live.short_by_tokens:,} ({ratio:.2f}× the context)"
+    )
+    return f"  {live.role:<8} {live.kv_pool_tokens:,} tokens, {state}; from {live.source}"
+
+
+def explanation_text(e: Explanation) -> str:
+    """What ``kvgate explain`` prints."""
+    where = f" in {e.namespace}" if e.namespace else ""
+    state = "Ready" if e.ready else "not Ready"
+    out = [f"{e.name}{where}: {state}" + (f" ({e.reason})" if e.reason else "")]
+    if e.message:
+        out.append(f"  {e.message}")
+    serving = e.serving_revision or "nothing"
+    spec_rev = e.target_revision or "not computed yet"
+    if e.refusal is not None:
+        spec_rev += f" (refused: {e.refusal[0]})"
+    out.append(f"serving: {serving}; the spec's revision: {spec_rev}")
+    if e.refusal is not None and e.refusal[1] not in e.message:
+        out.append(f"refusal: {e.refusal[1]}")
+    if e.context_length is not None and e.headroom is not None and e.required_pool_tokens:
+        out.append(
+            f"requirement: contextLength {e.context_length:,} × headroom {_h(e.headroom)} = "
+            f"{e.required_pool_tokens:,} pool tokens per engine"
+        )
+    if e.roles:
+        out.append(f"live KV pools of revision {e.target_revision or '?'}:")
+        out += [_pool_line(live) for live in e.roles]
+        for live in e.roles:
+            for pod in live.pods:
+                if pod.gate_status != "True":
+                    gate = pod.gate_reason or "no verdict yet"
+                    out.append(f"  pod {pod.name}: gate {pod.gate_status or '-'} {gate}")
+    if e.changes:
+        # The shape changes hold together (one per role that is short); the context alone.
+        shape = [c.text for c in e.changes if c.basis == "estimate"]
+        alone = [c.text for c in e.changes if c.basis != "estimate"]
+        out.append("smallest change that fixes it:")
+        out += [f"  {'and ' if index else ''}{text}" for index, text in enumerate(shape)]
+        out += [f"  {'or: ' if shape or index else ''}{text}" for index, text in enumerate(alone)]
+    for row in e.advice:
+        out.append(f"{row.name}: {row.means}; change: {row.change}")
+    out += [f"note: {note}" for note in e.notes]
+    if e.events:
+        out.append("recent events:")
+        for line in e.events:
+            count = f" (×{line.count})" if line.count > 1 else ""
+            out.append(f"  {line.time} {line.type} {line.reason}{count}: {line.message}")
+    return "\n".join(out)
+
+
+def explanation_json(e: Explanation) -> dict[str, Any]:
+    """The command's own keys of ``kvgate explain --json``."""
+    return {
+        "name": e.name,
+        "namespace": e.namespace,
+        "ready": e.ready,
+        "reason": e.reason,
+        "message": e.message,
+        "generation": e.generation,
+        "observed_generation": e.observed_generation,
+        "serving_revision": e.serving_revision,
+        "target_revision": e.target_revision,
+        "refused_revision": e.refused_revision,
+        "refusal": None if e.refusal is None else {"reason": e.refusal[0], "message": e.refusal[1]},
+        "requirement": {
+            "context_length": e.context_length,
+            "headroom": e.headroom,
+            "required_pool_tokens": e.required_pool_tokens,
+        },
+        "roles": {
+            live.role: {
+                "kv_pool_tokens": live.kv_pool_tokens,
+                "source": live.source,
+                "holds": live.holds,
+                "short_by_tokens": live.short_by_tokens,
+                "pods": [
+                    {
+                        "name": p.name,
+                        "revision": p.revision,
+                        "ready": p.ready,
+                        "gate_status": p.gate_status,
+                        "gate_reason": p.gate_reason,
+                        "gate_message": p.gate_message,
+                        "kv_pool_tokens": p.kv_pool_tokens,
+                    }
+                    for p in live.pods
+                ],
+            }
+            for live in e.roles
+        },
+        "changes": [
+            {
+                "field": c.field,
+                "value": c.value,
+                "basis": c.basis,
+                "kv_pool_tokens": c.kv_pool_tokens,
+                "text": c.text,
+            }
+            for c in e.changes
+        ],
+        "advice": [{"reason": r.name, "means": r.means, "change": r.change} for r in e.advice],
+        "events": [
+            {
+                "type": x.type,
+                "reason": x.reason,
+                "message": x.message,
+                "count": x.count,
+                "time": x.time,
+            }
+            for x in e.events
+        ],
+        "notes": list(e.notes),
+    }
+
+
+__all__ = [
+    "Change",
+    "EventLine",
+    "Explanation",
+    "PodGate",
+    "RoleLive",
+    "estimated_changes",
+    "event_lines",
+    "explain",
+    "explanation_json",
+    "explanation_text",
+    "parse_spec",
+    "pod_gate",
+    "pools_in",
+]

@@ -1,0 +1,230 @@
+"""kvgate explain, decided from given objects (kvgate.diagnose.explain): why a ModelDeployment is
+or is not Ready, the live numbers per role, and the smallest change that fixes it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from factories.cluster_objects import (
+    CONTEXT,
+    engine_pod,
+    event,
+    pod_name,
+    refused_md,
+    revision,
+    serving_md,
+    spec_of,
+    verdict_condition,
+)
+from kvgate.diagnose.explain import (
+    estimated_changes,
+    explain,
+    explanation_json,
+    explanation_text,
+    parse_spec,
+    pools_in,
+)
+
+SMALL_POOL = 44_584  # the demo's llama-8b-small on 24 GiB
+
+
+def _refused_with_pods(
+    spec: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    md = refused_md("placeholder", spec=spec)
+    rev = md["status"]["targetRevision"]
+    decode = verdict_condition("decode", pod_name("llama", rev, "decode"), SMALL_POOL)
+    prefill = verdict_condition("prefill", pod_name("llama", rev, "prefill"), SMALL_POOL)
+    md["status"]["rollout"]["refusal"]["message"] = decode["message"]
+    pods = [
+        engine_pod("llama", rev, "prefill", prefill),
+        engine_pod("llama", rev, "decode", decode),
+    ]
+    return md, pods
+
+
+def test_the_pool_a_gate_message_reports_is_read_back_from_the_operators_own_wording() -> None:
+    for pool in (SMALL_POOL, CONTEXT, 434_523):
+        message = verdict_condition("decode", "llama-abc-decode-1", pool)["message"]
+        assert pools_in(message) == [("decode", "llama-abc-decode-1", pool)], message
+
+
+def test_a_refused_rollout_names_the_live_pools_and_the_smallest_change_that_fixes_it() -> None:
+    md, pods = _refused_with_pods()
+    e = explain(md, pods, [])
+    assert not e.ready and e.reason == "RolloutRefused"
+    assert e.refusal is not None and e.refusal[0] == "EngineUnsafe"
+    assert (e.context_length, e.headroom, e.required_pool_tokens) == (CONTEXT, 1.0, CONTEXT)
+    for live in e.roles:
+        assert live.kv_pool_tokens == SMALL_POOL and live.source == "the pods' gate conditions"
+        assert live.holds is False and live.short_by_tokens == CONTEXT - SMALL_POOL
+    # The planner's change for each role (judged at the live/estimate ratio), then the context.
+    fields = [change.field for change in e.changes]
+    assert fields[-1] == "spec.model.contextLength" and e.changes[-1].value == SMALL_POOL
+    assert e.changes[-1].basis == "live"
+    assert {f.split(".")[1] for f in fields[:-1]} == {"prefill", "decode"}
+    for change in e.changes[:-1]:
+        assert change.basis == "estimate" and change.kv_pool_tokens is not None
+    assert {row.name for row in e.advice} >= {"RolloutRefused", "EngineUnsafe", "KvPoolTooSmall"}
+    text = explanation_text(e)
+    assert "llama in models: not Ready (RolloutRefused)" in text
+    assert f"short by {CONTEXT - SMALL_POOL:,}" in text
+    assert f"lower spec.model.contextLength to {SMALL_POOL:,}" in text
+    assert "smallest change that fixes it:" in text
+
+
+def test_a_change_to_the_shape_must_hold_at_the_ratio_the_live_engine_shows() -> None:
+    """The estimate for 80 GiB × TP 1 holds 131,072 tokens; the live engine reports a tenth of
+    it. A change is offered only if it holds the context at that same ratio."""
+    spec = parse_spec({"spec": spec_of()})
+    assert spec is not None
+    as_estimated = estimated_changes(spec, "decode", 10**9)  # live above the estimate: holds
+    assert as_estimated == []
+    changes = estimated_changes(spec, "decode", SMALL_POOL)
+    assert changes, "a larger TP or GPU holds it"
+    for change in changes:
+        assert change.kv_pool_tokens is not None
+        assert "about" in change.text  # the pool expected live, at the engine's ratio
+        expected = int(change.text.split("about ")[1].split(" ")[0].replace(",", ""))
+        assert expected >= CONTEXT, change.text
+
+
+def test_without_a_model_config_the_fix_is_the_context_and_a_note_on_what_is_missing() -> None:
+    spec = spec_of()
+    del spec["model"]["config"]
+    md, pods = _refused_with_pods(spec)
+    e = explain(md, pods, [])
+    assert [c.field for c in e.changes] == ["spec.model.contextLength"]
+    assert any("spec.model.config" in note and "2.94×" in note for note in e.notes), e.notes
+
+
+def test_a_refused_revision_scaled_to_zero_is_explained_from_the_refusal_in_its_status() -> None:
+    md, _ = _refused_with_pods()
+    e = explain(md, [], [])  # scaleDownRefused: the refused engines are gone
+    decode = next(r for r in e.roles if r.role == "decode")
+    assert decode.kv_pool_tokens == SMALL_POOL and decode.source == "status.rollout.refusal"
+    prefill = next(r for r in e.roles if r.role == "prefill")
+    assert prefill.kv_pool_tokens is None  # the refusal names the first unsafe pod only
+    assert e.changes[-1].value == SMALL_POOL
+
+
+def test_pools_only_the_events_still_hold_are_read_from_them() -> None:
+    md = refused_md(
+        "revision not verified within rollout.verifyTimeoutSeconds=900 s",
+        reason="VerificationTimeout",
+    )
+    rev = md["status"]["targetRevision"]
+    older = verdict_condition("prefill", pod_name("llama", rev, "prefill"), 60_000)["message"]
+    newer = verdict_condition("prefill", pod_name("llama", rev, "prefill"), 50_000)["message"]
+    other_revision = verdict_condition("prefill", pod_name("llama", "0000000000", "prefill"), 10)
+    events = [
+        event("KvPoolTooSmall", older, "2026-11-05T11:00:00Z"),
+        event("KvPoolTooSmall", newer, "2026-11-05T11:30:00Z"),
+        event("KvPoolTooSmall", other_revision["message"], "2026-11-05T11:45:00Z"),
+    ]
+    e = explain(md, [], events)
+    prefill = next(r for r in e.roles if r.role == "prefill")
+    assert (prefill.kv_pool_tokens, prefill.source) == (50_000, "Events")
+    assert [line.time for line in e.events][:3] == sorted(
+        [x["lastTimestamp"] for x in events], reverse=True
+    )
+
+
+def test_a_serving_deployment_is_ready_with_its_verified_pools_and_no_change() -> None:
+    md = serving_md()
+    e = explain(md, [], [])
+    assert e.ready and e.reason == "RevisionServing"
+    assert [(r.role, r.kv_pool_tokens, r.holds) for r in e.roles] == [
+        ("prefill", 434_523, True),
+        ("decode", 434_523, True),
+    ]
+    assert e.changes == () and e.advice == ()
+    assert "llama in models: Ready (RevisionServing)" in explanation_text(e)
+
+
+def test_a_status_older_than_the_spec_is_not_ready() -> None:
+    md = serving_md()
+    md["metadata"]["generation"] = 2
+    e = explain(md, [], [])
+    assert not e.ready
+    assert any("generation 1" in note and "generation 2" in note for note in e.notes)
+
+
+def test_a_deployment_the_operator_never_saw_says_so() -> None:
+    md = serving_md()
+    del md["status"]
+    e = explain(md, [], [])
+    assert not e.ready and e.roles and all(r.kv_pool_tokens is None for r in e.roles)
+    assert any("no status" in note for note in e.notes)
+
+
+def test_an_engine_too_old_gets_the_catalogues_change_not_a_pool_change() -> None:
+    md = refused_md("placeholder")
+    rev = md["status"]["targetRevision"]
+    cond = verdict_condition("decode", pod_name("llama", rev, "decode"), 434_523)
+    cond.update(
+        status="False",
+        reason="EngineVersionTooOld",
+        message="decode pod x reports engine version 0.5.9 < minimum 0.5.22",
+    )
+    e = explain(md, [engine_pod("llama", rev, "decode", cond)], [])
+    assert e.changes == ()
+    too_old = next(row for row in e.advice if row.name == "EngineVersionTooOld")
+    assert "image" in too_old.change
+
+
+def test_an_invalid_spec_is_explained_without_numbers() -> None:
+    md = refused_md("x")
+    md["spec"] = {"model": {"name": "m"}}
+    md["status"]["conditions"][0].update(reason="InvalidSpec", message="spec.model.path: required")
+    e = explain(md, [], [])
+    assert not e.ready and e.roles == () and e.context_length is None
+    assert any(row.name == "InvalidSpec" for row in e.advice)
+
+
+def test_events_of_an_earlier_object_of_the_same_name_are_left_out() -> None:
+    md = serving_md()
+    stranger = event("RolloutRefused", "revision x refused (EngineUnsafe): old")
+    stranger["involvedObject"] = {**stranger["involvedObject"], "uid": "someone-else"}
+    assert (
+        explain(md, [], [stranger, event("RevisionServing", "ok", type_="Normal")]).events[0].reason
+        == "RevisionServing"
+    )
+    assert len(explain(md, [], [stranger]).events) == 0
+
+
+def test_the_json_keys_are_always_present() -> None:
+    md, pods = _refused_with_pods()
+    document = explanation_json(explain(md, pods, [event("RolloutRefused", "r")]))
+    assert set(document) == {
+        "name",
+        "namespace",
+        "ready",
+        "reason",
+        "message",
+        "generation",
+        "observed_generation",
+        "serving_revision",
+        "target_revision",
+        "refused_revision",
+        "refusal",
+        "requirement",
+        "roles",
+        "changes",
+        "advice",
+        "events",
+        "notes",
+    }
+    assert set(document["roles"]) == {"prefill", "decode"}
+    assert document["roles"]["decode"]["pods"][0]["kv_pool_tokens"] == SMALL_POOL
+    assert document["changes"][-1] == {
+        "field": "spec.model.contextLength",
+        "value": SMALL_POOL,
+        "basis": "live",
+        "kv_pool_tokens": None,
+        "text": document["changes"][-1]["text"],
+    }
+    # Only plain data: json.dumps would fail on anything else.
+    assert copy.deepcopy(document) == document
+    assert revision(spec_of()) == md["status"]["targetRevision"]
