@@ -32,6 +32,7 @@ from kvgate.admission import names
 from kvgate.admission.engine_args import check_engine
 from kvgate.admission.engine_flags import check_engine_flag_values
 from kvgate.admission.limits import size_message
+from kvgate.admission.model_source import check_model_source
 from kvgate.admission.plan_hint import pool_hint
 from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
@@ -649,6 +650,7 @@ CHECKS: tuple[Check, ...] = (
     check_estimated_pool,
     check_router_args,
     check_engine,
+    check_model_source,
 )
 
 

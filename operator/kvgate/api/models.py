@@ -32,6 +32,17 @@ DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_ROUTER_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
 DEFAULT_SHM_SIZE = "16Gi"  # NCCL, SGLang's TP workers and the KV transfer staging use /dev/shm
+# Where a model source (spec.model.source) is mounted, read-only, in every engine container.
+MODEL_MOUNT_PATH = "/models"
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+# A Hugging Face Hub repository id: <namespace>/<name> (or a legacy id without namespace).
+HUB_REPO_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+# A relative path inside a volume (no leading or trailing '/'); '..' segments, which Kubernetes
+# refuses in a subPath, are refused by PersistentVolumeClaimSource's own rule.
+SUB_PATH_PATTERN = r"^[^/](.*[^/])?$"
+# An http(s) URL without credentials, query or fragment.
+ENDPOINT_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$"
+DNS_SUBDOMAIN_MAX = 253
 INFINIBAND_DEVICE_DIR = "/dev/infiniband"
 MAX_RDMA_DEVICES = 64
 MAX_IB_DEVICES = 32
@@ -110,7 +121,294 @@ class Role(StrEnum):
     DECODE = "decode"
 
 
+class SecretKeyRef(_Model):
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of a Secret in the ModelDeployment's namespace.",
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key in that Secret.")
+
+
+class PersistentVolumeClaimSource(_Model):
+    """Weights already on a PersistentVolumeClaim of the ModelDeployment's namespace."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.subPath) || !(self.subPath == '..' || "
+                    "self.subPath.startsWith('../') || self.subPath.contains('/../') || "
+                    "self.subPath.endsWith('/..'))",
+                    "message": "subPath must not hold '..' segments (Kubernetes refuses them)",
+                }
+            ]
+        }
+    )
+
+    claim_name: str = Field(
+        min_length=1,
+        max_length=DNS_SUBDOMAIN_MAX,
+        description=(
+            "The claim, in the ModelDeployment's namespace. It is mounted read-only in every "
+            "engine pod of both roles (every replica, every node of a multi-node engine), so "
+            "with more than one node it needs an access mode that allows that: ReadOnlyMany "
+            "or ReadWriteMany."
+        ),
+    )
+    sub_path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        pattern=SUB_PATH_PATTERN,
+        description=(
+            f"A directory inside the claim mounted at {MODEL_MOUNT_PATH} instead of its root "
+            "(relative, no '..')."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> PersistentVolumeClaimSource:
+        if self.sub_path is not None and ".." in self.sub_path.split("/"):
+            raise ValueError(
+                f"subPath {self.sub_path} holds a '..' segment, which Kubernetes refuses in a "
+                "volume mount (the pods would never be created); name a directory inside the "
+                "claim"
+            )
+        return self
+
+
+class HostPathType(StrEnum):
+    DIRECTORY = "Directory"
+    DIRECTORY_OR_CREATE = "DirectoryOrCreate"
+
+
+class HostPathSource(_Model):
+    """Weights in a directory of the node (a node-local cache filled by something else)."""
+
+    path: str = Field(
+        min_length=2,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^/.*[^/]$",
+        description=(
+            "The node's directory (absolute), mounted read-only. Every node that may run an "
+            "engine pod must hold the same weights there: kvgate cannot check what a node has."
+        ),
+    )
+    type: HostPathType = Field(
+        default=HostPathType.DIRECTORY,
+        description=(
+            "Directory: the pod does not start (FailedMount) on a node without it. "
+            "DirectoryOrCreate creates it empty, and the engine then fails to load."
+        ),
+    )
+
+
+class ImagePullPolicy(StrEnum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+class ImageSource(_Model):
+    """Weights packaged as an OCI image or artifact, mounted as a Kubernetes image volume."""
+
+    reference: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^[^\s]+$",
+        description=(
+            "The image or OCI artifact holding the weights, e.g. "
+            "registry.example.com/models/llama-3.1-8b:v1 (a digest pins it), mounted read-only "
+            "by the kubelet as an image volume (volumes[].image): alpha in Kubernetes 1.31, "
+            "beta from 1.33; the ImageVolume feature gate must be on before 1.35, where it is "
+            "on by default, and the runtime must support it (containerd 2.1+, CRI-O 1.31+)."
+        ),
+    )
+    pull_policy: ImagePullPolicy = Field(
+        default=ImagePullPolicy.IF_NOT_PRESENT,
+        description="Always, IfNotPresent or Never, as for a container image.",
+    )
+
+
+class EmptyDirStorage(_Model):
+    """A pod-local emptyDir: every engine pod downloads its own copy when it starts."""
+
+    size_limit: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=QUANTITY_PATTERN,
+        description=(
+            "The emptyDir's sizeLimit, e.g. 40Gi: at least the weights' size. The pod is "
+            "evicted if the download grows past it; without it, the download may fill the "
+            "node's disk."
+        ),
+    )
+
+
+class DownloadStorage(_Model):
+    """Where a download lands: exactly one of emptyDir and persistentVolumeClaim."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.emptyDir) != has(self.persistentVolumeClaim)",
+                    "message": "set exactly one of download.storage.emptyDir and "
+                    "download.storage.persistentVolumeClaim",
+                }
+            ]
+        }
+    )
+
+    empty_dir: EmptyDirStorage | None = Field(
+        default=None,
+        description="Download into each pod's own emptyDir (the default).",
+    )
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
+        default=None,
+        description=(
+            "Download into a claim, once: pods that find the download complete (its marker "
+            "file) skip it. The download container mounts it read-write, the engine read-only; "
+            "pods on several nodes need ReadWriteMany. A directory that holds another "
+            "repository or revision is never overwritten: use another model.path."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _one_storage(self) -> DownloadStorage:
+        if (self.empty_dir is None) == (self.persistent_volume_claim is None):
+            raise ValueError(
+                "set exactly one of emptyDir (each pod downloads its own copy) and "
+                "persistentVolumeClaim (downloaded once, shared)"
+            )
+        return self
+
+
+def _default_download_storage() -> DownloadStorage:
+    return DownloadStorage(empty_dir=EmptyDirStorage())
+
+
+class DownloadSource(_Model):
+    """Weights fetched from a model hub at pod start by an init container (`kvgate fetch-model`,
+    in kvgate's own image) speaking the Hugging Face Hub HTTP API."""
+
+    repo: str = Field(
+        min_length=1,
+        max_length=193,
+        pattern=HUB_REPO_PATTERN,
+        description="The hub repository id, e.g. meta-llama/Llama-3.1-8B-Instruct.",
+    )
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9._/-]+$",
+        description=(
+            "A branch, tag or commit. Pin a commit (40 hex digits): a branch can move between "
+            "two pods' starts, and the revision kvgate rolls out would then run two models."
+        ),
+    )
+    endpoint: str = Field(
+        default=DEFAULT_HUB_ENDPOINT,
+        max_length=MAX_PATH_LENGTH,
+        pattern=ENDPOINT_PATTERN,
+        description=(
+            "The hub's base URL (HF_ENDPOINT), e.g. an internal mirror. https in production: "
+            "the token travels to it."
+        ),
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description=(
+            "A Secret key holding the hub token, sent as Authorization: Bearer to the endpoint "
+            "only (never to a redirect's other host, never logged). Needed for private and "
+            "gated repositories."
+        ),
+    )
+    exclude: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Files not to download, as fnmatch patterns over their paths in the repository (as "
+            'huggingface_hub\'s ignore_patterns: * also matches /), e.g. ["original/*"] for '
+            "the second, consolidated copy of the weights Meta's repositories carry."
+        ),
+    )
+    storage: DownloadStorage = Field(
+        default_factory=_default_download_storage,
+        description="Where the weights land: each pod's emptyDir (default) or a shared claim.",
+        # The CRD's default (the API server fills it in): what the factory builds.
+        json_schema_extra={"default": {"emptyDir": {}}},
+    )
+
+
+class ModelSource(_Model):
+    """Where the weights at model.path come from: exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "[has(self.persistentVolumeClaim), has(self.hostPath), "
+                    "has(self.image), has(self.download)].filter(x, x).size() == 1",
+                    "message": "set exactly one of model.source.persistentVolumeClaim, "
+                    "hostPath, image and download",
+                }
+            ]
+        }
+    )
+
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
+        default=None, description="Weights on a PersistentVolumeClaim, mounted read-only."
+    )
+    host_path: HostPathSource | None = Field(
+        default=None, description="Weights in a node directory, mounted read-only."
+    )
+    image: ImageSource | None = Field(
+        default=None, description="Weights in an OCI image, mounted as an image volume."
+    )
+    download: DownloadSource | None = Field(
+        default=None,
+        description="Weights downloaded from a model hub by an init container at pod start.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        set_ = [
+            name
+            for name, value in (
+                ("persistentVolumeClaim", self.persistent_volume_claim),
+                ("hostPath", self.host_path),
+                ("image", self.image),
+                ("download", self.download),
+            )
+            if value is not None
+        ]
+        if len(set_) != 1:
+            got = ", ".join(set_) if set_ else "none"
+            raise ValueError(
+                "set exactly one of persistentVolumeClaim, hostPath, image and download "
+                f"(got {got})"
+            )
+        return self
+
+
 class ModelSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!has(self.source) || ((self.path == '{MODEL_MOUNT_PATH}' || "
+                    f"self.path.startsWith('{MODEL_MOUNT_PATH}/')) && "
+                    "!self.path.contains('/../') && !self.path.endsWith('/..'))",
+                    "message": f"with model.source, model.path must be {MODEL_MOUNT_PATH} or "
+                    f"a path under it (the source is mounted at {MODEL_MOUNT_PATH}), without "
+                    "'..'",
+                }
+            ]
+        }
+    )
+
     name: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
@@ -119,7 +417,11 @@ class ModelSpec(_Model):
     path: str = Field(
         min_length=1,
         max_length=MAX_PATH_LENGTH,
-        description="Where the engine reads the weights (--model-path): a local path or hub id.",
+        description=(
+            "Where the engine reads the weights (--model-path): a path in the engine container "
+            f"or a hub id. With source, {MODEL_MOUNT_PATH} or a directory under it, e.g. "
+            f"{MODEL_MOUNT_PATH}/llama-3.1-8b."
+        ),
     )
     context_length: int = Field(
         gt=0,
@@ -143,6 +445,16 @@ class ModelSpec(_Model):
         gt=0,
         description="Total weight size of one engine replica in GiB (split across its TP ranks).",
     )
+    source: ModelSource | None = Field(
+        default=None,
+        description=(
+            f"Where the weights come from, mounted read-only at {MODEL_MOUNT_PATH} in every "
+            "engine container (leaders and workers alike): a PersistentVolumeClaim, a node "
+            "directory, an OCI image, or a download at pod start. Without it, model.path must "
+            "already exist in the engine image or be a hub id SGLang downloads itself. "
+            "Loading counts against rollout.verifyTimeoutSeconds."
+        ),
+    )
 
 
 class EnvVar(_Model):
@@ -155,15 +467,6 @@ class EnvVar(_Model):
         description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).",
         json_schema_extra=PRESERVE_UNKNOWN,
     )
-
-
-class SecretKeyRef(_Model):
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        description="Name of a Secret in the ModelDeployment's namespace.",
-    )
-    key: str = Field(min_length=1, max_length=253, description="The key in that Secret.")
 
 
 class RdmaSpec(_Model):
@@ -252,8 +555,10 @@ class TransferSpec(_Model):
         max_length=32,
         pattern=QUANTITY_PATTERN,
         description=(
-            "Size of the in-memory /dev/shm (emptyDir, medium Memory) of engine pods; it counts "
-            "against the pod's memory."
+            "Size of the in-memory /dev/shm (emptyDir, medium Memory) of engine pods, whatever "
+            "the backend: NCCL's intra-node transport between TP ranks, SGLang's TP worker "
+            "processes and the KV transfer's staging use it. It counts against the pod's memory "
+            "(its limit, when set)."
         ),
     )
     host_network: bool = Field(

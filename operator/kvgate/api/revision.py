@@ -25,6 +25,9 @@ def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
         # earlier spec ran, so it leaves their revisions as they were (no roll on upgrade).
         if doc[role].get("nodes") == 1:
             del doc[role]["nodes"]
+    # model.source came with model sources; a spec without one runs what it always ran.
+    if doc["model"].get("source") is None:
+        doc["model"].pop("source", None)
     return doc
 
 

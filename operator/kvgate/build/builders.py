@@ -26,6 +26,7 @@ from kvgate.api.models import (
     Role,
     RoleSpec,
 )
+from kvgate.build import model_source
 from kvgate.build.engine_launch import engine_launch
 from kvgate.rollout import requirements
 from kvgate.verify import router_auth
@@ -51,6 +52,11 @@ GUARD_RESOURCES: Body = {
     "requests": {"cpu": "10m", "memory": "64Mi"},
     "limits": {"memory": "128Mi"},
 }
+
+
+# kvgate's own image where the operator knows none (KVGATE_GUARD_IMAGE unset, i.e. outside the
+# chart): the chart's default, which the download init container (kvgate fetch-model) runs.
+DEFAULT_KVGATE_IMAGE = "ghcr.io/kvgate/kvgate-operator:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,22 @@ def engine_pod_template(
     volumes: list[Body] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
     ]
+    weights = model_source.model_volume(spec.model)
+    weights_mount = model_source.engine_mount(spec.model)
+    if weights is not None and weights_mount is not None:
+        container["volumeMounts"].append(weights_mount)
+        volumes.append(weights)
+    init_containers: list[Body] = []
+    fetch = model_source.fetch_container(
+        spec.model,
+        guard.image if guard else DEFAULT_KVGATE_IMAGE,
+        _restricted_container_security(),
+    )
+    if fetch is not None:
+        # Before the guard: the weights must be in place before anything waits for the engine.
+        init_containers.append(fetch)
+    if guard:
+        init_containers.append(guard_container(md, role, revision, guard))
     if transfer.rdma is not None and transfer.rdma.host_path is not None:
         container["volumeMounts"].append({"name": "infiniband", "mountPath": INFINIBAND_DEVICE_DIR})
         volumes.append(
@@ -328,7 +350,7 @@ def engine_pod_template(
         "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
         # Without a guard image (kvgate run outside its chart) there is no second key: the gate
         # alone decides, and goes stale while the operator is down.
-        **({"initContainers": [guard_container(md, role, revision, guard)]} if guard else {}),
+        **({"initContainers": init_containers} if init_containers else {}),
         "securityContext": _pod_security(),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "volumes": volumes,
@@ -463,13 +485,14 @@ def router_pod_template(
 def template_hash(body: Body) -> str:
     """Hash of a built object; stored on it so a changed builder output can be detected.
 
-    The guard sidecar's image is left out: it is the operator's own image, so counting it would
-    restart every engine (and drop a one-replica role's traffic while it reloads) on each
-    operator upgrade. A revision keeps the guard image it was created with; new revisions, and
-    any builder change that alters the template, take the current one."""
+    The images of the guard sidecar and the download init container are left out: they are the
+    operator's own image, so counting them would restart every engine (and drop a one-replica
+    role's traffic while it reloads) on each operator upgrade. A revision keeps the images it
+    was created with; new revisions, and any builder change that alters the template, take the
+    current one."""
     view = copy.deepcopy(body)
     for container in view.get("spec", {}).get("initContainers", []):
-        if container.get("name") == GUARD_CONTAINER:
+        if container.get("name") in (GUARD_CONTAINER, model_source.FETCH_CONTAINER):
             container.pop("image", None)
     canonical = json.dumps(view, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]

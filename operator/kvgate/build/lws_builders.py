@@ -52,15 +52,21 @@ def leader_pod_template(
     return builders.engine_pod_template(md, role, revision, guard)
 
 
-def worker_pod_template(md: ModelDeployment, role: Role, revision: str) -> Body:
+def worker_pod_template(
+    md: ModelDeployment, role: Role, revision: str, guard: builders.Guard | None = None
+) -> Body:
     """Ranks 1..nodes-1: the leader's container with its own rank, without what serves or gates
-    traffic (HTTP port and probe, bootstrap port, readiness gate, guard, requirement)."""
-    template = copy.deepcopy(builders.engine_pod_template(md, role, revision, guard=None))
+    traffic (HTTP port and probe, bootstrap port, readiness gate, guard, requirement); with the
+    leader's model volume, and its download init container when the weights are downloaded."""
+    template = copy.deepcopy(builders.engine_pod_template(md, role, revision, guard))
     name = md.metadata.name or ""
     template["metadata"] = {"labels": worker_labels(name, revision, role.value)}
     pod_spec = template["spec"]
     pod_spec.pop("readinessGates", None)
-    pod_spec.pop("initContainers", None)
+    # The guard goes; a download of the weights stays: every rank loads them from its own node.
+    kept = [c for c in pod_spec.pop("initContainers", []) if c["name"] != builders.GUARD_CONTAINER]
+    if kept:
+        pod_spec["initContainers"] = kept
     container = pod_spec["containers"][0]
     command, args = builders.split_command(
         engine_argv(engine_launch(md.spec, role, node_rank=multinode.WORKER_RANK))
@@ -91,7 +97,7 @@ def leader_worker_set(
             "size": role_spec.nodes,
             "restartPolicy": "RecreateGroupOnPodRestart",
             "leaderTemplate": leader_pod_template(md, role, revision, guard),
-            "workerTemplate": worker_pod_template(md, role, revision),
+            "workerTemplate": worker_pod_template(md, role, revision, guard),
         },
         "rolloutStrategy": {
             "type": "RollingUpdate",
