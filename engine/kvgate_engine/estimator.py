@@ -714,6 +714,16 @@ STANDARD_ATTENTION_ARCHITECTURES = frozenset(
 MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"})
 
 
+def forced_page_size(config: Mapping[str, Any]) -> int:
+    """The page SGLang forces on CUDA for the config's layout, 1 for none: DSA 64 × index_kpool
+    (arg_groups/model_overrides/deepseek_v2.py); the linear hybrids 64 on SM100 with trtllm_mha
+    (qwen3_5.py), taken whenever the GPU is not known, as the pool estimate does."""
+    layout = layout_of(config)
+    if layout == "DSA":
+        return 64 * (_int(_text_config(config), "index_kpool") or 1)
+    return 64 if layout == "LINEAR" else 1
+
+
 def unmodelled_architecture_note(config: Mapping[str, Any], layout: str) -> str | None:
     """What an estimate of ``layout`` rests on when the config's architecture is not one kvgate
     knows to be laid out that way, or None. Only MHA and MLA are ever assumed: DSA, SWA and

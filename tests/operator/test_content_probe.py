@@ -10,6 +10,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from factories.local_http import serving_app
+from factories.model_configs import model_config
+from factories.model_deployments import spec_of
 from kvgate.api.models import ContentProbeSpec
 from kvgate.controller.content_check import parse_stream, send_probe
 from kvgate.verify.content_probe import (
@@ -20,6 +22,7 @@ from kvgate.verify.content_probe import (
     Expect,
     ProbeAnswer,
     ProbeRequest,
+    bounds_of,
     checks_in,
     judge,
     longest_full_answer,
@@ -30,6 +33,7 @@ from kvgate.verify.content_probe import (
     verdict,
     vocab_size_of,
 )
+from kvgate_engine.request_limits import RequestBounds
 
 CONTEXT = 131_072
 SETTINGS = ContentProbeSpec()  # 50 % and 100 %, 8 new tokens
@@ -75,6 +79,75 @@ def test_lengths_and_new_tokens_come_from_the_spec() -> None:
         ((4096 - 34) * 10 // 100, 32),
         (4096 - 34, 32),
     ]
+
+
+def sglang_new_tokens(n: int, m: int, context: int, pool: int, page: int, reserved: int) -> int:
+    """What SGLang 0.5.23 does with a prompt of n tokens asking for m: HTTP 400 (-1) from the
+    tokenizer (managers/tokenizer_manager.py: input + num_reserved_tokens >= context_len, or
+    + max_new_tokens > context_len) or the scheduler (n >= max_req_input_len), else the new
+    tokens after init_req_max_new_tokens' clips (max_req_len - n - 1; the allocator's
+    max_new_tokens_for_memory: pool - ceil_page(n) - page - 1)."""
+    if n + reserved >= context or n + reserved + m > context:
+        return -1
+    max_req_len = min(context - 1, pool - 1)
+    if n >= max_req_len - 5:
+        return -1
+    paged = -(-n // page) * page
+    return max(0, min(m, max_req_len - n - 1, pool - paged - page - 1))
+
+
+DSA_CONFIG = model_config("deepseek-v3.2")
+LLAMA_CONFIG = model_config("llama-3.1-8b")
+
+
+@pytest.mark.parametrize(
+    ("name", "spec_overrides", "page", "reserved"),
+    [
+        ("DSA forces a 64-token page", {"config": DSA_CONFIG}, 64, 0),
+        ("EAGLE on Llama: auto (5 steps, topk 4, 8 drafts)", {"config": LLAMA_CONFIG}, 1, 20),
+        ("EAGLE with explicit steps", {"config": LLAMA_CONFIG}, 1, 6),
+        ("page 16 from the spec", {}, 16, 0),
+    ],
+)
+def test_the_full_length_probe_is_answered_in_full_at_capacity(
+    name: str, spec_overrides: dict[str, Any], page: int, reserved: int
+) -> None:
+    """A healthy engine whose pool is exactly the context answers the 100 % probe with every
+    token asked, and the 50 % one too: DSA's forced page and EAGLE's reserved tokens included."""
+    engine: dict[str, Any] = {"image": "lmsysorg/sglang:v0.5.23"}
+    if "EAGLE" in name:
+        engine["args"] = ["--speculative-algorithm", "EAGLE"]
+        if "explicit" in name:
+            engine["args"] += [
+                "--speculative-num-steps=2",
+                "--speculative-eagle-topk",
+                "3",
+                "--speculative-num-draft-tokens",
+                "4",
+            ]
+    if page == 16:
+        engine["pageSize"] = 16
+    model = {"name": "m", "path": "/models/m", "contextLength": CONTEXT, **spec_overrides}
+    spec = spec_of(model=model, engine=engine)
+    bounds = bounds_of(spec)
+    assert (bounds.page_size, bounds.reserved_tokens) == (page, reserved)
+    probes = plan_probes(CONTEXT, CONTEXT, SETTINGS, bounds)
+    answered = [p for p in probes if p.expect is Expect.ANSWER]
+    for probe in answered:
+        granted = sglang_new_tokens(probe.prompt_tokens, 8, CONTEXT, CONTEXT, page, reserved)
+        assert granted == 8, (probe.name, probe.prompt_tokens, granted)
+    longest = answered[-1].prompt_tokens
+    # the longest such prompt: one more token (or page) is not answered in full
+    assert sglang_new_tokens(longest + page, 8, CONTEXT, CONTEXT, page, reserved) != 8
+    for probe in probes[len(answered) :]:
+        assert sglang_new_tokens(probe.prompt_tokens, 8, CONTEXT, CONTEXT, page, reserved) == -1
+
+
+def test_dsa_full_length_probe_length_by_hand() -> None:
+    """pool 131,072, page 64, 8 new tokens: ceil_page(n) <= 131,072 - 64 - 1 - 8 = 130,999, so
+    n = 2,046 pages = 130,944 tokens (page 1 would allow 131,062)."""
+    assert longest_full_answer(CONTEXT, 8, CONTEXT, RequestBounds(page_size=64)) == 130_944
+    assert longest_full_answer(CONTEXT, 8, CONTEXT) == CONTEXT - 10
 
 
 IN = ProbeRequest("100%", CONTEXT - 10, 8, Expect.ANSWER)

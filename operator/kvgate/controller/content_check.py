@@ -172,7 +172,12 @@ async def run_content_check(
     """Plan, send and judge one revision's content check; None when no Ready router of the
     revision is known yet (nothing was sent)."""
     settings = spec.safety.content_probe
-    probes = content_probe.plan_probes(spec.model.context_length, verified_pool_tokens, settings)
+    probes = content_probe.plan_probes(
+        spec.model.context_length,
+        verified_pool_tokens,
+        settings,
+        content_probe.bounds_of(spec),
+    )
     found = await revision_router(rt, namespace, md_name, md_uid, revision)
     if found is None:
         return None

@@ -13,22 +13,28 @@ revision's own router:
   they are the same length), which must be refused: HTTP 4xx, or an in-band error in the stream
   before any token. Never HTTP 200 with generated tokens.
 
-The longest prompt answered in full comes from SGLang 0.5.23's own bounds
-(``managers/scheduler.py:init_req_max_new_tokens`` and ``tp_worker.get_worker_info``): with a
-pool at least as large as the context, ``max_req_len = contextLength - 1`` and
-``max_req_input_len = contextLength - 6``; an input of ``n`` tokens is admitted when
-``n < max_req_input_len`` and gets at most ``max_req_len - n - 1`` new tokens. So the full
+The longest prompt answered in full comes from SGLang's own bounds
+(:mod:`kvgate_engine.request_limits`): the tokenizer adds speculative decoding's reserved tokens
+to the input, the scheduler admits ``n < min(contextLength, pool) − 6``, grants at most
+``min(contextLength, pool) − n − 2`` new tokens, and clips them to the pool less the paged input
+and one page. With a pool as large as the context, page 1 and no speculative decoding, a full
 answer of ``m`` tokens needs ``n <= contextLength - m - 2`` and ``n <= contextLength - 7``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kvgate.api.models import ContentProbeSpec
+from kvgate_engine import request_limits
+from kvgate_engine.estimator import EstimateError, forced_page_size
+from kvgate_engine.request_limits import PLAIN, RequestBounds, speculative_reserved_tokens
+
+from kvgate.api.models import ContentProbeSpec, ModelDeploymentSpec
 
 REASON_FAILED = "ContentCheckFailed"
 REASON_PASSED = "ContentCheckPassed"
@@ -36,9 +42,6 @@ REASON_PASSED = "ContentCheckPassed"
 # runs again (RETRY_SECONDS later) until it decides or rollout.verifyTimeoutSeconds refuses.
 REASON_INCONCLUSIVE = "ContentCheckInconclusive"
 RETRY_SECONDS = 15.0
-# SGLang's bounds (module docstring): what max_req_len and max_req_input_len leave a request.
-SCHEDULER_MARGIN = 2  # n + m <= contextLength - 2
-INPUT_MARGIN = 7  # n <= contextLength - 7
 MAX_ERROR_CHARS = 160  # of an engine's error text kept in status (it is untrusted input)
 MAX_RECORDS = 10  # status.contentChecks (the API's maxItems)
 
@@ -101,21 +104,42 @@ def _inconclusive(finding: ProbeFinding) -> bool:
     return not finding.passed and (status is None or status >= 500)
 
 
-def longest_full_answer(context_length: int, max_new_tokens: int) -> int:
+def longest_full_answer(
+    context_length: int,
+    max_new_tokens: int,
+    pool_tokens: int | None = None,
+    bounds: RequestBounds = PLAIN,
+) -> int:
     """The longest prompt SGLang admits and answers with all ``max_new_tokens`` tokens."""
-    return max(
-        1,
-        min(context_length - max_new_tokens - SCHEDULER_MARGIN, context_length - INPUT_MARGIN),
+    return request_limits.longest_full_answer(
+        context_length, max_new_tokens, pool_tokens=pool_tokens, bounds=bounds
     )
 
 
+def bounds_of(spec: ModelDeploymentSpec) -> RequestBounds:
+    """The page the engines run with (spec.engine.pageSize, or the page SGLang forces for the
+    model, whichever is the larger multiple) and speculative decoding's reserved tokens."""
+    page = spec.engine.page_size
+    config = spec.model.config
+    if config:
+        # a config the estimator cannot sort keeps the page the spec asks for
+        with contextlib.suppress(EstimateError):
+            page = math.lcm(page, forced_page_size(config))
+    return RequestBounds(page, speculative_reserved_tokens(spec.engine.args, config))
+
+
 def plan_probes(
-    context_length: int, verified_pool_tokens: int | None, settings: ContentProbeSpec
+    context_length: int,
+    verified_pool_tokens: int | None,
+    settings: ContentProbeSpec,
+    bounds: RequestBounds = PLAIN,
 ) -> tuple[ProbeRequest, ...]:
     """The probes for a revision whose smallest verified KV pool is ``verified_pool_tokens``
-    (None: not known; then only the over-context probe is over range)."""
+    (None: not known; then only the over-context probe is over range, and the in-range probes
+    assume a pool as large as the context). ``bounds``: the engine's page and speculative
+    reserved tokens, which shorten the longest prompt answered in full."""
     m = settings.max_new_tokens
-    full = longest_full_answer(context_length, m)
+    full = longest_full_answer(context_length, m, verified_pool_tokens, bounds)
     probes: list[ProbeRequest] = []
     seen: set[int] = set()
     for percent in sorted(set(settings.lengths)):
