@@ -43,6 +43,9 @@ from typing import Any
 
 from kvgate_e2e.content_cache import cache_home
 
+# Where spec.model.source is mounted in engine containers: kvgate.api.models.MODEL_MOUNT_PATH
+# (not imported: the loopback kubelet imports this module and needs no pydantic).
+MODEL_MOUNT_PATH = "/models"
 RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
 SGLANG_CPU = "sglang-cpu"
 
@@ -227,9 +230,14 @@ def unified_server_port() -> int:
     raise RealEngineError(f"no free 127.0.0.1 port found below the ephemeral range ({low})")
 
 
-def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dict[str, Any]:
+def tiny_llama_md(
+    name: str, model: Path, pool: str, *, claim: str | None = None, **role_changes: Any
+) -> dict[str, Any]:
     """A ModelDeployment of the tiny Llama on the real SGLang (1 prefill, 1 decode, smg) for
     nodes labelled ``kvgate.io/pool=<pool>``; ``role_changes`` override both roles' fields.
+    With ``claim``, the weights come from that PersistentVolumeClaim (``model.source``, mounted
+    read-only at ``/models``, whose root holds the model), else from ``model``, a path the node
+    itself has.
 
     What the CPU needs: ``safety.kvChecksum: false`` (SGLang 0.5.23's checksum asserts CUDA
     tensors, ``disaggregation/checksum.py``, and crashes prefill's warm-up on CPU; on GPUs it
@@ -254,9 +262,10 @@ def tiny_llama_md(name: str, model: Path, pool: str, **role_changes: Any) -> dic
         "spec": {
             "model": {
                 "name": TINY_SERVED,
-                "path": str(model),
+                "path": MODEL_MOUNT_PATH if claim else str(model),
                 "contextLength": TINY_CONTEXT,
                 **({"config": config} if config is not None else {}),
+                **({"source": {"persistentVolumeClaim": {"claimName": claim}}} if claim else {}),
             },
             "engine": {"image": IMAGE},
             "safety": {"headroom": 1.0, "kvChecksum": False},

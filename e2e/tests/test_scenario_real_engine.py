@@ -3,18 +3,21 @@
 The real pool's node (``kvgate-real-0``, apart from the big pool the other scenarios use) is
 annotated ``e2e.kvgate.io/engine-runtime=sglang-cpu`` for this module, so its engine pods run
 the real SGLang on CPU (``kvgate_e2e.real_engine``: kvgate's launcher argv plus only the CPU
-flags of research/sglang-cpu.md), with a tiny Llama (fixed seed) copied into a host path the pods
-read. The model and its greedy known answer, recorded from a unified real server, are cached on
-disk by everything they depend on (``kvgate_e2e.real_engine_cache``); on a miss the model is
-generated and the unified server started at the beginning, in parallel with the pair, and stopped
-once it answered. ``KVGATE_REAL_ENGINE_NO_CACHE=1`` computes both afresh.
+flags of research/sglang-cpu.md), with a tiny Llama (fixed seed) that reaches them as a platform
+team's weights do: a PersistentVolumeClaim (``spec.model.source.persistentVolumeClaim``) bound to
+a local PersistentVolume of that node holding the model (``kvgate_e2e.local_volumes``), mounted
+read-only at ``/models`` in every engine container. The model and its greedy known answer,
+recorded from a unified real server, are cached on disk by everything they depend on
+(``kvgate_e2e.real_engine_cache``); on a miss the model is generated and the unified server
+started at the beginning, in parallel with the pair, and stopped once it answered.
+``KVGATE_REAL_ENGINE_NO_CACHE=1`` computes both afresh.
 
 One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three tests, in order, under
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
 
-1. the real engines are verified, pass kvgate's content check at maximum length, ``kubectl get
-   md`` shows their real pools (8,192), and a request through the router returns the recorded
-   known answer;
+1. the real engines load the weights from the claim (``/models``, read-only), are verified, pass
+   kvgate's content check at maximum length, ``kubectl get md`` shows their real pools (8,192),
+   and a request through the router returns the recorded known answer;
 2. ``kvgate verify --url`` against each real engine gives the operator's verdict;
 3. the decode engine restarted with a smaller ``--max-total-tokens`` (the node's
    ``e2e.kvgate.io/max-total-tokens``, as the restart scenario shrinks GPU memory) loses
@@ -55,8 +58,10 @@ import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
+from kvgate_e2e.local_volumes import claim_bound, local_claim, volume_name
 from kvgate_e2e.real_engine import (
     DEFAULT_VERSION,
+    MODEL_MOUNT_PATH,
     RUNTIME_ANNOTATION,
     SGLANG_CPU,
     TINY_CONTEXT,
@@ -106,6 +111,7 @@ SEED = 0
 PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's 384-token vocab
 NEW_TOKENS = 4
 START_TIMEOUT = 600.0  # two CPU SGLang servers started together on a loaded 2-core machine
+CLAIM = "tiny-llama"  # the PersistentVolumeClaim holding the model
 
 
 def generate_body() -> dict[str, Any]:
@@ -230,7 +236,8 @@ class Real:
 
 
 def real_md(name: str, model: Path, **role_changes: Any) -> dict[str, Any]:
-    return tiny_llama_md(name, model, REAL_POOL, **role_changes)
+    """The tiny Llama from the claim ``CLAIM`` (``model``: the host copy, for its config.json)."""
+    return tiny_llama_md(name, model, REAL_POOL, claim=CLAIM, **role_changes)
 
 
 @pytest.fixture(scope="module")
@@ -253,11 +260,30 @@ def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
     try:
         world.kubectl("annotate", "node", node, f"{RUNTIME_ANNOTATION}={SGLANG_CPU}", "--overwrite")
         world.create_namespace(ns)
+        # The weights as a platform team provides them: a claim bound to a local volume of the
+        # node (the model's directory), mounted read-only in every engine container.
+        volume, claim = local_claim(CLAIM, ns, model, node)
+        world.apply(volume)
+        world.apply(claim, ns)
+        world.wait_for(
+            f"PersistentVolumeClaim {CLAIM} to be bound",
+            lambda: claim_bound(world.get("persistentvolumeclaims", CLAIM, ns)),
+            60,
+        )
         yield Real(world, env, model, node, ns, known)
     finally:
         known.stop()
         started = time.monotonic()
         world.delete_namespace(ns, wait=False)
+        # Retained: the model's files stay; the volume object goes once the claim is gone.
+        world.kubectl(
+            "delete",
+            "pv",
+            volume_name(ns, CLAIM),
+            "--ignore-not-found",
+            "--wait=false",
+            check=False,
+        )
         for key in (RUNTIME_ANNOTATION, MAX_TOTAL_TOKENS_ANNOTATION):  # either may be absent
             world.kubectl("annotate", "node", node, f"{key}-", check=False)
         print(f"MEASURED real-engine namespace clean-up {time.monotonic() - started:.1f}s")
@@ -350,8 +376,18 @@ def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_kn
         for pod in engine_pods(world, ns, "real"):
             gate = condition(pod, GATE)
             assert gate is not None and gate["status"] == "True", gate
+            # The weights came from the claim, read-only, not from a path of the node.
+            (weights,) = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+            assert weights["persistentVolumeClaim"] == {"claimName": CLAIM, "readOnly": True}
+            # The kubelet's mount script warns (first, before the engine's own lines) if the
+            # kernel refused the read-only remount.
+            path = world.kubelet.kubelet.log_path(ns, pod["metadata"]["name"], "engine")
+            assert path is not None and path.exists(), path
+            head = path.read_text(errors="replace")[:20_000]
+            assert f"cannot make {MODEL_MOUNT_PATH} read-only" not in head, head[:2000]
             info = server_info(world.engine_url(pod))
             assert info is not None
+            assert info["model_path"] == MODEL_MOUNT_PATH, info["model_path"]
             # The real SGLang, not the reference engine: its version, its own per-rank state,
             # and the role kvgate's launcher gave it.
             assert info["version"] == DEFAULT_VERSION, info["version"]

@@ -3,6 +3,9 @@
 Each container runs under ``unshare --mount`` with the pod's volumes bind-mounted at their
 ``mountPath``; mount points missing on the host are created (and removed by the last kubelet to
 stop), and this checkout stays visible to the pod's processes even under a volume's mountPath.
+A mount that is ``readOnly`` (or of a claim the pod mounts ``readOnly``) is remounted read-only
+in the container's namespace, as the kubelet mounts it; where the kernel refuses, the container
+still starts and its log says so.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ _MOUNT_SCRIPT = (
     'while [ "$1" != "--" ]; do '
     '[ -e "$2" ] || mkdir -p "$2"; '
     'mount --bind "$1" "$2" || { echo "kvgate-kubelet: cannot mount $1 at $2" >&2; exit 127; }; '
-    'shift 2; done; shift; exec "$@"'
+    "shift 2; done; shift; "
+    'while [ "$1" != "--" ]; do '
+    'mount -o remount,bind,ro "$1" || echo "kvgate-kubelet: cannot make $1 read-only" >&2; '
+    'shift; done; shift; exec "$@"'
 )
 # Where this checkout's packages and virtualenv live: pod processes run from them.
 PROJECT_ROOT = Path(__file__).resolve().parents[3]  # e2e/kvgate_e2e/kubelet/ is 3 down
@@ -142,11 +148,27 @@ def container_mounts(
     return order_mounts(pairs)
 
 
+def read_only_targets(pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[str]:
+    """The container's mount points that are read-only: ``readOnly`` on the mount, or a claim
+    the pod's volume mounts ``readOnly``."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+    targets = []
+    for mount in container.get("volumeMounts") or []:
+        claim = volumes.get(mount["name"], {}).get("persistentVolumeClaim") or {}
+        if mount.get("readOnly") or claim.get("readOnly"):
+            targets.append(os.path.realpath(mount["mountPath"]))
+    return targets
+
+
 def in_mount_namespace(
-    argv: Sequence[str], mounts: Sequence[MountPair], venv_bin: str, mount_points: MountPoints
+    argv: Sequence[str],
+    mounts: Sequence[MountPair],
+    venv_bin: str,
+    mount_points: MountPoints,
+    read_only: Sequence[str] = (),
 ) -> list[str]:
-    """``argv`` run in a new mount namespace holding ``mounts``, this checkout and its
-    virtualenv kept visible under them."""
+    """``argv`` run in a new mount namespace holding ``mounts`` (those at ``read_only``
+    remounted read-only), this checkout and its virtualenv kept visible under them."""
     before, after = keep_visible(
         mounts, [str(PROJECT_ROOT), str(Path(venv_bin).parent)], stage=KEEP_STAGE
     )
@@ -164,6 +186,8 @@ def in_mount_namespace(
         _MOUNT_SCRIPT,
         "kvgate-pod",
         *flat,
+        "--",
+        *read_only,
         "--",
         *argv,
     ]

@@ -7,7 +7,8 @@ probe (``kubelet_probes``) and the ``pods/status`` patch (``kubelet_pod_status``
 conditionally on the pod's resourceVersion). Containers are local processes (see
 ``kubelet_images``), each in its own mount namespace (``unshare --mount``) where the pod's volumes
 (the projected service-account volume the ServiceAccount admission plugin adds, secrets, config
-maps, emptyDirs) are bind-mounted at their ``mountPath``.
+maps, emptyDirs, hostPaths and claims of local PersistentVolumes) are bind-mounted at their
+``mountPath``.
 
 Init containers run in order, as ``computeInitContainerActions``
 (``pkg/kubelet/kuberuntime/kuberuntime_container.go``) runs them: a regular one to completion; a
@@ -49,6 +50,7 @@ from kvgate_e2e.kubelet.mounts import (
     container_mounts,
     in_mount_namespace,
     order_mounts,
+    read_only_targets,
 )
 from kvgate_e2e.kubelet.pod_status import now_rfc3339, pod_status_patch
 from kvgate_e2e.kubelet.podspec import PodSpecError, ProbeSettings, probe_settings
@@ -398,7 +400,13 @@ class PodWorker:
             # ordered with the pod's own mounts: an emptyDir at /tmp must not hide it.
             mounts = order_mounts([*mounts, (str(settings.pod_hosts.path), "/etc/hosts")])
         if settings.mount_namespaces:
-            argv = in_mount_namespace(argv, mounts, settings.venv_bin, settings.mount_points)
+            argv = in_mount_namespace(
+                argv,
+                mounts,
+                settings.venv_bin,
+                settings.mount_points,
+                read_only_targets(self.pod, container),
+            )
         workdir = container.get("workingDir")
         cwd = workdir if workdir and Path(workdir).is_dir() else str(self.dir)
         header = f"\n===== {now_rfc3339()} start #{rec.restart_count}: {' '.join(launch.argv)}\n"

@@ -3,6 +3,13 @@
 Secrets and config maps are read from the API server, service-account tokens requested from it
 (TokenRequest bound to the pod), downward-API files taken from the pod; emptyDir and hostPath
 need nothing written. The container environment reads config maps and secrets the same way.
+
+A persistentVolumeClaim is resolved as the kubelet's volume manager does: the claim must be Bound,
+and its PersistentVolume's ``local`` or ``hostPath`` directory (the volume types of this world: a
+local PersistentVolume on the node) becomes ``<volumes>/<volume name>``, a symlink the pod's bind
+mount follows. A claim that does not exist or is not bound yet keeps the pod in ContainerCreating
+(retried every second), as a real kubelet's FailedMount does. Removing the pod's volume material
+removes the link, never the volume's files.
 """
 
 from __future__ import annotations
@@ -104,12 +111,47 @@ async def volume_files(
             elif "downwardAPI" in source:
                 files |= downward_files(pod, source["downwardAPI"].get("items") or [])
         return files
-    if "hostPath" in volume:
+    if "hostPath" in volume or "persistentVolumeClaim" in volume:
         return None
     raise PodSpecError(
         f"volume {volume.get('name')!r} uses a source the loopback kubelet does not support "
-        "(supported: emptyDir, secret, configMap, downwardAPI, projected, hostPath)"
+        "(supported: emptyDir, secret, configMap, downwardAPI, projected, hostPath, "
+        "persistentVolumeClaim of a local or hostPath PersistentVolume)"
     )
+
+
+async def claim_path(api: KubeApi, namespace: str, claim: str) -> Path:
+    """The directory of the PersistentVolume bound to ``claim``: its ``local`` or ``hostPath``
+    path. ApiError (404) or PodSpecError while the claim is missing or not bound."""
+    pvc = await api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+    phase = (pvc.get("status") or {}).get("phase") or "Pending"
+    volume_name = (pvc.get("spec") or {}).get("volumeName")
+    if phase != "Bound" or not volume_name:
+        raise PodSpecError(
+            f"persistentvolumeclaim {namespace}/{claim} is not bound (phase {phase}): waiting"
+        )
+    pv = await api.get(f"/api/v1/persistentvolumes/{volume_name}")
+    spec = pv.get("spec") or {}
+    for kind in ("local", "hostPath"):
+        source = spec.get(kind)
+        if isinstance(source, Mapping) and source.get("path"):
+            return Path(str(source["path"]))
+    raise PodSpecError(
+        f"persistentvolume {volume_name} (claim {namespace}/{claim}) is neither local nor "
+        "hostPath: the loopback kubelet mounts only node directories"
+    )
+
+
+def link_claim(target: Path, path: Path) -> None:
+    """``target`` becomes a symlink to the volume's directory (replacing an older link)."""
+    if not path.is_dir():
+        raise PodSpecError(f"the PersistentVolume's directory {path} does not exist on this node")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.exists():
+        raise PodSpecError(f"{target} exists and is not a link to a volume")
+    target.symlink_to(path, target_is_directory=True)
 
 
 def write_files(target: Path, files: Mapping[str, bytes]) -> None:
@@ -128,6 +170,10 @@ async def write_volumes(api: KubeApi, pod: Mapping[str, Any], root: Path) -> Non
     """Materialise every volume of ``pod`` under ``root/<volume name>``."""
     for volume in pod["spec"].get("volumes") or []:
         target = root / volume["name"]
+        if "persistentVolumeClaim" in volume:
+            claim = str(volume["persistentVolumeClaim"].get("claimName", ""))
+            link_claim(target, await claim_path(api, pod["metadata"]["namespace"], claim))
+            continue
         files = await volume_files(api, pod, volume)
         if files is None:  # emptyDir and friends: a plain directory
             target.mkdir(parents=True, exist_ok=True)
