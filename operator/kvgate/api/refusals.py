@@ -521,6 +521,14 @@ ADMISSION_CHECKS: tuple[AdmissionCheck, ...] = (
         "section that cannot work",
         "remove the flag and set the spec field the message names",
     ),
+    AdmissionCheck(
+        "check_model_source",
+        "spec.model.path, spec.model.source.download.storage.emptyDir.sizeLimit",
+        "with spec.model.source, a model.path outside /models (where the source is mounted), or "
+        "a download emptyDir smaller than the weights (the pod would be evicted mid-download)",
+        "set model.path under /models; raise the emptyDir sizeLimit to the size the message "
+        "gives, or download to a persistentVolumeClaim",
+    ),
 )
 
 BY_NAME: dict[str, Reason] = {reason.name: reason for reason in REASONS}
