@@ -208,6 +208,25 @@ def test_the_guard_port_never_collides_with_the_engines(engine: dict[str, int], 
     assert sidecar["args"][sidecar["args"].index("--port") + 1] == str(port)
 
 
+def test_the_guards_resources_are_the_operators_setting_or_the_measured_default() -> None:
+    assert builders.guard_container(make_md(), Role.DECODE, REV, GUARD)["resources"] == (
+        builders.GUARD_RESOURCES
+    )
+    larger = {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}}
+    guard = builders.Guard(GUARD.image, GUARD.cluster_floor, resources=larger)
+    assert builders.guard_container(make_md(), Role.DECODE, REV, guard)["resources"] == larger
+
+    def hashed(g: builders.Guard) -> str:
+        body = builders.deployment(make_md(), REV, "decode", replicas=1, guard=g)
+        return str(body["metadata"]["annotations"][labels.TEMPLATE_HASH])
+
+    # The default given explicitly (the chart always passes it) builds the same template, so
+    # installing a chart that passes it restarts no engine; another value rolls them once.
+    as_default = builders.Guard(GUARD.image, GUARD.cluster_floor, builders.GUARD_RESOURCES)
+    assert hashed(as_default) == hashed(GUARD)
+    assert hashed(guard) != hashed(GUARD)
+
+
 def test_the_template_hash_ignores_the_guard_image_but_not_its_requirement() -> None:
     def hashed(g: builders.Guard) -> str:
         body = builders.deployment(make_md(), REV, "decode", replicas=1, guard=g)

@@ -78,6 +78,14 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
         "guard_image",
         "ghcr.io/kvgate/kvgate-operator:0.2.0",
     ),
+    ("KVGATE_GUARD_RESOURCES", UNSET, "guard_resources", None),
+    ("KVGATE_GUARD_RESOURCES", "", "guard_resources", None),
+    (
+        "KVGATE_GUARD_RESOURCES",
+        '{"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"memory": 268435456}}',
+        "guard_resources",
+        {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"memory": "268435456"}},
+    ),
     ("KVGATE_LOG_FORMAT", UNSET, "log_format", "json"),
     ("KVGATE_LOG_FORMAT", "text", "log_format", "text"),
     ("KVGATE_LOG_LEVEL", UNSET, "log_level", "INFO"),
@@ -180,6 +188,25 @@ REFUSED: list[tuple[str, str, str]] = [
         "kvgate operator",
         "KVGATE_GUARD_IMAGE='kvgate operator': must be an image reference without spaces, e.g. "
         "ghcr.io/kvgate/kvgate-operator:0.1.0; unset it for engine pods without a guard",
+    ),
+    *(
+        (
+            "KVGATE_GUARD_RESOURCES",
+            raw,
+            f"KVGATE_GUARD_RESOURCES={raw!r}: must be a JSON object with requests and/or "
+            "limits, each naming resources and quantities, e.g. "
+            '{"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}; '
+            "unset it for the default",
+        )
+        for raw in (
+            "64Mi",
+            "[]",
+            '{"request": {"memory": "64Mi"}}',
+            '{"limits": "128Mi"}',
+            '{"limits": {"memory": ""}}',
+            '{"limits": {"memory": true}}',
+            '{"limits": {"": "1"}}',
+        )
     ),
     *(
         (

@@ -13,6 +13,7 @@ import base64
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,8 @@ GUARD_PORT_NAME = "kvgate-guard"
 GUARD_PERIOD_SECONDS = 2  # engine read interval; NotReady within 2 x this of a shrunk pool
 GUARD_RESOURCES: Body = {
     # Measured: ~38 MiB RSS, ~3 millicores reading a 33 KB /server_info every 2 s. No CPU
-    # limit: throttling would only make its reads late (and the pod NotReady).
+    # limit: throttling would only make its reads late (and the pod NotReady). The chart's
+    # guard.resources default is this (KVGATE_GUARD_RESOURCES).
     "requests": {"cpu": "10m", "memory": "64Mi"},
     "limits": {"memory": "128Mi"},
 }
@@ -65,6 +67,9 @@ class Guard:
 
     image: str  # kvgate's own image (KVGATE_GUARD_IMAGE, set by the chart)
     cluster_floor: str | None = None  # KVGATE_MIN_ENGINE_VERSION_FLOOR
+    # KVGATE_GUARD_RESOURCES (chart value guard.resources); None: GUARD_RESOURCES. Part of the
+    # template hash, so a change rolls every revision's engine pods once.
+    resources: Mapping[str, Any] | None = None
 
 
 def component_name(md_name: str, revision: str, component: str) -> str:
@@ -268,7 +273,9 @@ def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard
             "timeoutSeconds": 2,
             "failureThreshold": 3,
         },
-        "resources": copy.deepcopy(GUARD_RESOURCES),
+        "resources": copy.deepcopy(
+            GUARD_RESOURCES if guard.resources is None else dict(guard.resources)
+        ),
         "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
         **({"env": api_key_env(md.spec.engine)} if md.spec.engine.api_key_secret_ref else {}),
     }

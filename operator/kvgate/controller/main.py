@@ -575,6 +575,8 @@ def run(args: argparse.Namespace) -> int:
             "webhook": settings.webhook,
             # None: KVGATE_GUARD_IMAGE unset, engine pods carry no guard sidecar (kvgate.cmd.guard)
             "guard_image": settings.guard_image,
+            # None: KVGATE_GUARD_RESOURCES unset, the built-in requests and limits
+            "guard_resources": settings.guard_resources,
         },
     )
     try:

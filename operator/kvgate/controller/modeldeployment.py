@@ -306,7 +306,9 @@ class Reconciler:
         settings = self.rt.settings
         if not settings.guard_image:
             return None
-        return builders.Guard(settings.guard_image, settings.min_engine_version_floor)
+        return builders.Guard(
+            settings.guard_image, settings.min_engine_version_floor, settings.guard_resources
+        )
 
     async def _deployments(self, selector: dict[str, str]) -> list[Body]:
         """The ModelDeployment's kvgate Deployments: from the operator's own watch once it has

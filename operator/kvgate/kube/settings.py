@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import math
 import os
 import re
@@ -133,6 +134,44 @@ def _guard_image() -> str | None:
     return raw
 
 
+_GUARD_RESOURCES_EXAMPLE = (
+    '{"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}'
+)
+
+
+def _guard_resources() -> dict[str, dict[str, str]] | None:
+    """KVGATE_GUARD_RESOURCES: the guard sidecar's ResourceRequirements as JSON (the chart value
+    guard.resources); None when unset (kvgate.build.builders.GUARD_RESOURCES). Checked here, not
+    by the first engine Deployment the API server would refuse."""
+    raw = _env("KVGATE_GUARD_RESOURCES")
+    if raw is None:
+        return None
+    problem = (
+        f"KVGATE_GUARD_RESOURCES={raw!r}: must be a JSON object with requests and/or limits, "
+        f"each naming resources and quantities, e.g. {_GUARD_RESOURCES_EXAMPLE}; unset it for "
+        "the default"
+    )
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise SystemExit(problem) from None
+    if not isinstance(value, dict) or not set(value) <= {"requests", "limits"}:
+        raise SystemExit(problem)
+    resources: dict[str, dict[str, str]] = {}
+    for part, quantities in value.items():
+        if not isinstance(quantities, dict) or not all(
+            isinstance(name, str)
+            and name
+            and isinstance(quantity, str | int | float)
+            and not isinstance(quantity, bool)
+            and str(quantity)
+            for name, quantity in quantities.items()
+        ):
+            raise SystemExit(problem)
+        resources[part] = {name: str(quantity) for name, quantity in quantities.items()}
+    return resources
+
+
 def _router_key_seed() -> bytes:
     raw = _env("KVGATE_ROUTER_KEY_SEED")
     if raw is None:
@@ -236,6 +275,9 @@ class OperatorSettings:
     # the chart sets the operator's own image). Unset (kvgate run outside its chart): engine pods
     # get no guard, and only the gate decides, which goes stale while the operator is down.
     guard_image: str | None = None
+    # KVGATE_GUARD_RESOURCES: the guard sidecar's requests and limits (chart value
+    # guard.resources); None: kvgate.build.builders.GUARD_RESOURCES.
+    guard_resources: dict[str, dict[str, str]] | None = None
     # --leader-elect: run kopf only while holding this Lease (kvgate.kube.leader); None = always run
     # (one replica, or tests).
     leader_election: LeaderConfig | None = None
@@ -273,6 +315,7 @@ class OperatorSettings:
             reverify_reads_per_second=_env_rate("KVGATE_REVERIFY_READS_PER_SECOND", 100.0),
             network_policy=network_policy_settings(os.environ),
             guard_image=_guard_image(),
+            guard_resources=_guard_resources(),
             leader_election=leader_config(bool(getattr(args, "leader_elect", False))),
             log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
             log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
