@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 from kvgate_e2e import build_artifacts
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kvgate"
@@ -45,6 +47,31 @@ MISSING_HELM = (
     "no helm binary: build it with e2e/controlplane/build.sh (links e2e/.build/current/helm) "
     "or point KVGATE_HELM at a helm v3 binary"
 )
+
+
+class StrictLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a mapping with the same key twice. PyYAML (and Helm's own
+    reading of a manifest) keeps the last value silently; `kubectl apply` and the API server's
+    strict decoding refuse the object (``json: duplicate field``)."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r} (first on line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def strict_documents(text: str) -> list[dict[str, Any]]:
+    """Every non-empty document of a multi-document YAML stream, refusing duplicate keys."""
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
 
 
 @dataclass(frozen=True)
@@ -101,20 +128,53 @@ class Helm:
         )
 
     def template_result(
-        self, *sets: str, api_versions: tuple[str, ...] = (), chart: Path = CHART
+        self,
+        *sets: str,
+        api_versions: tuple[str, ...] = (),
+        chart: Path = CHART,
+        files: tuple[str, ...] = (),
+        kube_version: str = KUBE_VERSION,
     ) -> subprocess.CompletedProcess[str]:
+        """`helm template` with ``--set`` for each of ``sets`` and ``--set-file`` for each of
+        ``files`` (``key=path``)."""
         args = ["template", "kvgate", str(chart), "--namespace", "kvgate-system"]
-        args += ["--kube-version", KUBE_VERSION]
+        args += ["--kube-version", kube_version]
         for value in sets:
             args += ["--set", value]
+        for file in files:
+            args += ["--set-file", file]
         for api in api_versions:
             args += ["--api-versions", api]
         return self.run(*args)
 
     def template(
-        self, *sets: str, api_versions: tuple[str, ...] = (), chart: Path = CHART
+        self,
+        *sets: str,
+        api_versions: tuple[str, ...] = (),
+        chart: Path = CHART,
+        files: tuple[str, ...] = (),
     ) -> Rendered:
-        result = self.template_result(*sets, api_versions=api_versions, chart=chart)
+        """The rendered documents, read strictly (a duplicate key fails the test)."""
+        result = self.template_result(*sets, api_versions=api_versions, chart=chart, files=files)
         assert result.returncode == 0, result.stderr
-        docs = [d for d in yaml.safe_load_all(result.stdout) if d]
-        return Rendered(docs)
+        return Rendered(strict_documents(result.stdout))
+
+
+def render_notes(
+    helm: Helm, chart_copy: Path, *sets: str, api_versions: tuple[str, ...] = ()
+) -> str:
+    """NOTES.txt as `helm install` prints it (wrapped in a ConfigMap: `helm template` drops it),
+    rendered from a copy of the chart made at ``chart_copy``."""
+    shutil.copytree(CHART, chart_copy)
+    notes = chart_copy / "templates" / "NOTES.txt"
+    (chart_copy / "templates" / "_notes_under_test.tpl").write_text(
+        '{{- define "notes-under-test" }}' + notes.read_text() + "{{- end }}"
+    )
+    notes.unlink()
+    (chart_copy / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-under-test\n"
+        'data:\n  notes: {{ include "notes-under-test" . | toJson }}\n'
+    )
+    rendered = helm.template(*sets, chart=chart_copy, api_versions=api_versions)
+    text: str = rendered.one("ConfigMap")["data"]["notes"]
+    return text

@@ -6,7 +6,6 @@ import base64
 import copy
 import datetime as dt
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered
+from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered, render_notes
 from kvgate.cmd.cli import build_parser
 from kvgate.gen.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
 from kvgate.gen.rbac import Scope, granted, rules
@@ -474,29 +473,13 @@ def _app_version() -> str:
     return version
 
 
-def _notes(helm: Helm, chart_copy: Path, *sets: str) -> str:
-    """NOTES.txt as `helm install` prints it (wrapped in a ConfigMap: `helm template` drops it)."""
-    shutil.copytree(CHART, chart_copy)
-    notes = chart_copy / "templates" / "NOTES.txt"
-    (chart_copy / "templates" / "_notes_under_test.tpl").write_text(
-        '{{- define "notes-under-test" }}' + notes.read_text() + "{{- end }}"
-    )
-    notes.unlink()
-    (chart_copy / "templates" / "notes-under-test.yaml").write_text(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes-under-test\n"
-        'data:\n  notes: {{ include "notes-under-test" . | toJson }}\n'
-    )
-    text: str = helm.template(*sets, chart=chart_copy).one("ConfigMap")["data"]["notes"]
-    return text
-
-
 def test_chart_notes_tell_the_user_what_to_apply_next(helm: Helm, tmp_path: Path) -> None:
-    notes = _notes(helm, tmp_path / "default")
+    notes = render_notes(helm, tmp_path / "default")
     assert f"kubectl -n {NAMESPACE} rollout status deployment/{FULLNAME}" in notes
     assert "kvgate validate my-model.yaml" in notes
     assert "kubectl apply -f my-model.yaml" in notes
     assert "keeps the CRD and every ModelDeployment" in notes
-    notes = _notes(helm, tmp_path / "no-crd", "crds.install=false", "webhook.enabled=false")
+    notes = render_notes(helm, tmp_path / "no-crd", "crds.install=false", "webhook.enabled=false")
     assert "kubectl apply --server-side -f crds/modeldeployment.yaml" in notes
     assert "webhook is DISABLED" in notes
 
