@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -24,7 +25,7 @@ TOKEN_ENV = "HF_TOKEN"
 EXIT_FAILED = 1
 
 
-def _bounded(low: int, high: int) -> type[int] | object:
+def _bounded(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(text)
         if not low <= value <= high:
@@ -60,13 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-secret-key", default=None, help="named in errors only")
     parser.add_argument(
         "--concurrency",
-        type=_bounded(1, 32),  # type: ignore[arg-type]
+        type=_bounded(1, 32),
         default=4,
         help="files downloaded at once (4)",
     )
     parser.add_argument(
         "--attempts",
-        type=_bounded(1, 100),  # type: ignore[arg-type]
+        type=_bounded(1, 100),
         default=6,
         help="tries per request before giving up (6; back-off 1, 2, 4, ... 30 s)",
     )
