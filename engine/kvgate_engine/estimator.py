@@ -129,10 +129,11 @@ class EstimateError(ValueError):
 
 
 class NoRoomForKvCache(EstimateError):
-    """The weights leave no GPU memory for even one page of KV cache."""
+    """The weights (or, with ``parameter`` engine_args, a state the engine flags size) leave no
+    GPU memory for even one page of KV cache."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, "weights_gib")
+    def __init__(self, message: str, parameter: str = "weights_gib") -> None:
+        super().__init__(message, parameter)
 
 
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -557,6 +558,10 @@ SIZING_FLAGS: Mapping[str, str] = {
     "--enable-dp-attention": "--enable-dp-attention",
     "--dp-size": "--dp-size",
     "--data-parallel-size": "--dp-size",
+    "--attn-dp-size": "--attn-dp-size",
+    "--attention-data-parallel-size": "--attn-dp-size",
+    "--dsa-prefill-backend": "--dsa-prefill-backend",
+    "--dsa-decode-backend": "--dsa-decode-backend",
     **{flag: flag for flag in UNMODELLED_FLAGS},
     "--decode-context-parallel-size": "--dcp-size",
 }
@@ -583,7 +588,10 @@ class SizingFlags:
     disable_hybrid_swa_memory: bool = False
     disable_radix_cache: bool = False
     max_running_requests_set: bool = False
+    max_running_requests: int | None = None  # its value, when it is a positive integer
     attention_dp: int = 1
+    dsa_prefill_backend: str | None = None
+    dsa_decode_backend: str | None = None
     unmodelled: tuple[str, ...] = ()
 
     @classmethod
@@ -596,10 +604,6 @@ class SizingFlags:
             for flag, use in last_uses(args, SIZING_FLAGS, SIZING_SWITCHES).items()
         }
         unmodelled = tuple(flag for flag in UNMODELLED_FLAGS if flag in values)
-        dp = 1
-        if "--enable-dp-attention" in values:
-            raw_dp = values.get("--dp-size")
-            dp = int(raw_dp) if raw_dp and raw_dp.isdigit() else 0
         algorithm = values.get("--speculative-algorithm")
         return cls(
             speculative_algorithm=algorithm.upper() if algorithm else None,
@@ -613,9 +617,32 @@ class SizingFlags:
             disable_hybrid_swa_memory="--disable-hybrid-swa-memory" in values,
             disable_radix_cache="--disable-radix-cache" in values,
             max_running_requests_set="--max-running-requests" in values,
-            attention_dp=dp,
+            max_running_requests=_positive_int(values.get("--max-running-requests")),
+            attention_dp=_attention_dp(values),
+            dsa_prefill_backend=values.get("--dsa-prefill-backend"),
+            dsa_decode_backend=values.get("--dsa-decode-backend"),
             unmodelled=unmodelled,
         )
+
+
+def _positive_int(raw: str | None) -> int | None:
+    return int(raw) if raw is not None and raw.isdigit() and int(raw) > 0 else None
+
+
+def _attention_dp(values: Mapping[str, str | None]) -> int:
+    """The attention data-parallel size (0: not a number): ``--attn-dp-size`` (SGLang 0.5.22
+    on, arg_groups/fields/parallel.py), else the older spelling ``--dp-size`` with
+    ``--enable-dp-attention``, which 0.5.22 on resolve the same way when ``--attn-dp-size`` is
+    1 (parallel_hook.py _handle_deprecated_dp_attention)."""
+    if "--attn-dp-size" in values:
+        raw = values["--attn-dp-size"]
+        size = int(raw) if raw and raw.isdigit() else 0
+        if size != 1:
+            return size
+    if "--enable-dp-attention" in values:
+        raw_dp = values.get("--dp-size")
+        return int(raw_dp) if raw_dp and raw_dp.isdigit() else 0
+    return 1
 
 
 def _flag_float(values: Mapping[str, str | None], flag: str, default: float) -> float:
@@ -785,8 +812,38 @@ def _dsa_indexer_layers(text: Mapping[str, Any], layers: int) -> int:
     return sum(not skips(layer) for layer in range(layers))
 
 
+def _dsa_backend(arch: str, gpu_major: int | None, chosen: str | None) -> str | None:
+    """The fp8 DSA backend of one phase: the flag's value, else SGLang's CUDA default
+    (overrides.py _dsa_split_backend_resolution): trtllm on SM >= 10, flashmla_kv below,
+    flashinfer_sparse_mla for GLM-5 on SM120; None when the GPU is not known."""
+    if chosen is not None:
+        return chosen
+    if gpu_major is None:
+        return None
+    if arch == "GlmMoeDsaForCausalLM" and gpu_major == 12:
+        return "flashinfer_sparse_mla"
+    return "trtllm" if gpu_major >= 10 else "flashmla_kv"
+
+
+def _dsa_raw_fp8_rows(
+    arch: str, gpu_major: int | None, flags: SizingFlags, role: str | None
+) -> bool:
+    """Whether the fp8 pool stores raw rows (kv_cache_configurator.py calculate_mla_kv_cache_dim):
+    the local role's backend is trtllm (a decode engine's --dsa-decode-backend, a prefill
+    engine's --dsa-prefill-backend, either without disaggregation), or both are TileLang."""
+    prefill = _dsa_backend(arch, gpu_major, flags.dsa_prefill_backend)
+    decode = _dsa_backend(arch, gpu_major, flags.dsa_decode_backend)
+    local = {"prefill": (prefill,), "decode": (decode,)}.get(role or "", (prefill, decode))
+    return "trtllm" in local or prefill == decode == "tilelang"
+
+
 def _dsa_cell(
-    config: Mapping[str, Any], kv_cache_dtype: str, gpu_major: int | None, draft_layers: int
+    config: Mapping[str, Any],
+    kv_cache_dtype: str,
+    gpu_major: int | None,
+    draft_layers: int,
+    flags: SizingFlags,
+    role: str | None,
 ) -> _Cell:
     """DSA (DeepSeek-V3.2, GLM-5): mem_cache/kv_cache_configurator.py calculate_mla_kv_cache_dim
     and model_executor/pool_configurator.py _compute_dsa_indexer_cell_size.
@@ -818,12 +875,8 @@ def _dsa_cell(
         )
     if dtype == "bfloat16":
         per_layer = (rank + rope) * 2
-    elif (
-        gpu_major is not None
-        and gpu_major >= 10
-        and not (arch == "GlmMoeDsaForCausalLM" and gpu_major == 12)
-    ):
-        per_layer = rank + rope  # trtllm: raw fp8 rows
+    elif _dsa_raw_fp8_rows(arch, gpu_major, flags, role):
+        per_layer = rank + rope  # trtllm (or TileLang on both): raw fp8 rows
     else:
         if rank % DSA_QUANT_BLOCK:
             raise EstimateError(f"kv_lora_rank {rank} is not a multiple of {DSA_QUANT_BLOCK}")
@@ -878,7 +931,7 @@ def _attention_tp(tp: int, flags: SizingFlags) -> int:
     if flags.attention_dp < 1 or tp % flags.attention_dp:
         raise EstimateError(
             f"attention data-parallel size {flags.attention_dp} must divide the tensor-parallel "
-            f"size {tp} (--dp-size with --enable-dp-attention)",
+            f"size {tp} (--attn-dp-size, or --dp-size with --enable-dp-attention)",
             "engine_args",
         )
     return tp // flags.attention_dp
@@ -986,13 +1039,15 @@ def _cell(
     gpu_major: int | None,
     draft_layers: int,
     flags: SizingFlags,
+    role: str | None = None,
 ) -> _Cell:
-    """The pool token's cell for the config's layout (layout_of)."""
+    """The pool token's cell for the config's layout (layout_of); ``role`` is the engine's
+    disaggregation mode ("prefill", "decode"; None: neither), which picks DSA's fp8 layout."""
     text = _text_config(config)
     layout = layout_of(config)
     attn_tp = _attention_tp(tp, flags)
     if layout == "DSA":
-        return _dsa_cell(config, kv_cache_dtype, gpu_major, draft_layers)
+        return _dsa_cell(config, kv_cache_dtype, gpu_major, draft_layers, flags, role)
     dtype_bytes, dtype = _kv_bytes(config, kv_cache_dtype)
     layers = _layers(text)
     if layout == "MLA":
@@ -1264,10 +1319,28 @@ class _Memory:
         )
 
 
-def _mamba_state_gib(usable_gib: float, per_request: int, ratio: float) -> float:
+def _mamba_state_gib(usable_gib: float, per_request: int, flags: SizingFlags) -> float:
     """The linear-attention state SGLang takes before the KV pool (kv_cache_configurator.py
-    _handle_max_mamba_cache): ratio/(1+ratio) of the budget goes to state slots (+1 padding
-    slot); the rest is the KV pool's."""
+    _handle_max_mamba_cache): with --disable-radix-cache and --max-running-requests N, N over
+    the attention-DP size state slots; otherwise ratio/(1+ratio) of the budget goes to state
+    slots. Each has a padding slot (+1); the rest is the KV pool's."""
+    if flags.disable_radix_cache and flags.max_running_requests is not None:
+        slots = max(1, flags.max_running_requests // max(flags.attention_dp, 1))
+        state_gib = (slots + 1) * per_request / GIB
+        if state_gib >= usable_gib:
+            dp = max(flags.attention_dp, 1)
+            most = max(1, int(usable_gib * GIB // per_request) - 2) * dp
+            raise NoRoomForKvCache(
+                f"no room for the KV cache beside the linear-attention state: "
+                f"--max-running-requests {flags.max_running_requests} with "
+                f"--disable-radix-cache keeps {slots + 1:,} state slots of {per_request:,} "
+                f"bytes = {state_gib:,.2f} GiB per GPU, of {usable_gib:,.2f} GiB usable; lower "
+                f"--max-running-requests below {most:,} (the state alone), "
+                f"raise --tp or --mem-fraction-static, or use GPUs with more memory",
+                "engine_args",
+            )
+        return state_gib
+    ratio = flags.mamba_full_memory_ratio
     mamba_budget = usable_gib * ratio / (1 + ratio) * GIB
     slots = int((mamba_budget - per_request) // per_request)
     if slots <= 0:
@@ -1322,6 +1395,7 @@ def estimate_pool(
     gpu_arch: str | None = None,
     engine_args: Sequence[str] = (),
     draft_layers: int | None = None,
+    role: str | None = None,
 ) -> Estimate:
     """Predicted KV pool tokens of one engine (per GPU rank; every rank holds the same count).
 
@@ -1330,7 +1404,9 @@ def estimate_pool(
     kv_cache_configurator.py _profile_available_bytes); kvgate takes ``free_before_load =
     gpu_memory_gib − gpu_reserved_gib`` and ``weights_per_rank = weights_gib / tp``.
     ``engine_args`` are the extra launch flags (speculative decoding, DP attention, SWA and
-    mamba ratios); ``draft_layers`` overrides the draft layer count they imply.
+    mamba ratios); ``draft_layers`` overrides the draft layer count they imply. ``role`` is the
+    engine's disaggregation mode ("prefill" or "decode"; None: not disaggregated): a DSA pool's
+    fp8 layout follows that role's backend.
     """
     check_sizes(
         gpu_memory_gib=gpu_memory_gib,
@@ -1356,6 +1432,7 @@ def estimate_pool(
         gpu_major=gpu_major,
         draft_layers=draft_layers,
         flags=flags,
+        role=role,
     )
     memory = _Memory(
         gpu_memory_gib=gpu_memory_gib,
@@ -1371,9 +1448,7 @@ def estimate_pool(
     usable_gib = memory.budget_gib - memory.weights_per_rank - multimodal_gib
     mamba_state_gib = 0.0
     if cell.mamba_bytes_per_request and usable_gib > 0:
-        mamba_state_gib = _mamba_state_gib(
-            usable_gib, cell.mamba_bytes_per_request, flags.mamba_full_memory_ratio
-        )
+        mamba_state_gib = _mamba_state_gib(usable_gib, cell.mamba_bytes_per_request, flags)
         usable_gib -= mamba_state_gib
     tokens = _pool_tokens(usable_gib, cell, page, max_total_tokens, memory)
     swa_tokens = _swa_pool_tokens(tokens, cell, page) if cell.layout == "SWA" else None

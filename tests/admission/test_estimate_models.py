@@ -56,3 +56,48 @@ def test_unmodelled_layout_warns_with_the_reason_and_is_not_guessed() -> None:
         "cannot estimate the KV pool" in w.message and "--enable-unified-memory" in w.message
         for w in result.warnings
     )
+
+
+def test_dsa_pool_is_estimated_per_role_from_that_roles_backend() -> None:
+    """--dsa-decode-backend trtllm, --dsa-prefill-backend flashmla_kv: the decode engines store
+    raw fp8 rows (576 + 132) × 61 = 43,188 bytes, the prefill engines scaled ones, 48,068. At
+    96 GiB: 3.35 GiB → decode 83,264 tokens, prefill 74,816 (page 64), each named in its role's
+    denial."""
+    args = ["--dsa-decode-backend", "trtllm", "--dsa-prefill-backend", "flashmla_kv"]
+    denied = check_document(
+        _ds32(
+            {
+                "spec.engine.args": args,
+                "spec.decode.gpuMemoryGiB": 96,
+                "spec.prefill.gpuMemoryGiB": 96,
+            }
+        )
+    )
+    by_field = {p.field: p.message for p in denied.denials}
+    decode = next(m for f, m in by_field.items() if f.startswith("spec.decode"))
+    prefill = next(m for f, m in by_field.items() if f.startswith("spec.prefill"))
+    assert "83,264" in decode, decode
+    assert "74,816" in prefill, prefill
+
+
+def test_a_request_cap_whose_linear_state_fills_the_gpu_is_denied_on_engine_args() -> None:
+    """Qwen3-Next at TP 4 on 80 GiB has 29.9 GiB per GPU after the weights; with
+    --disable-radix-cache SGLang keeps --max-running-requests 4096 (+1) state slots of
+    19,316,736 bytes (73.7 GiB): the denial names engine.args, the numbers and the cap that
+    fits, not the weights."""
+    roles = {}
+    for role in ("prefill", "decode"):
+        roles |= {f"spec.{role}.tensorParallel": 4, f"spec.{role}.gpuMemoryGiB": 80}
+    doc = mutated(
+        {
+            "spec.model.config": model_config("qwen3-next-80b-a3b"),
+            "spec.model.weightsGiB": 149,
+            "spec.engine.args": ["--disable-radix-cache", "--max-running-requests", "4096"],
+            **roles,
+        }
+    )
+    denied = check_document(doc)
+    messages = [p.message for p in denied.denials if p.field == "spec.engine.args"]
+    assert len(messages) == 2, denied.message
+    assert "4,097 state slots of 19,316,736 bytes" in messages[0]
+    assert "lower --max-running-requests below 1,660" in messages[0]

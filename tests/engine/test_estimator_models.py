@@ -347,3 +347,86 @@ def test_sizing_flags_are_read_as_sglang_reads_them_abbreviated_or_by_alias(
 def test_dp_attention_is_read_with_its_size_by_alias() -> None:
     flags = SizingFlags.from_args(["--enable-dp-attention", "--data-parallel-size=4"])
     assert flags.attention_dp == 4
+
+
+def test_qwen3_next_state_comes_from_the_request_cap_without_the_radix_cache() -> None:
+    """_handle_max_mamba_cache: --disable-radix-cache with --max-running-requests 64 keeps
+    max_mamba_cache_size = 64 state slots (+1 padding) = 65 × 19,316,736 bytes = 1.1694 GiB,
+    not 0.9/1.9 of the budget (787 slots, 14.16 GiB). KV: (29.9 GiB − 1,255,587,840 bytes) /
+    12,288 = 2,510,530 tokens → 2,510,528 at page 64."""
+    args = ["--disable-radix-cache", "--max-running-requests", "64"]
+    estimate = estimate_pool(
+        QWEN3_NEXT, gpu_memory_gib=80, tp=4, weights_gib=149, gpu_reserved_gib=1, engine_args=args
+    )
+    assert estimate.mamba_state_gib == pytest.approx(65 * 19_316_736 / GIB)
+    assert within_half_percent(estimate.kv_pool_tokens, 2_510_528)
+    # attention DP 2: 32 slots a DP shard
+    dp = [*args, "--attn-dp-size", "2"]
+    shard = estimate_pool(
+        QWEN3_NEXT, gpu_memory_gib=80, tp=4, weights_gib=149, gpu_reserved_gib=1, engine_args=dp
+    )
+    assert shard.mamba_state_gib == pytest.approx(33 * 2 * 19_316_736 / GIB)
+
+
+def test_a_request_cap_whose_state_fills_the_gpu_names_the_flag_and_the_numbers() -> None:
+    args = ["--disable-radix-cache", "--max-running-requests", "4096"]
+    with pytest.raises(NoRoomForKvCache) as error:
+        estimate_pool(
+            QWEN3_NEXT,
+            gpu_memory_gib=80,
+            tp=4,
+            weights_gib=149,
+            gpu_reserved_gib=1,
+            engine_args=args,
+        )
+    message = str(error.value)
+    assert "--max-running-requests 4096" in message
+    assert "4,097 state slots of 19,316,736 bytes" in message
+    assert "lower --max-running-requests below 1,660" in message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--attn-dp-size", "4"],
+        ["--attention-data-parallel-size=4"],
+        ["--attn-dp-size", "1", "--enable-dp-attention", "--dp-size", "4"],
+        ["--enable-dp-attention", "--dp-size", "4"],
+    ],
+)
+def test_attention_dp_is_read_in_the_0_5_23_spelling_and_the_old_one(args: list[str]) -> None:
+    """arg_groups/fields/parallel.py (0.5.22 on): --attn-dp-size N; --dp-size N with
+    --enable-dp-attention resolves to it when --attn-dp-size is 1. Llama-8B at TP 8: attention
+    TP 2, 4 KV heads a rank: 65,536 bytes a token."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 32,
+        "torch_dtype": "bfloat16",
+    }
+    assert bytes_per_token(config, tp=8, engine_args=args) == 65_536
+
+
+@pytest.mark.parametrize(
+    ("role", "cell"),
+    [("prefill", 48_068), ("decode", 43_188), (None, 43_188)],
+)
+def test_dsa_fp8_layout_follows_the_local_roles_backend(role: str | None, cell: int) -> None:
+    """calculate_mla_kv_cache_dim: in PD only the local role's backend decides. On SM100 with
+    --dsa-prefill-backend flashmla_kv (decode keeps its default, trtllm) a prefill engine stores
+    scaled rows (656 + 132) × 61 = 48,068 bytes and a decode engine raw rows (576 + 132) × 61 =
+    43,188; without disaggregation either backend on trtllm makes the rows raw."""
+    estimate = estimate_pool(
+        DS32,
+        gpu_memory_gib=140,
+        tp=8,
+        mem_fraction_static=0.88,
+        weights_gib=642,
+        gpu_reserved_gib=1,
+        gpu_arch="sm100",
+        engine_args=["--dsa-prefill-backend", "flashmla_kv"],
+        role=role,
+    )
+    assert estimate.bytes_per_token == cell

@@ -423,12 +423,13 @@ def _estimate_inputs(
 
 def _estimate_role(
     spec: ModelDeploymentSpec,
+    role: str,
     role_spec: RoleSpec,
     config: dict[str, Any],
     gpu_memory_gib: float,
     weights_gib: float,
 ) -> Estimate:
-    """The estimator's answer for one role's engines."""
+    """The estimator's answer for one role's engines (prefill or decode)."""
     return estimate_pool(
         config,
         gpu_memory_gib=gpu_memory_gib,
@@ -440,6 +441,7 @@ def _estimate_role(
         max_total_tokens=role_spec.max_total_tokens,
         gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
         engine_args=spec.engine.args,
+        role=role,
     )
 
 
@@ -525,11 +527,14 @@ def check_estimated_pool(
         if gpu_memory_gib is None or f"spec.{role}.maxTotalTokens" in capped:
             continue
         try:
-            estimate = _estimate_role(spec, role_spec, config, gpu_memory_gib, weights_gib)
+            estimate = _estimate_role(spec, role, role_spec, config, gpu_memory_gib, weights_gib)
             pool = estimate.kv_pool_tokens
             notes.update(estimate.notes)
-        except NoRoomForKvCache:
-            denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
+        except NoRoomForKvCache as error:
+            if error.parameter == "engine_args":  # a state the engine flags size fills the GPU
+                denials.append(Problem("spec.engine.args", f"{role} engines: {error}"))
+            else:
+                denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
             if not _denied_elsewhere(spec, role_spec, error):
@@ -618,7 +623,7 @@ def role_estimates(document: object) -> list[RoleEstimate]:
             if role_spec.gpu_memory_gi_b is None:
                 continue
             estimate = _estimate_role(
-                spec, role_spec, config, role_spec.gpu_memory_gi_b, weights_gib
+                spec, role, role_spec, config, role_spec.gpu_memory_gi_b, weights_gib
             )
             found.append(
                 RoleEstimate(

@@ -15,16 +15,23 @@ from kvgate.api.models import ModelDeploymentSpec, RoleSpec
 _ACCEPTED = frozenset(inspect.signature(estimate_pool).parameters)
 
 
-def estimator_options(spec: ModelDeploymentSpec, role_spec: RoleSpec) -> dict[str, Any]:
-    """What else admission gives the estimator for this role (GPU reserve, engine flags)."""
+def estimator_options(
+    spec: ModelDeploymentSpec, role_spec: RoleSpec, role: str | None = None
+) -> dict[str, Any]:
+    """What else admission gives the estimator for this role (GPU reserve, engine flags, and
+    the role, which picks a DSA pool's fp8 layout)."""
     wanted: dict[str, Any] = {
         "gpu_reserved_gib": role_spec.gpu_reserved_gi_b,
         "engine_args": tuple(spec.engine.args),
     }
+    if role is not None:
+        wanted["role"] = role
     return {name: value for name, value in wanted.items() if name in _ACCEPTED}
 
 
-def fit_spec_role(spec: ModelDeploymentSpec, role_spec: RoleSpec, weights_gib: float) -> RoleFit:
+def fit_spec_role(
+    spec: ModelDeploymentSpec, role_spec: RoleSpec, weights_gib: float, role: str | None = None
+) -> RoleFit:
     """The planner's view of one role of a spec that has a config and gpuMemoryGiB."""
     assert spec.model.config is not None and role_spec.gpu_memory_gi_b is not None
     shape = Shape(
@@ -41,7 +48,7 @@ def fit_spec_role(spec: ModelDeploymentSpec, role_spec: RoleSpec, weights_gib: f
         headroom=spec.safety.headroom,
         page_size=spec.engine.page_size,
         max_total_tokens=role_spec.max_total_tokens,
-        estimator_options=estimator_options(spec, role_spec),
+        estimator_options=estimator_options(spec, role_spec, role),
     )
 
 
@@ -55,7 +62,7 @@ def pool_hint(spec: ModelDeploymentSpec, role: str, role_spec: RoleSpec, weights
         return ""
     context = spec.model.context_length
     try:
-        fit = fit_spec_role(spec, role_spec, weights_gib)
+        fit = fit_spec_role(spec, role_spec, weights_gib, role)
     except Exception:  # a user's config.json can hold anything; the denial stands without it
         return ""
     hint = ""
