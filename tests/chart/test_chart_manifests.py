@@ -34,6 +34,11 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
         "priorityClassName=system-cluster-critical",
     ),
     "namespaced": ("watchNamespaces={team-a,team-b}",),
+    "existing-secrets": (
+        "routerKeySeed.existingSecret=seed",
+        "webhook.existingSecret=webhook-tls",
+        f"webhook.caBundle={CA_PEM}",
+    ),
     "single-replica": ("replicas=1", "leaderElection.enabled=false"),
     "minimal": (
         "webhook.enabled=false",

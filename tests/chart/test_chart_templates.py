@@ -73,8 +73,13 @@ def _operator_container(rendered: Rendered) -> dict[str, Any]:
         (),
         ("watchNamespaces={team-a,team-b}", "networkPolicy.enabled=true"),
         ("webhook.enabled=false", "crds.install=false"),
+        (
+            "routerKeySeed.existingSecret=seed",
+            "webhook.existingSecret=webhook-tls",
+            "webhook.caBundle=-----BEGIN CERTIFICATE-----",
+        ),
     ],
-    ids=["defaults", "namespaced-with-networkpolicy", "no-webhook-no-crd"],
+    ids=["defaults", "namespaced-with-networkpolicy", "no-webhook-no-crd", "existing-secrets"],
 )
 def test_helm_lint_passes(helm: Helm, sets: tuple[str, ...]) -> None:
     args = [
@@ -432,6 +437,7 @@ def test_network_policy_opens_webhook_and_metrics_only(helm: Helm) -> None:
         ("webhook.failurePolicy=Maybe", "'/webhook/failurePolicy': value must be one of"),
         ("webhook.timeoutSeconds=31", "'/webhook/timeoutSeconds'"),
         ("runAsUser=0", "'/runAsUser': minimum: got 0, want 1"),
+        ("webhook.existingSecret=Not_A_Name", "'/webhook/existingSecret'"),
         ("ports.webhook=70000", "'/ports/webhook'"),
         ("watchNamespaces={Team_A}", "'/watchNamespaces/0'"),
         ("replica=1", "additional properties 'replica' not allowed"),

@@ -87,9 +87,54 @@ helm.sh/chart: {{ include "kvgate.chart" . }}
 {{- printf "%s-metrics" (include "kvgate.fullname" .) }}
 {{- end }}
 
+{{/* The Secret the webhook serves from: the user's (webhook.existingSecret), else the chart's. */}}
 {{- define "kvgate.webhookSecretName" -}}
-{{- printf "%s-webhook-tls" (include "kvgate.fullname" .) }}
+{{- default (printf "%s-webhook-tls" (include "kvgate.fullname" .)) .Values.webhook.existingSecret }}
 {{- end }}
+
+{{/*
+The webhook configuration's caBundle (base64): webhook.caBundle with webhook.existingSecret (PEM,
+or PEM already base64-encoded), else the chart-generated CA. cert-manager mode has none (its
+cainjector writes it). Fails, naming the value, when what is given cannot work.
+*/}}
+{{- define "kvgate.webhookCABundle" -}}
+{{- $webhook := .Values.webhook }}
+{{- $marker := "-----BEGIN CERTIFICATE-----" }}
+{{- if $webhook.existingSecret }}
+{{- if $webhook.certManager.enabled }}
+{{- fail "webhook.existingSecret and webhook.certManager.enabled are exclusive: cert-manager writes the chart's own Secret; unset one of them" }}
+{{- end }}
+{{- if not $webhook.caBundle }}
+{{- fail (printf "webhook.existingSecret=%s needs webhook.caBundle: the PEM CA certificate that signed its tls.crt (e.g. --set-file webhook.caBundle=ca.crt), which the API server must trust to call the webhook" $webhook.existingSecret) }}
+{{- end }}
+{{- $pem := $webhook.caBundle }}
+{{- if not (contains $marker $pem) }}
+{{- $pem = b64dec $pem }}
+{{- end }}
+{{- if not (contains $marker $pem) }}
+{{- fail (printf "webhook.caBundle is not a PEM certificate (%s ...) nor one base64-encoded: give the CA that signed the tls.crt of webhook.existingSecret=%s" $marker $webhook.existingSecret) }}
+{{- end }}
+{{- $pem | b64enc }}
+{{- else if $webhook.caBundle }}
+{{- fail "webhook.caBundle is used only with webhook.existingSecret (the chart's own certificate and cert-manager's carry their CA): set webhook.existingSecret or unset webhook.caBundle" }}
+{{- else if not $webhook.certManager.enabled }}
+{{- (include "kvgate.generatedTLS" . | fromJson).ca | b64enc }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret (and key) the router key seed is read from: routerKeySeed.existingSecret, else the chart's. */}}
+{{- define "kvgate.routerKeySeedSecretName" -}}
+{{- default (printf "%s-router-key-seed" (include "kvgate.fullname" .)) .Values.routerKeySeed.existingSecret }}
+{{- end }}
+
+{{- define "kvgate.routerKeySeedKey" -}}
+{{- if .Values.routerKeySeed.existingSecret }}
+{{- .Values.routerKeySeed.existingSecretKey }}
+{{- else }}
+{{- "seed" }}
+{{- end }}
+{{- end }}
+
 
 {{- define "kvgate.certificateName" -}}
 {{- printf "%s-webhook" (include "kvgate.fullname" .) }}
