@@ -240,9 +240,15 @@ def test_command_line_gives_the_requirement_with_defaults() -> None:
     ("extra", "needle"),
     [
         (["--min-version", "latest"], "--min-version 'latest' is not a PEP 440 version; use e.g."),
-        (["--headroom", "0.5"], "--headroom 0.5 must be >= 1.0"),
-        (["--context-length", "0"], "--context-length 0 must be >= 1"),
-        (["--period", "0"], "--period 0.0 must be >= 0.1 s"),
+        (["--headroom", "0.5"], "--headroom must be a finite number >= 1.0 (got 0.5)"),
+        (["--headroom", "inf"], "--headroom must be a finite number >= 1.0 (got inf)"),
+        (["--headroom", "nan"], "--headroom must be a finite number >= 1.0 (got nan)"),
+        (["--context-length", "0"], "--context-length must be 1 or more (got 0)"),
+        (["--context-length", "1" + "0" * 30], "--context-length must be at most"),
+        (["--period", "0"], "--period 0 must be between 0.1 and 3600 s"),
+        (["--period", "nan"], "--period nan must be between 0.1 and 3600 s"),
+        (["--period", "inf"], "--period inf must be between 0.1 and 3600 s"),
+        (["--timeout", "1e9"], "--timeout 1e+09 must be between 0.1 and 3600 s"),
     ],
 )
 def test_unusable_arguments_are_refused_with_the_way_out(

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from kvgate_engine.probe import verify
-from kvgate_engine.verdict import Outcome, Requirement, Verdict
+from kvgate_engine.verdict import Outcome, Requirement, Verdict, requirement_problem
 from packaging.version import InvalidVersion, Version
 
 log = logging.getLogger("kvgate.cmd.guard")
@@ -63,6 +63,7 @@ FRESH_PERIODS = 2
 # Reasons are one line; a verdict with many findings is cut here.
 MAX_REASON_CHARS = 600
 MIN_PERIOD_SECONDS = 0.1
+MAX_PERIOD_SECONDS = 3600.0  # an engine read at least once an hour; longer is a typo
 # The engine API key, from the Secret named by spec.engine.apiKeySecretRef (kvgate.build.builders).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
@@ -252,10 +253,20 @@ def app_for(guard: Guard) -> web.Application:
 
 def requirement_of(args: argparse.Namespace) -> Requirement:
     """The requirement from the command line, refused with the way out when unusable."""
-    if args.context_length < 1:
-        raise ValueError(f"--context-length {args.context_length} must be >= 1")
-    if not args.headroom >= 1.0:
-        raise ValueError(f"--headroom {args.headroom} must be >= 1.0 (the pool holds the context)")
+    problem = requirement_problem(
+        args.context_length,
+        args.headroom,
+        context_name="--context-length",
+        headroom_name="--headroom",
+    )
+    if problem is not None:
+        raise ValueError(f"{problem[0]} {problem[1]}")
+    for flag, seconds in (("--period", args.period), ("--timeout", args.timeout)):
+        if seconds is not None and not MIN_PERIOD_SECONDS <= seconds <= MAX_PERIOD_SECONDS:
+            raise ValueError(
+                f"{flag} {seconds:g} must be between {MIN_PERIOD_SECONDS:g} and "
+                f"{MAX_PERIOD_SECONDS:g} s, e.g. 2"
+            )
     try:
         Version(args.min_version)
     except InvalidVersion as exc:
@@ -318,8 +329,6 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         requirement = requirement_of(args)
-        if not args.period >= MIN_PERIOD_SECONDS:
-            raise ValueError(f"--period {args.period} must be >= {MIN_PERIOD_SECONDS} s, e.g. 2")
     except ValueError as exc:
         print(f"kvgate guard: {exc}", file=sys.stderr)
         return 2
