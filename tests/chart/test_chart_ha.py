@@ -4,6 +4,7 @@ neither a controller crash nor `helm upgrade` leaves the API server without an a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -75,7 +76,7 @@ def test_the_webhook_service_and_budget_select_webhook_pods_and_never_the_contro
     controller_labels = default.controller()["spec"]["template"]["metadata"]["labels"]
     service = default.one("Service", f"{FULLNAME}-webhook")
     budget = default.one("PodDisruptionBudget", f"{FULLNAME}-webhook")
-    assert budget["spec"]["minAvailable"] == 1
+    assert _disruptions_allowed(budget, 2) == 1
     for selector in (service["spec"]["selector"], budget["spec"]["selector"]["matchLabels"]):
         assert selector.items() <= webhook_labels.items()
         assert not selector.items() <= controller_labels.items()
@@ -178,3 +179,144 @@ def test_the_lease_requests_of_the_operator_go_to_the_leader_election_priority_l
     assert helm.template("leaderElection.flowSchema=false").all("FlowSchema") == []
     single = helm.template("replicas=1", "leaderElection.enabled=false")
     assert single.all("FlowSchema") == []
+
+
+# --- disruption budgets: a drain keeps one replica and is never blocked -----------------------
+
+
+def _disruptions_allowed(budget: dict[str, Any], healthy: int) -> int:
+    """How many of ``healthy`` pods (all expected) the eviction API lets go at once: the
+    disruption controller's arithmetic, percentages of the expected count rounded up."""
+    spec = budget["spec"]
+
+    def scaled(value: int | str) -> int:
+        if isinstance(value, str):
+            return math.ceil(int(value.rstrip("%")) * healthy / 100)
+        return value
+
+    if "maxUnavailable" in spec:
+        assert "minAvailable" not in spec  # the API refuses both
+        desired_healthy = healthy - scaled(spec["maxUnavailable"])
+    else:
+        desired_healthy = scaled(spec["minAvailable"])
+    return max(0, healthy - desired_healthy)
+
+
+def test_the_controller_has_a_budget_that_selects_its_pods_only(default: Rendered) -> None:
+    budget = default.component("PodDisruptionBudget", "operator")
+    assert budget["apiVersion"] == "policy/v1"
+    assert budget["metadata"]["name"] == FULLNAME
+    assert budget["spec"]["maxUnavailable"] == 1
+    selector = budget["spec"]["selector"]["matchLabels"]
+    controller_labels = default.controller()["spec"]["template"]["metadata"]["labels"]
+    webhook_labels = default.webhook()["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= controller_labels.items()
+    assert not selector.items() <= webhook_labels.items()
+
+
+@pytest.mark.parametrize(
+    ("component", "replicas_value", "extra"),
+    [
+        ("operator", "replicas", ()),
+        ("operator", "replicas", ("podDisruptionBudget.minAvailable=1",)),
+        ("operator", "replicas", ("podDisruptionBudget.maxUnavailable=50%",)),
+        ("webhook", "webhook.replicas", ()),
+        ("webhook", "webhook.replicas", ("webhook.podDisruptionBudget.minAvailable=50%",)),
+    ],
+    ids=["operator", "operator-min-1", "operator-max-50pct", "webhook", "webhook-min-50pct"],
+)
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_a_drain_is_never_blocked_and_keeps_a_replica_where_there_are_two(
+    helm: Helm, component: str, replicas_value: str, extra: tuple[str, ...], replicas: int
+) -> None:
+    sets = (f"{replicas_value}={replicas}", *extra)
+    if component == "operator" and replicas == 1:
+        sets += ("leaderElection.enabled=false",)
+    result = helm.template_result(*sets)
+    if result.returncode != 0:
+        # Only a budget that would block every drain is refused, and it says how to fix it.
+        assert "would block every node drain" in result.stderr, result.stderr
+        return
+    budget = helm.template(*sets).component("PodDisruptionBudget", component)
+    allowed = _disruptions_allowed(budget, replicas)
+    assert allowed >= 1, f"{sets}: no pod may be evicted, so drains wait forever"
+    if replicas >= 2:
+        assert allowed <= replicas - 1, f"{sets}: a drain may take every replica"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ("podDisruptionBudget.minAvailable=2",),
+            "podDisruptionBudget.minAvailable=2 with replicas: 2 would block every node drain",
+        ),
+        (
+            ("podDisruptionBudget.maxUnavailable=0",),
+            "podDisruptionBudget.maxUnavailable=0 with replicas: 2 would block every node drain",
+        ),
+        (
+            ("podDisruptionBudget.minAvailable=100%",),
+            "podDisruptionBudget.minAvailable=100% with replicas: 2 would block every node drain",
+        ),
+        (
+            ("webhook.replicas=1", "webhook.podDisruptionBudget.minAvailable=1"),
+            "webhook.podDisruptionBudget.minAvailable=1 with webhook.replicas: 1 would block "
+            "every node drain",
+        ),
+    ],
+)
+def test_a_budget_that_would_block_every_drain_fails_with_the_way_out(
+    helm: Helm, sets: tuple[str, ...], message: str
+) -> None:
+    result = helm.template_result(*sets)
+    assert result.returncode != 0, f"{sets} rendered"
+    assert message in result.stderr
+    assert "maxUnavailable: 1" in result.stderr
+
+
+def test_the_controller_budget_can_be_left_out(helm: Helm) -> None:
+    rendered = helm.template("podDisruptionBudget.enabled=false")
+    assert [b["metadata"]["name"] for b in rendered.all("PodDisruptionBudget")] == [
+        f"{FULLNAME}-webhook"
+    ]
+
+
+# --- where the webhook pods run ---------------------------------------------------------------
+
+
+def _scheduling(deployment: dict[str, Any]) -> dict[str, Any]:
+    pod = deployment["spec"]["template"]["spec"]
+    return {k: pod.get(k) for k in ("nodeSelector", "tolerations", "affinity")}
+
+
+def test_the_webhook_follows_the_operators_node_selector_and_tolerations_by_default(
+    helm: Helm,
+) -> None:
+    rendered = helm.template(
+        "nodeSelector.pool=system", "tolerations[0].key=dedicated", "tolerations[0].operator=Exists"
+    )
+    webhook, controller = _scheduling(rendered.webhook()), _scheduling(rendered.controller())
+    assert webhook["nodeSelector"] == controller["nodeSelector"] == {"pool": "system"}
+    assert webhook["tolerations"] == controller["tolerations"]
+    # Each keeps its own anti-affinity: one replica per node, of its own kind.
+    assert webhook["affinity"] != controller["affinity"]
+
+
+def test_the_webhook_has_its_own_node_selector_tolerations_and_affinity(helm: Helm) -> None:
+    affinity = "webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    rendered = helm.template(
+        "nodeSelector.pool=system",
+        "webhook.nodeSelector.pool=edge",
+        "webhook.tolerations[0].key=edge",
+        "webhook.tolerations[0].operator=Exists",
+        f"{affinity}.nodeSelectorTerms[0].matchExpressions[0].key=zone",
+        f"{affinity}.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+    )
+    webhook, controller = _scheduling(rendered.webhook()), _scheduling(rendered.controller())
+    assert webhook["nodeSelector"] == {"pool": "edge"}
+    assert webhook["tolerations"] == [{"key": "edge", "operator": "Exists"}]
+    assert list(webhook["affinity"]) == ["nodeAffinity"]
+    assert controller["nodeSelector"] == {"pool": "system"}
+    assert controller["tolerations"] is None
+    assert list(controller["affinity"]) == ["podAntiAffinity"]

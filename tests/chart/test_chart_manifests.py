@@ -39,11 +39,13 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
         "webhook.existingSecret=webhook-tls",
         f"webhook.caBundle={CA_PEM}",
     ),
+    "openshift": ("runAsUser=null", "runAsGroup=null"),
     "single-replica": ("replicas=1", "leaderElection.enabled=false"),
     "minimal": (
         "webhook.enabled=false",
         "crds.install=false",
         "admissionPolicy.enabled=false",
+        "podDisruptionBudget.enabled=false",
         "rbac.create=false",
         "serviceAccount.create=false",
         "serviceAccount.name=kvgate-operator",

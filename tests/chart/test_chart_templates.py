@@ -78,8 +78,15 @@ def _operator_container(rendered: Rendered) -> dict[str, Any]:
             "webhook.existingSecret=webhook-tls",
             "webhook.caBundle=-----BEGIN CERTIFICATE-----",
         ),
+        ("runAsUser=null", "runAsGroup=null", "podDisruptionBudget.minAvailable=1"),
     ],
-    ids=["defaults", "namespaced-with-networkpolicy", "no-webhook-no-crd", "existing-secrets"],
+    ids=[
+        "defaults",
+        "namespaced-with-networkpolicy",
+        "no-webhook-no-crd",
+        "existing-secrets",
+        "openshift-min-available",
+    ],
 )
 def test_helm_lint_passes(helm: Helm, sets: tuple[str, ...]) -> None:
     args = [
@@ -114,6 +121,20 @@ def test_operator_runs_non_root_read_only_without_privileges(default: Rendered) 
     assert security["privileged"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_run_as_user_and_group_can_be_left_to_the_platform(helm: Helm) -> None:
+    # OpenShift's restricted SCC assigns a uid and gid from the namespace's range and refuses a
+    # pod that names others; runAsNonRoot stays (the assigned uid is never 0).
+    rendered = helm.template("runAsUser=null", "runAsGroup=null")
+    for deployment in (rendered.controller(), rendered.webhook()):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        for context in (pod["securityContext"], container["securityContext"]):
+            assert context["runAsNonRoot"] is True
+            assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(context)
+    pinned = helm.template().webhook()["spec"]["template"]["spec"]["securityContext"]
+    assert (pinned["runAsUser"], pinned["runAsGroup"], pinned["fsGroup"]) == (65532,) * 3
 
 
 def test_operator_deployment_is_two_leader_elected_replicas_rolled_with_graceful_shutdown(
@@ -397,8 +418,18 @@ def test_service_monitor_and_alerts_for_refused_rollouts_and_low_headroom(helm: 
     )
     monitor = rendered.one("ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    metrics_labels = rendered.one("Service", f"{FULLNAME}-metrics")["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics_labels.items()
+    # It scrapes the controller's metrics Service and the webhook's (kvgate_admission_*), and no
+    # other Service of the release.
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    scraped = {
+        s["metadata"]["name"]
+        for s in rendered.all("Service")
+        if selector.items() <= s["metadata"]["labels"].items()
+    }
+    assert scraped == {f"{FULLNAME}-metrics", f"{FULLNAME}-webhook-metrics"}
+    for name in scraped:
+        ports = rendered.one("Service", name)["spec"]["ports"]
+        assert [p["name"] for p in ports] == ["metrics"]
     alerts = {r["alert"]: r for r in rendered.one("PrometheusRule")["spec"]["groups"][0]["rules"]}
     assert alerts["KvgateRolloutRefused"]["expr"] == (
         "sum by (namespace, deployment, reason) (increase(kvgate_rollouts_refused_total[15m])) > 0"
@@ -437,7 +468,9 @@ def test_network_policy_opens_webhook_and_metrics_only(helm: Helm) -> None:
         ("webhook.failurePolicy=Maybe", "'/webhook/failurePolicy': value must be one of"),
         ("webhook.timeoutSeconds=31", "'/webhook/timeoutSeconds'"),
         ("runAsUser=0", "'/runAsUser': minimum: got 0, want 1"),
+        ("podDisruptionBudget.maxUnavailable=half", "'/podDisruptionBudget/maxUnavailable'"),
         ("webhook.existingSecret=Not_A_Name", "'/webhook/existingSecret'"),
+        ("guard.resources.requets.cpu=1", "additional properties 'requets' not allowed"),
         ("ports.webhook=70000", "'/ports/webhook'"),
         ("watchNamespaces={Team_A}", "'/watchNamespaces/0'"),
         ("replica=1", "additional properties 'replica' not allowed"),

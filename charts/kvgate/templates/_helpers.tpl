@@ -135,6 +135,45 @@ cainjector writes it). Fails, naming the value, when what is given cannot work.
 {{- end }}
 {{- end }}
 
+{{/*
+The spec fields of a PodDisruptionBudget: minAvailable when set, else maxUnavailable. Fails when,
+with every replica healthy, it would let no pod be evicted: every drain would wait forever.
+Called with (list budget replicas "budget's value path" "replicas' value path").
+*/}}
+{{- define "kvgate.disruptionBudget" -}}
+{{- $budget := index . 0 }}
+{{- $replicas := int (index . 1) }}
+{{- $path := index . 2 }}
+{{- $replicasPath := index . 3 }}
+{{- $field := "maxUnavailable" }}
+{{- $value := $budget.maxUnavailable }}
+{{- if not (kindIs "invalid" $budget.minAvailable) }}
+{{- $field = "minAvailable" }}
+{{- $value = $budget.minAvailable }}
+{{- end }}
+{{- if kindIs "invalid" $value }}
+{{- fail (printf "%s: set maxUnavailable (e.g. 1) or minAvailable" $path) }}
+{{- end }}
+{{- $count := 0 }}
+{{- if kindIs "string" $value }}
+{{- /* A percentage of the replicas, rounded up as the disruption controller does. */}}
+{{- $count = div (add (mul (int (trimSuffix "%" $value)) $replicas) 99) 100 }}
+{{- else }}
+{{- $count = int $value }}
+{{- end }}
+{{- $evictable := $count }}
+{{- if eq $field "minAvailable" }}
+{{- $evictable = sub $replicas $count }}
+{{- end }}
+{{- if and (gt $replicas 0) (lt (int $evictable) 1) }}
+{{- fail (printf "%s.%s=%v with %s: %d would block every node drain (no pod could ever be evicted, so kubectl drain, cluster upgrades and the cluster autoscaler wait forever): use %s.maxUnavailable: 1 (the default) with minAvailable unset, or raise %s" $path $field $value $replicasPath $replicas $path $replicasPath) }}
+{{- end }}
+{{- if kindIs "string" $value }}
+{{ $field }}: {{ $value | quote }}
+{{- else }}
+{{ $field }}: {{ int $value }}
+{{- end }}
+{{- end }}
 
 {{- define "kvgate.certificateName" -}}
 {{- printf "%s-webhook" (include "kvgate.fullname" .) }}
@@ -181,4 +220,26 @@ configuration and the pod annotation all see the same material within one render
 {{- if not ($ctx.Capabilities.APIVersions.Has $api) }}
 {{- fail (printf "%s is true but the cluster does not serve %s: install its CRDs first, or set %s=false (with `helm template`, pass --api-versions %s)" $value $api $value $api) }}
 {{- end }}
+{{- end }}
+
+{{/* runAsNonRoot with the uid and gid of runAsUser/runAsGroup; a null one is left to the
+platform (OpenShift's restricted SCC assigns both from the namespace's range). */}}
+{{- define "kvgate.runAs" -}}
+runAsNonRoot: true
+{{- with .Values.runAsUser }}
+runAsUser: {{ . }}
+{{- end }}
+{{- with .Values.runAsGroup }}
+runAsGroup: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's and the webhook's pod securityContext. */}}
+{{- define "kvgate.podSecurityContext" -}}
+{{ include "kvgate.runAs" . }}
+{{- with .Values.runAsGroup }}
+fsGroup: {{ . }}
+{{- end }}
+seccompProfile:
+  type: RuntimeDefault
 {{- end }}
