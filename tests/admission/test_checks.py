@@ -191,8 +191,8 @@ EXACT: list[tuple[dict[str, Any], str]] = [
     (
         {"spec.model.contextLength": 262_144},
         "spec.model.contextLength: 262,144 > 131,072, the context the model's config supports "
-        "(SGLang refuses to start); lower contextLength to at most 131,072, or set engine env "
-        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+        "as SGLang 0.5.23 derives it (it refuses to start); lower contextLength to at most "
+        "131,072, or set engine env SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
     ),
 ]
 

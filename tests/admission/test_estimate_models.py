@@ -101,3 +101,29 @@ def test_a_request_cap_whose_linear_state_fills_the_gpu_is_denied_on_engine_args
     assert len(messages) == 2, denied.message
     assert "4,097 state slots of 19,316,736 bytes" in messages[0]
     assert "lower --max-running-requests below 1,660" in messages[0]
+
+
+def test_the_context_limit_is_derived_as_the_images_release_derives_it() -> None:
+    """Olmo 3 with a linear rope factor 4 on 4,096 positions: SGLang 0.5.21 (transformers
+    5.12.1) derives 16,384; 0.5.23 (transformers 5.19.0, rope per layer type) 4,096, so 16,384
+    is denied on v0.5.23 and not on v0.5.21 (the version floor is lowered for the comparison)."""
+    olmo3 = {
+        "architectures": ["Olmo3ForCausalLM"],
+        "model_type": "olmo3",
+        "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    base = {
+        "spec.model.config": olmo3,
+        "spec.model.contextLength": 16_384,
+        "spec.safety.minEngineVersion": "0.5.21",
+    }
+    old = check_document(mutated(base | {"spec.engine.image": "lmsysorg/sglang:v0.5.21"}))
+    assert not [p for p in old.denials if p.field == "spec.model.contextLength"], old.message
+    new = check_document(mutated(base | {"spec.engine.image": "lmsysorg/sglang:v0.5.23"}))
+    assert any(
+        p.field == "spec.model.contextLength"
+        and "16,384 > 4,096" in p.message
+        and "SGLang 0.5.23" in p.message
+        for p in new.denials
+    ), new.message

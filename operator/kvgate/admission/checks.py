@@ -25,6 +25,7 @@ from kvgate_engine.estimator import (
     tensor_parallel_mismatch,
 )
 from kvgate_engine.launcher import image_version
+from kvgate_engine.sglang_choices import NEWEST_CHECKED
 from kvgate_engine.verdict import required_pool_tokens as _required_pool_tokens
 from packaging.version import InvalidVersion, Version
 
@@ -355,8 +356,9 @@ def check_context_length(
     config = spec.model.config
     if config is None:
         return [], []
+    release = image_version(spec.engine.image) or NEWEST_CHECKED
     try:
-        derived = derive_context_length(config)
+        derived = derive_context_length(config, release)
     except Exception as error:  # a user's config.json can hold anything
         return [], [
             Problem(
@@ -381,7 +383,7 @@ def check_context_length(
         Problem(
             "spec.model.contextLength",
             f"{_n(requested)} > {_n(derived)}, the context the model's config supports "
-            "(SGLang refuses to start); lower contextLength to at most "
+            f"as SGLang {release} derives it (it refuses to start); lower contextLength to at most "
             f"{_n(derived)}, or set engine env {ALLOW_LONGER_CONTEXT_ENV}=1",
         )
     ], []
