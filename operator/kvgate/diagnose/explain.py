@@ -321,7 +321,7 @@ def estimated_changes(spec: ModelDeploymentSpec, role: str, live_pool: int) -> l
                 headroom=headroom,
                 page_size=spec.engine.page_size,
                 max_total_tokens=role_spec.max_total_tokens,
-                estimator_options=estimator_options(spec, role_spec),
+                estimator_options=estimator_options(spec, role_spec, role),
             )
 
         current = fit(spec.model.context_length, spec.safety.headroom)
