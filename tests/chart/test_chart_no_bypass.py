@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import pytest
-from helm_runner import CHART, Helm, Rendered
+from helm_runner import Helm, Rendered
 
 NAMESPACE = "kvgate-system"
 PREFIX = f"kvgate-{NAMESPACE}"  # kvgate.clusterName
@@ -287,13 +287,18 @@ def test_policies_can_be_turned_off(helm: Helm) -> None:
     assert rendered.all("ValidatingAdmissionPolicyBinding") == []
 
 
-def test_a_cluster_without_the_policy_api_fails_with_the_way_out(helm: Helm) -> None:
-    result = helm.run(
-        "template", "kvgate", str(CHART), "--namespace", NAMESPACE, "--kube-version", "v1.29.4"
-    )
+@pytest.mark.parametrize(
+    "sets", [(), ("admissionPolicy.enabled=false", "leaderElection.flowSchema=false")]
+)
+def test_a_cluster_without_the_policy_api_is_refused_whatever_the_values(
+    helm: Helm, sets: tuple[str, ...]
+) -> None:
+    # Below 1.30 the CRD itself is refused too (test_chart_docs.py), so turning the policies
+    # off is no way out: Helm refuses the install by Chart.yaml's kubeVersion.
+    result = helm.template_result(*sets, kube_version="v1.29.4")
     assert result.returncode != 0
-    assert "(Kubernetes v1.29.4) does not serve admissionregistration.k8s.io/v1" in result.stderr
-    assert "set admissionPolicy.enabled=false" in result.stderr
+    assert "chart requires kubeVersion: >=1.30.0-0" in result.stderr
+    assert "incompatible with Kubernetes v1.29.4" in result.stderr
 
 
 @pytest.mark.parametrize(
