@@ -12,8 +12,13 @@ import ast
 from pathlib import Path
 
 import kvgate
+import kvgate_engine
 
 PACKAGE = Path(kvgate.__file__).parent
+ENGINE_PACKAGE = Path(kvgate_engine.__file__).parent
+# A function reads as one screenful of steps; the CLI's argument table is the one exception.
+MAX_FUNCTION_LINES = 100
+LONG_BY_DESIGN = {("kvgate/cmd/cli.py", "build_parser")}
 PURE = ("api", "gen", "build", "rollout", "verify", "diagnose")
 IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.controller")
 
@@ -53,6 +58,29 @@ def test_the_purity_check_sees_a_forbidden_import(tmp_path: Path) -> None:
         "import asyncio\nfrom kvgate.kube import k8s\nfrom kvgate.api import labels\n"
     )
     assert _forbidden(module) == ["asyncio", "kvgate.kube", "kvgate.kube.k8s"]
+
+
+def _long_functions(root: Path) -> list[tuple[str, str, int]]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                where = f"{root.name}/{path.relative_to(root)}"
+                if lines > MAX_FUNCTION_LINES and (where, node.name) not in LONG_BY_DESIGN:
+                    found.append((where, node.name, lines))
+    return found
+
+
+def test_no_function_is_over_100_lines_outside_the_cli_argument_table() -> None:
+    long = _long_functions(PACKAGE) + _long_functions(ENGINE_PACKAGE)
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines (split them into steps): {long}"
+
+
+def test_the_function_length_check_sees_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def long() -> None:\n{body}\n")
+    assert _long_functions(tmp_path) == [(f"{tmp_path.name}/long.py", "long", 101)]
 
 
 def test_the_package_top_level_holds_at_most_ten_modules() -> None:

@@ -24,6 +24,7 @@ from kvgate.api.models import (
     INFINIBAND_DEVICE_DIR,
     EngineSpec,
     ModelDeployment,
+    ModelDeploymentSpec,
     Role,
     RoleSpec,
 )
@@ -281,6 +282,48 @@ def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard
     }
 
 
+def _engine_volumes(spec: ModelDeploymentSpec) -> tuple[list[Body], list[Body]]:
+    """The engine container's volume mounts and the pod's volumes, in the same order: /dev/shm,
+    the model's weights (spec.model.source), the host's InfiniBand devices (RDMA)."""
+    transfer = spec.engine.transfer
+    mounts: list[Body] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[Body] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
+    ]
+    weights = model_source.model_volume(spec.model)
+    weights_mount = model_source.engine_mount(spec.model)
+    if weights is not None and weights_mount is not None:
+        mounts.append(weights_mount)
+        volumes.append(weights)
+    if transfer.rdma is not None and transfer.rdma.host_path is not None:
+        mounts.append({"name": "infiniband", "mountPath": INFINIBAND_DEVICE_DIR})
+        volumes.append(
+            {
+                "name": "infiniband",
+                "hostPath": {"path": transfer.rdma.host_path, "type": "Directory"},
+            }
+        )
+    return mounts, volumes
+
+
+def _engine_init_containers(
+    md: ModelDeployment, role: Role, revision: str, guard: Guard | None
+) -> list[Body]:
+    """The model download (spec.model.source.download), then the guard sidecar."""
+    init_containers: list[Body] = []
+    fetch = model_source.fetch_container(
+        md.spec.model,
+        guard.image if guard else DEFAULT_KVGATE_IMAGE,
+        _restricted_container_security(),
+    )
+    if fetch is not None:
+        # Before the guard: the weights must be in place before anything waits for the engine.
+        init_containers.append(fetch)
+    if guard:
+        init_containers.append(guard_container(md, role, revision, guard))
+    return init_containers
+
+
 def engine_pod_template(
     md: ModelDeployment, role: Role, revision: str, guard: Guard | None = None
 ) -> Body:
@@ -323,35 +366,9 @@ def engine_pod_template(
             "failureThreshold": 3,
         },
         "securityContext": _engine_security(spec.engine),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    volumes: list[Body] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
-    ]
-    weights = model_source.model_volume(spec.model)
-    weights_mount = model_source.engine_mount(spec.model)
-    if weights is not None and weights_mount is not None:
-        container["volumeMounts"].append(weights_mount)
-        volumes.append(weights)
-    init_containers: list[Body] = []
-    fetch = model_source.fetch_container(
-        spec.model,
-        guard.image if guard else DEFAULT_KVGATE_IMAGE,
-        _restricted_container_security(),
-    )
-    if fetch is not None:
-        # Before the guard: the weights must be in place before anything waits for the engine.
-        init_containers.append(fetch)
-    if guard:
-        init_containers.append(guard_container(md, role, revision, guard))
-    if transfer.rdma is not None and transfer.rdma.host_path is not None:
-        container["volumeMounts"].append({"name": "infiniband", "mountPath": INFINIBAND_DEVICE_DIR})
-        volumes.append(
-            {
-                "name": "infiniband",
-                "hostPath": {"path": transfer.rdma.host_path, "type": "Directory"},
-            }
-        )
+    container["volumeMounts"], volumes = _engine_volumes(spec)
+    init_containers = _engine_init_containers(md, role, revision, guard)
     pod_spec: Body = {
         "containers": [container],
         "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],

@@ -388,6 +388,55 @@ def _h(headroom: float) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+def _status_notes(
+    status: Obj, current: bool, observed: int | None, generation: int | None
+) -> list[str]:
+    """What the status itself says about the operator: never processed, or behind the spec."""
+    if not status:
+        return [
+            "it has no status: the operator has not processed it; is kvgate running, and does "
+            "it watch this namespace (chart value watchNamespaces)?"
+        ]
+    if not current:
+        return [
+            f"its status is of generation {observed}, the spec is generation {generation}: the "
+            "operator has not processed the latest change yet"
+        ]
+    return []
+
+
+def _fixes(
+    spec: ModelDeploymentSpec, roles: Sequence[RoleLive], required: int, headroom: float
+) -> tuple[list[Change], list[str]]:
+    """The smallest change per role whose live pool is short (the planner's, by estimate), the
+    contextLength the live pools hold, and a note for a short role no single change fixes."""
+    changes: list[Change] = []
+    notes: list[str] = []
+    for live in roles:
+        if live.holds is not False or not live.kv_pool_tokens:
+            continue
+        found = estimated_changes(spec, live.role, live.kv_pool_tokens)
+        if found:
+            changes.append(found[0])  # the smallest; `kvgate plan -f` lists the others
+            continue
+        need = f"{live.role} needs a pool {required / live.kv_pool_tokens:.2f}× the one it has"
+        if spec.model.config is None or _role_spec(spec, live.role).gpu_memory_gi_b is None:
+            notes.append(
+                f"{need} (more GPU memory per engine, a larger tensorParallel, an fp8 "
+                f"kvCacheDtype); with spec.model.config and spec.{live.role}.gpuMemoryGiB "
+                "set, kvgate names the shape that holds it"
+            )
+        else:
+            notes.append(
+                f"{need}; no single change to its shape holds it by the planner's "
+                "estimate (kvgate plan -f lists what each shape holds)"
+            )
+    context_change = _context_change(roles, headroom)
+    if context_change is not None:
+        changes.append(context_change)
+    return changes, notes
+
+
 def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
     """Why ``md`` is or is not Ready, from it, its engine pods and its Events."""
     meta = _map(md.get("metadata"))
@@ -408,17 +457,7 @@ def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
     )
     lines = event_lines(events, _str(meta.get("uid")), name)
     spec = parse_spec(md)
-    notes: list[str] = []
-    if not status:
-        notes.append(
-            "it has no status: the operator has not processed it; is kvgate running, and does "
-            "it watch this namespace (chart value watchNamespaces)?"
-        )
-    elif not current:
-        notes.append(
-            f"its status is of generation {observed}, the spec is generation {generation}: the "
-            "operator has not processed the latest change yet"
-        )
+    notes = _status_notes(status, current, observed, generation)
     gates = [
         pod_gate(pod)
         for pod in pods
@@ -446,30 +485,8 @@ def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
             for role in ROLES
         ]
         if not ready:
-            for live in roles:
-                if live.holds is not False or not live.kv_pool_tokens:
-                    continue
-                found = estimated_changes(spec, live.role, live.kv_pool_tokens)
-                if found:
-                    changes.append(found[0])  # the smallest; `kvgate plan -f` lists the others
-                    continue
-                need = (
-                    f"{live.role} needs a pool {required / live.kv_pool_tokens:.2f}× the one it has"
-                )
-                if spec.model.config is None or _role_spec(spec, live.role).gpu_memory_gi_b is None:
-                    notes.append(
-                        f"{need} (more GPU memory per engine, a larger tensorParallel, an fp8 "
-                        f"kvCacheDtype); with spec.model.config and spec.{live.role}.gpuMemoryGiB "
-                        "set, kvgate names the shape that holds it"
-                    )
-                else:
-                    notes.append(
-                        f"{need}; no single change to its shape holds it by the planner's "
-                        "estimate (kvgate plan -f lists what each shape holds)"
-                    )
-            context_change = _context_change(roles, headroom)
-            if context_change is not None:
-                changes.append(context_change)
+            changes, shape_notes = _fixes(spec, roles, required, headroom)
+            notes.extend(shape_notes)
     elif status:
         notes.append("the spec does not parse for this kvgate version (kvgate validate says why)")
     return Explanation(
