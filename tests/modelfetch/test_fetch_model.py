@@ -5,6 +5,7 @@ fails."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import pytest
 from aiohttp import web
 from factories.local_http import serving_app
 from kvgate.cmd import cli
+from kvgate.modelfetch import download
 from kvgate.modelfetch.download import (
     LOCK,
     MARKER,
@@ -386,3 +388,19 @@ def test_an_unwritable_destination_says_what_the_volume_needs(
     with pytest.raises(HubError) as error:
         fetch(options(hub.url, locked / "m"))
     assert "writable by the pod's user (uid 1000, fsGroup 1000)" in str(error.value)
+
+
+def test_pods_checking_a_shared_claim_at_once_all_find_it_writable(tmp_path: Path) -> None:
+    # Each pod checks with a file of its own: with one shared name, one pod's unlink removed the
+    # file another had just created and that pod's download failed "cannot write into".
+    dest = tmp_path / "shared"
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        checks = [pool.submit(download._prepare, dest) for _ in range(400)]
+        errors = [c.exception() for c in checks if c.exception() is not None]
+    assert errors == []
+    assert list(dest.iterdir()) == []
+
+
+def test_another_pods_write_check_is_not_taken_for_foreign_files(tmp_path: Path) -> None:
+    (tmp_path / f"{download.PROBE_PREFIX}pod-b-1-0badcafe").touch()
+    download._check_destination(tmp_path, None, options("http://127.0.0.1:1", tmp_path))

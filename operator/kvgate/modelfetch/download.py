@@ -67,6 +67,8 @@ GIB = 2**30
 # What an empty destination may hold: kvgate's own lock, a marker being written, and what a
 # fresh filesystem (ext4's lost+found) or a NAS (NetApp's .snapshot) puts at a volume's root.
 _NOT_CONTENT = frozenset({LOCK, f"{MARKER}.tmp", "lost+found", ".snapshot"})
+# A pod's check that it may write (a file of its own name: pods sharing a claim check at once).
+PROBE_PREFIX = f"{LOCK}.probe-"
 
 Log = Callable[[str], None]
 T = TypeVar("T")
@@ -189,7 +191,11 @@ def _complete_on_disk(dest: Path, files: list[RepoFile]) -> bool:
 def _check_destination(dest: Path, marker: dict[str, Any] | None, options: FetchOptions) -> None:
     """Refuse a destination this download would overwrite someone else's files in."""
     if marker is None:
-        others = sorted(p.name for p in dest.iterdir() if p.name not in _NOT_CONTENT)
+        others = sorted(
+            p.name
+            for p in dest.iterdir()
+            if p.name not in _NOT_CONTENT and not p.name.startswith(PROBE_PREFIX)
+        )
         if others:
             raise DestinationInUse(
                 f"{dest} already holds {len(others)} entries kvgate did not download "
@@ -503,7 +509,10 @@ def _marker(options: FetchOptions, snapshot: Snapshot, state: str) -> dict[str, 
 def _prepare(dest: Path) -> None:
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        probe = dest / f"{LOCK}.probe"
+        probe = (
+            dest
+            / f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}-{random.getrandbits(32):08x}"
+        )
         probe.touch()
         probe.unlink()
     except OSError as error:
