@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool chaos bench-scale crds venv clean
+.PHONY: test beside-e2e image demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool chaos bench-scale crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -161,6 +161,20 @@ beside-e2e: $(STAMP)
 # the first time, nothing after): the chart's alert rules are checked and unit-tested with it.
 promtool:
 	tests/chart/promtool/build.sh
+
+# The production image (operator/Dockerfile: the operator, the webhook, the guard, fetch-model; no
+# e2e code, no torch), tagged with the chart's appVersion, the tag the chart deploys by default.
+# Docker, Podman or Buildah, whichever is found first; `make image IMAGE=registry.example.com/kvgate`.
+IMAGE ?= ghcr.io/kvgate/kvgate-operator
+APP_VERSION := $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' charts/kvgate/Chart.yaml)
+image:
+	@builder=$$(command -v docker || command -v podman || command -v buildah) || { \
+	  echo "make image: needs docker, podman or buildah on PATH (none found); or build" \
+	    "operator/Dockerfile with your CI's builder and tag it $(IMAGE):$(APP_VERSION)"; exit 2; }; \
+	case "$$builder" in \
+	  *buildah) set -x; "$$builder" bud -f operator/Dockerfile -t $(IMAGE):$(APP_VERSION) . ;; \
+	  *) set -x; "$$builder" build -f operator/Dockerfile -t $(IMAGE):$(APP_VERSION) . ;; \
+	esac
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml

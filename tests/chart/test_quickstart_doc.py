@@ -1,0 +1,127 @@
+"""docs/quickstart.md tells the truth: the files, anchors, values and commands it names exist,
+its values file installs the chart, its claim is the one the sample mounts, the sample passes
+admission, the refusal it shows is the one kvgate prints, and `make image` tags the image with
+the chart's appVersion."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helm_runner import Helm, strict_documents
+from kvgate.admission.checks import check_document
+from kvgate.cmd import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "quickstart.md"
+SAMPLE = ROOT / "crds" / "samples" / "llama-8b-pvc.yaml"
+CHART = ROOT / "charts" / "kvgate"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), flags=re.S)
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _yaml_blocks() -> list[dict[str, Any]]:
+    return [yaml.safe_load(block) for block in _blocks("yaml")]
+
+
+def test_every_link_of_the_quick_start_names_a_file_and_heading_that_exist() -> None:
+    links = re.findall(r"\]\(([^)#]+)(?:#([^)]+))?\)", DOC.read_text())
+    assert links
+    for target, anchor in links:
+        path = (DOC.parent / target).resolve()
+        assert path.exists(), f"docs/quickstart.md links {target}, which does not exist"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+            anchors = {_anchor(h) for h in headings}
+            assert anchor in anchors, f"{target} has no heading #{anchor}"
+
+
+def test_the_files_and_tests_the_quick_start_names_exist() -> None:
+    text = DOC.read_text()
+    for name in re.findall(r"`((?:e2e/tests|tests/chart)/[\w/]+\.py)`", text):
+        assert (ROOT / name).is_file(), name
+    for name in re.findall(r"(crds/samples/[\w.-]+\.yaml)", text):
+        assert (ROOT / name).is_file(), name
+
+
+def test_the_first_install_values_install_the_chart(helm: Helm, tmp_path: Path) -> None:
+    values = _yaml_blocks()[0]
+    assert {"image", "gpusPerNode", "engineVersionFloor"} <= set(values)
+    file = tmp_path / "my-values.yaml"
+    file.write_text(yaml.safe_dump(values))
+    result = helm.run(
+        "template", "kvgate", str(CHART), "--namespace", "kvgate-system", "-f", str(file)
+    )
+    assert result.returncode == 0, result.stderr
+    images = {
+        c["image"]
+        for doc in strict_documents(result.stdout)
+        if doc.get("kind") == "Deployment"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+    }
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert f"{values['image']['repository']}:{app_version}" in images
+
+
+def test_the_claim_of_the_quick_start_is_the_one_the_sample_mounts() -> None:
+    claim = next(b for b in _yaml_blocks() if b.get("kind") == "PersistentVolumeClaim")
+    sample = yaml.safe_load(SAMPLE.read_text())
+    source = sample["spec"]["model"]["source"]["persistentVolumeClaim"]
+    assert source["claimName"] == claim["metadata"]["name"]
+    assert "ReadOnlyMany" in claim["spec"]["accessModes"]
+    assert sample["spec"]["model"]["path"].startswith("/models/")
+
+
+def test_the_sample_with_weights_on_a_claim_passes_admission() -> None:
+    result = check_document(yaml.safe_load(SAMPLE.read_text()))
+    assert result.allowed, result.message
+
+
+def test_the_refusal_the_quick_start_shows_is_the_one_kvgate_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small = tmp_path / "small.yaml"
+    small.write_text(SAMPLE.read_text().replace("gpuMemoryGiB: 80", "gpuMemoryGiB: 24"))
+    assert cli.main(["validate", str(small)]) == 1
+    printed = capsys.readouterr().out.splitlines()
+    found = re.search(r"```\n(ModelDeployment/.*?)```", DOC.read_text(), flags=re.S)
+    assert found is not None, "the quick start shows no refusal"
+    shown = found.group(1).strip().splitlines()
+    assert shown[0] == printed[0]
+    assert shown[1] in printed
+
+
+def test_the_commands_the_quick_start_runs_are_kvgates() -> None:
+    parser = cli.build_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
+    assert subcommands is not None
+    for command in re.findall(r"kubectl kvgate (\w[\w-]*)", DOC.read_text()):
+        if command != "--help":
+            assert command in subcommands, command
+    for command in re.findall(r"^kvgate (\w[\w-]*)", DOC.read_text(), flags=re.M):
+        assert command in subcommands, command
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_image_tags_the_image_with_the_charts_app_version() -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    printed = subprocess.run(
+        ["make", "-s", "--no-print-directory", "-C", str(ROOT), "-p", "-n", "image"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert f"APP_VERSION := {app_version}" in printed
+    assert "-t $(IMAGE):$(APP_VERSION)" in printed
