@@ -154,7 +154,7 @@ test: lint typecheck deps
 
 beside-e2e: $(STAMP)
 	@echo "unit and conformance tiers beside the e2e tier (nice 15; output at their end)"
-	@nice -n 15 $(MAKE) --no-print-directory -j1 unit conformance > $(BESIDE_LOG) 2>&1; \
+	@nice -n 15 $(MAKE) --no-print-directory -k -j1 unit conformance > $(BESIDE_LOG) 2>&1; \
 	  rc=$$?; echo "---- unit and conformance tiers (exit $$rc) ----"; cat $(BESIDE_LOG); exit $$rc
 
 # Prometheus' promtool from the Go module proxy, cached outside the clone (minutes on 2 cores
