@@ -146,8 +146,9 @@ def test_the_full_length_probe_is_answered_in_full_at_capacity(
 def test_dsa_full_length_probe_length_by_hand() -> None:
     """pool 131,072, page 64, 8 new tokens: ceil_page(n) <= 131,072 - 64 - 1 - 8 = 130,999, so
     n = 2,046 pages = 130,944 tokens (page 1 would allow 131,062)."""
-    assert longest_full_answer(CONTEXT, 8, CONTEXT, RequestBounds(page_size=64)) == 130_944
-    assert longest_full_answer(CONTEXT, 8, CONTEXT) == CONTEXT - 10
+    page_64 = RequestBounds(page_size=64)
+    assert longest_full_answer(CONTEXT, 8, pool_tokens=CONTEXT, bounds=page_64) == 130_944
+    assert longest_full_answer(CONTEXT, 8, pool_tokens=CONTEXT) == CONTEXT - 10
 
 
 IN = ProbeRequest("100%", CONTEXT - 10, 8, Expect.ANSWER)

@@ -30,9 +30,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from kvgate_engine import request_limits
 from kvgate_engine.estimator import EstimateError, forced_page_size
-from kvgate_engine.request_limits import PLAIN, RequestBounds, speculative_reserved_tokens
+from kvgate_engine.request_limits import (
+    PLAIN,
+    RequestBounds,
+    longest_full_answer,
+    speculative_reserved_tokens,
+)
 
 from kvgate.api.models import ContentProbeSpec, ModelDeploymentSpec
 
@@ -104,18 +108,6 @@ def _inconclusive(finding: ProbeFinding) -> bool:
     return not finding.passed and (status is None or status >= 500)
 
 
-def longest_full_answer(
-    context_length: int,
-    max_new_tokens: int,
-    pool_tokens: int | None = None,
-    bounds: RequestBounds = PLAIN,
-) -> int:
-    """The longest prompt SGLang admits and answers with all ``max_new_tokens`` tokens."""
-    return request_limits.longest_full_answer(
-        context_length, max_new_tokens, pool_tokens=pool_tokens, bounds=bounds
-    )
-
-
 def bounds_of(spec: ModelDeploymentSpec) -> RequestBounds:
     """The page the engines run with (spec.engine.pageSize, or the page SGLang forces for the
     model, whichever is the larger multiple) and speculative decoding's reserved tokens."""
@@ -139,7 +131,7 @@ def plan_probes(
     assume a pool as large as the context). ``bounds``: the engine's page and speculative
     reserved tokens, which shorten the longest prompt answered in full."""
     m = settings.max_new_tokens
-    full = longest_full_answer(context_length, m, verified_pool_tokens, bounds)
+    full = longest_full_answer(context_length, m, pool_tokens=verified_pool_tokens, bounds=bounds)
     probes: list[ProbeRequest] = []
     seen: set[int] = set()
     for percent in sorted(set(settings.lengths)):
