@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from factories.model_configs import model_config
+from kvgate.admission import check_document
 from kvgate.cmd.cli import main
 
 from .models import (
@@ -615,3 +617,42 @@ def test_the_search_keeps_the_gpu_memory_admission_keeps_and_says_when_it_cannot
         "--gpu-reserved-gib: must be a finite number of GiB, 0 or more and below the GPU's 80 "
         "(got 80)" in err
     )
+
+
+def test_file_plan_sizes_each_role_with_that_roles_dsa_backend(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The same DeepSeek-V3.2 spec admission sizes per role (--dsa-decode-backend trtllm keeps
+    raw fp8 rows on decode, 105,152 tokens at 96 GiB here; flashmla_kv on prefill, scaled rows,
+    94,464; both numbers are admission's denials): `kvgate plan -f` reports the pools admission
+    would, not one layout for both."""
+    roles: dict[str, Any] = {}
+    for role in ("prefill", "decode"):
+        roles |= {
+            f"spec.{role}.tensorParallel": 8,
+            f"spec.{role}.memFractionStatic": 0.88,
+            f"spec.{role}.gpuMemoryGiB": 96,
+        }
+    doc = mutated(
+        roles
+        | {
+            "spec.model.config": model_config("deepseek-v3.2"),
+            "spec.model.weightsGiB": 642,
+            "spec.model.contextLength": 131_072,
+            "spec.engine.kvCacheDtype": "fp8_e4m3",
+            "spec.engine.args": [
+                "--dsa-decode-backend",
+                "trtllm",
+                "--dsa-prefill-backend",
+                "flashmla_kv",
+            ],
+        }
+    )
+    path = write(tmp_path, "md.yaml", yaml.safe_dump(doc))
+    _, payload = run_json(capsys, "-f", path)
+    roles_out = payload["documents"][0]["roles"]
+    assert roles_out["decode"]["kv_pool_tokens"] == 105_152
+    assert roles_out["prefill"]["kv_pool_tokens"] == 94_464
+    denials = {p.field: p.message for p in check_document(doc).denials}
+    assert "105,152 tokens" in denials["spec.decode"]
+    assert "94,464 tokens" in denials["spec.prefill"]

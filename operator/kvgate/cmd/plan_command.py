@@ -354,7 +354,7 @@ def _fit_spec(
                 f"GPU; set it (e.g. 80 for an H100)"
             )
         try:
-            fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib)
+            fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib, role.value)
         except EstimateError as error:
             raise _SpecError(f"spec.{role.value}: cannot estimate the KV pool: {error}") from None
     return fits, notes(plan)
