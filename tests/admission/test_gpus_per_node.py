@@ -4,17 +4,20 @@ deny an engine pod asking for more; a value that is not a count stops start-up n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
-from kvgate.admission.policy import parse_gpus_per_node
+from kvgate.admission.policy import ClusterPolicy, parse_gpus_per_node
 from kvgate.admission.webhook_command import WebhookSettings
+from kvgate.api.models import MAX_GPUS_PER_NODE
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
 
 from .conftest import mutated
 
+CHART = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
 SIXTEEN_ON_ONE_NODE = {"spec.decode.tensorParallel": 16}
 
 
@@ -71,3 +74,29 @@ def test_validate_with_gpus_per_node_answers_as_that_clusters_webhook(
     assert "set decode.nodes to 2" in out
     assert main(["validate", str(path), "--gpus-per-node", "0"]) == 2
     assert "--gpus-per-node: gpusPerNode 0: must be 1 or more" in capsys.readouterr().err
+
+
+def test_a_gpus_per_node_above_what_any_node_has_is_refused_naming_the_limit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Above MAX_GPUS_PER_NODE (no node has more, and the chart's schema caps it there too) the
+    setting is a typo, not a cluster: start-up stops and `kvgate validate` exits 2, each naming
+    the value, the limit and the way out."""
+    too_many = str(MAX_GPUS_PER_NODE + 1)
+    monkeypatch.setenv("KVGATE_GPUS_PER_NODE", too_many)
+    for start in (_webhook_settings, _operator_settings):
+        with pytest.raises(SystemExit) as stop:
+            start()
+        assert f"at most {MAX_GPUS_PER_NODE}" in str(stop.value)
+    with pytest.raises(ValueError, match=f"at most {MAX_GPUS_PER_NODE}"):
+        ClusterPolicy(gpus_per_node=MAX_GPUS_PER_NODE + 1)
+    path = tmp_path / "md.yaml"
+    path.write_text(yaml.safe_dump(mutated(SIXTEEN_ON_ONE_NODE)))
+    assert main(["validate", str(path), "--gpus-per-node", too_many]) == 2
+    err = capsys.readouterr().err
+    assert f"gpusPerNode {too_many}" in err and f"at most {MAX_GPUS_PER_NODE}" in err
+
+
+def test_the_charts_gpus_per_node_bound_is_the_apis() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["gpusPerNode"]["maximum"] == MAX_GPUS_PER_NODE

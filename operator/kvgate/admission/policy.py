@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from kvgate_engine.shape_limits import MAX_GPUS_PER_NODE
 from packaging.version import InvalidVersion, Version
 
 FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_VERSION_FLOOR)
@@ -27,6 +28,11 @@ class ClusterPolicy:
             parse_floor(self.min_engine_version_floor)
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ValueError(f"gpusPerNode {self.gpus_per_node}: must be 1 or more, e.g. 8")
+        if self.gpus_per_node is not None and self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"gpusPerNode {self.gpus_per_node}: must be at most {MAX_GPUS_PER_NODE} (no GPU "
+                "node has more); give the GPUs of one node, e.g. 8"
+            )
 
     @functools.cached_property
     def floor(self) -> Version | None:
@@ -44,10 +50,11 @@ def parse_gpus_per_node(raw: str | None) -> int | None:
         value = int(raw)
     except ValueError:
         value = 0
-    if value < 1:
+    if not 1 <= value <= MAX_GPUS_PER_NODE:
         raise ValueError(
             f"{GPUS_PER_NODE_ENV}={raw!r} (the chart value {GPUS_PER_NODE_SETTING}): must be a "
-            "whole number >= 1, the GPUs each GPU node has (e.g. 8); unset it when unknown"
+            f"whole number >= 1 and at most {MAX_GPUS_PER_NODE}, the GPUs each GPU node has "
+            "(e.g. 8); unset it when unknown"
         )
     return value
 
