@@ -12,6 +12,12 @@ default. ``admit_over_length`` (``KVGATE_ADMIT_OVER_LENGTH=1``) drops the tokeni
 scheduler's length checks while the pool stays honest and large: the engine a pool check passes
 and that still answers a prompt longer than its context with HTTP 200 and tokens (what kvgate's
 content check at maximum length must catch). Decode still refuses what its pool cannot hold.
+``stale_kv_after_abort`` (``KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1``, decode role) is an engine
+whose abort path is broken: a decode request aborted by its client's disconnect frees its pages
+at once but its KV transfer is never cancelled, and the transfer lands in those pages after the
+next request (which took the same pages, lowest free first) received its own KV. That request
+then decodes the aborted prompt: HTTP 200, wrong tokens (what the content check's abort step must
+catch). The landing is made deterministic: always just before the next decode's first step.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from kvgate_engine.reference.transfer import (
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
 DEFAULT_BOOTSTRAP_PORT = 8998
+STALE_KV_AFTER_ABORT = "KVGATE_REFERENCE_STALE_KV_AFTER_ABORT"
 log = logging.getLogger("kvgate_engine.reference")
 
 
@@ -103,6 +110,7 @@ class EngineSettings:
     admit_over_length: bool = False  # KVGATE_ADMIT_OVER_LENGTH=1: no length admission
     waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT
     kv_canary: bool = False  # --kv-canary log|raise: verify every slot a decode reads (canary.py)
+    stale_kv_after_abort: bool = False  # KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1 (decode role)
 
 
 @dataclass
@@ -138,6 +146,8 @@ class ReferenceEngine:
         self.counters = EngineCounters()
         self._page_waiters: list[asyncio.Future[None]] = []
         self.canary = KvCanary() if settings.kv_canary else None
+        # stale_kv_after_abort: the aborted request's slots and prompt, whose KV lands next
+        self._stale_landing: tuple[torch.Tensor, list[int], str] | None = None
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -311,20 +321,44 @@ class ReferenceEngine:
             pages = await self._reserve(needed)
         finally:
             self.counters.num_decode_prealloc_queue_reqs -= 1
+        prompt_slots = self.pool.slots(pages, len(tokens))
         try:
-            prompt_slots = self.pool.slots(pages, len(tokens))
             if fake or host is None or room is None:
                 keys, values = self.model.kv(tokens)
                 self.pool.write(prompt_slots, keys, values)
             else:
                 await self._receive_into(host, request, room, prompt_slots)
+            self._land_stale(request.rid)
             self.counters.num_running_reqs += 1
             try:
                 return await self._decode_loop(pages, len(tokens), request.max_new_tokens)
             finally:
                 self.counters.num_running_reqs -= 1
+        except asyncio.CancelledError:  # the client went away: SGLang aborts the request
+            if self.settings.stale_kv_after_abort:
+                self._stale_landing = (prompt_slots, tokens, request.rid)
+            raise
         finally:
             self._release(pages)
+
+    def _land_stale(self, rid: str) -> None:
+        """stale_kv_after_abort: the aborted request's KV transfer lands now, in the slots it
+        had (freed at the abort; this request took the same pages), over this request's KV."""
+        landing, self._stale_landing = self._stale_landing, None
+        if landing is None:
+            return
+        slots, tokens, aborted = landing
+        keys, values = self.model.kv(tokens)
+        self.pool.write(slots, keys, values)
+        self.counters.stale_reads += 1
+        log.error(
+            "%s=1: the KV transfer of aborted request %s (%d tokens) landed in its freed pages "
+            "after request %s received its own KV",
+            STALE_KV_AFTER_ABORT,
+            aborted,
+            len(tokens),
+            rid,
+        )
 
     async def _receive_into(
         self, host: str, request: GenerateRequest, room: int, prompt_slots: torch.Tensor

@@ -9,6 +9,9 @@ Environment:
   rejection path that leaked stale KV across requests;
 - ``KVGATE_ADMIT_OVER_LENGTH=1`` no length admission (tokenizer and scheduler checks off) with an
   honest pool: over-length prompts are answered (what the content check must catch);
+- ``KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1`` a decode engine whose aborted requests' KV
+  transfers are never cancelled: each lands in the aborted request's freed pages after the next
+  request's own KV (what the content check's abort step must catch; ``engine.py``);
 - ``KVGATE_REFERENCE_HOSTILE`` (``_PREFILL``, ``_DECODE``) a hostile answer to kvgate's probe
   (tests only, ``hostile.py``);
 - ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN``, ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``,
@@ -114,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     from kvgate_engine.reference.admission import emulates_incident
-    from kvgate_engine.reference.engine import EngineSettings
+    from kvgate_engine.reference.engine import STALE_KV_AFTER_ABORT, EngineSettings
 
     settings = EngineSettings(
         role=launch["disaggregation_mode"],
@@ -126,7 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         waiting_timeout=timeouts[1] or 300.0,
         admit_over_length=env.get("KVGATE_ADMIT_OVER_LENGTH") == "1",
         kv_canary=launch["kv_canary"] in ("log", "raise"),
+        stale_kv_after_abort=env.get(STALE_KV_AFTER_ABORT) == "1",
     )
+    if settings.stale_kv_after_abort and settings.role == "decode":
+        log.warning(
+            "%s=1: an aborted request's KV transfer is not cancelled; it lands in the freed "
+            "pages after the next request's own KV, which then decodes the aborted prompt",
+            STALE_KV_AFTER_ABORT,
+        )
     if settings.admit_over_length:
         log.warning(
             "KVGATE_ADMIT_OVER_LENGTH=1: no length admission; prompts longer than the context "

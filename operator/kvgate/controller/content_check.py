@@ -29,8 +29,9 @@ from kvgate.controller.runtime import MdKey, Runtime, spawn
 from kvgate.kube import metrics
 from kvgate.rollout.pass_decision import ContentOutcome
 from kvgate.rollout.planner import RolloutStep
-from kvgate.verify import content_probe, gate, pod_identity, router_auth
-from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeRequest
+from kvgate.verify import abort_probe, content_probe, gate, pod_identity, router_auth
+from kvgate.verify.abort_probe import AbortOutcome
+from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeFinding, ProbeRequest
 from kvgate.verify.pod_identity import EngineIdentity
 
 log = logging.getLogger("kvgate.content_check")
@@ -42,7 +43,8 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
     """A streamed (or, on an error, plain JSON) ``/generate`` answer -> what the judge needs.
 
     Tokens: the largest ``meta_info.completion_tokens`` or ``len(output_ids)`` any event carried
-    (SGLang streams cumulative counts). Errors: ``{"error": ...}`` events or bodies, and a
+    (SGLang streams cumulative counts); ``output_ids``: the longest list any event carried (a
+    plain answer's own). Errors: ``{"error": ...}`` events or bodies, and a
     ``finish_reason`` of type ``abort``. Pure.
     """
     text = raw.decode(errors="replace")
@@ -62,6 +64,7 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
         except ValueError:
             events.append({"error": text} if status != 200 else {"error": "unparseable answer"})
     tokens = 0
+    output_ids: tuple[int, ...] | None = None
     error: str | None = "answer cut at 1 MiB" if truncated else None
     for event in events:
         for item in event if isinstance(event, list) else [event]:
@@ -78,12 +81,35 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
             ids = item.get("output_ids")
             if isinstance(ids, list):
                 tokens = max(tokens, len(ids))
+                if all(isinstance(i, int) for i in ids) and len(ids) >= len(output_ids or ()):
+                    output_ids = tuple(ids)
             finish = meta.get("finish_reason") if isinstance(meta, Mapping) else None
             if isinstance(finish, Mapping) and finish.get("type") == "abort":
                 error = error or str(finish.get("message") or "aborted")
     if status != 200 and error is None:
         error = f"HTTP {status}"
-    return ProbeAnswer(status, tokens, error, None, seconds)
+    return ProbeAnswer(status, tokens, error, None, seconds, output_ids)
+
+
+def _body(
+    model: str, request: ProbeRequest, vocab_size: int | None, stream: bool
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "input_ids": content_probe.prompt_ids(request.prompt_tokens, vocab_size, request.offset),
+        "sampling_params": {
+            "max_new_tokens": request.max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+        "stream": stream,
+    }
+
+
+def _deadline(timeout: float) -> aiohttp.ClientTimeout:
+    # A router that does not accept the connection is inconclusive in seconds; an answer may
+    # take the whole deadline (a long prefill streams nothing before it).
+    return aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, CONNECT_SECONDS))
 
 
 async def send_probe(
@@ -95,30 +121,17 @@ async def send_probe(
     timeout: float,
     headers: Mapping[str, str] | None = None,
     vocab_size: int | None = None,
+    stream: bool = True,
 ) -> ProbeAnswer:
     """One probe through the router (token ids inside ``vocab_size``); never raises."""
-    body = {
-        "model": model,
-        "input_ids": content_probe.prompt_ids(request.prompt_tokens, vocab_size),
-        "sampling_params": {
-            "max_new_tokens": request.max_new_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-        },
-        "stream": True,
-    }
     started = time.monotonic()
     try:
         async with session.post(
             f"{base_url}/generate",
-            json=body,
+            json=_body(model, request, vocab_size, stream),
             headers=dict(headers or {}),
             allow_redirects=False,
-            # A router that does not accept the connection is inconclusive in seconds; an
-            # answer may take the whole deadline (a long prefill streams nothing before it).
-            timeout=aiohttp.ClientTimeout(
-                total=timeout, sock_connect=min(timeout, CONNECT_SECONDS)
-            ),
+            timeout=_deadline(timeout),
         ) as response:
             raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
             truncated = len(raw) > MAX_ANSWER_BYTES
@@ -128,6 +141,49 @@ async def send_probe(
     except (aiohttp.ClientError, TimeoutError) as exc:
         what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
         return ProbeAnswer(None, transport_error=f"{what} after {time.monotonic() - started:.1f} s")
+
+
+async def send_dropped(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    request: ProbeRequest,
+    *,
+    drop_after: float,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    vocab_size: int | None = None,
+) -> AbortOutcome:
+    """A streamed request whose connection is closed once its head came and ``drop_after``
+    seconds passed since it was sent: the abort a client's disconnect is, smg's only cancel (the
+    head first: by then both engines hold the request). Never raises."""
+    started = time.monotonic()
+    try:
+        async with session.post(
+            f"{base_url}/generate",
+            json=_body(model, request, vocab_size, True),
+            headers=dict(headers or {}),
+            allow_redirects=False,
+            timeout=_deadline(timeout),
+        ) as response:
+            left = max(0.0, drop_after - (time.monotonic() - started))
+            try:
+                raw = await asyncio.wait_for(
+                    read_bounded(response.content, MAX_ANSWER_BYTES + 1), left
+                )
+            except TimeoutError:
+                response.close()  # not back to the pool: the router sees the disconnect
+                dropped = time.monotonic() - started
+                return AbortOutcome(ProbeAnswer(response.status, seconds=dropped), dropped)
+            truncated = len(raw) > MAX_ANSWER_BYTES
+            answer = parse_stream(
+                response.status, raw[:MAX_ANSWER_BYTES], truncated, time.monotonic() - started
+            )
+            return AbortOutcome(answer, None)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
+        failed = f"{what} after {time.monotonic() - started:.1f} s"
+        return AbortOutcome(ProbeAnswer(None, transport_error=failed), None)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -171,6 +227,26 @@ async def run_content_check(
 ) -> ContentVerdict | None:
     """Plan, send and judge one revision's content check; None when no Ready router of the
     revision is known yet (nothing was sent)."""
+    found = await revision_router(rt, namespace, md_name, md_uid, revision)
+    if found is None:
+        return None
+    router, url = found
+    key = await engine_api_key(rt, router)
+    headers = router_auth.bearer(key) if isinstance(key, str) else {}
+    fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
+    return await check_through(url, revision, spec, verified_pool_tokens, headers, fields)
+
+
+async def check_through(
+    url: str,
+    revision: str,
+    spec: ModelDeploymentSpec,
+    verified_pool_tokens: int | None,
+    headers: Mapping[str, str],
+    fields: Mapping[str, str],
+) -> ContentVerdict:
+    """Send the content check's probes through the router at ``url``, then its abort step
+    (when every length probe passed), and judge them."""
     settings = spec.safety.content_probe
     probes = content_probe.plan_probes(
         spec.model.context_length,
@@ -178,36 +254,95 @@ async def run_content_check(
         settings,
         content_probe.bounds_of(spec),
     )
-    found = await revision_router(rt, namespace, md_name, md_uid, revision)
-    if found is None:
-        return None
-    router, url = found
-    key = await engine_api_key(rt, router)
-    headers = router_auth.bearer(key) if isinstance(key, str) else {}
-    findings = []
-    fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
-    vocab_size = content_probe.vocab_size_of(spec.model.config)
+    sender = Sender(url, spec.model.name, headers, content_probe.vocab_size_of(spec.model.config))
+    findings: list[ProbeFinding] = []
     async with aiohttp.ClientSession() as session:
         for probe in probes:
-            answer = await send_probe(
-                session,
-                url,
-                spec.model.name,
-                probe,
-                timeout=settings.timeout_seconds,
-                headers=headers,
-                vocab_size=vocab_size,
+            answer = await sender.probe(session, probe, settings.timeout_seconds)
+            findings.append(_logged(content_probe.judge(probe, answer), fields))
+        plan = abort_probe.plan_abort(probes)
+        # Only after every length probe passed: otherwise the check is decided (or reruns).
+        if plan is not None and all(f.passed for f in findings):
+            longest = abort_probe.answer_seconds(findings, plan.aborted.prompt_tokens)
+            findings += await abort_step(
+                session, sender, plan, longest, settings.timeout_seconds, fields
             )
-            finding = content_probe.judge(probe, answer)
-            log.info(
-                "content probe %s: %s (%.1f s)",
-                "passed" if finding.passed else "FAILED",
-                finding.summary,
-                answer.seconds,
-                extra=fields,
-            )
-            findings.append(finding)
     return content_probe.verdict(revision, findings)
+
+
+def _logged(finding: ProbeFinding, fields: Mapping[str, str]) -> ProbeFinding:
+    log.info(
+        "content probe %s: %s (%.1f s)",
+        "passed" if finding.passed else "FAILED",
+        finding.summary,
+        finding.answer.seconds,
+        extra=fields,
+    )
+    return finding
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Where and how a revision's probes go: its router, model name, key and vocabulary."""
+
+    url: str
+    model: str
+    headers: Mapping[str, str]
+    vocab_size: int | None
+
+    async def probe(
+        self,
+        session: aiohttp.ClientSession,
+        request: ProbeRequest,
+        timeout: float,
+        stream: bool = True,
+    ) -> ProbeAnswer:
+        return await send_probe(
+            session,
+            self.url,
+            self.model,
+            request,
+            timeout=timeout,
+            headers=self.headers,
+            vocab_size=self.vocab_size,
+            stream=stream,
+        )
+
+
+async def abort_step(
+    session: aiohttp.ClientSession,
+    sender: Sender,
+    plan: abort_probe.AbortPlan,
+    longest_seconds: float | None,
+    timeout: float,
+    fields: Mapping[str, str],
+) -> tuple[ProbeFinding, ...]:
+    """The known answer, a request dropped mid-flight, the known answer again at once
+    (kvgate.verify.abort_probe)."""
+    started = time.monotonic()
+    before = await sender.probe(session, plan.known, timeout, stream=False)
+    outcome = await send_dropped(
+        session,
+        sender.url,
+        sender.model,
+        plan.aborted,
+        drop_after=abort_probe.drop_after(longest_seconds),
+        timeout=timeout,
+        headers=sender.headers,
+        vocab_size=sender.vocab_size,
+    )
+    after = await sender.probe(session, plan.known, timeout, stream=False)
+    findings = abort_probe.judge_abort(plan, before, outcome, after)
+    for finding in findings:
+        _logged(finding, fields)
+    log.info(
+        "content check abort step: %.2f s (the drop %s s in, the known answer after it in %.2f s)",
+        time.monotonic() - started,
+        "n/a" if outcome.dropped_after is None else f"{outcome.dropped_after:.2f}",
+        after.seconds,
+        extra=fields,
+    )
+    return findings
 
 
 def _verified_pool(step: RolloutStep) -> int | None:

@@ -53,16 +53,20 @@ MAX_RECORDS = 10  # status.contentChecks (the API's maxItems)
 class Expect(StrEnum):
     ANSWER = "Answer"  # HTTP 200 with exactly max_new_tokens tokens, no error
     REFUSAL = "Refusal"  # HTTP 4xx, or an in-band error before any token
+    KNOWN_ANSWER = "KnownAnswer"  # HTTP 200 with the same tokens as before an abort (abort_probe)
+    ABORT = "Abort"  # a request the check drops mid-flight (abort_probe)
 
 
 @dataclass(frozen=True)
 class ProbeRequest:
-    """One probe: a prompt of ``prompt_tokens`` tokens asking for ``max_new_tokens``."""
+    """One probe: a prompt of ``prompt_tokens`` tokens asking for ``max_new_tokens``; its token
+    ids start ``offset`` places into the probes' sequence (``prompt_ids``)."""
 
     name: str  # what the length is, for people: "50% of the longest full answer"
     prompt_tokens: int
     max_new_tokens: int
     expect: Expect
+    offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class ProbeAnswer:
     error: str | None = None
     transport_error: str | None = None
     seconds: float = 0.0
+    output_ids: tuple[int, ...] | None = None  # the generated ids, when the answer carried them
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class ProbeFinding:
     answer: ProbeAnswer
     passed: bool
     summary: str  # "131,073 tokens (over contextLength): HTTP 200, 8 tokens generated"
+    undecided: bool = False  # not passed, and it proves nothing either way: the check reruns
 
 
 @dataclass(frozen=True)
@@ -105,7 +111,18 @@ class ContentVerdict:
 def _inconclusive(finding: ProbeFinding) -> bool:
     """No answer, or a server error: says nothing about the engine's length admission."""
     status = finding.answer.http_status
-    return not finding.passed and (status is None or status >= 500)
+    return not finding.passed and (finding.undecided or status is None or status >= 500)
+
+
+def contaminated(finding: ProbeFinding) -> bool:
+    """A known-answer request after an aborted one came back with other tokens (HTTP 200)."""
+    return (
+        finding.request.expect is Expect.KNOWN_ANSWER
+        and not finding.passed
+        and not finding.undecided
+        and finding.answer.http_status == 200
+        and not finding.answer.error
+    )
 
 
 def bounds_of(spec: ModelDeploymentSpec) -> RequestBounds:
@@ -213,17 +230,28 @@ def verdict(revision: str, findings: Sequence[ProbeFinding]) -> ContentVerdict:
             and f.answer.generated_tokens > 0
             for f in failed
         )
-        lead = (
-            "an over-length prompt was answered with generated tokens (HTTP 200), the incident's "
-            "signature"
-            if leak
-            else f"{len(failed)} of {len(findings)} probes failed"
+        if leak:
+            lead = (
+                "an over-length prompt was answered with generated tokens (HTTP 200), the "
+                "incident's signature"
+            )
+        elif any(contaminated(f) for f in failed):
+            lead = (
+                "abort-path contamination: after a request was aborted mid-flight, the same "
+                "known-answer request got other tokens (decode ran on partial or reused KV)"
+            )
+        else:
+            lead = f"{len(failed)} of {len(findings)} probes failed"
+        fix = (
+            "Serve an engine build whose aborted requests release their KV cleanly"
+            if any(contaminated(f) for f in failed) and not leak
+            else "Fix the engine's length admission"
         )
         message = (
             f"content check of revision {revision} failed: {lead}: "
             + "; ".join(f.summary for f in failed)
-            + ". Fix the engine's length admission (or set safety.contentProbe.enabled=false "
-            "to skip this check), then change the spec to retry"
+            + f". {fix} (or set safety.contentProbe.enabled=false to skip this check), then "
+            "change the spec to retry"
         )
         return ContentVerdict(False, REASON_FAILED, message, tuple(findings))
     message = f"content check of revision {revision} passed: " + "; ".join(
@@ -262,12 +290,12 @@ def id_range(vocab_size: int | None) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-def prompt_ids(count: int, vocab_size: int | None = None) -> list[int]:
+def prompt_ids(count: int, vocab_size: int | None = None, offset: int = 0) -> list[int]:
     """A deterministic prompt of ``count`` ordinary token ids of a vocabulary of ``vocab_size``
-    (None: unknown; ``id_range``)."""
+    (None: unknown; ``id_range``), starting ``offset`` places into the sequence."""
     lo, hi = id_range(vocab_size)
     span = hi - lo
-    return [lo + (i * 7919) % span for i in range(count)]
+    return [lo + ((i + offset) * 7919) % span for i in range(count)]
 
 
 # ------------------------------------------------------------------ the record in status

@@ -1,0 +1,164 @@
+"""The content check's abort step (pure): after a request aborted mid-flight, a known-answer
+request must still get its known answer.
+
+SGLang's prefill→decode handoff has had decode generate from partial or reused KV after an
+abort: the aborted request's pages freed while its KV transfer was still in flight, so the
+transfer landed in the pages of the next request, or a decode that took the aborted request's
+half-written KV for its successor's. Such an engine answers later requests with HTTP 200 and
+wrong tokens, and no length probe sees it. So after the length probes kvgate sends, through the
+revision's own router, one after another:
+
+1. a short known-answer request (``KNOWN_PROMPT_TOKENS`` tokens, greedy, ``ignore_eos``): the
+   output ids it gets are the known answer;
+2. a request as long as the longest in-range probe, with other token ids, dropped (the
+   connection closed: smg's only cancel) once its head came (both engines hold it then) and
+   ``ABORT_FRACTION`` of the time that probe took to be answered passed, so mid prefill or mid
+   transfer;
+3. at once, the known-answer request again, which must get the same output ids.
+
+Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
+the known answer without a per-model table. A drop that comes too late (the aborted request was
+answered in full first) or an answer that does not come decides nothing: the check reruns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvgate.verify.content_probe import (
+    Expect,
+    ProbeAnswer,
+    ProbeFinding,
+    ProbeRequest,
+    describe_answer,
+)
+
+KNOWN_PROMPT_TOKENS = 64  # short: its answer costs one small prefill, twice
+ABORT_FRACTION = 0.5  # of the longest in-range probe's measured answer time
+MIN_ABORT_SECONDS = 0.05
+ABORT_OFFSET = 1  # the aborted prompt's ids start one place later: no id matches position-wise
+MAX_IDS_SHOWN = 12  # output ids quoted in a summary (an engine's answer is untrusted)
+
+
+@dataclass(frozen=True)
+class AbortPlan:
+    known: ProbeRequest  # sent before and right after the aborted one
+    aborted: ProbeRequest  # dropped after ``drop_after`` seconds
+
+
+@dataclass(frozen=True)
+class AbortOutcome:
+    """The dropped request: ``dropped_after`` seconds after it was sent, after its head, whose
+    status is ``answer.http_status`` (None: it was answered in full first, or nothing came, and
+    ``answer`` says which)."""
+
+    answer: ProbeAnswer
+    dropped_after: float | None
+
+
+def plan_abort(probes: Sequence[ProbeRequest]) -> AbortPlan | None:
+    """The abort step after these length probes; None without an in-range probe."""
+    answers = [p for p in probes if p.expect is Expect.ANSWER]
+    if not answers:
+        return None
+    longest = max(answers, key=lambda p: p.prompt_tokens)
+    shortest = min(p.prompt_tokens for p in answers)
+    m = longest.max_new_tokens
+    known = ProbeRequest("known answer", min(KNOWN_PROMPT_TOKENS, shortest), m, Expect.KNOWN_ANSWER)
+    aborted = ProbeRequest(
+        "dropped mid-flight", longest.prompt_tokens, m, Expect.ABORT, offset=ABORT_OFFSET
+    )
+    return AbortPlan(known, aborted)
+
+
+def drop_after(longest_answer_seconds: float | None) -> float:
+    """When to drop the aborted request: part way into the time the longest in-range probe took
+    (mid prefill or mid transfer on the same engines)."""
+    return max(MIN_ABORT_SECONDS, ABORT_FRACTION * (longest_answer_seconds or 0.0))
+
+
+def answer_seconds(findings: Sequence[ProbeFinding], prompt_tokens: int) -> float | None:
+    """How long the in-range probe of ``prompt_tokens`` tokens took to be answered."""
+    return max(
+        (f.answer.seconds for f in findings if f.request.prompt_tokens == prompt_tokens),
+        default=None,
+    )
+
+
+def show_ids(ids: Sequence[int] | None) -> str:
+    if ids is None:
+        return "no output_ids"
+    shown = ", ".join(str(i) for i in ids[:MAX_IDS_SHOWN])
+    more = f", … ({len(ids):,} in all)" if len(ids) > MAX_IDS_SHOWN else ""
+    return f"output_ids [{shown}{more}]"
+
+
+def _clean(answer: ProbeAnswer, max_new_tokens: int) -> bool:
+    ids = answer.output_ids
+    return (
+        answer.http_status == 200
+        and not answer.error
+        and ids is not None
+        and len(ids) == max_new_tokens
+    )
+
+
+def _no_answer(answer: ProbeAnswer) -> bool:
+    return answer.http_status is None or answer.http_status >= 500
+
+
+def _before(request: ProbeRequest, answer: ProbeAnswer) -> ProbeFinding:
+    head = f"{request.prompt_tokens:,} tokens ({request.name}, before the abort)"
+    if _clean(answer, request.max_new_tokens):
+        return ProbeFinding(
+            request, answer, True, f"{head}: HTTP 200, {show_ids(answer.output_ids)}"
+        )
+    want = f"want HTTP 200 with {request.max_new_tokens:,} output_ids"
+    summary = f"{head}: {describe_answer(answer)}, {show_ids(answer.output_ids)}; {want}"
+    return ProbeFinding(request, answer, False, summary, undecided=_no_answer(answer))
+
+
+def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
+    head = f"{request.prompt_tokens:,} tokens ({request.name})"
+    answer = outcome.answer
+    if outcome.dropped_after is None:
+        summary = (
+            f"{head}: answered before the drop ({describe_answer(answer)} in "
+            f"{answer.seconds:.2f} s), so nothing was aborted"
+        )
+        return ProbeFinding(request, answer, False, summary, undecided=True)
+    got = f"after its HTTP {answer.http_status} head"
+    summary = f"{head}: connection closed {outcome.dropped_after:.2f} s in, {got}"
+    return ProbeFinding(request, answer, True, summary)
+
+
+def _after(request: ProbeRequest, answer: ProbeAnswer, known: ProbeFinding) -> ProbeFinding:
+    head = f"{request.prompt_tokens:,} tokens ({request.name}, right after the abort)"
+    want_ids = known.answer.output_ids
+    if not known.passed:
+        return ProbeFinding(
+            request, answer, False, f"{head}: not compared (no known answer)", undecided=True
+        )
+    if _clean(answer, request.max_new_tokens) and answer.output_ids == want_ids:
+        return ProbeFinding(request, answer, True, f"{head}: HTTP 200, the same output_ids")
+    summary = (
+        f"{head}: {describe_answer(answer)}, {show_ids(answer.output_ids)}; want "
+        f"{show_ids(want_ids)} (the answer before the abort)"
+    )
+    return ProbeFinding(request, answer, False, summary, undecided=_no_answer(answer))
+
+
+def judge_abort(
+    plan: AbortPlan, before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer
+) -> tuple[ProbeFinding, ProbeFinding, ProbeFinding]:
+    """The three findings of the abort step. The answer after the abort is compared only when
+    the one before was a clean answer; when nothing was aborted, the step decides nothing."""
+    known = _before(plan.known, before)
+    dropped = _dropped(plan.aborted, outcome)
+    checked = _after(plan.known, after, known)
+    if dropped.undecided and checked.passed:
+        checked = ProbeFinding(
+            checked.request, checked.answer, False, checked.summary, undecided=True
+        )
+    return known, dropped, checked

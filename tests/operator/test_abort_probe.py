@@ -1,0 +1,88 @@
+"""The content check's abort step, pure (kvgate.verify.abort_probe): what it sends and how it
+judges the known answer before and after a dropped request."""
+
+from __future__ import annotations
+
+from kvgate.api.models import ContentProbeSpec
+from kvgate.controller.content_check import parse_stream
+from kvgate.verify import abort_probe, content_probe
+from kvgate.verify.abort_probe import AbortOutcome, judge_abort, plan_abort
+from kvgate.verify.content_probe import (
+    REASON_FAILED,
+    REASON_INCONCLUSIVE,
+    ContentVerdict,
+    Expect,
+    ProbeAnswer,
+)
+
+PROBES = content_probe.plan_probes(131_072, 434_523, ContentProbeSpec())
+PLAN = plan_abort(PROBES)
+KNOWN = (11, 12, 13, 14, 15, 16, 17, 18)
+OTHER = (12, 13, 14, 15, 16, 17, 18, 19)
+DROPPED = AbortOutcome(ProbeAnswer(200, seconds=1.0), 1.0)
+
+
+def answer(ids: tuple[int, ...] | None, status: int | None = 200) -> ProbeAnswer:
+    return ProbeAnswer(status, len(ids or ()), output_ids=ids, seconds=0.1)
+
+
+def verdict(before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer) -> ContentVerdict:
+    assert PLAN is not None
+    return content_probe.verdict("r1", judge_abort(PLAN, before, outcome, after))
+
+
+def test_the_aborted_request_is_the_longest_in_range_probe_with_other_ids() -> None:
+    assert PLAN is not None
+    assert PLAN.known.prompt_tokens == abort_probe.KNOWN_PROMPT_TOKENS
+    assert PLAN.known.expect is Expect.KNOWN_ANSWER and PLAN.known.max_new_tokens == 8
+    assert PLAN.aborted.prompt_tokens == 131_062 and PLAN.aborted.expect is Expect.ABORT
+    known = content_probe.prompt_ids(8)
+    aborted = content_probe.prompt_ids(8, offset=PLAN.aborted.offset)
+    assert all(a != b for a, b in zip(known, aborted, strict=True))
+    assert plan_abort([p for p in PROBES if p.expect is Expect.REFUSAL]) is None
+
+
+def test_the_drop_comes_half_way_into_the_longest_probes_answer_time() -> None:
+    assert abort_probe.drop_after(2.2) == 1.1
+    assert abort_probe.drop_after(None) == abort_probe.MIN_ABORT_SECONDS
+
+
+def test_other_tokens_after_the_abort_fail_the_check_naming_the_contamination() -> None:
+    result = verdict(answer(KNOWN), DROPPED, answer(OTHER))
+    assert result.reason == REASON_FAILED
+    message = result.message
+    assert "abort-path contamination" in message
+    assert "output_ids [12, 13, 14, 15, 16, 17, 18, 19]; want output_ids [11, 12" in message
+    assert "connection closed 1.00 s in, after its HTTP 200 head" not in message  # it passed
+    assert "release their KV cleanly" in message
+
+
+def test_the_same_tokens_after_the_abort_pass() -> None:
+    result = verdict(answer(KNOWN), DROPPED, answer(KNOWN))
+    assert result.passed, result.message
+
+
+def test_a_request_answered_before_the_drop_or_no_answer_decides_nothing() -> None:
+    not_dropped = AbortOutcome(answer((1,) * 8), None)
+    assert verdict(answer(KNOWN), not_dropped, answer(KNOWN)).reason == REASON_INCONCLUSIVE
+    assert verdict(answer(KNOWN), DROPPED, answer(None, None)).reason == REASON_INCONCLUSIVE
+    assert verdict(answer(None, 503), DROPPED, answer(KNOWN)).reason == REASON_INCONCLUSIVE
+
+
+def test_a_known_answer_refused_fails_without_calling_it_contamination() -> None:
+    result = verdict(answer(None, 400), DROPPED, answer(None, 400))
+    assert result.reason == REASON_FAILED
+    assert "contamination" not in result.message
+
+
+def test_a_long_answer_is_quoted_shortened() -> None:
+    shown = abort_probe.show_ids(tuple(range(100)))
+    assert shown.startswith("output_ids [0, 1, 2") and shown.endswith(", … (100 in all)]")
+
+
+def test_a_plain_and_a_streamed_answer_give_their_output_ids() -> None:
+    plain = b'{"output_ids": [5, 6, 7], "meta_info": {"completion_tokens": 3}}'
+    assert parse_stream(200, plain, False, 0.1).output_ids == (5, 6, 7)
+    stream = b'data: {"output_ids": [5]}\n\ndata: {"output_ids": [5, 6]}\n\ndata: [DONE]\n\n'
+    assert parse_stream(200, stream, False, 0.1).output_ids == (5, 6)
+    assert parse_stream(400, b'{"error": {"message": "no"}}', False, 0.1).output_ids is None

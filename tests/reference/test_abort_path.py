@@ -1,0 +1,132 @@
+"""The content check's abort step against real reference engines behind a PD router.
+
+``KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1`` on the decode engine: an aborted request's KV
+transfer lands in its freed pages after the next request's own KV, so the request after an abort
+decodes the aborted prompt (HTTP 200, wrong tokens). Every length probe still passes on it; only
+the abort step (a known-answer request, a request dropped mid-flight, the known answer again)
+sees it. The router here does what smg does with a client's disconnect: it closes both legs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+from factories.model_deployments import spec_of
+from kvgate.controller.content_check import check_through
+from kvgate.verify import content_probe
+from kvgate.verify.content_probe import REASON_FAILED, REASON_PASSED, Expect
+from kvgate_engine.reference.engine import STALE_KV_AFTER_ABORT
+
+if TYPE_CHECKING:
+    from conftest import EngineLauncher, RunningEngine
+
+# The e2e sample's model and context: the longest probe takes long enough (~2 s here) that a
+# drop half way through it lands while the engines hold the request.
+CONTEXT = 131_072
+GPU = {"KVGATE_GPU_MEMORY_GIB": "40"}  # a pool a little over the context
+SPEC = spec_of(
+    model={"name": "llama-3.1-8b", "path": "/models/llama-3.1-8b", "contextLength": CONTEXT},
+    safety={"contentProbe": {"lengths": [100]}},
+)
+FIELDS = {"namespace": "t", "deployment": "tiny", "revision": "r1"}
+
+
+@contextlib.asynccontextmanager
+async def pd_router(prefill: RunningEngine, decode: RunningEngine) -> AsyncIterator[str]:
+    """A PD router on loopback: both legs at once, decode's answer relayed; the client's
+    disconnect cancels the handler, which closes both legs' connections."""
+    rooms = itertools.count(1)
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body: dict[str, Any] = await request.json()
+        body.update(
+            bootstrap_host=prefill.host,
+            bootstrap_port=prefill.bootstrap_port,
+            bootstrap_room=next(rooms),
+        )
+        async with aiohttp.ClientSession() as session:
+            prefill_leg = asyncio.create_task(_drain(session, f"{prefill.url}/generate", body))
+            try:
+                async with session.post(f"{decode.url}/generate", json=body) as leg:
+                    out = web.StreamResponse(status=leg.status)
+                    out.content_type = leg.content_type
+                    await out.prepare(request)
+                    async for chunk in leg.content.iter_any():
+                        await out.write(chunk)
+                    await out.write_eof()
+                await prefill_leg
+            finally:
+                prefill_leg.cancel()
+        return out
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _drain(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> None:
+    async with session.post(url, json=body) as leg:
+        await leg.read()
+
+
+async def pair(engines: EngineLauncher, decode_env: dict[str, str]) -> tuple[RunningEngine, ...]:
+    flags = ("--model-path", "llama-3.1-8b", "--mem-fraction-static", "0.85")
+    flags += ("--context-length", str(CONTEXT))
+    prefill = engines.spawn(*flags, role="prefill", env=GPU)
+    decode = engines.spawn(*flags, role="decode", env={**GPU, **decode_env})
+    await engines.wait_healthy(prefill, decode)
+    return prefill, decode
+
+
+async def content_check(engines: EngineLauncher, decode_env: dict[str, str]) -> Any:
+    prefill, decode = await pair(engines, decode_env)
+    _, info = await engines.get_json(f"{decode.url}/server_info")
+    async with pd_router(prefill, decode) as url:
+        return await check_through(url, "r1", SPEC, info["max_total_num_tokens"], {}, FIELDS)
+
+
+async def test_a_decode_that_lands_an_aborted_transfer_in_the_next_request_fails_the_check(
+    engines: EngineLauncher,
+) -> None:
+    verdict = await content_check(engines, {STALE_KV_AFTER_ABORT: "1"})
+    assert verdict.reason == REASON_FAILED, verdict.message
+    by_expect = {f.request.expect: f for f in verdict.findings}
+    # Every length probe passed: the pool and length admission are honest.
+    lengths = [f for f in verdict.findings if f.request.expect in (Expect.ANSWER, Expect.REFUSAL)]
+    assert len(lengths) == 3 and all(f.passed for f in lengths), verdict.message
+    assert by_expect[Expect.ABORT].passed, verdict.message  # it was dropped mid-flight
+    before, after = [f for f in verdict.findings if f.request.expect is Expect.KNOWN_ANSWER]
+    # The reference model copies the prompt: the known answer is its first 8 ids, and after
+    # the abort the request decodes the aborted prompt, which starts one id later.
+    prompt = content_probe.prompt_ids(9)
+    assert before.passed and before.answer.output_ids == tuple(prompt[:8])
+    assert not after.passed and not after.undecided
+    assert after.answer.http_status == 200 and after.answer.output_ids == tuple(prompt[1:9])
+    assert "abort-path contamination" in verdict.message, verdict.message
+    assert f"want output_ids [{', '.join(map(str, prompt[:8]))}]" in verdict.message
+    assert "release their KV cleanly" in verdict.message
+
+
+async def test_honest_engines_give_the_known_answer_after_an_abort(
+    engines: EngineLauncher,
+) -> None:
+    verdict = await content_check(engines, {})
+    assert verdict.reason == REASON_PASSED, verdict.message
+    expects = [f.request.expect for f in verdict.findings]
+    assert expects[-3:] == [Expect.KNOWN_ANSWER, Expect.ABORT, Expect.KNOWN_ANSWER], expects
+    assert "connection closed" in verdict.findings[-2].summary
+    assert verdict.findings[-1].answer.output_ids == verdict.findings[-3].answer.output_ids
