@@ -61,9 +61,11 @@ def test_the_share_is_the_targets_part_of_the_ready_routers() -> None:
     assert share_percent(0, 0) == 0
 
 
-def test_generation_responses_are_counted_and_other_paths_and_client_hangups_are_not() -> None:
+def test_generation_responses_are_counted_and_other_paths_are_not() -> None:
     counters = counters_from_metrics("router-a", SMG_METRICS)
-    assert counters == RouterCounters("router-a", requests=52, errors=2, rejected=3)
+    # 2 503s and 5 499s failed (smg cannot tell a client that went away from a request it
+    # dropped), 3 400s refused; /health and the 404 are not generation requests.
+    assert counters == RouterCounters("router-a", requests=57, errors=7, rejected=3)
 
 
 def test_a_restarted_router_counts_from_zero_and_a_new_one_from_its_first_request() -> None:
@@ -133,3 +135,57 @@ async def test_the_step_check_reads_a_router_exposition_to_its_end() -> None:
     async with serving_app(app) as url:
         text = await fetch_text(f"{url}/metrics")
     assert text.endswith(tail) and len(text) == len(head) + len(tail)
+
+
+# What smg 1.13 exposes after streamed generation requests whose decode engine broke its stream
+# after the 200 head (recorded from a real `smg launch --pd-disaggregation` in front of an
+# engine that closed the connection mid-body): smg ends its own stream cleanly with an in-band
+# ``{"error": {"type": "stream_error"}}`` event, so the response is counted as a 200 with no
+# error code; only ``smg_router_request_errors_total`` counts the broken stream (backend_error).
+# A non-streamed 500 from decode is counted in both series; a prefill 400 is a
+# validation_error.
+SMG_BROKEN_STREAMS = """\
+smg_http_responses_total{path="/generate",status_code="200",error_code=""} 10
+smg_http_responses_total{path="/v1/chat/completions",status_code="200",error_code=""} 4
+smg_http_responses_total{path="/generate",status_code="500",error_code="decode_internal_error"} 1
+smg_http_responses_total{path="/generate",status_code="400",error_code="prefill_bad_request"} 2
+smg_router_request_errors_total{router_type="http",backend_type="pd",connection_mode="http",\
+model="m",endpoint="generate",error_type="backend_error"} 6
+smg_router_request_errors_total{router_type="http",backend_type="pd",connection_mode="http",\
+model="m",endpoint="chat",error_type="backend_error"} 3
+smg_router_request_errors_total{router_type="http",backend_type="pd",connection_mode="http",\
+model="m",endpoint="generate",error_type="validation_error"} 2
+smg_router_request_errors_total{router_type="http",backend_type="pd",connection_mode="http",\
+model="m",endpoint="responses",error_type="backend_error"} 50
+""".replace("\\\n", "")
+
+
+def test_streams_that_broke_after_a_200_head_count_as_failed() -> None:
+    counters = counters_from_metrics("router-a", SMG_BROKEN_STREAMS)
+    # 6 + 3 broken generation streams or decode 500s (the 500 is in both series: counted
+    # once); the 400s are refusals; a non-generation endpoint's errors are not the step's.
+    assert counters == RouterCounters("router-a", requests=17, errors=9, rejected=2)
+    check = check_step([], [counters], max_error_percent=1.0, max_rejected_percent=100.0)
+    assert check.failure == (
+        "9 of 17 requests failed (52.9 % > rollout.stepCheck.maxErrorPercent=1)"
+    )
+
+
+def test_a_2xx_response_that_smg_labels_stream_error_counts_as_failed() -> None:
+    text = (
+        'smg_http_responses_total{path="/generate",status_code="200",error_code=""} 7\n'
+        'smg_http_responses_total{path="/generate",status_code="200",error_code="stream_error"} 3\n'
+    )
+    assert counters_from_metrics("r", text) == RouterCounters("r", 10, 3, 0)
+
+
+def test_a_499_counts_as_failed_since_smg_gives_a_dropped_request_the_same_labels() -> None:
+    # smg 1.13: "a request whose client closed the connection first counts as status_code 499
+    # with error_code client_closed_request, as does the rare request the server dropped
+    # unanswered (a handler panic, a forced shutdown)": the labels cannot tell them apart.
+    text = (
+        'smg_http_responses_total{path="/generate",status_code="200",error_code=""} 95\n'
+        'smg_http_responses_total{path="/generate",status_code="499",'
+        'error_code="client_closed_request"} 5\n'
+    )
+    assert counters_from_metrics("r", text) == RouterCounters("r", 100, 5, 0)

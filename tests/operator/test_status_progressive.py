@@ -26,7 +26,7 @@ def test_a_step_is_recorded_and_the_next_pass_reads_it_back() -> None:
         "startedAt": "2026-11-05T12:00:00Z",
         "servingRouterReplicas": 3,
         "baseline": [{"pod": "router-x", "requests": 40, "errors": 1, "rejected": 2}],
-        "check": "20 requests, 0 failed (5xx, 0.0 %), 0 refused (4xx, 0.0 %)",
+        "check": "20 requests, 0 failed (5xx, 499, broken streams: 0.0 %), 0 refused (4xx, 0.0 %)",
     }
     assert rollout_record(status).step == record
 

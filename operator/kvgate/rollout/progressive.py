@@ -7,9 +7,23 @@ connection with equal probability, so the target's share of new connections is t
 ready routers to all ready routers: ``split_routers`` picks the router counts whose ratio is
 closest to the step's weight, using at most ``maxSplitRouters`` routers in all.
 
-The step check reads each of the target's router pods' ``smg_http_responses_total`` counters
-(smg 1.13: labels path, status_code, error_code) for the generation paths, and compares them
-with the counts recorded when the step began (a pod that restarted counts from zero).
+The step check reads each of the target's router pods' counters for the generation paths and
+compares them with the counts recorded when the step began (a pod that restarted counts from
+zero). What smg 1.13 writes (observed on a real ``smg launch --pd-disaggregation``):
+
+- ``smg_http_responses_total{path, status_code, error_code}`` records the status of the
+  response *head*. A 5xx failed. So did a 499 (``client_closed_request``): smg gives a request
+  it dropped unanswered (a handler panic, a forced shutdown) the same labels as one whose client
+  went away, so kvgate cannot tell them apart and counts both (the unsafe direction is passing a
+  failing revision). A 2xx with an error code (``stream_error``: a body that broke after its
+  head) failed too;
+- a decode stream that breaks after its 200 head is not labelled so in PD mode: smg ends its own
+  stream cleanly with an in-band ``{"error": {"type": "stream_error"}}`` event and counts a 200
+  with no error code; only ``smg_router_request_errors_total{endpoint, error_type="backend_error"}``
+  counts it. A non-streamed 5xx from decode is counted in both series, so the failures are the
+  larger of the two counts, never their sum (a lower bound when both kinds happen at once);
+- a stream the engine itself ends cleanly with an error event (SGLang's in-band error, an abort
+  finish reason) is a plain 200 in every smg series: the router's counters cannot see it.
 """
 
 from __future__ import annotations
@@ -19,7 +33,11 @@ from dataclasses import dataclass
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 RESPONSES_METRIC = "smg_http_responses_total"
-CLIENT_CLOSED = "499"  # smg's "client closed the connection first": neither answer nor error
+ROUTER_ERRORS_METRIC = "smg_router_request_errors_total"
+# smg_router_request_errors_total's endpoint label for GENERATION_PATHS
+GENERATION_ENDPOINTS = frozenset({"generate", "completions", "chat"})
+BACKEND_ERROR = "backend_error"  # an upstream engine failed, before or after its head
+CLIENT_CLOSED = "499"  # the client went away, or smg dropped the request unanswered
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,7 @@ class StepCheck:
 
     def summary(self) -> str:
         return (
-            f"{self.requests:,} requests, {self.errors:,} failed (5xx, "
+            f"{self.requests:,} requests, {self.errors:,} failed (5xx, 499, broken streams: "
             f"{self.error_percent:.1f} %), {self.rejected:,} refused (4xx, "
             f"{self.rejected_percent:.1f} %)"
         )
@@ -86,29 +104,45 @@ def share_percent(serving_routers: int, target_routers: int) -> int:
 
 def counters_from_metrics(pod: str, text: str) -> RouterCounters:
     """Sum one router's generation-path responses from its Prometheus text exposition."""
-    requests = errors = rejected = 0
+    requests = failed = rejected = broken = 0
     for line in text.splitlines():
-        if not line.startswith(RESPONSES_METRIC + "{"):
+        sample = _sample(line)
+        if sample is None:
             continue
-        labels_end = line.rfind("}")
-        if labels_end < 0:
+        metric, labels, value = sample
+        if metric == ROUTER_ERRORS_METRIC:
+            if (
+                labels.get("endpoint") in GENERATION_ENDPOINTS
+                and labels.get("error_type") == BACKEND_ERROR
+            ):
+                broken += value
             continue
-        labels = _labels(line[len(RESPONSES_METRIC) + 1 : labels_end])
         if labels.get("path") not in GENERATION_PATHS:
             continue
-        try:
-            value = int(float(line[labels_end + 1 :].split()[0]))
-        except (IndexError, ValueError):
-            continue
         status = labels.get("status_code", "")
-        if status == CLIENT_CLOSED:
-            continue
         requests += value
-        if status.startswith("5"):
-            errors += value
+        if status.startswith("5") or status == CLIENT_CLOSED:
+            failed += value
+        elif status.startswith("2") and labels.get("error_code"):
+            failed += value  # smg's stream_error: the body broke after a 2xx head
         elif status.startswith("4"):
             rejected += value
-    return RouterCounters(pod, requests, errors, rejected)
+    return RouterCounters(pod, requests, max(failed, broken), rejected)
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], int] | None:
+    """``metric{labels} value`` of one of the two counters the step check reads, else None."""
+    metric, brace, rest = line.partition("{")
+    if not brace or metric not in (RESPONSES_METRIC, ROUTER_ERRORS_METRIC):
+        return None
+    labels_end = rest.rfind("}")
+    if labels_end < 0:
+        return None
+    try:
+        value = int(float(rest[labels_end + 1 :].split()[0]))
+    except (IndexError, ValueError):
+        return None
+    return metric, _labels(rest[:labels_end]), value
 
 
 def _labels(raw: str) -> dict[str, str]:
