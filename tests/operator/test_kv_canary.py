@@ -7,6 +7,7 @@ server's pods/log (``follow=true&timestamps=true``), pods/status and events endp
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 from factories.model_deployments import NOW, md_doc
-from kvgate.api import labels
+from kvgate.api import labels, multinode
 from kvgate.controller import kv_canary_watch
 from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
 from kvgate.verify import kv_canary
@@ -258,4 +260,149 @@ async def test_a_log_that_cannot_be_read_is_retried_with_a_growing_back_off(
     finally:
         kv_canary_watch.on_pod_event(rt, "DELETED", pod)
         await api.close()
+        await runner.cleanup()
+
+
+def test_a_violation_keeps_the_rank_sglang_logged_it_on() -> None:
+    found = kv_canary.parse_line(f"2026-11-05T12:00:00Z [2026-11-05 12:00:00 DP0 TP3] {VIOLATION}")
+    assert found is not None and found.ranks == "DP0 TP3"
+    assert kv_canary.parse_line(VIOLATION) is not None
+    assert kv_canary.parse_line(VIOLATION).ranks is None  # type: ignore[union-attr]
+
+
+# ------------------------------------------------ a multi-node engine: a worker rank's own log
+LEADER, LEADER_UID = "llama-abc-decode-0", "uid-leader-0"
+WORKER, WORKER_UID, GROUP_STS_UID = "llama-abc-decode-0-1", "uid-worker-1", "uid-sts-0"
+
+
+def group_pods() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A verified leader (rank 0) and its worker (node rank 1), as LeaderWorkerSet makes them:
+    the worker is controlled by the StatefulSet <lws>-<g>, which the leader pod controls."""
+    group = {
+        multinode.LWS_NAME_LABEL: "llama-abc-decode",
+        multinode.GROUP_INDEX_LABEL: "0",
+    }
+    leader = verified_pod()
+    leader["metadata"].update(name=LEADER, uid=LEADER_UID)
+    leader["metadata"]["labels"].update(group, **{multinode.WORKER_INDEX_LABEL: "0"})
+    worker: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": WORKER,
+            "namespace": NS,
+            "uid": WORKER_UID,
+            "labels": {
+                labels.DEPLOYMENT: "llama",
+                labels.ROLE: "decode",
+                labels.COMPONENT: multinode.COMPONENT_WORKER,
+                labels.MANAGED_BY: labels.MANAGED_BY_VALUE,
+                multinode.WORKER_INDEX_LABEL: "1",
+                **group,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "StatefulSet",
+                    "name": LEADER,
+                    "uid": GROUP_STS_UID,
+                    "controller": True,
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": "engine", "ready": False, "restartCount": 0, "state": {"running": {}}}
+            ],
+        },
+    }
+    return leader, worker
+
+
+async def test_a_violation_on_a_worker_rank_turns_its_leaders_gate_false(
+    served: tuple[FakeApiServer, Runtime],
+) -> None:
+    """SGLang's every rank logs its own canary violations; a node-rank-1 pod runs only
+    schedulers, so its log is the only place a corrupt slot there shows. The group's gate is
+    the leader's: it turns False naming the worker pod and its rank, with an Event and the
+    metric."""
+    fake, rt = served
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": LEADER,
+            "namespace": NS,
+            "uid": GROUP_STS_UID,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": LEADER,
+                    "uid": LEADER_UID,
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    leader_patches: list[dict[str, Any]] = []
+
+    async def get_statefulset(request: web.Request) -> web.Response:
+        return web.json_response(statefulset)
+
+    async def leader_status(request: web.Request) -> web.Response:
+        leader_patches.append(await request.json())
+        return web.json_response({"metadata": {"uid": LEADER_UID}})
+
+    app = web.Application()
+    app.router.add_get(f"/api/v1/namespaces/{NS}/pods/{WORKER}/log", fake.log)
+    app.router.add_get(f"/apis/apps/v1/namespaces/{NS}/statefulsets/{LEADER}", get_statefulset)
+    app.router.add_patch(f"/api/v1/namespaces/{NS}/pods/{LEADER}/status", leader_status)
+    app.router.add_post(f"/api/v1/namespaces/{NS}/events", fake.event)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    rt.api = KubeApi(Credentials(server=f"http://127.0.0.1:{port}"))
+    leader, worker = group_pods()
+    rt.pods[LEADER_UID] = leader
+    series = ("models", "llama", WORKER, "decode")
+    before = metrics.KV_CANARY_VIOLATIONS.labels(*series)._value.get()
+    try:
+        kv_canary_watch.on_worker_event(rt, "ADDED", worker)
+        await fake.lines.put(f"2026-11-05T12:00:01.000000001Z {STATS_OK}")  # then dropped
+        line = f"2026-11-05T12:00:03.000000001Z [2026-11-05 12:00:03 TP1] {VIOLATION}"
+        await fake.lines.put(line)
+        deadline = time.monotonic() + 10
+        while not (leader_patches and fake.events) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert leader_patches, "the leader's gate was never written"
+        condition = leader_patches[0]["status"]["conditions"][0]
+        assert condition["type"] == labels.ENGINE_VERIFIED and condition["status"] == "False"
+        assert condition["reason"] == "KvCanaryViolation"
+        message = condition["message"]
+        assert f"worker pod {WORKER} (node rank 1, TP1)" in message, message
+        assert "launch_tag=HEAD_K_FULL" in message and f"leader pod {LEADER}" in message
+        assert fake.events[0]["reason"] == "KvCanaryViolation"
+        assert WORKER in fake.events[0]["message"]
+        assert metrics.KV_CANARY_VIOLATIONS.labels(*series)._value.get() == before + 1
+        # Sticky on the leader: its next Safe verdict cannot turn the group's gate True again.
+        safe = {"type": labels.ENGINE_VERIFIED, "status": "True", "reason": "EngineVerified"}
+        kept = kv_canary_watch.override(leader, safe, NOW)
+        assert kept is not None and kept["reason"] == "KvCanaryViolation"
+        # A replaced worker pod (new uid) gets a follower of its own.
+        kv_canary_watch.on_worker_event(rt, "DELETED", worker)
+        replaced = copy.deepcopy(worker)
+        replaced["metadata"]["uid"] = "uid-worker-1b"
+        kv_canary_watch.on_worker_event(rt, "ADDED", replaced)
+        count = len(fake.log_requests)
+        while len(fake.log_requests) == count and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert len(fake.log_requests) == count + 1
+        kv_canary_watch.on_worker_event(rt, "DELETED", replaced)
+    finally:
+        kv_canary_watch.on_pod_event(rt, "DELETED", leader)
+        await rt.api.close()
         await runner.cleanup()

@@ -11,6 +11,13 @@ With ``safety.kvCanary`` on, one follower per verified engine pod streams
   backoff with ``sinceTime`` = the last line's timestamp; a new operator process reads the log
   from the start, so a violation logged while it was down still trips the gate.
 
+A multi-node engine's worker pods (``component=engine-worker``, node rank 1 and up) run only
+SGLang schedulers, and each rank logs its own violations, so every worker is followed too, from
+its engine's start (a worker has no gate of its own). Its violation trips the group's leader: the
+leader is the pod that controls the worker's StatefulSet (the proof LeaderWorkerSet gives, as in
+kvgate.verify.group_gate), and its gate carries the worker pod and its rank. A replaced worker
+pod (a new uid) gets a follower of its own.
+
 The first violation turns the pod's ``kvgate.io/engine-verified`` condition False with reason
 ``KvCanaryViolation`` (so it leaves the Service endpoints and smg drops the worker), posts a
 Warning Event on the ModelDeployment, counts ``kvgate_kv_canary_violations_total`` and logs.
@@ -24,19 +31,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
-from kvgate.api import labels
+from kvgate.api import labels, multinode
 from kvgate.api.models import API_VERSION, KIND, ModelDeploymentSpec
 from kvgate.controller.runtime import Runtime, spawn
 from kvgate.kube import metrics
+from kvgate.rollout.ownership import controller_of
 from kvgate.verify import gate, kv_canary
 from kvgate.verify.kv_canary import CanaryViolation, LineSplitter
+from kvgate.verify.lws_identity import statefulset_name
 
 log = logging.getLogger("kvgate.verify.kv_canary")
 Pod = dict[str, Any]
@@ -48,6 +57,8 @@ _sleep = asyncio.sleep  # the reconnect wait (tests record it)
 _tripped: dict[str, CanaryViolation] = {}
 # pod uid -> its follower task
 _followers: dict[str, asyncio.Task[None]] = {}
+# worker pod uid -> its latest body (multi-node workers are kopf's events, not rt.pods)
+_workers: dict[str, Pod] = {}
 
 
 def tripped(uid: str) -> CanaryViolation | None:
@@ -102,6 +113,38 @@ def on_pod_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
     _followers[uid] = spawn(follow(rt, uid), name=f"canary-{gate.pod_name(pod)}")
 
 
+def on_worker_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
+    """A multi-node engine's worker pod: follow its engine's log once the container started (its
+    MD has safety.kvCanary); stop when the pod is deleted."""
+    meta = pod.get("metadata", {})
+    uid = str(meta.get("uid", ""))
+    if not uid:
+        return
+    if event_type == "DELETED":
+        _workers.pop(uid, None)
+        task = _followers.pop(uid, None)
+        if task is not None:
+            task.cancel()
+        _tripped.pop(uid, None)
+        return
+    if (meta.get("labels") or {}).get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE:
+        return
+    _workers[uid] = pod
+    running = _followers.get(uid)
+    if running is not None and not running.done():
+        return
+    if uid in _tripped or not _engine_started(pod) or not _canary_on(rt, pod):
+        return
+    _followers[uid] = spawn(follow(rt, uid), name=f"canary-{gate.pod_name(pod)}")
+
+
+def _engine_started(pod: Pod) -> bool:
+    """The engine container has (or had) a log to read."""
+    status = gate.engine_container_status(pod) or {}
+    state = status.get("state") or {}
+    return "running" in state or "terminated" in state or int(status.get("restartCount", 0)) > 0
+
+
 def log_path(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata", {})
     return f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}/log"
@@ -116,8 +159,7 @@ async def follow(rt: Runtime, uid: str) -> None:
     request every RECONNECT_SECONDS[-1], not two a second."""
     last_stamp: str | None = None
     attempt = 0
-    while uid in rt.pods and uid not in _tripped:
-        pod = rt.pods[uid]
+    while (pod := rt.pods.get(uid) or _workers.get(uid)) is not None and uid not in _tripped:
         params = {"container": gate.ENGINE_CONTAINER, "follow": "true", "timestamps": "true"}
         since = kv_canary.resume_from(last_stamp)
         if since is not None:
@@ -127,7 +169,7 @@ async def follow(rt: Runtime, uid: str) -> None:
             stream = await _read_stream(rt, pod, params, last_stamp)
             last_stamp, found, progressed = stream.last_stamp, stream.violation, stream.lines > 0
             if found is not None:
-                await trip(rt, pod, found)
+                await (trip_group(rt, pod, found) if uid in _workers else trip(rt, pod, found))
                 return
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.debug("log stream of %s dropped: %s", gate.pod_name(pod), exc)
@@ -185,6 +227,18 @@ async def trip(rt: Runtime, pod: Pod, violation: CanaryViolation) -> None:
     if uid in _tripped:
         return
     _tripped[uid] = violation
+    metrics.KV_CANARY_VIOLATIONS.labels(
+        meta.get("namespace", ""),
+        meta.get("labels", {}).get(labels.DEPLOYMENT, ""),
+        gate.pod_name(pod),
+        gate.pod_role(pod),
+    ).inc()
+    await _report(rt, pod, violation)
+
+
+async def _report(rt: Runtime, pod: Pod, violation: CanaryViolation) -> None:
+    """The tripped pod's gate False, the log line, the Warning Event, and a wake of its MD."""
+    meta = pod.get("metadata", {})
     seen = time.monotonic()
     namespace, md_name = (
         meta.get("namespace", ""),
@@ -192,10 +246,9 @@ async def trip(rt: Runtime, pod: Pod, violation: CanaryViolation) -> None:
     )
     condition = override(pod, None, rt.clock())
     if condition is not None:
-        await rt.api.patch_pod_condition(namespace, meta.get("name", ""), uid, condition)
-    metrics.KV_CANARY_VIOLATIONS.labels(
-        namespace, md_name, gate.pod_name(pod), gate.pod_role(pod)
-    ).inc()
+        await rt.api.patch_pod_condition(
+            namespace, meta.get("name", ""), str(meta.get("uid", "")), condition
+        )
     text = f"{gate.pod_role(pod)} pod {gate.pod_name(pod)}: {kv_canary.message(violation)}"
     log.warning(
         "KV canary violation: %s (gate False %.3f s after the line was read)",
@@ -212,3 +265,57 @@ async def trip(rt: Runtime, pod: Pod, violation: CanaryViolation) -> None:
     except Exception as exc:  # best effort: the gate is what protects traffic
         log.warning("could not post event %s: %s", kv_canary.REASON, exc)
     rt.wake_md(namespace, md_name)
+
+
+async def trip_group(rt: Runtime, worker: Pod, violation: CanaryViolation) -> None:
+    """A worker rank's violation: its group leader's gate False (KvCanaryViolation, naming the
+    worker and its rank), Event, metric (on the worker's series), log: once per worker."""
+    meta = worker.get("metadata", {})
+    uid, namespace = str(meta.get("uid", "")), str(meta.get("namespace", ""))
+    if uid in _tripped:
+        return
+    _tripped[uid] = violation
+    leader_uid = await _leader_uid(rt, worker)
+    leader = rt.pods.get(leader_uid) if leader_uid else None
+    metrics.KV_CANARY_VIOLATIONS.labels(
+        namespace,
+        (meta.get("labels") or {}).get(labels.DEPLOYMENT, ""),
+        gate.pod_name(worker),
+        gate.pod_role(worker),
+    ).inc()
+    if leader_uid is None:
+        log.warning(
+            "KV canary violation on %s, whose group leader cannot be proven (its controller is "
+            "not a StatefulSet controlled by a pod): %s",
+            gate.pod_name(worker),
+            kv_canary.message(violation),
+        )
+        return
+    node_rank = str((meta.get("labels") or {}).get(multinode.WORKER_INDEX_LABEL, "?"))
+    leader_name = gate.pod_name(leader) if leader is not None else "(not seen yet)"
+    found = replace(
+        violation, worker_pod=gate.pod_name(worker), node_rank=node_rank, leader_pod=leader_name
+    )
+    if leader_uid in _tripped:
+        return  # the group is already out (an Event on transitions only)
+    _tripped[leader_uid] = found  # kept False by ``override`` once the leader is seen
+    if leader is not None:
+        await _report(rt, leader, found)
+        rt.pod_wake(leader_uid).set()
+
+
+async def _leader_uid(rt: Runtime, worker: Pod) -> str | None:
+    """The uid of the pod that controls the worker's StatefulSet (LeaderWorkerSet's group
+    leader), read from the API server; None when the chain does not hold."""
+    ref = controller_of(worker)
+    name = statefulset_name(worker)
+    if ref is None or name is None:
+        return None
+    namespace = str(worker.get("metadata", {}).get("namespace", ""))
+    statefulset = await rt.api.get("StatefulSet", namespace, name)
+    if statefulset is None or statefulset.get("metadata", {}).get("uid") != ref.get("uid"):
+        return None
+    owner = controller_of(statefulset)
+    if owner is None or owner.get("kind") != "Pod" or not owner.get("uid"):
+        return None
+    return str(owner["uid"])

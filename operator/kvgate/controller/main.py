@@ -36,7 +36,14 @@ from prometheus_client import start_http_server
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import labels, multinode
 from kvgate.api.models import GROUP, PLURAL, VERSION
-from kvgate.controller import deployments, engine_pods, group_verify, md_loops, router_workers
+from kvgate.controller import (
+    deployments,
+    engine_pods,
+    group_verify,
+    kv_canary_watch,
+    md_loops,
+    router_workers,
+)
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import http_pool, metrics
 from kvgate.kube.k8s import Credentials, KubeApi, load_credentials
@@ -168,8 +175,11 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
         "", "v1", "pods", labels={labels.COMPONENT: multinode.COMPONENT_WORKER}, registry=registry
     )
     async def engine_worker_event(event: kopf.RawEvent, **_: Any) -> None:
-        # A multi-node engine's worker: wake its leader's verifier (kvgate.verify.group_gate).
-        group_verify.on_worker_event(_rt(), event.get("type"), dict(event["object"]))
+        # A multi-node engine's worker: wake its leader's verifier (kvgate.verify.group_gate),
+        # and follow its ranks' log for SGLang's KV canary (safety.kvCanary).
+        worker = dict(event["object"])
+        group_verify.on_worker_event(_rt(), event.get("type"), worker)
+        kv_canary_watch.on_worker_event(_rt(), event.get("type"), worker)
 
     @kopf.on.event(
         "", "v1", "pods", labels={labels.COMPONENT: labels.COMPONENT_ROUTER}, registry=registry

@@ -13,9 +13,17 @@ metric). The two line shapes, from the 0.5.23 source:
   ``[canary] step=%d protected_tokens=%d sweep_passes=%d violations=%d launch_tags_active=%d/%d``
   where ``violations`` is the running total (the device ring's write index).
 
-Each line carries SGLang's prefix ``[2026-11-05 12:00:00 TP0] `` (``configure_logger``), and the
-pods/log API adds an RFC 3339 timestamp when asked (``timestamps=true``), which is what a
-follower resumes from. Either shape with a violation count above zero trips the gate.
+Each line carries SGLang's prefix ``[2026-11-05 12:00:00 TP0] `` (``configure_logger``; the
+scheduler adds its ranks: `` DP<d>``, `` PP<p>``, `` TP<t>``, `` EP<e>`` when that size is above
+one, ``managers/scheduler.py``), and the pods/log API adds an RFC 3339 timestamp when asked
+(``timestamps=true``), which is what a follower resumes from. Either shape with a violation
+count above zero trips the gate.
+
+Every tensor-parallel rank's ModelRunner installs the canary in its own scheduler process and
+logs its own violations, with no rank filter (``kv_canary/runner/violation_reporter.py``). A
+multi-node engine's pods of node rank 1 and up run only schedulers, so a corrupt slot on one of
+their ranks shows only in that pod's log: each worker pod is followed too, and its violation
+turns its group leader's gate False (``worker_pod``, ``node_rank``, ``leader_pod``).
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ STATS_RE = re.compile(
     r"\[canary\] step=(?P<step>\d+) protected_tokens=\d+ sweep_passes=\d+ "
     r"violations=(?P<violations>\d+) "
 )
+# SGLang's log prefix with the scheduler's ranks: ``[2026-11-05 12:00:00 DP0 TP3] ``.
+RANKS_RE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: [A-Z_]+\d+)+)\] ")
 # The pods/log API's timestamps=true prefix: RFC 3339 with nanoseconds, then one space.
 TIMESTAMP_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)) ")
 
@@ -51,6 +61,11 @@ class CanaryViolation:
     position: int | None = None
     total: int | None = None  # violations=N of a stats line
     logged_at: str | None = None  # the pods/log timestamp of the line
+    ranks: str | None = None  # the scheduler's ranks in SGLang's prefix ("TP3", "DP0 TP3")
+    # On a multi-node engine's worker pod: that pod, its node rank, and its group's leader.
+    worker_pod: str | None = None
+    node_rank: str | None = None
+    leader_pod: str | None = None
 
     def describe(self) -> str:
         if self.launch_tag is not None:
@@ -74,6 +89,8 @@ def parse_line(line: str) -> CanaryViolation | None:
     """A violation in one log line (with or without the pods/log timestamp), else None."""
     stamp, text = split_timestamp(line)
     shown = text.strip()[:MAX_DETAIL_CHARS]
+    prefix = RANKS_RE.search(text)
+    ranks = prefix.group("ranks").strip() if prefix is not None else None
     match = VIOLATION_RE.search(text)
     if match is not None:
         return CanaryViolation(
@@ -83,10 +100,12 @@ def parse_line(line: str) -> CanaryViolation | None:
             slot_idx=int(match.group("slot")),
             position=int(match.group("position")),
             logged_at=stamp,
+            ranks=ranks,
         )
     stats = STATS_RE.search(text)
     if stats is not None and int(stats.group("violations")) > 0:
-        return CanaryViolation(line=shown, total=int(stats.group("violations")), logged_at=stamp)
+        total = int(stats.group("violations"))
+        return CanaryViolation(line=shown, total=total, logged_at=stamp, ranks=ranks)
     return None
 
 
@@ -142,10 +161,22 @@ def resume_from(last_stamp: str | None) -> str | None:
 
 def message(violation: CanaryViolation) -> str:
     """The gate condition's and the Event's text (after ``<role> pod <name>: ``): what was
-    seen, and the way out."""
+    seen, where, and the way out."""
     when = f" at {violation.logged_at}" if violation.logged_at else ""
+    if violation.worker_pod is not None:
+        rank = f"node rank {violation.node_rank}" + (
+            f", {violation.ranks}" if violation.ranks else ""
+        )
+        return (
+            f"worker pod {violation.worker_pod} ({rank}) of this group: {violation.describe()}"
+            f"{when}: {violation.line!r}; the group's KV cache is corrupt, so the group takes no "
+            f"traffic. Delete the leader pod {violation.leader_pod} to replace the group "
+            "(LeaderWorkerSet recreates every rank, verified again); the canary follows every "
+            "rank's log while safety.kvCanary is true"
+        )
+    where = f" on {violation.ranks}" if violation.ranks else ""
     return (
-        f"{violation.describe()}{when}: {violation.line!r}; the "
+        f"{violation.describe()}{where}{when}: {violation.line!r}; the "
         "engine's KV cache is corrupt, so it takes no traffic. Delete the pod to replace it "
         "(its new engine is verified again); the canary follows every verified engine while "
         "safety.kvCanary is true"
