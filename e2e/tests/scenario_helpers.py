@@ -433,3 +433,26 @@ def operator_down(world: World) -> Iterator[dict[str, float]]:
         world.kubectl(*scale, f"--replicas={replicas}")
         world.wait_operator_ready()
         times["leader_ready"] = time.time()
+
+
+def operator_metrics(world: World) -> str:
+    """The leading operator's /metrics as Prometheus would scrape it."""
+    leader = world.operator_pod()
+    assert leader is not None, "no operator pod"
+    url = f"http://127.0.0.1:{world.forward(leader['status']['podIP'], 8080)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the first ``name`` series whose labels include ``labels`` (None: none)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        fields, _, value = line[len(name) + 1 :].rpartition("} ")
+        found = dict(
+            pair.split("=", 1) for pair in fields.replace('"', "").split(",") if "=" in pair
+        )
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(value)
+    return None

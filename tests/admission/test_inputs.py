@@ -413,8 +413,6 @@ def test_size_is_measured_after_the_api_servers_defaults_so_validate_and_webhook
     assert "rollout" in stored and stored["router"]["image"]  # filled in, as the server does
     stored["safety"]["headroom"] = 1  # Go writes the floats 1.0 and 15.0 as 1 and 15
     stored["model"]["weightsGiB"] = 15
-    for role in ("prefill", "decode"):
-        stored[role]["gpuReservedGiB"] = 1  # the CRD's default 1.0, as Go writes it
     stored["rollout"]["stepCheck"]["maxErrorPercent"] = 1  # 1.0 and 100.0, as Go writes them
     stored["rollout"]["stepCheck"]["maxRejectedPercent"] = 100
     assert spec_bytes(raw["spec"]) == spec_bytes(stored)

@@ -187,8 +187,9 @@ def test_an_allowed_document_shows_each_roles_estimate(
         assert (
             f"  estimate: {role} KV pool 427,212 tokens per engine ≥ 131,072 required "
             "(contextLength 131,072 × headroom 1.0), margin +225.9%; 80 GiB × TP 1, bfloat16, "
-            "memFractionStatic 0.85, weights 15 GiB (an estimate: every live engine is "
-            "verified)\n"
+            "memFractionStatic 0.85, weights 15 GiB, gpuReservedGiB 1 from kvgate's assumption, "
+            "not a measurement: SGLang subtracts no fixed reserve (an estimate: every live "
+            "engine is verified)\n"
         ) in out
     assert main(["validate", str(SAMPLE), "--json"]) == 0
     [document] = json.loads(capsys.readouterr().out)["documents"]

@@ -52,7 +52,9 @@ async def test_unsafe_model_deployment_is_denied_with_code_and_numbers(
     assert answer["response"]["allowed"] is False
     assert answer["response"]["status"]["code"] == DENIAL_CODE == 422
     assert answer["response"]["status"]["message"] == (
-        "spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072 × headroom 1.0; "
+        "spec.decode: estimated KV pool 44,236 tokens < contextLength 131,072 × headroom 1.0"
+        " (estimated with gpuReservedGiB 1 from kvgate's assumption, not a measurement: SGLang "
+        "subtracts no fixed reserve); "
         "raise decode.gpuMemoryGiB or decode.memFractionStatic, use kvCacheDtype fp8_e4m3, "
         "or lower contextLength; this shape holds at most contextLength 44,236; the smallest "
         "change that holds 131,072: decode.gpuMemoryGiB 40 (estimated pool 148,684 tokens)"

@@ -222,3 +222,73 @@ def test_promtool_rejects_a_wrong_expectation(
     result = run(promtool, "test", "rules", "tests.yaml", cwd=tmp_path)
     assert result.returncode != 0
     assert "llama-r1-decode-1" in result.stdout + result.stderr
+
+
+def operator_series(name: str, instance: str, values: str, **labels: str) -> dict[str, str]:
+    """A series from an operator replica's metrics target."""
+    return series(name, {"job": "kvgate-metrics", "instance": instance, **labels}, values)
+
+
+def drift(role: str, instance: str, values: str, deployment: str = "llama") -> dict[str, str]:
+    return operator_series(
+        "kvgate_kv_pool_estimate_drift_ratio",
+        instance,
+        values,
+        namespace="models",
+        deployment=deployment,
+        role=role,
+    )
+
+
+LEADER, STANDBY = "10.0.0.9:8080", "10.0.0.10:8080"
+DRIFT_TESTS: dict[str, Any] = {
+    "interval": "1m",
+    "input_series": [
+        operator_series("kvgate_leader", LEADER, "1x60"),
+        operator_series("kvgate_leader", STANDBY, "0x60"),
+        drift("decode", LEADER, "-0.15x60"),  # 15 % below the estimate: optimistic
+        drift("prefill", LEADER, "-0.05x60"),  # 5 % below: within the 10 % default
+        drift("decode", LEADER, "-0.02x9 -0.12x10 -0.02x40", "short"),  # 10 minutes only
+        # A replica that led before keeps its last series; only the leader's count.
+        drift("decode", STANDBY, "-0.5x60", "stale"),
+    ],
+    "alert_rule_test": [
+        # Pending until it has held for estimateOptimisticFor (30m).
+        {"eval_time": "29m", "alertname": "KvgateKvPoolEstimateOptimistic", "exp_alerts": []},
+        {
+            "eval_time": "31m",
+            "alertname": "KvgateKvPoolEstimateOptimistic",
+            "exp_alerts": [
+                {
+                    "exp_labels": {
+                        "severity": "warning",
+                        "namespace": "models",
+                        "deployment": "llama",
+                        "role": "decode",
+                    }
+                }
+            ],
+        },
+    ],
+}
+
+
+def test_an_optimistic_estimate_fires_for_the_role_below_the_threshold_on_the_leader_only(
+    promtool: Path, groups: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    write_tests(tmp_path, groups, [DRIFT_TESTS])
+    result = run(promtool, "test", "rules", "tests.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_alert_threshold_is_the_operators_drift_setting(helm: Helm) -> None:
+    rule = helm.template(
+        *ENABLED, "estimator.optimisticDriftPercent=25", api_versions=MONITORING
+    ).one("PrometheusRule")
+    (alert,) = [
+        r
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "KvgateKvPoolEstimateOptimistic"
+    ]
+    assert alert["expr"].endswith("< -25 / 100")

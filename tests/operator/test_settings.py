@@ -38,6 +38,8 @@ def settings_with(monkeypatch: pytest.MonkeyPatch, name: str, raw: str | None) -
 ACCEPTED: list[tuple[str, str | None, str, Any]] = [
     # variable, value (None: unset), attribute, what it becomes
     ("KVGATE_RECONCILE_SECONDS", UNSET, "reconcile_seconds", 5.0),
+    ("KVGATE_OPTIMISTIC_DRIFT_PERCENT", UNSET, "optimistic_drift_percent", 10.0),
+    ("KVGATE_OPTIMISTIC_DRIFT_PERCENT", "25", "optimistic_drift_percent", 25.0),
     ("KVGATE_RECONCILE_SECONDS", "", "reconcile_seconds", 5.0),
     ("KVGATE_RECONCILE_SECONDS", "1", "reconcile_seconds", 1.0),
     ("KVGATE_RECONCILE_SECONDS", "0.1", "reconcile_seconds", 0.1),
@@ -210,6 +212,16 @@ REFUSED: list[tuple[str, str, str]] = [
     ),
     *(
         (
+            "KVGATE_OPTIMISTIC_DRIFT_PERCENT",
+            raw,
+            f"KVGATE_OPTIMISTIC_DRIFT_PERCENT={raw!r} (the chart value "
+            "estimator.optimisticDriftPercent): must be a percentage between 0 and 100, e.g. 10; "
+            "unset it for the default, 10",
+        )
+        for raw in ("0", "100", "-5", "ten", "nan", "inf")
+    ),
+    *(
+        (
             "KVGATE_LOG_FORMAT",
             raw,
             f"KVGATE_LOG_FORMAT={raw!r}: must be one of json, text; unset it for the default, json",
@@ -324,3 +336,17 @@ def test_every_kvgate_variable_settings_reads_is_in_the_tables() -> None:
         | {name for name, *_ in LEADER}
     )
     assert read == tested
+
+
+def test_the_measured_gpu_reserves_reach_the_operator_and_a_wrong_table_stops_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """KVGATE_GPU_RESERVED_GIB_BY_PRODUCT (the chart value estimator.gpuReservedGiBByProduct,
+    read by kvgate.admission.gpu_reserve) is what the drift report and the embedded webhook use."""
+    name = "KVGATE_GPU_RESERVED_GIB_BY_PRODUCT"
+    assert settings_with(monkeypatch, name, None).gpu_reserved_gib_by_product == {}
+    table = settings_with(monkeypatch, name, '{"NVIDIA-H100-80GB-HBM3": 2.5}')
+    assert table.gpu_reserved_gib_by_product == {"NVIDIA-H100-80GB-HBM3": 2.5}
+    with pytest.raises(SystemExit) as exit_:
+        settings_with(monkeypatch, name, '{"NVIDIA-H100-80GB-HBM3": -1}')
+    assert "estimator.gpuReservedGiBByProduct" in str(exit_.value)

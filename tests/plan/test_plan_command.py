@@ -367,6 +367,7 @@ def test_file_with_a_short_role_says_how_far_and_the_single_change_that_fixes_it
     assert (
         "  decode (24 GiB × TP 1, auto, mem 0.85): KV pool 44,236 tokens, short by 86,836 tokens; "
         "largest safe contextLength on this shape 44,236\n"
+        "    estimated with gpuReservedGiB 0 from spec.decode.gpuReservedGiB\n"
         "    fix: decode.gpuMemoryGiB 40 (estimated pool 155,648 tokens)\n"
         "    or:  decode.tensorParallel 2 (estimated pool 211,353 tokens)\n"
         "    or:  model.contextLength 44,236\n"

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from kvgate.admission import names
 from kvgate.admission.engine_args import check_engine
 from kvgate.admission.engine_flags import check_engine_flag_values
+from kvgate.admission.gpu_reserve import GpuReserve, resolve_reserve, with_reserve
 from kvgate.admission.limits import size_message
 from kvgate.admission.model_source import check_model_source
 from kvgate.admission.plan_hint import pool_hint
@@ -42,6 +43,7 @@ from kvgate.admission.schema import parse_model, show_value
 from kvgate.admission.shape import check_group_names, check_shape
 from kvgate.api.models import (
     API_VERSION,
+    DEFAULT_GPU_RESERVED_GIB,
     DEFAULT_MIN_ENGINE_VERSION,
     KIND,
     MAX_GPUS_PER_NODE,
@@ -177,7 +179,7 @@ def check_finite(
             )
         )
     if not denials:
-        denials += _role_size_problems(spec)
+        denials += _role_size_problems(spec, policy)
     return denials, []
 
 
@@ -191,7 +193,7 @@ _ROLE_FIELDS = {
 }
 
 
-def _role_size_problems(spec: ModelDeploymentSpec) -> list[Problem]:
+def _role_size_problems(spec: ModelDeploymentSpec, policy: ClusterPolicy) -> list[Problem]:
     """The estimator's rules for each role's sizes (kvgate_engine.estimator.check_sizes, which
     `kvgate estimate` and `kvgate plan` apply too): what the schema cannot bound, such as a GPU
     larger than any, or a reserve that takes the whole GPU."""
@@ -199,13 +201,14 @@ def _role_size_problems(spec: ModelDeploymentSpec) -> list[Problem]:
     for role, role_spec in _roles(spec):
         if role_spec.gpu_memory_gi_b is None:
             continue
+        reserve = role_reserve(role, role_spec, policy)
         try:
             check_sizes(
                 gpu_memory_gib=role_spec.gpu_memory_gi_b,
                 tp=role_spec.tensor_parallel,
                 mem_fraction_static=role_spec.mem_fraction_static,
                 page_size=spec.engine.page_size,
-                gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
+                gpu_reserved_gib=reserve.gib,
                 weights_gib=spec.model.weights_gi_b,
                 max_total_tokens=role_spec.max_total_tokens,
             )
@@ -216,7 +219,10 @@ def _role_size_problems(spec: ModelDeploymentSpec) -> list[Problem]:
                 field = {"page_size": "spec.engine.pageSize"}.get(
                     error.parameter, "spec.model.weightsGiB"
                 )
-            problems.append(Problem(field, str(error)))
+            message = str(error)
+            if error.parameter == "gpu_reserved_gib":
+                message += f" ({reserve.describe()})"
+            problems.append(Problem(field, message))
     return problems
 
 
@@ -393,6 +399,11 @@ def _roles(spec: ModelDeploymentSpec) -> list[tuple[str, RoleSpec]]:
     return [(Role.PREFILL.value, spec.prefill), (Role.DECODE.value, spec.decode)]
 
 
+def role_reserve(role: str, role_spec: RoleSpec, policy: ClusterPolicy) -> GpuReserve:
+    """The GPU reserve the role's estimate takes, and where it came from."""
+    return resolve_reserve(role, role_spec, policy.gpu_reserved_gib_by_product)
+
+
 def _estimate_inputs(
     spec: ModelDeploymentSpec,
 ) -> tuple[dict[str, Any] | None, float | None, list[Problem]]:
@@ -441,7 +452,11 @@ def _estimate_role(
         page_size=spec.engine.page_size,
         weights_gib=weights_gib,
         max_total_tokens=role_spec.max_total_tokens,
-        gpu_reserved_gib=role_spec.gpu_reserved_gi_b,
+        gpu_reserved_gib=(
+            DEFAULT_GPU_RESERVED_GIB
+            if role_spec.gpu_reserved_gi_b is None
+            else role_spec.gpu_reserved_gi_b
+        ),
         engine_args=spec.engine.args,
         role=role,
     )
@@ -453,14 +468,15 @@ def _no_room_denial(
     role_spec: RoleSpec,
     gpu_memory_gib: float,
     weights_gib: float,
+    reserve: GpuReserve,
 ) -> Problem:
     """The weights alone fill the role's KV budget: the arithmetic, and what to raise."""
-    reserved = role_spec.gpu_reserved_gi_b
+    reserved = reserve.gib
     budget = (gpu_memory_gib - reserved) * role_spec.mem_fraction_static
     return Problem(
         f"spec.{role}",
         f"the weights leave no room for a KV pool: (gpuMemoryGiB "
-        f"{_gib(gpu_memory_gib)} − gpuReservedGiB {_gib(reserved)}) × "
+        f"{_gib(gpu_memory_gib)} − gpuReservedGiB {_gib(reserved)}, from {reserve.source}) × "
         f"memFractionStatic "
         f"{role_spec.mem_fraction_static:g} = {budget:,.2f} GiB per GPU, weights "
         f"{_gib(weights_gib)} GiB / tensorParallel {role_spec.tensor_parallel} = "
@@ -477,6 +493,7 @@ def _pool_too_small_denial(
     pool: int,
     required: int,
     weights_gib: float,
+    reserve: GpuReserve,
 ) -> Problem:
     """The estimated pool is below contextLength × headroom: the ways to enlarge it."""
     ways = [f"raise {role}.gpuMemoryGiB or {role}.memFractionStatic"]
@@ -493,7 +510,7 @@ def _pool_too_small_denial(
         needed += f" = {_n(required)}"
     return Problem(
         f"spec.{role}",
-        f"estimated KV pool {_n(pool)} tokens < {needed}; "
+        f"estimated KV pool {_n(pool)} tokens < {needed} (estimated with {reserve.describe()}); "
         + ", ".join(ways)
         + pool_hint(spec, role, role_spec, weights_gib),
     )
@@ -524,10 +541,12 @@ def check_estimated_pool(
     # A role whose maxTotalTokens cap is already denied is not estimated again.
     capped = {p.field for p in check_max_total_tokens(spec, policy)[0]}
     notes: set[str] = set()
-    for role, role_spec in _roles(spec):
-        gpu_memory_gib = role_spec.gpu_memory_gi_b
+    for role, given in _roles(spec):
+        gpu_memory_gib = given.gpu_memory_gi_b
         if gpu_memory_gib is None or f"spec.{role}.maxTotalTokens" in capped:
             continue
+        reserve = role_reserve(role, given, policy)
+        role_spec = with_reserve(given, reserve)
         try:
             estimate = _estimate_role(spec, role, role_spec, config, gpu_memory_gib, weights_gib)
             pool = estimate.kv_pool_tokens
@@ -536,7 +555,9 @@ def check_estimated_pool(
             if error.parameter == "engine_args":  # a state the engine flags size fills the GPU
                 denials.append(Problem("spec.engine.args", f"{role} engines: {error}"))
             else:
-                denials.append(_no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib))
+                denials.append(
+                    _no_room_denial(spec, role, role_spec, gpu_memory_gib, weights_gib, reserve)
+                )
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
             if not _denied_elsewhere(spec, role_spec, error):
@@ -544,7 +565,7 @@ def check_estimated_pool(
             continue
         if pool < required:
             denials.append(
-                _pool_too_small_denial(spec, role, role_spec, pool, required, weights_gib)
+                _pool_too_small_denial(spec, role, role_spec, pool, required, weights_gib, reserve)
             )
         elif pool < required * (1 + MARGIN_WARNING):
             warnings.append(_thin_margin_warning(spec, role, pool, required))
@@ -581,6 +602,7 @@ class RoleEstimate:
     kv_cache_dtype: str  # as SGLang resolves it
     mem_fraction_static: float
     weights_gib: float
+    reserve: GpuReserve
 
     def describe(self) -> str:
         margin = (self.kv_pool_tokens / self.required_pool_tokens - 1) * 100
@@ -589,8 +611,8 @@ class RoleEstimate:
             f"{self.required_pool_tokens:,} required (contextLength {self.context_length:,} × "
             f"headroom {self.headroom!r}), margin {margin:+.1f}%; {self.gpu_memory_gib:g} GiB × "
             f"TP {self.tensor_parallel}, {self.kv_cache_dtype}, memFractionStatic "
-            f"{self.mem_fraction_static:g}, weights {self.weights_gib:.4g} GiB (an estimate: "
-            "every live engine is verified)"
+            f"{self.mem_fraction_static:g}, weights {self.weights_gib:.4g} GiB, "
+            f"{self.reserve.describe()} (an estimate: every live engine is verified)"
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -603,12 +625,15 @@ class RoleEstimate:
             "kv_cache_dtype": self.kv_cache_dtype,
             "mem_fraction_static": self.mem_fraction_static,
             "weights_gib": self.weights_gib,
+            "gpu_reserved_gib": self.reserve.gib,
+            "gpu_reserved_gib_source": self.reserve.source,
         }
 
 
-def role_estimates(document: object) -> list[RoleEstimate]:
+def role_estimates(document: object, policy: ClusterPolicy | None = None) -> list[RoleEstimate]:
     """The estimate behind an allowed document's pool check, per role that has one (none when
     the spec lacks what the estimate needs; the warnings say which). Never raises."""
+    policy = policy if policy is not None else ClusterPolicy()
     try:
         if not isinstance(document, Mapping):
             return []
@@ -621,12 +646,13 @@ def role_estimates(document: object) -> list[RoleEstimate]:
         if required is None or config is None or weights_gib is None:
             return []
         found = []
-        for role, role_spec in _roles(spec):
-            if role_spec.gpu_memory_gi_b is None:
+        for role, given in _roles(spec):
+            gpu_memory_gib = given.gpu_memory_gi_b
+            if gpu_memory_gib is None:
                 continue
-            estimate = _estimate_role(
-                spec, role, role_spec, config, role_spec.gpu_memory_gi_b, weights_gib
-            )
+            reserve = role_reserve(role, given, policy)
+            role_spec = with_reserve(given, reserve)
+            estimate = _estimate_role(spec, role, role_spec, config, gpu_memory_gib, weights_gib)
             found.append(
                 RoleEstimate(
                     role=role,
@@ -634,16 +660,38 @@ def role_estimates(document: object) -> list[RoleEstimate]:
                     required_pool_tokens=required,
                     context_length=spec.model.context_length,
                     headroom=spec.safety.headroom,
-                    gpu_memory_gib=role_spec.gpu_memory_gi_b,
+                    gpu_memory_gib=gpu_memory_gib,
                     tensor_parallel=role_spec.tensor_parallel,
                     kv_cache_dtype=estimate.kv_cache_dtype,
                     mem_fraction_static=role_spec.mem_fraction_static,
                     weights_gib=estimate.weights_gib,
+                    reserve=reserve,
                 )
             )
         return found
     except Exception:  # a spec the estimator cannot size was warned about by the checks
         return []
+
+
+def estimated_role_pool(
+    spec: ModelDeploymentSpec, role: str, policy: ClusterPolicy
+) -> tuple[Estimate, GpuReserve] | None:
+    """The estimate admission judges ``role`` by, with the reserve it took; None when the spec
+    lacks an input (config, weights, gpuMemoryGiB) or the estimator cannot size it. Never
+    raises."""
+    given = spec.prefill if role == Role.PREFILL.value else spec.decode
+    gpu_memory_gib = given.gpu_memory_gi_b
+    config, weights_gib, _ = _estimate_inputs(spec)
+    if gpu_memory_gib is None or config is None or weights_gib is None:
+        return None
+    reserve = role_reserve(role, given, policy)
+    try:
+        estimate = _estimate_role(
+            spec, role, with_reserve(given, reserve), config, gpu_memory_gib, weights_gib
+        )
+    except Exception:  # a spec the estimator cannot size was warned about at admission
+        return None
+    return estimate, reserve
 
 
 CHECKS: tuple[Check, ...] = (

@@ -19,6 +19,7 @@ from kvgate_engine.command_output import envelope, print_json
 
 from kvgate.admission.checks import RoleEstimate, check_document, role_estimates
 from kvgate.admission.documents import load_manifests
+from kvgate.admission.gpu_reserve import RESERVE_FLAG, parse_reserve_flags
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import AdmissionResult
 
@@ -55,8 +56,14 @@ def _policy(args: argparse.Namespace) -> ClusterPolicy:
     except ValueError as error:
         raise InputError("--min-version-floor", str(error)) from None
     try:
+        reserves = parse_reserve_flags(getattr(args, "gpu_reserve", None))
+    except ValueError as error:
+        raise InputError(RESERVE_FLAG, str(error)) from None
+    try:
         return ClusterPolicy(
-            min_engine_version_floor=floor, gpus_per_node=getattr(args, "gpus_per_node", None)
+            min_engine_version_floor=floor,
+            gpus_per_node=getattr(args, "gpus_per_node", None),
+            gpu_reserved_gib_by_product=reserves,
         )
     except ValueError as error:
         raise InputError("--gpus-per-node", str(error)) from None
@@ -70,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     checked = []
     for index, document in enumerate(documents):
         result = check_document(document, policy)
-        estimates = role_estimates(document) if result.allowed else []
+        estimates = role_estimates(document, policy) if result.allowed else []
         checked.append((_name(document, index), result, estimates))
     allowed = all(result.allowed for _, result, _ in checked)
     code = EXIT_ALLOWED if allowed else EXIT_DENIED

@@ -8,7 +8,7 @@ from typing import Any
 from kvgate_engine.estimator import estimate_pool
 from kvgate_engine.plan import RoleFit, Shape, fit_role
 
-from kvgate.api.models import ModelDeploymentSpec, RoleSpec
+from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeploymentSpec, RoleSpec
 
 # Spec values the admission estimate passes besides the shape, by estimate_pool parameter; only
 # those this estimator takes are passed, so the planner judges a fix exactly as admission does.
@@ -19,9 +19,14 @@ def estimator_options(
     spec: ModelDeploymentSpec, role_spec: RoleSpec, role: str | None = None
 ) -> dict[str, Any]:
     """What else admission gives the estimator for this role (GPU reserve, engine flags, and
-    the role, which picks a DSA pool's fp8 layout)."""
+    the role, which picks a DSA pool's fp8 layout). An unset reserve is kvgate's 1 GiB: admission
+    passes the role with its resolved reserve (kvgate.admission.gpu_reserve)."""
     wanted: dict[str, Any] = {
-        "gpu_reserved_gib": role_spec.gpu_reserved_gi_b,
+        "gpu_reserved_gib": (
+            DEFAULT_GPU_RESERVED_GIB
+            if role_spec.gpu_reserved_gi_b is None
+            else role_spec.gpu_reserved_gi_b
+        ),
         "engine_args": tuple(spec.engine.args),
     }
     if role is not None:

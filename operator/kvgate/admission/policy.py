@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvgate_engine.shape_limits import MAX_GPUS_PER_NODE
 from packaging.version import InvalidVersion, Version
@@ -18,10 +19,13 @@ class ClusterPolicy:
     """Cluster-wide admission rules. `min_engine_version_floor`: no ModelDeployment may allow an
     engine version below it, in `safety.minEngineVersion` or in its image tag (None: no floor
     beyond each spec's own). `gpus_per_node`: the GPUs each of the cluster's GPU nodes has, when
-    the admin states it (None: only the hard limit, api.MAX_GPUS_PER_NODE)."""
+    the admin states it (None: only the hard limit, api.MAX_GPUS_PER_NODE).
+    `gpu_reserved_gib_by_product`: the reserve per GPU measured on the cluster's GPUs, by
+    nvidia.com/gpu.product (kvgate.admission.gpu_reserve)."""
 
     min_engine_version_floor: str | None = None
     gpus_per_node: int | None = None
+    gpu_reserved_gib_by_product: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.min_engine_version_floor is not None:

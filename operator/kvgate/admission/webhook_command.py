@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvgate.admission import metrics
 from kvgate.admission.app import AdmissionServer
 from kvgate.admission.certificates import CertificateFilesError, ReloadingCertificate
+from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
 from kvgate.admission.policy import (
     FLOOR_SETTING,
     GPUS_PER_NODE_ENV,
@@ -90,7 +91,15 @@ class WebhookSettings:
         except ValueError as error:
             raise SystemExit(str(error)) from None
         try:
-            policy = ClusterPolicy(min_engine_version_floor=floor, gpus_per_node=gpus_per_node)
+            reserves = parse_reserves(_env(RESERVES_ENV))
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
+        try:
+            policy = ClusterPolicy(
+                min_engine_version_floor=floor,
+                gpus_per_node=gpus_per_node,
+                gpu_reserved_gib_by_product=reserves,
+            )
         except ValueError as error:
             raise SystemExit(f"{FLOOR_ENV} (the chart value {FLOOR_SETTING}): {error}") from None
         return cls(

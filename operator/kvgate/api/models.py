@@ -92,7 +92,10 @@ class _Model(BaseModel):
 
 
 # The CUDA context (~0.5 GiB on Hopper) and NCCL buffers exist before SGLang measures free
-# memory; kvgate_engine.estimator.DEFAULT_GPU_RESERVED_GIB is the same figure.
+# memory. kvgate's own assumption, not SGLang's (which subtracts no fixed reserve) and not
+# measured: the estimate takes it only when neither the spec nor the cluster's measured reserve
+# for the GPU product gives one (kvgate.admission.gpu_reserve).
+# kvgate_engine.estimator.DEFAULT_GPU_RESERVED_GIB is the same figure.
 DEFAULT_GPU_RESERVED_GIB = 1.0
 
 
@@ -835,14 +838,17 @@ class RoleSpec(_Model):
         gt=0,
         description="Memory of one GPU in GiB; enables the admission-time pool estimate.",
     )
-    gpu_reserved_gi_b: float = Field(
-        default=DEFAULT_GPU_RESERVED_GIB,
+    gpu_reserved_gi_b: float | None = Field(
+        default=None,
         alias="gpuReservedGiB",
         ge=0,
         description=(
             "GPU memory in GiB the engine never sees as free: the CUDA context, NCCL buffers "
             "and other tenants. The admission estimate applies memFractionStatic to "
-            "gpuMemoryGiB minus this, as SGLang applies it to the free memory it measures."
+            "gpuMemoryGiB minus this, as SGLang applies it to the free memory it measures. "
+            "Unset: the cluster's measured reserve for the GPU product the nodeSelector pins "
+            "(nvidia.com/gpu.product, chart value estimator.gpuReservedGiBByProduct), else "
+            "1 GiB, kvgate's own assumption (SGLang subtracts no fixed reserve)."
         ),
     )
     resources: Resources = Field(
@@ -1079,6 +1085,51 @@ class Condition(_Model):
     message: str = Field(default="", description="Human-readable detail, with numbers.")
 
 
+class PodPoolDrift(_Model):
+    """One verified engine's live KV pool against the estimate for its role's shape."""
+
+    pod: str = Field(min_length=1, max_length=253, description="Engine pod name.")
+    live_kv_pool_tokens: int = Field(ge=0, description="The pool its live engine reports.")
+    drift_percent: float = Field(
+        description="(live − estimated) / estimated × 100; negative: the estimate was optimistic."
+    )
+
+
+class PoolEstimateStatus(_Model):
+    """The admission estimate of a role's KV pool against its verified engines' live pools."""
+
+    estimated_kv_pool_tokens: int = Field(
+        ge=0, description="The estimator's pool for this role's shape (what admission judged)."
+    )
+    gpu_reserved_gi_b: float = Field(
+        alias="gpuReservedGiB", ge=0, description="The reserve per GPU the estimate took."
+    )
+    reserve_source: str = Field(
+        default="",
+        max_length=256,
+        description="Where that reserve came from: the spec, the cluster's measured reserve "
+        "for the GPU product, or kvgate's assumption.",
+    )
+    drift_percent: float | None = Field(
+        default=None,
+        description="The worst verified pod's (live − estimated) / estimated × 100.",
+    )
+    optimistic: bool = Field(
+        default=False,
+        description="A verified pod's live pool is more than optimisticDriftPercent below the "
+        "estimate: admission allows shapes that may not hold (measure the GPU's reserve).",
+    )
+    optimistic_drift_percent: float = Field(
+        default=10.0, ge=0, description="The threshold (the operator's setting)."
+    )
+    pods: list[PodPoolDrift] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Each verified pod's drift, worst first (at most 16).",
+    )
+    message: str = Field(default="", description="The numbers and the way out.")
+
+
 class RoleStatus(_Model):
     replicas: int = Field(
         default=0, ge=0, description="Engine pods of this role (target revision)."
@@ -1091,6 +1142,11 @@ class RoleStatus(_Model):
         default=None,
         ge=0,
         description="Smallest KV pool (tokens) among this role's verified pods.",
+    )
+    pool_estimate: PoolEstimateStatus | None = Field(
+        default=None,
+        description="The admission estimate for this role's shape against the live pools of "
+        "its verified pods (absent: nothing to compare).",
     )
 
 

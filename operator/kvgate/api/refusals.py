@@ -370,6 +370,17 @@ REASONS: tuple[Reason, ...] = (
         refusal=False,
     ),
     Reason(
+        "KvPoolEstimateOptimistic",
+        (EVENT,),
+        "a role's verified engine holds a live KV pool more than estimator.optimisticDriftPercent "
+        "below the admission estimate for its shape: admission may allow shapes that come up "
+        "short",
+        "check spec.<role>.gpuMemoryGiB, then set the reserve status.<role>.poolEstimate names "
+        "for the GPU product (chart value estimator.gpuReservedGiBByProduct) or the role's "
+        "gpuReservedGiB",
+        refusal=False,
+    ),
+    Reason(
         "GatewayIgnoredNotReady",
         (EVENT,),
         "a gateway kept routing to an engine pod after its gate turned False, past the grace "

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeploymentSpec
 
 REVISION_LENGTH = 10
 
@@ -25,6 +25,11 @@ def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
         # earlier spec ran, so it leaves their revisions as they were (no roll on upgrade).
         if doc[role].get("nodes") == 1:
             del doc[role]["nodes"]
+    # An unset gpuReservedGiB (the cluster's measured reserve, else 1 GiB) hashes as the 1 GiB
+    # every earlier spec was defaulted to: only admission's estimate reads it, not the engines.
+    for role in ("prefill", "decode"):
+        if doc[role].get("gpuReservedGiB") is None:
+            doc[role]["gpuReservedGiB"] = DEFAULT_GPU_RESERVED_GIB
     # model.source came with model sources; a spec without one runs what it always ran.
     if doc["model"].get("source") is None:
         doc["model"].pop("source", None)

@@ -133,6 +133,18 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+def _gpu_reserve_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu-reserve",
+        action="append",
+        default=[],
+        metavar="PRODUCT=GIB",
+        help="the cluster's measured reserve per GPU for a nvidia.com/gpu.product (the chart "
+        "value estimator.gpuReservedGiBByProduct; repeat): a role whose nodeSelector pins that "
+        "product and sets no gpuReservedGiB is estimated with it",
+    )
+
+
 def _one_shot(
     sub: argparse._SubParsersAction[_Parser], name: str, help_text: str, description: str = ""
 ) -> _Parser:
@@ -214,6 +226,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
             "pod asking for more is denied; default: unknown (only the 16-GPU ceiling)"
         ),
     )
+    _gpu_reserve_flag(p)
 
     p = _one_shot(
         sub,
@@ -274,6 +287,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         help="GiB per GPU kept for the CUDA context and others, as admission's gpuReservedGiB "
         "(default 1)",
     )
+    _gpu_reserve_flag(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the plan (needs [plot])")
 

@@ -43,8 +43,14 @@ from kvgate_engine.plan import (
     required_pool_tokens,
 )
 
-from kvgate.admission.checks import check_finite, check_tensor_parallel_heads
+from kvgate.admission.checks import check_finite, check_tensor_parallel_heads, role_reserve
 from kvgate.admission.documents import load_manifests
+from kvgate.admission.gpu_reserve import (
+    RESERVE_FLAG,
+    GpuReserve,
+    parse_reserve_flags,
+    with_reserve,
+)
 from kvgate.admission.plan_hint import fit_spec_role
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.schema import parse_model
@@ -325,12 +331,12 @@ def _doc_name(document: Any, index: int) -> str:
 
 
 def _fit_spec(
-    spec: ModelDeploymentSpec, weights_flag: float | None
-) -> tuple[dict[str, RoleFit], list[str]]:
+    spec: ModelDeploymentSpec, weights_flag: float | None, policy: ClusterPolicy
+) -> tuple[dict[str, RoleFit], dict[str, GpuReserve], list[str]]:
     config = spec.model.config
     # Admission's rules first: sizes no GPU has, a TP the model's heads do not allow.
     for check in (check_finite, check_tensor_parallel_heads):
-        denials, _ = check(spec, ClusterPolicy())
+        denials, _ = check(spec, policy)
         if denials:
             raise _SpecError("; ".join(str(denial) for denial in denials))
     if config is None:
@@ -346,8 +352,11 @@ def _fit_spec(
         field = "spec.model.weightsGiB" if error.field == "--weights-gib" else error.field
         raise _SpecError(f"{field}: {error.detail}") from None
     fits: dict[str, RoleFit] = {}
+    reserves: dict[str, GpuReserve] = {}
     for role in Role:
-        role_spec = spec.prefill if role is Role.PREFILL else spec.decode
+        given = spec.prefill if role is Role.PREFILL else spec.decode
+        reserves[role.value] = role_reserve(role.value, given, policy)
+        role_spec = with_reserve(given, reserves[role.value])
         if role_spec.gpu_memory_gi_b is None:
             raise _SpecError(
                 f"spec.{role.value}.gpuMemoryGiB is not set: the plan needs the memory of one "
@@ -357,7 +366,7 @@ def _fit_spec(
             fits[role.value] = fit_spec_role(spec, role_spec, plan.weights_gib, role.value)
         except EstimateError as error:
             raise _SpecError(f"spec.{role.value}: cannot estimate the KV pool: {error}") from None
-    return fits, notes(plan)
+    return fits, reserves, notes(plan)
 
 
 def fix_json(fix: Fix) -> dict[str, Any]:
@@ -370,8 +379,10 @@ def fix_json(fix: Fix) -> dict[str, Any]:
     }
 
 
-def role_json(fit: RoleFit) -> dict[str, Any]:
+def role_json(fit: RoleFit, reserve: GpuReserve) -> dict[str, Any]:
     return {
+        "gpu_reserved_gib": reserve.gib,
+        "gpu_reserved_gib_source": reserve.source,
         "gpu_memory_gib": fit.shape.gpu_memory_gib,
         "tp": fit.shape.tp,
         "kv_cache_dtype": fit.shape.kv_cache_dtype,
@@ -385,7 +396,7 @@ def role_json(fit: RoleFit) -> dict[str, Any]:
     }
 
 
-def print_role(role: str, fit: RoleFit, out: TextIO) -> None:
+def print_role(role: str, fit: RoleFit, reserve: GpuReserve, out: TextIO) -> None:
     state = (
         f"holds it ({(fit.kv_pool_tokens / fit.required_pool_tokens - 1) * 100:+.1f}%)"
         if fit.holds
@@ -396,6 +407,7 @@ def print_role(role: str, fit: RoleFit, out: TextIO) -> None:
         f"largest safe contextLength on this shape {fit.largest_safe_context:,}",
         file=out,
     )
+    print(f"    estimated with {reserve.describe()}", file=out)
     if fit.holds:
         return
     if fit.fixes:
@@ -409,6 +421,12 @@ def print_role(role: str, fit: RoleFit, out: TextIO) -> None:
 
 
 def _file_main(args: argparse.Namespace) -> int:
+    try:
+        policy = ClusterPolicy(
+            gpu_reserved_gib_by_product=parse_reserve_flags(getattr(args, "gpu_reserve", None))
+        )
+    except ValueError as error:
+        raise InputError(RESERVE_FLAG, str(error)) from None
     documents = load_manifests(args.file, input_name="-f")
     results: list[dict[str, Any]] = []
     all_hold = True
@@ -421,7 +439,7 @@ def _file_main(args: argparse.Namespace) -> int:
             detail = "; ".join(str(p) for p in problems) or "not a mapping"
             raise InputError("-f", f"{args.file}: {name} is not a valid ModelDeployment: {detail}")
         try:
-            fits, spec_notes = _fit_spec(model.spec, args.weights_gib)
+            fits, reserves, spec_notes = _fit_spec(model.spec, args.weights_gib, policy)
         except _SpecError as error:
             raise InputError("-f", f"{args.file}: {name}: {error.message}") from None
         spec = model.spec
@@ -433,7 +451,7 @@ def _file_main(args: argparse.Namespace) -> int:
                 "context_length": spec.model.context_length,
                 "headroom": spec.safety.headroom,
                 "required_pool_tokens": required,
-                "roles": {role: role_json(fit) for role, fit in fits.items()},
+                "roles": {role: role_json(fit, reserves[role]) for role, fit in fits.items()},
                 "notes": spec_notes,
             }
         )
@@ -451,7 +469,7 @@ def _file_main(args: argparse.Namespace) -> int:
                 f"{_h(spec.safety.headroom)} = {required:,} pool tokens per engine"
             )
             for role, fit in fits.items():
-                print_role(role, fit, sys.stdout)
+                print_role(role, fit, reserves[role], sys.stdout)
             for note in spec_notes:
                 print(f"  note: {note}")
     code = EXIT_OK if all_hold else EXIT_NOTHING_HOLDS

@@ -34,6 +34,7 @@ from kvgate.rollout import (
     lws_availability,
     pass_decision,
     pass_timing,
+    pool_drift,
     rollback,
     workload_writes,
 )
@@ -244,6 +245,9 @@ class Reconciler:
             last_access=self.access_check,
             policies=policies,
             content=content_check.finished(rt, ns, name, target),
+            estimates=pool_drift.EstimatePolicy(
+                rt.settings.gpu_reserved_gib_by_product, rt.settings.optimistic_drift_percent
+            ),
         )
 
     def _access_check_due(
@@ -458,6 +462,7 @@ class Reconciler:
             inputs.observed.spec.model.context_length
         )
         metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(outcome.conflicts))
+        metrics.record_pool_estimates(ns, name, outcome.status)
         previous = body.get("status") or None
         if _strip_none(previous or {}) != _strip_none(outcome.status):
             await self.rt.api.patch_md_status(ns, name, outcome.status)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -181,6 +183,43 @@ VERIFICATION_DURATION = Histogram(
     registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20),
 )
+
+
+POOL_ESTIMATE_DRIFT_RATIO = Gauge(
+    "kvgate_kv_pool_estimate_drift_ratio",
+    "Worst verified engine of the role: (live KV pool - admission estimate) / estimate; below "
+    "-estimator.optimisticDriftPercent/100 the estimate is optimistic.",
+    ("namespace", "deployment", "role"),
+    registry=REGISTRY,
+)
+POOL_ESTIMATED_TOKENS = Gauge(
+    "kvgate_kv_pool_estimated_tokens",
+    "The admission estimate of the role's KV pool for its shape, tokens.",
+    ("namespace", "deployment", "role"),
+    registry=REGISTRY,
+)
+
+
+def record_pool_estimates(namespace: str, deployment: str, status: Mapping[str, Any]) -> None:
+    """The status' poolEstimate of each role as gauges; a role without one drops its series."""
+    for role in ("prefill", "decode"):
+        estimate = (status.get(role) or {}).get("poolEstimate") or {}
+        series = (namespace, deployment, role)
+        tokens = estimate.get("estimatedKvPoolTokens")
+        drift = estimate.get("driftPercent")
+        if isinstance(tokens, int):
+            POOL_ESTIMATED_TOKENS.labels(*series).set(tokens)
+        else:
+            _drop(POOL_ESTIMATED_TOKENS, series)
+        if isinstance(drift, int | float):
+            POOL_ESTIMATE_DRIFT_RATIO.labels(*series).set(drift / 100)
+        else:
+            _drop(POOL_ESTIMATE_DRIFT_RATIO, series)
+
+
+def _drop(gauge: Gauge, series: tuple[str, ...]) -> None:
+    with contextlib.suppress(KeyError):  # never set for this ModelDeployment
+        gauge.remove(*series)
 
 
 def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:

@@ -30,6 +30,9 @@ _HOSTNAME = re.compile(
 )
 
 
+OPTIMISTIC_DRIFT_ENV = "KVGATE_OPTIMISTIC_DRIFT_PERCENT"
+
+
 def _env(name: str) -> str | None:
     """The variable's value; None when unset or empty."""
     raw = os.environ.get(name)
@@ -63,6 +66,34 @@ def _gpus_per_node() -> int | None:
         return parse_gpus_per_node(_env(GPUS_PER_NODE_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
+
+
+def _gpu_reserves() -> dict[str, float]:
+    from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
+
+    try:
+        return parse_reserves(_env(RESERVES_ENV))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def _optimistic_drift_percent() -> float:
+    from kvgate.rollout.pool_drift import DEFAULT_OPTIMISTIC_DRIFT_PERCENT
+
+    raw = _env(OPTIMISTIC_DRIFT_ENV)
+    if raw is None:
+        return DEFAULT_OPTIMISTIC_DRIFT_PERCENT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value < 100):
+        raise SystemExit(
+            f"{OPTIMISTIC_DRIFT_ENV}={raw!r} (the chart value estimator.optimisticDriftPercent): "
+            f"must be a percentage between 0 and 100, e.g. 10; unset it for the default, "
+            f"{DEFAULT_OPTIMISTIC_DRIFT_PERCENT:g}"
+        )
+    return value
 
 
 def _env_rate(name: str, default: float) -> float:
@@ -248,6 +279,13 @@ class OperatorSettings:
     # KVGATE_GPUS_PER_NODE: the GPUs each GPU node has (chart value gpusPerNode); admission denies
     # an engine pod asking for more. None: unknown (only the 16-GPU ceiling applies).
     gpus_per_node: int | None = None
+    # KVGATE_GPU_RESERVED_GIB_BY_PRODUCT: the reserve per GPU measured on the cluster's GPUs, by
+    # nvidia.com/gpu.product (chart value estimator.gpuReservedGiBByProduct): admission and the
+    # drift report estimate with it (kvgate.admission.gpu_reserve).
+    gpu_reserved_gib_by_product: dict[str, float] = field(default_factory=dict)
+    # KVGATE_OPTIMISTIC_DRIFT_PERCENT: a verified engine's live pool this far below the admission
+    # estimate makes the estimate "optimistic" (status, Event, alert; kvgate.rollout.pool_drift).
+    optimistic_drift_percent: float = 10.0
     # KVGATE_ROUTER_KEY_SEED: secret seed of every router's control-plane key (router_auth); the
     # chart keeps it in a Secret. Unset: a random seed per process (routers are re-keyed on the
     # next start), for runs outside the chart.
@@ -309,6 +347,8 @@ class OperatorSettings:
             # Checked in main.run (exit 2 naming the chart value engineVersionFloor).
             min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
             gpus_per_node=_gpus_per_node(),
+            gpu_reserved_gib_by_product=_gpu_reserves(),
+            optimistic_drift_percent=_optimistic_drift_percent(),
             router_key_seed=_router_key_seed(),
             worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),
             worker_audit_reads_per_second=_env_rate("KVGATE_WORKER_AUDIT_READS_PER_SECOND", 50.0),

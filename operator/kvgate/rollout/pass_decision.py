@@ -20,6 +20,7 @@ from kvgate.build.network_policy import RouterEgress
 from kvgate.rollout import (
     lws_availability,
     owned_objects,
+    pool_drift,
     requirements,
     rollback,
     workload_writes,
@@ -84,6 +85,10 @@ class PassInputs:
     last_access: AccessCheck | None
     policies: PolicyInputs
     content: ContentOutcome | None = None
+    # The cluster's measured GPU reserves and the optimistic-drift threshold (operator settings).
+    estimates: pool_drift.EstimatePolicy = dataclasses.field(
+        default_factory=pool_drift.EstimatePolicy
+    )
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,7 @@ def conclude(decision: PassDecision, late: Sequence[OwnershipConflict]) -> PassO
     )
     events = [
         *events_for(decision.step, previous),
+        *pool_drift.drift_events(status, previous, decision.step.target_revision),
         *conflict_events(conflicts, previous),
         *lws_availability.lws_events(decision.lws_message, previous),
     ]
@@ -285,6 +291,13 @@ def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
         previous=previous,
         now=observed.now,
     )
+    # The estimate admission judged each role by, against its verified engines' live pools.
+    target_pods = [p for p in observed.pods if p.revision == target]
+    for role in ("prefill", "decode"):
+        drift = pool_drift.role_drift(spec, role, target_pods, inputs.estimates)
+        status[role]["poolEstimate"] = pool_drift.drift_status(
+            drift, pool_drift.was_optimistic(previous, role)
+        )
     running = {w.revision for w in observed.workloads}
     # The requirement of every revision still running, so its pods are verified against what
     # kvgate rolled out once the spec has moved on (status: tenants cannot write it).

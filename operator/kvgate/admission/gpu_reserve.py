@@ -1,0 +1,116 @@
+"""The GPU memory an engine never sees as free, per role: which figure the estimate takes, and
+where it came from.
+
+SGLang subtracts no fixed reserve: it sizes the KV pool from the free memory it measures after
+the CUDA context and NCCL are up (the minimum across ranks). kvgate's estimate has no GPU to
+measure, so it takes a reserve off each GPU first. In order:
+
+1. ``spec.<role>.gpuReservedGiB``, when the spec sets it;
+2. the cluster's measured reserve for the role's GPU product (the chart value
+   ``estimator.gpuReservedGiBByProduct``, keyed by the ``nvidia.com/gpu.product`` value the
+   role's ``nodeSelector`` pins), set from the drift kvgate reports between its estimate and the
+   live pools (docs/planning.md);
+3. kvgate's own assumption, 1 GiB (``DEFAULT_GPU_RESERVED_GIB``): not SGLang's, not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, RoleSpec
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery's node label
+RESERVES_SETTING = "estimator.gpuReservedGiBByProduct"  # the chart value
+RESERVES_ENV = "KVGATE_GPU_RESERVED_GIB_BY_PRODUCT"  # JSON {product: GiB}, from the chart value
+MAX_RESERVE_GIB = 64.0  # a reserve above this is a typo (GiB for MiB), not a measurement
+DEFAULT_SOURCE = "kvgate's assumption, not a measurement: SGLang subtracts no fixed reserve"
+
+
+@dataclass(frozen=True)
+class GpuReserve:
+    """The reserve one role's estimate took per GPU, and where it came from."""
+
+    gib: float
+    source: str  # the spec field, the chart value and product, or kvgate's assumption
+
+    def describe(self) -> str:
+        return f"gpuReservedGiB {self.gib:g} from {self.source}"
+
+
+def gpu_product(role_spec: RoleSpec) -> str | None:
+    """The GPU product the role's nodeSelector pins (None: the role names none)."""
+    return role_spec.node_selector.get(GPU_PRODUCT_LABEL) or None
+
+
+def resolve_reserve(
+    role: str, role_spec: RoleSpec, reserves_by_product: Mapping[str, float]
+) -> GpuReserve:
+    """The reserve the estimate takes for ``role`` (spec, then measured per product, then 1 GiB)."""
+    if role_spec.gpu_reserved_gi_b is not None:
+        return GpuReserve(role_spec.gpu_reserved_gi_b, f"spec.{role}.gpuReservedGiB")
+    product = gpu_product(role_spec)
+    if product is not None and product in reserves_by_product:
+        return GpuReserve(
+            reserves_by_product[product],
+            f"the cluster's measured reserve for {GPU_PRODUCT_LABEL}={product} "
+            f"(chart value {RESERVES_SETTING})",
+        )
+    return GpuReserve(DEFAULT_GPU_RESERVED_GIB, DEFAULT_SOURCE)
+
+
+def with_reserve(role_spec: RoleSpec, reserve: GpuReserve) -> RoleSpec:
+    """The role as the estimator sees it: its gpuReservedGiB is the resolved reserve."""
+    return role_spec.model_copy(update={"gpu_reserved_gi_b": reserve.gib})
+
+
+def parse_reserves(raw: str | None) -> dict[str, float]:
+    """KVGATE_GPU_RESERVED_GIB_BY_PRODUCT (a JSON object of GPU product → GiB) as a mapping;
+    ValueError naming the chart value, the entry and an example."""
+    if raw is None or raw.strip() == "":
+        return {}
+    example = '{"NVIDIA-H100-80GB-HBM3": 2.5}'
+    try:
+        table = json.loads(raw)
+    except ValueError:
+        table = None
+    if not isinstance(table, dict):
+        raise ValueError(
+            f"{RESERVES_ENV}={raw!r} (the chart value {RESERVES_SETTING}): must be a JSON "
+            f"object of {GPU_PRODUCT_LABEL} value to GiB, e.g. {example}"
+        )
+    parsed: dict[str, float] = {}
+    for product, gib in table.items():
+        value = gib if isinstance(gib, int | float) and not isinstance(gib, bool) else math.nan
+        if not product or not (math.isfinite(value) and 0 <= value <= MAX_RESERVE_GIB):
+            raise ValueError(
+                f"{RESERVES_ENV} (the chart value {RESERVES_SETTING}): {product!r}: {gib!r} "
+                f"must be a GPU product with GiB between 0 and {MAX_RESERVE_GIB:g}, e.g. {example}"
+            )
+        parsed[str(product)] = float(value)
+    return parsed
+
+
+RESERVE_FLAG = "--gpu-reserve"
+
+
+def parse_reserve_flags(values: list[str] | None) -> dict[str, float]:
+    """``--gpu-reserve PRODUCT=GIB`` (repeated) as the chart value's mapping; ValueError naming
+    the flag, the value and an example."""
+    table: dict[str, float] = {}
+    for value in values or []:
+        product, _, gib = value.partition("=")
+        try:
+            number = float(gib)
+        except ValueError:
+            number = math.nan
+        if not product or not (math.isfinite(number) and 0 <= number <= MAX_RESERVE_GIB):
+            raise ValueError(
+                f"{RESERVE_FLAG} {value!r}: must be PRODUCT=GIB, the {GPU_PRODUCT_LABEL} value "
+                f"and its measured reserve (0-{MAX_RESERVE_GIB:g} GiB), e.g. "
+                f"{RESERVE_FLAG} NVIDIA-H100-80GB-HBM3=2.5"
+            )
+        table[product] = number
+    return table
