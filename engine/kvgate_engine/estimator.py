@@ -530,7 +530,10 @@ VLM_CACHE_GIB = 100 / 1024
 # The CUDA context, cuBLAS workspaces and NCCL buffers exist before SGLang measures the free
 # memory its --mem-fraction-static applies to (distributed/bootstrap.py
 # measure_pre_model_load_memory), so a GPU's nameplate memory overstates the budget. ~0.5 GiB
-# of context on Hopper plus NCCL's buffers under TP: 1 GiB is the documented default.
+# of context on Hopper plus NCCL's buffers under TP: 1 GiB is the documented default. It is
+# kvgate's own assumption, not SGLang's (SGLang subtracts no fixed reserve: it sizes from the free
+# memory it measures, the minimum across ranks) and not a measurement; the operator reports the
+# drift of live pools from the estimate, from which a cluster measures its GPUs' reserve.
 DEFAULT_GPU_RESERVED_GIB = 1.0
 # Speculative algorithms whose draft layers add KV to the target's pool
 # (model_executor/pool_configurator.py DefaultPoolConfigurator: is_eagle / is_standalone).

@@ -131,7 +131,8 @@ class PlanRequest:
     headroom: float = 1.0
     context_length: int | None = None
     page_size: int = 1
-    # Taken off each GPU before memFractionStatic, as admission does (spec.<role>.gpuReservedGiB).
+    # Taken off each GPU before memFractionStatic, as admission does (spec.<role>.gpuReservedGiB);
+    # the default 1 GiB is kvgate's assumption, not SGLang's and not measured.
     gpu_reserved_gib: float = DEFAULT_GPU_RESERVED_GIB
 
 

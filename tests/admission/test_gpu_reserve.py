@@ -126,3 +126,19 @@ def test_validate_and_plan_take_the_measured_reserve_and_say_so(
         f"nvidia.com/gpu.product={H100} (chart value estimator.gpuReservedGiBByProduct)\n"
     ) in out
     assert main(["plan", "-f", path, "--gpu-reserve", "H100"]) == 2
+
+
+def test_a_plan_search_says_which_reserve_each_shape_was_estimated_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = str(
+        Path(__file__).resolve().parents[2] / "tests/golden/plan/llama-3.1-70b-config.json"
+    )
+    search = ["plan", "--config", config, "--weights-gib", "131.5", "--gpu-memory-gib", "80"]
+    main(search)
+    assert (
+        ", gpuReservedGiB 1 from kvgate's assumption, not a measurement: SGLang subtracts no "
+        "fixed reserve (estimates; kvgate verifies every live engine)\n"
+    ) in capsys.readouterr().out
+    main([*search, "--gpu-reserved-gib", "2.5"])
+    assert ", gpuReservedGiB 2.5 from --gpu-reserved-gib (estimates;" in capsys.readouterr().out

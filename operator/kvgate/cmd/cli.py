@@ -247,7 +247,9 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         "--gpu-reserved-gib",
         type=float,
         default=1.0,
-        help="GPU memory the engine never sees free (CUDA context, NCCL, other tenants), GiB",
+        help="GPU memory the engine never sees free (CUDA context, NCCL, other tenants), GiB; "
+        "the default 1 is kvgate's assumption, not SGLang's (it subtracts no fixed reserve): "
+        "measure yours from status.<role>.poolEstimate (docs/planning.md)",
     )
     p.add_argument(
         "--gpu-arch",
@@ -285,7 +287,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="GiB per GPU kept for the CUDA context and others, as admission's gpuReservedGiB "
-        "(default 1)",
+        "(default 1: kvgate's assumption, not SGLang's; measure yours, docs/planning.md)",
     )
     _gpu_reserve_flag(p)
     p.add_argument("--json", action="store_true")

@@ -46,6 +46,7 @@ from kvgate_engine.plan import (
 from kvgate.admission.checks import check_finite, check_tensor_parallel_heads, role_reserve
 from kvgate.admission.documents import load_manifests
 from kvgate.admission.gpu_reserve import (
+    DEFAULT_SOURCE,
     RESERVE_FLAG,
     GpuReserve,
     parse_reserve_flags,
@@ -188,13 +189,15 @@ def notes(plan: Plan) -> list[str]:
     return [f"{note}; verify a live engine (kvgate verify)" for note in plan.notes]
 
 
-def print_plan(plan: Plan, out: TextIO) -> None:
+def print_plan(plan: Plan, out: TextIO, reserve: GpuReserve | None = None) -> None:
     """The human table: every shape, then the cheapest that hold the requested context."""
     request = plan.request
+    reserve = reserve or GpuReserve(request.gpu_reserved_gib, "--gpu-reserved-gib")
     print(
         f"{plan.architecture}: weights {plan.weights_gib:,.2f} GiB per replica, model context "
         f"{plan.model_context_length:,} tokens, headroom {_h(request.headroom)}, page size "
-        f"{request.page_size:,} (estimates; kvgate verifies every live engine)",
+        f"{request.page_size:,}, {reserve.describe()} (estimates; kvgate verifies every live "
+        "engine)",
         file=out,
     )
     holds_header = "" if request.context_length is None else f"  holds {request.context_length:,}"
@@ -311,7 +314,11 @@ def _search_main(args: argparse.Namespace) -> int:
     if args.json:
         print_json(plan_json(plan, code, problem))
     else:
-        print_plan(plan, sys.stdout)
+        given = args.gpu_reserved_gib is not None
+        reserve = GpuReserve(
+            plan.request.gpu_reserved_gib, "--gpu-reserved-gib" if given else DEFAULT_SOURCE
+        )
+        print_plan(plan, sys.stdout, reserve)
         if problem is not None:
             report_failure("plan", code, *problem, as_json=False)
     return code
