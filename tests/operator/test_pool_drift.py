@@ -12,6 +12,10 @@ from kvgate.admission.checks import estimated_role_pool
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api.models import ModelDeployment, ModelDeploymentStatus
 from kvgate.api.revision import revision_of
+from kvgate.controller.runtime import Runtime
+from kvgate.kube import metrics
+from kvgate.kube.k8s import Credentials, KubeApi
+from kvgate.kube.settings import OperatorSettings
 from kvgate.rollout import pass_decision, pool_drift
 from kvgate.rollout.lws_availability import LwsAccess
 from kvgate.rollout.planner import ObservedState, PodState, RolloutRecord
@@ -185,3 +189,34 @@ def test_a_restart_without_verified_pods_keeps_the_judgement_and_posts_nothing()
     assert restarting.status["decode"]["poolEstimate"]["pods"] == []
     back = _pass([pod("d-2", "decode", 380_000)], restarting.status)
     assert not [e for e in back.events if e.reason == pool_drift.EVENT_REASON]
+
+
+def _series(name: str, ns: str, md: str) -> dict[str, float]:
+    """The values of a per-role gauge of one ModelDeployment, by role."""
+    return {
+        sample.labels["role"]: sample.value
+        for family in metrics.REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == name
+        and sample.labels.get("namespace") == ns
+        and sample.labels.get("deployment") == md
+    }
+
+
+def test_the_drift_metrics_follow_the_status_and_go_with_the_model_deployment() -> None:
+    outcome = _pass([pod("p-1", "prefill", ESTIMATE), pod("d-1", "decode", 380_000)])
+    metrics.record_pool_estimates("drift-ns", "gone", outcome.status)
+    ratios = _series("kvgate_kv_pool_estimate_drift_ratio", "drift-ns", "gone")
+    assert ratios == {"prefill": 0.0, "decode": pytest.approx(-0.111)}
+    assert _series("kvgate_kv_pool_estimated_tokens", "drift-ns", "gone") == {
+        "prefill": ESTIMATE,
+        "decode": ESTIMATE,
+    }
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=OperatorSettings(),
+        verify=None,  # type: ignore[arg-type]
+    )
+    rt.forget_md(("drift-ns", "gone"))  # the ModelDeployment was deleted
+    assert _series("kvgate_kv_pool_estimate_drift_ratio", "drift-ns", "gone") == {}
+    assert _series("kvgate_kv_pool_estimated_tokens", "drift-ns", "gone") == {}

@@ -17,6 +17,7 @@ from kvgate_engine.verdict import Requirement, Verdict
 from kvgate.api import labels
 from kvgate.api.models import API_VERSION, KIND
 from kvgate.controller import step_check
+from kvgate.kube import metrics
 from kvgate.kube.informer import Reflector, Watched, per_namespace
 from kvgate.kube.k8s import KubeApi
 from kvgate.kube.settings import OperatorSettings
@@ -380,6 +381,7 @@ class Runtime:
                 forget(uid)
 
     def forget_md(self, key: MdKey) -> None:
+        metrics.forget_md(*key)  # a deleted ModelDeployment's series (no alert on a ghost)
         self.mds.pop(key, None)
         self.access_changed.discard(key)
         self._md_wakes.pop(key, None)

@@ -217,6 +217,15 @@ def record_pool_estimates(namespace: str, deployment: str, status: Mapping[str, 
             _drop(POOL_ESTIMATE_DRIFT_RATIO, series)
 
 
+def forget_md(namespace: str, deployment: str) -> None:
+    """Drop a deleted ModelDeployment's series: a stale drift would keep its alert firing."""
+    for role in ("prefill", "decode"):
+        _drop(POOL_ESTIMATED_TOKENS, (namespace, deployment, role))
+        _drop(POOL_ESTIMATE_DRIFT_RATIO, (namespace, deployment, role))
+    _drop(CONTEXT_LENGTH_TOKENS, (namespace, deployment))
+    _drop(OWNERSHIP_CONFLICTS, (namespace, deployment))
+
+
 def _drop(gauge: Gauge, series: tuple[str, ...]) -> None:
     with contextlib.suppress(KeyError):  # never set for this ModelDeployment
         gauge.remove(*series)
