@@ -143,3 +143,29 @@ def test_dist_init_addr_must_be_host_and_port() -> None:
     assert split_addr("[fd00::1]:20000") == ("fd00::1", 20000)
     with pytest.raises(ValueError, match="host:port"):
         split_addr("llama-0")
+
+
+async def test_a_corrupt_slot_on_a_worker_rank_is_logged_by_that_rank_not_the_leader(
+    engines: EngineLauncher,
+) -> None:
+    """SGLang's every rank runs its own canary and logs its own violations; a node-rank-1 pod runs
+    only schedulers, so the line is in its log alone. ``POST /kvgate/canary/corrupt`` with
+    ``{"rank": 1}`` on the leader corrupts a slot of rank 1 (told over the group's connection)."""
+    host = loopback_host()
+    dist_port = free_port(host)
+    canary = ("--kv-canary", "log")
+    leader = engines.spawn(*_group_flags(host, dist_port, 0), *canary, host=host, role="decode")
+    worker = engines.spawn(*_group_flags(host, dist_port, 1), *canary, host=host, role="decode")
+    await engines.wait_healthy(leader)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{leader.url}/kvgate/canary/corrupt", json={"rank": 1}) as response,
+    ):
+        assert response.status == 200, await response.text()
+    end = time.monotonic() + DEADLINE
+    while "kv_canary violation:" not in worker.log():
+        assert time.monotonic() < end, worker.log()
+        await asyncio.sleep(0.1)
+    assert "kv_canary violation: launch_tag=" in worker.log()
+    assert "kv_canary violation:" not in leader.log()
+    assert worker.process.poll() is None and leader.process.poll() is None  # the group serves on

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvgate_engine.reference.args import DEFAULT_VERSION, LaunchArgs, parse_launch_args
@@ -184,6 +184,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     group = await _gather_ranks(launch, stop)
+    state.extra["ranks"] = group  # POST /kvgate/canary/corrupt {"rank": r} reaches rank r
     if group is not None and not group.joined.is_set():
         await group.close()
         return 0 if stop.is_set() else 1
@@ -270,6 +271,21 @@ async def _gather_ranks(launch: LaunchArgs, stop: asyncio.Event) -> RankServer |
     return group
 
 
+def _rank_message_handler(launch: LaunchArgs) -> Callable[[dict[str, Any]], None]:
+    """What a rank >= 1 does with the leader's messages: with --kv-canary, ``{"canary":
+    "corrupt"}`` makes this rank's own canary find a slot that holds the wrong position and log
+    it as SGLang's violation reporter does (in this rank's log, not the leader's)."""
+    from kvgate_engine.reference.canary import KvCanary
+
+    canary = KvCanary() if launch["kv_canary"] in ("log", "raise") else None
+
+    def handle(message: dict[str, Any]) -> None:
+        if message.get("canary") == "corrupt" and canary is not None:
+            canary.check(slots=[17], stored_positions=[1], stored_tokens=[0])
+
+    return handle
+
+
 async def serve_rank(launch: LaunchArgs) -> int:
     """Rank >= 1: join rank 0, then run until it goes away (1) or SIGTERM (0)."""
     from kvgate_engine.reference.ranks import RankError, join
@@ -285,6 +301,7 @@ async def serve_rank(launch: LaunchArgs) -> int:
             launch["nnodes"],
             launch["tp_size"],
             launch["watchdog_timeout"],
+            on_message=_rank_message_handler(launch),
         )
     )
     await _first(member, stop.wait())

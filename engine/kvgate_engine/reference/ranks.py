@@ -23,6 +23,9 @@ and fewer KV heads per GPU).
 
 The protocol (one JSON line each way): rank -> leader ``{"rank": r, "nnodes": n, "tp_size": t}``;
 leader -> rank ``{"ok": true}`` or ``{"ok": false, "error": "..."}`` and the connection closes.
+After ``ok`` the leader may send more lines to a rank: ``{"canary": "corrupt"}`` (tests only,
+``POST /kvgate/canary/corrupt`` with ``{"rank": r}``) corrupts a slot of that rank, whose own KV
+canary then logs the violation, as each of SGLang's ranks does in its own process.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger("kvgate_engine.reference.ranks")
 
@@ -110,6 +115,18 @@ class RankServer:
             self.lost_reason = f"rank {rank} left the engine (its connection closed)"
             self.lost.set()
 
+    async def send(self, rank: int, message: dict[str, Any]) -> bool:
+        """One JSON line to a joined rank; False when it is not (or no longer) connected."""
+        writer = self._ranks.get(rank)
+        if writer is None or writer.is_closing():
+            return False
+        writer.write((json.dumps(message) + "\n").encode())
+        try:
+            await writer.drain()
+        except ConnectionError:
+            return False
+        return True
+
     async def close(self) -> None:
         for writer in self._ranks.values():
             writer.close()
@@ -118,9 +135,17 @@ class RankServer:
             await self._server.wait_closed()
 
 
-async def join(addr: str, rank: int, nnodes: int, tp_size: int, deadline_seconds: float) -> None:
-    """Rank ``rank``'s side: join rank 0 at ``addr`` (retrying until the deadline), then return
-    when the leader goes away (raises RankError when it refuses or never answers)."""
+async def join(
+    addr: str,
+    rank: int,
+    nnodes: int,
+    tp_size: int,
+    deadline_seconds: float,
+    on_message: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
+    """Rank ``rank``'s side: join rank 0 at ``addr`` (retrying until the deadline), hand each
+    later line from the leader to ``on_message``, and return when the leader goes away (raises
+    RankError when it refuses or never answers)."""
     host, port = split_addr(addr)
     deadline = time.monotonic() + deadline_seconds
     while True:
@@ -143,5 +168,11 @@ async def join(addr: str, rank: int, nnodes: int, tp_size: int, deadline_seconds
         reason = answer.get("error") if isinstance(answer, dict) else "no answer"
         raise RankError(f"rank 0 at {addr} refused rank {rank}: {reason}")
     log.info("rank %d joined rank 0 at %s", rank, addr)
-    await reader.read()  # held until the leader goes away
+    while line := await reader.readline():  # held until the leader goes away
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict) and on_message is not None:
+            on_message(message)
     writer.close()

@@ -436,11 +436,25 @@ def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Applica
 
 async def handle_canary_corrupt(request: web.Request) -> web.Response:
     """Reference engine only (tests): the next decode's first slot is overwritten, so the KV
-    canary (``--kv-canary log``) reports a violation exactly as SGLang logs one."""
-    canary = request.app[STATE].engine.canary
+    canary (``--kv-canary log``) reports a violation exactly as SGLang logs one. With
+    ``{"rank": r}`` (r >= 1, a multi-node engine) a slot of rank r is corrupted instead, and
+    that rank logs the violation in its own log (ranks.py)."""
+    state = request.app[STATE]
+    canary = state.engine.canary
     assert canary is not None  # the route exists only with the canary on
-    canary.corrupt_next = True
-    return web.json_response({"corrupt_next": True})
+    body = await request.json() if request.can_read_body else {}
+    rank = body.get("rank", 0) if isinstance(body, dict) else 0
+    if rank in (0, None):
+        canary.corrupt_next = True
+        return web.json_response({"corrupt_next": True})
+    group = state.extra.get("ranks")
+    if (
+        not isinstance(rank, int)
+        or group is None
+        or not await group.send(rank, {"canary": "corrupt"})
+    ):
+        return error_response(f"rank {rank!r} is not a joined rank of this engine", 400)
+    return web.json_response({"corrupt_rank": rank})
 
 
 def now() -> float:
