@@ -18,11 +18,12 @@ node (E/2 prefill + E/2 decode engines and one router each):
 3. **steady state**: the operator's API requests per minute (``kvgate_api_requests_total``,
    by verb and resource) and every client's (``apiserver_request_total``, WATCH excluded) over
    ``--steady-seconds``, with no change in the cluster; operator RSS (median and max);
-4. **leader killed** at full size (SIGKILL, no Lease release; the standby starts with every
-   engine pod to list): seconds from the kill to the new Lease holder, to an engine restarted
-   with a pool below the context just after the kill refused and then re-admitted, and to a
-   ModelDeployment applied just after the kill reconciled; the new leader's RSS (max) and the
-   controller's container restarts;
+4. **leader killed** at full size (SIGKILL, no Lease release; the warm standby leads from its
+   stores, kvgate.controller.standby): seconds from the kill (and from the new Lease holder) to
+   the new Lease holder, to an engine restarted with a pool below the context just after the
+   kill refused and then re-admitted, and to a ModelDeployment applied just after the kill
+   reconciled; the new leader's RSS (max) and the controller's container restarts. Before it,
+   in the steady window, the standby's RSS and its own API requests a minute;
 5. **delete**: ``kubectl delete md --all``: seconds until none is left, and until their pods
    are gone.
 
@@ -152,9 +153,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def operator_requests(world: World) -> dict[str, float]:
-    """kvgate_api_requests_total by ``verb resource``, from the leader's /metrics."""
-    pod = world.operator_pod()
+def standby_pod(world: World) -> dict[str, Any] | None:
+    """A controller pod that does not hold the Lease (the warm standby), if one runs."""
+    leader = world.leader_name()
+    return next((p for p in world.operator_pods() if p["metadata"]["name"] != leader), None)
+
+
+def pod_pid(pod: dict[str, Any]) -> int:
+    pid = container_pid(pod, "operator")
+    if pid is None:
+        cid = pod["status"]["containerStatuses"][0]["containerID"]
+        pid = int(cid.removeprefix("loopback://"))
+    return pid
+
+
+def operator_requests(world: World, pod: dict[str, Any] | None = None) -> dict[str, float]:
+    """kvgate_api_requests_total by ``verb resource``, from the leader's /metrics (or
+    ``pod``'s)."""
+    pod = pod or world.operator_pod()
     assert pod is not None
     port = world.forward(pod["status"]["podIP"], 8080)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -239,7 +255,8 @@ def leader_killed(
         return holder is not None and holder != killed
 
     poll_until("a new Lease holder", new_leader, 120, period=0.2)
-    result["leader_kill_to_new_holder_s"] = round(time.monotonic() - kill, 1)
+    holder = time.monotonic()
+    result["leader_kill_to_new_holder_s"] = round(holder - kill, 1)
 
     def sampled(predicate: Callable[[], bool]) -> Callable[[], bool]:
         def check() -> bool:
@@ -256,6 +273,7 @@ def leader_killed(
         period=0.5,
     )
     result["leader_kill_to_restarted_engine_refused_s"] = round(time.monotonic() - kill, 1)
+    result["new_holder_to_restarted_engine_refused_s"] = round(time.monotonic() - holder, 1)
     ack = control(control_port, f"/restart?namespace={NAMESPACE}&pod={name}&pool={2 * 131_072}")
     until_gate(world, name, "True", ack["acknowledged"])
     result["leader_kill_to_engine_readmitted_s"] = round(time.monotonic() - kill, 1)
@@ -272,6 +290,7 @@ def leader_killed(
         period=1.0,
     )
     result["leader_kill_to_new_md_reconciled_s"] = round(time.monotonic() - kill, 1)
+    result["new_holder_to_new_md_reconciled_s"] = round(time.monotonic() - holder, 1)
     result["new_leader_rss_max_mib"] = round(max(rss), 1) if rss else None
     result["operator_restarts_after_kill"] = operator_restarts(world)
     report(
@@ -280,9 +299,29 @@ def leader_killed(
         "leader_kill_to_restarted_engine_refused_s",
         "leader_kill_to_engine_readmitted_s",
         "leader_kill_to_new_md_reconciled_s",
+        "new_holder_to_restarted_engine_refused_s",
+        "new_holder_to_new_md_reconciled_s",
         "new_leader_rss_max_mib",
         "operator_restarts_after_kill",
     )
+
+
+def standby_at_rest(
+    result: dict[str, Any],
+    before: dict[str, float],
+    after: dict[str, float],
+    rss: list[float],
+    minutes: float,
+) -> None:
+    """What standing warm costs: the standby's RSS (median, max) and its own API requests a
+    minute by verb (WATCH: watches opened; the Lease reads) over the steady window."""
+    by = {k: round((after.get(k, 0) - before.get(k, 0)) / minutes, 1) for k in after}
+    result["standby_requests_per_min_by"] = {k: v for k, v in sorted(by.items()) if v}
+    result["standby_requests_per_min"] = round(sum(by.values()), 1)
+    result["standby_rss_mib"] = (
+        {"median": round(statistics.median(rss), 1), "max": round(max(rss), 1)} if rss else None
+    )
+    report(result, "standby_rss_mib", "standby_requests_per_min", "standby_requests_per_min_by")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -385,12 +424,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 time.time(),
             )
             pid = operator_pid(world)  # the leader now (a lost Lease restarts the process)
-            rss, cpu0 = [], cpu_seconds(pid)
+            spare = standby_pod(world)
+            spare_before = operator_requests(world, spare) if spare else {}
+            rss, spare_rss, cpu0 = [], [], cpu_seconds(pid)
             while time.time() - t0 < args.steady_seconds:
                 rss.append(rss_mib(operator_pid(world)))
+                with contextlib.suppress(FileNotFoundError, RuntimeError):
+                    spare_rss.append(rss_mib(pod_pid(spare)) if spare else 0.0)
                 time.sleep(1.0)
             after, api_after, t1 = operator_requests(world), apiserver_requests(world), time.time()
+            spare_after = operator_requests(world, spare) if spare else {}
             minutes = (t1 - t0) / 60
+            standby_at_rest(result, spare_before, spare_after, spare_rss, minutes)
             try:
                 result["operator_cpu_cores"] = round((cpu_seconds(pid) - cpu0) / (t1 - t0), 3)
             except FileNotFoundError:  # the leader restarted during the window

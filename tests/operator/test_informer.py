@@ -343,3 +343,69 @@ async def test_the_operators_deployment_store_follows_list_and_watch_and_wakes_t
         assert fake.lists[0]["labelSelector"] == "app.kubernetes.io/managed-by=kvgate"
     finally:
         await rt.shutdown()
+
+
+def spawner(tasks: list[asyncio.Task[None]]) -> Callable[[Any, str], asyncio.Task[None]]:
+    def spawn(coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        tasks.append(task)
+        return task
+
+    return spawn
+
+
+async def test_a_resumed_watch_reopens_from_the_last_version_delivered_without_listing(
+    server: tuple[FakeApiServer, KubeApi],
+) -> None:
+    """What a standby does when it takes the Lease: its watch may have hung while it stood by,
+    so it re-opens it from where its store is; the server replays what came after."""
+    fake, api = server
+    fake.pods = [pod("a"), pod("b")]
+    fake.streams = [[{"type": "MODIFIED", "object": pod("a", version="101")}]]
+    recorder = Recorder()
+    reflector = reflector_for(api, recorder)
+    tasks: list[asyncio.Task[None]] = []
+    reflector.start(spawner(tasks))
+    try:
+        await until(lambda: len(fake.watches) == 2 and reflector.current())
+        assert reflector.opened == 2
+        fake.streams = [[{"type": "MODIFIED", "object": pod("b", version="102")}]]
+        reflector.resume(spawner(tasks))
+        await until(lambda: len(fake.watches) == 4)  # the replay ended, re-opened after it
+    finally:
+        for task in tasks:
+            await stop(task)
+    assert [q["resourceVersion"] for q in fake.watches] == ["100", "101", "101", "102"]
+    assert len(fake.lists) == 1
+    assert recorder.events[-1] == ("MODIFIED", "b")
+
+
+async def test_a_new_leader_waits_for_a_relist_when_its_standby_watch_expired(
+    server: tuple[FakeApiServer, KubeApi],
+) -> None:
+    """The version the standby's store is at is gone (410) when it takes the Lease: it may act
+    only once it has listed again, so a pod deleted meanwhile is no longer in its store."""
+    fake, api = server
+    fake.pods = [pod("a"), pod("b")]
+    rt = Runtime(
+        api=api,
+        settings=OperatorSettings(namespaces=(NS,)),
+        verify=None,  # type: ignore[arg-type]
+        leading=False,
+    )
+    engine_pods.start_reflectors(rt)
+    try:
+        await until(lambda: rt.pod_reflectors[0].current() and len(rt.pods) == 2)
+
+        def b_deleted_while_the_watch_hung() -> None:
+            fake.pods, fake.version = [pod("a")], "300"
+            fake.streams = [[{"type": "ERROR", "object": {**GONE, "message": "too old"}}]]
+            fake.before_watch = lambda: None
+
+        fake.before_watch = b_deleted_while_the_watch_hung
+        await asyncio.wait_for(rt.resume_reflectors(), timeout=10)
+        assert sorted(rt.pods) == ["a"]  # before resume_reflectors returned
+        assert rt.pod_reflectors[0].lists == 2
+        assert [q["resourceVersion"] for q in fake.watches] == ["100", "100", "300"]
+    finally:
+        await rt.shutdown()

@@ -8,7 +8,7 @@ import kopf
 import pytest
 from kopf._cogs.structs import references
 from kvgate.api import labels
-from kvgate.controller import deployments, main
+from kvgate.controller import deployments, main, md_loops
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
@@ -84,6 +84,8 @@ def test_engine_pods_have_no_kopf_handler_the_operators_own_watch_delivers_them(
 
 
 def test_every_kind_a_settled_pass_repairs_is_watched() -> None:
+    """By kopf; ModelDeployments, engine pods and kvgate's Deployments are the operator's own
+    watches (below)."""
     registry = main.register_handlers()
     watched = {
         (h.selector.group or "", h.selector.plural or h.selector.any_name)
@@ -91,7 +93,6 @@ def test_every_kind_a_settled_pass_repairs_is_watched() -> None:
         if h.selector is not None
     }
     for group, plural in [
-        ("kvgate.io", "modeldeployments"),
         ("", "pods"),
         ("", "services"),
         ("", "serviceaccounts"),
@@ -143,3 +144,16 @@ def test_kvgates_deployments_are_the_operators_own_watch_not_kopfs() -> None:
     }
     assert "deployments" not in kopf_plurals
     assert deployments.MANAGED_SELECTOR == MANAGED
+
+
+def test_modeldeployments_are_the_operators_own_watch_not_kopfs() -> None:
+    """A standby keeps them in its store (kvgate.controller.standby) and leads from there: kopf
+    runs only in the leader and would list them again from nothing after a failover."""
+    registry = main.register_handlers()
+    kopf_plurals = {
+        h.selector.plural or h.selector.any_name
+        for h in registry._watching.get_all_handlers()
+        if h.selector is not None
+    }
+    assert "modeldeployments" not in kopf_plurals
+    assert md_loops.MODEL_DEPLOYMENTS.cluster_path == "/apis/kvgate.io/v1alpha1/modeldeployments"

@@ -32,7 +32,8 @@ def on_deployment_event(rt: Runtime, event_type: str | None, body: dict[str, Any
         rt.deployments.pop(uid, None)
     else:
         rt.deployments[uid] = pod_view.slim_workload(body)
-    wake_owner(rt, body)
+    if rt.leading:  # a standby keeps the store only: no loop runs to wake
+        wake_owner(rt, body)
 
 
 DEPLOYMENTS = Watched("Deployment", "apps/v1", "/apis/apps/v1/deployments", MANAGED_SELECTOR)

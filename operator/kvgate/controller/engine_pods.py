@@ -70,6 +70,12 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
     uid = pod.get("metadata", {}).get("uid")
     if not uid:
         return
+    if not rt.leading:  # a standby keeps its store current, and does nothing else
+        if event_type == "DELETED":
+            rt.pods.pop(uid, None)
+        else:
+            rt.pods[uid] = pod
+        return
     namespace, md_name = _md_of(pod)
     kv_canary_watch.on_pod_event(rt, event_type, pod)  # safety.kvCanary: follow its log
     if event_type == "DELETED":
@@ -94,6 +100,42 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         or (fingerprint(previous) != fingerprint(pod))
     ):
         rt.wake_md(namespace, md_name)
+
+
+def take_over(rt: Runtime) -> None:
+    """This replica starts leading with the engine pods its standby store holds: each gets its
+    verifier, as on a first watch event, except that an engine whose pod shows it proved itself
+    since it last started (its gate True since the engine container's start, and the pool it
+    proved in the gate's message) is not read again at first sight: the verifier starts from
+    that proof (``rt.engines``, what a pass reports) and re-reads it when its periodic turn
+    comes, spread over one re-verify interval. Every other engine (restarted, refused, never
+    verified, changed) is read at once, and its verifier starts first."""
+    proofs: dict[str, Fingerprint] = {}
+    for uid, pod in rt.pods.items():
+        pool = gate.proven_pool_tokens(pod)
+        if (
+            pool is not None
+            and gate.verified_since_engine_start(pod)
+            and not pod.get("metadata", {}).get("deletionTimestamp")
+        ):
+            proofs[uid] = fingerprint(pod)
+            cond = gate.current_condition(pod) or {}
+            rt.engines[uid] = VerifiedEngine(Outcome.SAFE.value, str(cond.get("reason")), pool)
+    for uid in sorted(rt.pods, key=lambda uid: uid in proofs):  # the changed ones first
+        pod = rt.pods[uid]
+        kv_canary_watch.on_pod_event(rt, None, pod)
+        _track(rt, pod, first=True)
+        proof = proofs.get(uid)
+        rt.verifiers[uid] = spawn(
+            run_verifier(rt, uid, lambda: False, proven=proof),
+            name=f"verify-{gate.pod_name(pod)}",
+        )
+    log.info(
+        "took over %d engine pods: %d re-read now, %d from their last proof",
+        len(rt.pods),
+        len(rt.pods) - len(proofs),
+        len(proofs),
+    )
 
 
 ENGINE_SELECTOR = f"{labels.COMPONENT}={labels.COMPONENT_ENGINE}"
@@ -361,13 +403,18 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     return condition
 
 
-async def run_verifier(rt: Runtime, uid: str, stopped: Callable[[], bool]) -> None:
+async def run_verifier(
+    rt: Runtime, uid: str, stopped: Callable[[], bool], *, proven: Fingerprint | None = None
+) -> None:
     """The per-pod loop over ``rt.pods[uid]``: check on change, else every reverify interval,
     until stopped or the pod is gone (the loop holds no body of its own: the latest is in
-    ``rt.pods``)."""
+    ``rt.pods``). ``proven``: the pod as it was when it last proved itself (``take_over``):
+    no read until it changes from that or its periodic turn comes, within one interval."""
     wake = rt.pod_wake(uid)
-    last: Fingerprint | None = None
+    last: Fingerprint | None = proven
     last_check = float("-inf")
+    if proven is not None and uid in rt.pods:
+        last_check = time.monotonic() - reverify_seconds(rt, rt.pods[uid]) * random.random()
     gateway = GatewayWatch(
         rt, grace_seconds=rt.settings.gateway_grace_seconds
     )  # deletes the pod if a gateway ignores its NotReady

@@ -1,11 +1,12 @@
 """`kvgate operator`: kopf start-up settings and the wiring of triggers to handlers.
 
-Triggers (kopf watches): ModelDeployments (one reconcile loop each, an asyncio task started and
-cancelled by the CR's watch events: no finalizer, see handlers.md_loops), kvgate's Services and
-router access objects (wake their MD), routers and multi-node workers. Engine pods and kvgate's
-Deployments are listed and watched by the operator itself (kvgate.kube.informer): engine pod events
-start/stop each pod's verifier task (no finalizer on pods), Deployment events wake their MD, and
-passes read both from its stores once it has listed them all.
+Triggers (kopf watches, in the leader only): kvgate's Services and router access objects (wake
+their MD), routers and multi-node workers. ModelDeployments, engine pods and kvgate's Deployments
+are listed and watched by the operator itself (kvgate.kube.informer), in a standby too
+(kvgate.controller.standby): ModelDeployment events start/stop one reconcile loop each (an asyncio
+task: no finalizer, see controller.md_loops), engine pod events start/stop each pod's verifier task
+(no finalizer on pods), Deployment events wake their MD, and passes read them from the stores
+once they are listed.
 
 Peering: with --standalone kopf does not look for KopfPeering objects; run ONE replica
 (Deployment strategy Recreate). Without it, kopf uses peering objects named "kvgate" (the chart
@@ -35,7 +36,6 @@ from prometheus_client import start_http_server
 
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import labels, multinode
-from kvgate.api.models import GROUP, PLURAL, VERSION
 from kvgate.controller import (
     deployments,
     engine_pods,
@@ -43,6 +43,7 @@ from kvgate.controller import (
     kv_canary_watch,
     md_loops,
     router_workers,
+    standby,
 )
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import http_pool, metrics
@@ -159,17 +160,11 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
     kvgate's Services and the router access objects (engine pods and Deployments are the
     operator's own watches, started in serve)."""
 
-    # One reconcile loop per ModelDeployment (handlers.md_loops), started and stopped by these
-    # events: no kopf daemon, so no finalizer and no operator round trip on deletion.
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def modeldeployment_event(event: kopf.RawEvent, **_: Any) -> None:
-        body = dict(event["object"])
-        md_loops.on_md_event(_rt(), event.get("type"), body)
-        if event.get("type") != "DELETED":
-            await md_loops.release_legacy_finalizer(_rt(), body)
-
-    # Engine pods are not kopf's: the operator lists and watches them itself (kvgate.kube.informer,
-    # started in serve), so a pass knows when every engine pod is in its store.
+    # ModelDeployments and engine pods are not kopf's: the operator lists and watches them itself
+    # (kvgate.kube.informer, started in serve), so a standby keeps them current and a pass knows
+    # when every engine pod is in its store. One reconcile loop per ModelDeployment
+    # (controller.md_loops), started and stopped by its events: no kopf daemon, so no finalizer
+    # and no operator round trip on deletion.
 
     @kopf.on.event(
         "", "v1", "pods", labels={labels.COMPONENT: multinode.COMPONENT_WORKER}, registry=registry
@@ -249,6 +244,7 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
         policy=ClusterPolicy(
             min_engine_version_floor=settings.min_engine_version_floor,
             gpus_per_node=settings.gpus_per_node,
+            gpu_reserved_gib_by_product=settings.gpu_reserved_gib_by_product,
         ),
     )
     kopf_settings.admission.managed = None
@@ -349,7 +345,12 @@ async def serve(
     # Raises ValueError naming the chart value when the floor is not a version.
     ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
     api = KubeApi(credentials or load_credentials())
-    _runtime = Runtime(api=api, settings=settings, verify=make_verify(settings))
+    _runtime = Runtime(
+        api=api,
+        settings=settings,
+        verify=make_verify(settings),
+        leading=settings.leader_election is None,
+    )
     registry = register_handlers()
     health = await _health_server(settings)
     # The Lease gets its own connection pool: renewals never queue behind the reconcile loops'
@@ -364,6 +365,11 @@ async def serve(
     )
     stop = _StopRelay(stop_flag)
     try:
+        # A standby keeps these stores current (nothing else: no verifier, loop or write), so
+        # that it leads from them when it takes the Lease (kvgate.controller.standby).
+        md_loops.start_reflectors(_runtime)
+        engine_pods.start_reflectors(_runtime)
+        deployments.start_reflectors(_runtime)
         if elector is not None:
             log.info(
                 "standing by for the Lease",
@@ -372,10 +378,11 @@ async def serve(
                     "identity": elector.config.identity,
                 },
             )
-            if not await elector.acquire(stop.event):
+            await standby.warm_up(_runtime, stop.event)
+            if not await elector.acquire(stop.event) or not await standby.take_over(
+                _runtime, stop.event
+            ):
                 return
-        engine_pods.start_reflectors(_runtime)
-        deployments.start_reflectors(_runtime)
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(

@@ -18,11 +18,14 @@ it (``release_legacy_finalizer``). With no kvgate running, ``kubectl patch md NA
 from __future__ import annotations
 
 import logging
+from collections.abc import ItemsView, Iterator, Mapping
 from typing import Any
 
 from kvgate.api import labels
+from kvgate.api.models import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from kvgate.controller import modeldeployment
 from kvgate.controller.runtime import MdKey, Runtime, spawn
+from kvgate.kube.informer import Watched
 from kvgate.kube.k8s import JSON_PATCH, ApiError
 
 log = logging.getLogger("kvgate.md_loops")
@@ -37,8 +40,15 @@ def _key(body: Body) -> MdKey:
 
 def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
     """Keep the latest body, wake the loop, and start it (first sight) or stop it (deleted or
-    being deleted: the garbage collector removes what the ModelDeployment owns)."""
+    being deleted: the garbage collector removes what the ModelDeployment owns). A standby
+    keeps the body only."""
     key = _key(body)
+    if not rt.leading:
+        if event_type == "DELETED":
+            rt.mds.pop(key, None)
+        else:
+            rt.mds[key] = body
+        return
     if event_type == "DELETED":
         rt.forget_md(key)
     else:
@@ -96,3 +106,56 @@ async def release_legacy_finalizer(rt: Runtime, body: Body) -> bool:
         extra={"namespace": namespace, "deployment": name},
     )
     return True
+
+
+def on_reflected(rt: Runtime, event_type: str | None, body: Body) -> None:
+    """A listed or watched ModelDeployment (the operator's own list-then-watch): as
+    ``on_md_event``; a leader also releases a legacy finalizer (in a task of its own)."""
+    on_md_event(rt, event_type, body)
+    finalizers = body.get("metadata", {}).get("finalizers") or ()
+    if rt.leading and event_type != "DELETED" and LEGACY_FINALIZER in finalizers:
+        key = _key(body)
+        spawn(release_legacy_finalizer(rt, body), name=f"finalizer-{key[0]}/{key[1]}")
+
+
+def take_over(rt: Runtime) -> None:
+    """This replica starts leading with the ModelDeployments its standby store holds: each
+    gets its loop (and a legacy finalizer is released), as on a first watch event."""
+    for body in list(rt.mds.values()):
+        on_reflected(rt, None, body)
+
+
+class _ByUid(Mapping[str, Body]):
+    """``rt.mds`` seen by uid, as a reflector's store (kvgate.kube.informer.per_namespace)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def _index(self) -> dict[str, Body]:
+        return {str(b.get("metadata", {}).get("uid", "")): b for b in self.rt.mds.values()}
+
+    def __getitem__(self, uid: str) -> Body:
+        return self._index()[uid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self.rt.mds)
+
+    def items(self) -> ItemsView[str, Body]:  # one index, not one per key
+        return self._index().items()
+
+
+MODEL_DEPLOYMENTS = Watched(KIND, API_VERSION, f"/apis/{GROUP}/{VERSION}/{PLURAL}", "")
+
+
+def start_reflectors(rt: Runtime) -> None:
+    """Start the list-then-watch of ModelDeployments (one per watched namespace, or one
+    cluster-wide): every listed or watched one goes to ``on_reflected``."""
+    rt.reflect(
+        MODEL_DEPLOYMENTS,
+        store=_ByUid(rt),
+        on_event=lambda event_type, body: on_reflected(rt, event_type, body),
+        into=rt.md_reflectors,
+    )

@@ -33,6 +33,7 @@ from kvgate.rollout import (
     access_checks,
     lws_availability,
     pass_decision,
+    pass_priority,
     pass_timing,
     pool_drift,
     rollback,
@@ -647,7 +648,10 @@ async def _reconcile_until_stopped(
     quiet = 0  # timer passes in a row that no change woke
     while not stopped():
         try:
-            async with rt.pass_slots():
+            # A settled ModelDeployment's pass waits behind the others' (a new leader's first
+            # passes: kvgate.rollout.pass_priority).
+            urgent = not pass_priority.settled_by_status(rt.mds.get(key) or {})
+            async with rt.pass_slots().slot(urgent=urgent):
                 wake.clear()  # a change from here on calls for another pass
                 step = await reconciler.reconcile()
         except Exception as exc:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import logging
 import math
 import time
 from collections import UserDict
@@ -20,8 +22,11 @@ from kvgate.controller import step_check
 from kvgate.kube import metrics
 from kvgate.kube.informer import Reflector, Watched, per_namespace
 from kvgate.kube.k8s import KubeApi
+from kvgate.kube.probe_slots import ProbeSlots
 from kvgate.kube.settings import OperatorSettings
 from kvgate.verify import pod_view, router_auth
+
+log = logging.getLogger("kvgate.runtime")
 
 
 class VerifyFn(Protocol):
@@ -257,7 +262,7 @@ class Runtime:
     # State a single module keeps for this operator run, one instance per type: the module
     # defines it and reaches it through ``owned`` (see forget_md and forget_pod).
     _owned: dict[type[Any], Any] = field(default_factory=dict)
-    _pass_slots: asyncio.Semaphore | None = None  # settings.max_concurrent_reconciles
+    _pass_slots: ProbeSlots | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
     _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
     _pod_wakes: dict[str, Wake] = field(default_factory=dict)
@@ -268,7 +273,11 @@ class Runtime:
     # engine_pods and deployments
     pod_reflectors: list[Reflector] = field(default_factory=list)
     deployment_reflectors: list[Reflector] = field(default_factory=list)
+    md_reflectors: list[Reflector] = field(default_factory=list)  # kvgate.controller.md_loops
     reflector_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # False while this replica stands by for the Lease (kvgate.controller.standby): the stores
+    # above are kept, nothing is verified, reconciled or written.
+    leading: bool = True
 
     @property
     def engine_pods_listed(self) -> bool:
@@ -298,7 +307,50 @@ class Runtime:
             self.api, watched, namespaces=self.settings.namespaces, store=store, on_event=on_event
         ):
             into.append(reflector)
-            self.reflector_tasks.append(spawn(reflector.run(), name=f"reflector:{reflector.path}"))
+            reflector.start(self._spawn_reflector)
+
+    def _spawn_reflector(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = spawn(coro, name)
+        self.reflector_tasks.append(task)
+        task.add_done_callback(self._forget_reflector_task)
+        return task
+
+    def _forget_reflector_task(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.reflector_tasks.remove(task)
+
+    @property
+    def reflectors(self) -> list[Reflector]:
+        return [*self.pod_reflectors, *self.deployment_reflectors, *self.md_reflectors]
+
+    async def resume_reflectors(self, *, report_every: float = 10.0) -> None:
+        """Re-open every reflector's watch from the last resourceVersion it delivered, and
+        return once the API server has accepted each new watch (or the reflector has listed
+        again and opened its watch): from then on each store holds every change up to the
+        server's present, whatever its watch did while this replica stood by
+        (kvgate.kube.informer)."""
+        reflectors = self.reflectors
+        before = [r.opened for r in reflectors]
+        for reflector in reflectors:
+            reflector.resume(self._spawn_reflector)
+
+        def waiting() -> list[str]:
+            return [
+                r.path
+                for r, n in zip(reflectors, before, strict=True)
+                if r.opened <= n or not r.current()
+            ]
+
+        started = last_report = time.monotonic()
+        while waiting():
+            await asyncio.sleep(0.02)
+            if time.monotonic() - last_report >= report_every:
+                last_report = time.monotonic()
+                log.warning(
+                    "waiting %.0fs for the watches of %s to re-open before leading",
+                    last_report - started,
+                    ", ".join(waiting()),
+                )
 
     def owned(self, kind: type[S]) -> S:
         """The instance of ``kind`` this runtime keeps for the module that defines it (made on
@@ -309,10 +361,12 @@ class Runtime:
             state = self._owned[kind] = kind()
         return cast(S, state)
 
-    def pass_slots(self) -> asyncio.Semaphore:
-        """At most ``max_concurrent_reconciles`` ModelDeployment passes at once (FIFO)."""
+    def pass_slots(self) -> ProbeSlots:
+        """At most ``max_concurrent_reconciles`` ModelDeployment passes at once, FIFO within
+        two queues: the passes of ModelDeployments whose own status says they are settled
+        wait behind the others (kvgate.rollout.pass_priority)."""
         if self._pass_slots is None:
-            self._pass_slots = asyncio.Semaphore(self.settings.max_concurrent_reconciles)
+            self._pass_slots = ProbeSlots(self.settings.max_concurrent_reconciles)
         return self._pass_slots
 
     def audit_pacer(self) -> Pacer:

@@ -16,14 +16,20 @@ after a 410 also reports no deletions. This reflector:
 * is ``synced`` from its first complete list on (and stays so: after that the store is as
   current as any informer's);
 * then watches from the list's resourceVersion, with bookmarks, re-opening the watch where it
-  ended; a watch answered with 410 Gone lists again.
+  ended; a watch answered with 410 Gone lists again;
+* can be ``resume``d: its watch re-opened from the last resourceVersion it delivered, and
+  ``opened`` counts the watches the API server accepted. A standby that becomes the leader
+  resumes every reflector and acts once each new watch is open: the server then replays every
+  change after that version (or answers 410 and the reflector lists again), so a watch that
+  hung or expired while it stood by cannot leave it acting on a stale store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +43,7 @@ log = logging.getLogger("kvgate.kube.informer")
 PAGE_SIZE = 500  # objects per list page (client-go's reflector uses 500 too)
 WATCH_SECONDS = 300  # the API server ends each watch after this; it is re-opened at once
 BACKOFF_SECONDS = (1.0, 30.0)  # first and longest wait after a failed list or watch
+SETTLE_SECONDS = 0.25  # a watch with no ERROR this long after it opened took its version
 
 
 @dataclass(eq=False)
@@ -53,24 +60,48 @@ class Reflector:
     watch_seconds: int = WATCH_SECONDS
     synced: bool = False
     lists: int = 0  # complete lists so far (the first, then one per 410)
+    opened: int = 0  # watches the API server accepted so far
+    open_since: float | None = None  # when the watch now open was accepted (monotonic)
+    heard: bool = False  # an event or bookmark arrived on the watch now open
+    version: str = ""  # the resourceVersion to watch from
+    must_list: bool = True  # no list yet, or its watch got 410 Gone
+    watching: bool = False  # in its watch phase (a stream open, or being re-opened)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)  # see start and resume
     _sleep: Callable[[float], Any] = field(default=asyncio.sleep, repr=False)
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]) -> None:
+        """Run the reflector in a task made by ``spawn(coro, name)``."""
+        self.task = spawn(self.run(), f"reflector:{self.path}")
+
+    def resume(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]) -> None:
+        """Re-open the watch from the last resourceVersion delivered (a reflector that is
+        listing, or waiting to list again, goes on: its next watch opens after the list)."""
+        if not self.watching or self.task is None:
+            return
+        self.task.cancel()
+        self.watching, self.open_since = False, None
+        self.start(spawn)
 
     async def run(self) -> None:
         """List, then watch, for ever (until cancelled). Errors are logged and retried with
         backoff; none ends the loop (a dead reflector would leave new engine pods unverified
-        and never serving)."""
+        and never serving). A reflector that has listed before watches from where it was."""
         delay = BACKOFF_SECONDS[0]
         while True:
             try:
-                version = await self._list()
-                self.synced = True
+                if self.must_list:
+                    self.watching = False
+                    self.version = await self._list()
+                    self.synced, self.must_list = True, False
                 delay = BACKOFF_SECONDS[0]
-                await self._watch(version)
+                await self._watch()
+                self.must_list = True  # 410 Gone
             except (ApiError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 log.warning("listing %s failed (%s); again in %.0fs", self.path, exc, delay)
                 delay = await self._backoff(delay)
-            except Exception:  # a bug: say so, and keep the store alive
+            except Exception:  # a bug: say so, keep the store alive, and list it whole again
                 log.exception("the list-then-watch of %s failed; again in %.0fs", self.path, delay)
+                self.must_list = True
                 delay = await self._backoff(delay)
 
     async def _backoff(self, delay: float) -> float:
@@ -120,30 +151,49 @@ class Reflector:
             metrics.WATCH_LISTS.labels(resource_of(self.path)).inc()
             return version
 
-    async def _watch(self, version: str) -> None:
-        """Watch from ``version`` until the API server answers 410 Gone (then return: list
-        again). A watch that ends, or breaks, is re-opened from the last version seen."""
+    def _opened(self) -> None:
+        self.opened += 1
+        self.open_since, self.heard = time.monotonic(), False
+
+    def current(self, settle_seconds: float = SETTLE_SECONDS) -> bool:
+        """Whether a watch is open and the API server did not refuse its resourceVersion: an
+        event or bookmark arrived on it, or ``settle_seconds`` passed without its ERROR (the
+        API server sends a too-old version's 410 at once, as the watch's first event)."""
+        since = self.open_since
+        return since is not None and (self.heard or time.monotonic() - since >= settle_seconds)
+
+    async def _watch(self) -> None:
+        """Watch from ``self.version`` until the API server answers 410 Gone (then return:
+        list again). A watch that ends, or breaks, is re-opened from the last version seen."""
         delay = BACKOFF_SECONDS[0]
+        self.watching = True
         while True:
             params = {
                 "labelSelector": self.selector,
-                "resourceVersion": version,
+                "resourceVersion": self.version,
                 "allowWatchBookmarks": "true",
                 "timeoutSeconds": str(self.watch_seconds),
             }
             try:
                 async for event in self.api.watch(
-                    self.path, params, read_timeout=self.watch_seconds + 30.0
+                    self.path,
+                    params,
+                    read_timeout=self.watch_seconds + 30.0,
+                    on_open=self._opened,
                 ):
-                    version = self._on_watch_event(event) or version
+                    self.version = self._on_watch_event(event) or self.version
+                    self.heard = True
+                self.open_since = None
                 delay = BACKOFF_SECONDS[0]
             except ApiError as exc:  # an HTTP error, or an ERROR event (_on_watch_event)
+                self.open_since = None
                 if exc.status == 410:
                     log.info("the watch of %s expired (410 Gone): listing again", self.path)
                     return
                 log.warning("watching %s failed (%s); again in %.0fs", self.path, exc, delay)
                 delay = await self._backoff(delay)
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                self.open_since = None
                 log.info("the watch of %s broke (%r): re-opening it", self.path, exc)
                 delay = await self._backoff(delay)
 

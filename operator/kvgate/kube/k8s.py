@@ -277,11 +277,17 @@ class KubeApi:
             return result
 
     async def watch(
-        self, path: str, params: dict[str, str], *, read_timeout: float
+        self,
+        path: str,
+        params: dict[str, str],
+        *,
+        read_timeout: float,
+        on_open: Callable[[], None] | None = None,
     ) -> AsyncIterator[Body]:
         """``GET path?watch=true``: yields each event ({"type", "object"}) as the API server
         streams it, until the server ends the watch (its timeoutSeconds) or nothing arrives for
-        ``read_timeout`` seconds (aiohttp raises then). Counted as verb WATCH."""
+        ``read_timeout`` seconds (aiohttp raises then). ``on_open`` is called once the server
+        has accepted the watch (its resourceVersion included). Counted as verb WATCH."""
         metrics.API_REQUESTS.labels("WATCH", resource_of(path)).inc()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=read_timeout)
         async with self._session_now().get(
@@ -292,6 +298,8 @@ class KubeApi:
         ) as response:
             if response.status >= 400:
                 raise _api_error(response, "WATCH", path, await response.text())
+            if on_open is not None:
+                on_open()
             pending = b""
             # Split on newlines by hand: one event is one line, and a line may be larger than
             # aiohttp's readline limit (a pod with long managedFields).

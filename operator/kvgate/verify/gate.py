@@ -11,6 +11,7 @@ answering, which is the moment an operator wants to see.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -142,6 +143,20 @@ def verdict_message(pod: Pod, verdict: Verdict, requirement: Requirement) -> str
     if verdict.outcome is Outcome.UNSAFE:
         return f"{who} reports {verdict.message}"
     return f"{who} could not be verified: {verdict.message}"
+
+
+_PROVEN_POOL = re.compile(r" reports KV pool ([0-9,]+) tokens ≥ context length ")
+
+
+def proven_pool_tokens(pod: Pod) -> int | None:
+    """The KV pool (tokens) the pod's engine proved when its gate was last set True, read back
+    from the condition's message (``verdict_message``'s words); None when the gate is not True
+    or the message names no pool."""
+    cond = current_condition(pod)
+    if cond is None or cond.get("status") != "True":
+        return None
+    found = _PROVEN_POOL.search(str(cond.get("message") or ""))
+    return int(found.group(1).replace(",", "")) if found else None
 
 
 def _condition(pod: Pod, status: str, reason: str, message: str, now: datetime) -> Condition | None:
