@@ -130,6 +130,16 @@ def test_two_controller_replicas_elect_one_leader_and_two_webhook_pods_serve_adm
     for pod in controllers:
         expected = 1.0 if pod["metadata"]["name"] == leader else 0.0
         assert leader_gauge(world, pod) == expected, pod["metadata"]["name"]
+    # The standby is warm (kvgate.controller.standby): it watches what it will lead from, and
+    # it only reads (its writes would race the leader's).
+    (spare,) = [p for p in controllers if p["metadata"]["name"] != leader]
+    requests = api_requests(metrics_of(world, spare))
+    assert {r for (verb, r) in requests if verb == "WATCH"} >= {
+        "pods",
+        "deployments",
+        "modeldeployments",
+    }, requests
+    assert {verb for (verb, r) in requests if r != "leases"} <= {"GET", "WATCH"}, requests
     webhooks = world.webhook_pods()
     assert len(webhooks) == 2 and all(is_ready(p) for p in webhooks)
     for pod in webhooks:
@@ -150,6 +160,19 @@ def metrics_of(world: World, pod: dict[str, Any]) -> str:
     url = f"http://127.0.0.1:{world.forward(pod['status']['podIP'], 8080)}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         return str(response.read().decode())
+
+
+def api_requests(metrics: str) -> dict[tuple[str, str], float]:
+    """kvgate_api_requests_total by (verb, resource), the requests the replica has made."""
+    return {
+        (m[2], m[1]): float(m[3])
+        for m in re.finditer(
+            r'^kvgate_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} (\S+)$',
+            metrics,
+            re.M,
+        )
+        if float(m[3]) > 0
+    }
 
 
 def leader_gauge(world: World, pod: dict[str, Any]) -> float:
