@@ -406,3 +406,24 @@ async def test_a_violation_on_a_worker_rank_turns_its_leaders_gate_false(
         kv_canary_watch.on_pod_event(rt, "DELETED", leader)
         await rt.api.close()
         await runner.cleanup()
+
+
+async def test_a_worker_seen_before_its_deployment_is_followed_on_its_leaders_next_pass(
+    served: tuple[FakeApiServer, Runtime],
+) -> None:
+    """A worker's watch event can come before the operator knows its ModelDeployment (after a
+    restart); running workers send no further events, so the leader's verification pass
+    starts their followers."""
+    _, rt = served
+    leader, worker = group_pods()
+    saved = rt.mds.pop((NS, "llama"))
+    rt.pods[LEADER_UID] = leader
+    try:
+        kv_canary_watch.on_worker_event(rt, "ADDED", worker)
+        assert WORKER_UID not in kv_canary_watch._followers
+        rt.mds[(NS, "llama")] = saved
+        kv_canary_watch.on_check(rt, leader, None, NOW)
+        assert not kv_canary_watch._followers[WORKER_UID].done()
+    finally:
+        kv_canary_watch.on_worker_event(rt, "DELETED", worker)
+        kv_canary_watch.on_pod_event(rt, "DELETED", leader)

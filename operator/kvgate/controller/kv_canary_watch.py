@@ -76,10 +76,32 @@ def override(pod: Pod, condition: dict[str, str] | None, now: datetime) -> dict[
 def on_check(
     rt: Runtime, pod: Pod, condition: dict[str, str] | None, now: datetime
 ) -> dict[str, str] | None:
-    """The verifier's hook, every pass: make sure a verified pod is followed, and keep a tripped
-    pod's gate False."""
+    """The verifier's hook, every pass: make sure a verified pod (and, for a multi-node leader,
+    each of its group's workers) is followed, and keep a tripped pod's gate False."""
     on_pod_event(rt, None, pod)
+    for worker in _group_workers(pod):
+        on_worker_event(rt, None, worker)
     return override(pod, condition, now)
+
+
+def _group_workers(leader: Pod) -> list[Pod]:
+    """The workers seen with the leader's LeaderWorkerSet name and group index (a worker whose
+    event came before its ModelDeployment was known is started on its leader's next pass)."""
+    meta = leader.get("metadata", {})
+    group = meta.get("labels") or {}
+    key = (group.get(multinode.LWS_NAME_LABEL), group.get(multinode.GROUP_INDEX_LABEL))
+    if key[0] is None or key[1] is None:
+        return []
+    return [
+        w
+        for w in list(_workers.values())
+        if w.get("metadata", {}).get("namespace") == meta.get("namespace")
+        and (
+            (w.get("metadata", {}).get("labels") or {}).get(multinode.LWS_NAME_LABEL),
+            (w.get("metadata", {}).get("labels") or {}).get(multinode.GROUP_INDEX_LABEL),
+        )
+        == key
+    ]
 
 
 def _canary_on(rt: Runtime, pod: Pod) -> bool:
