@@ -15,8 +15,7 @@ from kvgate.verify.content_probe import (
     ProbeAnswer,
 )
 
-PROBES = content_probe.plan_probes(131_072, 434_523, ContentProbeSpec())
-PLAN = plan_abort(PROBES)
+PLAN = plan_abort(131_072, 434_523, ContentProbeSpec())
 KNOWN = (11, 12, 13, 14, 15, 16, 17, 18)
 OTHER = (12, 13, 14, 15, 16, 17, 18, 19)
 DROPPED = AbortOutcome(ProbeAnswer(200, seconds=1.0), 1.0)
@@ -26,20 +25,25 @@ def answer(ids: tuple[int, ...] | None, status: int | None = 200) -> ProbeAnswer
     return ProbeAnswer(status, len(ids or ()), output_ids=ids, seconds=0.1)
 
 
-def verdict(before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer) -> ContentVerdict:
-    assert PLAN is not None
-    return content_probe.verdict("r1", judge_abort(PLAN, before, outcome, after))
+def verdict(
+    before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer, later: ProbeAnswer | None = None
+) -> ContentVerdict:
+    answers = [("right after the abort", after), ("1.00 s after the abort", later or after)]
+    return content_probe.verdict("r1", judge_abort(PLAN, before, outcome, answers))
 
 
-def test_the_aborted_request_is_the_longest_in_range_probe_with_other_ids() -> None:
+def test_the_aborted_request_is_as_long_as_the_longest_in_range_probe_with_other_ids() -> None:
     assert PLAN is not None
     assert PLAN.known.prompt_tokens == abort_probe.KNOWN_PROMPT_TOKENS
     assert PLAN.known.expect is Expect.KNOWN_ANSWER and PLAN.known.max_new_tokens == 8
-    assert PLAN.aborted.prompt_tokens == 131_062 and PLAN.aborted.expect is Expect.ABORT
+    # The longest prompt answered in full with 64 new tokens: 131,072 - 64 - 2.
+    assert PLAN.aborted.prompt_tokens == 131_006 and PLAN.aborted.expect is Expect.ABORT
+    assert PLAN.aborted.max_new_tokens == abort_probe.ABORT_NEW_TOKENS == 64
     known = content_probe.prompt_ids(8)
     aborted = content_probe.prompt_ids(8, offset=PLAN.aborted.offset)
     assert all(a != b for a, b in zip(known, aborted, strict=True))
-    assert plan_abort([p for p in PROBES if p.expect is Expect.REFUSAL]) is None
+    half = plan_abort(131_072, None, ContentProbeSpec(lengths=[50]))
+    assert half.aborted.prompt_tokens == 131_006 // 2
 
 
 def test_the_drop_comes_half_way_into_the_longest_probes_answer_time() -> None:
@@ -60,6 +64,18 @@ def test_other_tokens_after_the_abort_fail_the_check_naming_the_contamination() 
 def test_the_same_tokens_after_the_abort_pass() -> None:
     result = verdict(answer(KNOWN), DROPPED, answer(KNOWN))
     assert result.passed, result.message
+    assert [f.request.expect for f in result.findings] == [
+        Expect.KNOWN_ANSWER,
+        Expect.ABORT,
+        Expect.KNOWN_ANSWER,
+        Expect.KNOWN_ANSWER,
+    ]
+
+
+def test_other_tokens_only_once_the_abort_settled_fail_the_check_too() -> None:
+    result = verdict(answer(KNOWN), DROPPED, answer(KNOWN), answer(OTHER))
+    assert result.reason == REASON_FAILED
+    assert "(known answer, 1.00 s after the abort): HTTP 200" in result.message
 
 
 def test_a_request_answered_before_the_drop_or_no_answer_decides_nothing() -> None:
@@ -80,9 +96,13 @@ def test_a_long_answer_is_quoted_shortened() -> None:
     assert shown.startswith("output_ids [0, 1, 2") and shown.endswith(", … (100 in all)]")
 
 
-def test_a_plain_and_a_streamed_answer_give_their_output_ids() -> None:
+def test_a_plain_answer_gives_its_output_ids_and_a_stream_its_count() -> None:
     plain = b'{"output_ids": [5, 6, 7], "meta_info": {"completion_tokens": 3}}'
     assert parse_stream(200, plain, False, 0.1).output_ids == (5, 6, 7)
-    stream = b'data: {"output_ids": [5]}\n\ndata: {"output_ids": [5, 6]}\n\ndata: [DONE]\n\n'
-    assert parse_stream(200, stream, False, 0.1).output_ids == (5, 6)
+    stream = (
+        b'data: {"output_ids": [5], "meta_info": {"completion_tokens": 1}}\n\n'
+        b'data: {"output_ids": [6], "meta_info": {"completion_tokens": 2}}\n\ndata: [DONE]\n\n'
+    )
+    answer = parse_stream(200, stream, False, 0.1)
+    assert answer.generated_tokens == 2 and answer.output_ids is None
     assert parse_stream(400, b'{"error": {"message": "no"}}', False, 0.1).output_ids is None

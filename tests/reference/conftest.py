@@ -189,7 +189,13 @@ async def post_generate(session: aiohttp.ClientSession, engine: RunningEngine, b
         text = await response.text()
         events = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
         assert events and events[-1] == "[DONE]", text
-        return Leg(response.status, json.loads(events[0]))
+        # /generate streams a token an event: the answer is their output_ids in order, with the
+        # last event's meta_info (or the one error event).
+        parsed = [json.loads(e) for e in events[:-1]]
+        body = dict(parsed[-1])
+        if "output_ids" in body:
+            body["output_ids"] = [i for e in parsed for i in e.get("output_ids", [])]
+        return Leg(response.status, body)
 
 
 async def route_pd(

@@ -109,13 +109,15 @@ async def test_a_decode_that_lands_an_aborted_transfer_in_the_next_request_fails
     lengths = [f for f in verdict.findings if f.request.expect in (Expect.ANSWER, Expect.REFUSAL)]
     assert len(lengths) == 3 and all(f.passed for f in lengths), verdict.message
     assert by_expect[Expect.ABORT].passed, verdict.message  # it was dropped mid-flight
-    before, after = [f for f in verdict.findings if f.request.expect is Expect.KNOWN_ANSWER]
-    # The reference model copies the prompt: the known answer is its first 8 ids, and after
-    # the abort the request decodes the aborted prompt, which starts one id later.
+    before, *after = [f for f in verdict.findings if f.request.expect is Expect.KNOWN_ANSWER]
+    # The reference model copies the prompt: the known answer is its first 8 ids; the request
+    # the aborted KV landed on decodes the aborted prompt, which starts one id later.
     prompt = content_probe.prompt_ids(9)
     assert before.passed and before.answer.output_ids == tuple(prompt[:8])
-    assert not after.passed and not after.undecided
-    assert after.answer.http_status == 200 and after.answer.output_ids == tuple(prompt[1:9])
+    wrong = [f for f in after if not f.passed]
+    assert len(after) == 2 and wrong, verdict.message
+    assert all(f.answer.http_status == 200 and not f.undecided for f in wrong)
+    assert all(f.answer.output_ids == tuple(prompt[1:9]) for f in wrong), verdict.message
     assert "abort-path contamination" in verdict.message, verdict.message
     assert f"want output_ids [{', '.join(map(str, prompt[:8]))}]" in verdict.message
     assert "release their KV cleanly" in verdict.message
@@ -127,6 +129,8 @@ async def test_honest_engines_give_the_known_answer_after_an_abort(
     verdict = await content_check(engines, {})
     assert verdict.reason == REASON_PASSED, verdict.message
     expects = [f.request.expect for f in verdict.findings]
-    assert expects[-3:] == [Expect.KNOWN_ANSWER, Expect.ABORT, Expect.KNOWN_ANSWER], expects
-    assert "connection closed" in verdict.findings[-2].summary
-    assert verdict.findings[-1].answer.output_ids == verdict.findings[-3].answer.output_ids
+    assert expects[-4:] == [Expect.KNOWN_ANSWER, Expect.ABORT] + [Expect.KNOWN_ANSWER] * 2
+    assert "connection closed" in verdict.findings[-3].summary
+    known = verdict.findings[-4].answer.output_ids
+    assert known is not None and len(known) == 8
+    assert all(f.answer.output_ids == known for f in verdict.findings[-2:])

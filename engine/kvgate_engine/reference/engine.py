@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,9 @@ class GenerateError(Exception):
         return GenerateError(rejection.message, rejection.status)
 
 
+Progress = Callable[[int], Awaitable[None]]  # one generated token, before the next step
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     rid: str
@@ -79,6 +83,9 @@ class GenerateRequest:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    # A streaming client's: each token but the last goes out as it is generated (SGLang streams
+    # a decode a token at a time), which is also where a gone client's abort lands.
+    progress: Progress | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -252,7 +259,9 @@ class ReferenceEngine:
             slots = self.pool.slots(pages, len(tokens))
             keys, values = self.model.kv(tokens)
             self.pool.write(slots, keys, values)
-            return await self._decode_loop(pages, len(tokens), request.max_new_tokens)
+            return await self._decode_loop(
+                pages, len(tokens), request.max_new_tokens, request.progress
+            )
         finally:
             self._release(pages)
 
@@ -331,10 +340,12 @@ class ReferenceEngine:
             self._land_stale(request.rid)
             self.counters.num_running_reqs += 1
             try:
-                return await self._decode_loop(pages, len(tokens), request.max_new_tokens)
+                return await self._decode_loop(
+                    pages, len(tokens), request.max_new_tokens, request.progress
+                )
             finally:
                 self.counters.num_running_reqs -= 1
-        except asyncio.CancelledError:  # the client went away: SGLang aborts the request
+        except (asyncio.CancelledError, ConnectionError):  # the client went away: an abort
             if self.settings.stale_kv_after_abort:
                 self._stale_landing = (prompt_slots, tokens, request.rid)
             raise
@@ -418,7 +429,11 @@ class ReferenceEngine:
         )
 
     async def _decode_loop(
-        self, pages: list[int], prompt_len: int, max_new_tokens: int
+        self,
+        pages: list[int],
+        prompt_len: int,
+        max_new_tokens: int,
+        progress: Progress | None = None,
     ) -> list[int]:
         output: list[int] = []
         slots = self.pool.slots(pages, prompt_len + max_new_tokens)  # the request's page table
@@ -431,6 +446,8 @@ class ReferenceEngine:
             new_keys, new_values = self.model.kv([token], start_position=position)
             self.pool.write(slots[position : position + 1], new_keys, new_values)
             output.append(token)
-            if step % 16 == 15:
+            if progress is not None and step < max_new_tokens - 1:
+                await progress(token)
+            elif step % 16 == 15:
                 await asyncio.sleep(0)  # let other requests and health checks run
         return output

@@ -5,13 +5,14 @@ Routes: /health, /health_generate, /ready, /server_info, /get_server_info, /v1/m
 /v1/chat/completions, and /metrics with --enable-metrics.
 
 Without --skip-tokenizer-init the engine tokenizes text one token per UTF-8 byte, so text in,
-text out works (the model echoes its prompt). Streams carry the whole answer in one SSE event.
+text out works (the model echoes its prompt). A streamed /generate sends a token an SSE event.
 There is deliberately no /version: smg would take an engine that has one for vLLM. A hostile mode
 (``hostile.py``, tests only) replaces the three routes kvgate's probe reads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shlex
@@ -260,11 +261,32 @@ async def _serve(
         return web.json_response(render(result, body, state))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    sent: list[int] = []
+    if render is render_generate:
+        # /generate streams a token an event (incremental output_ids, as SGLang's
+        # incremental streaming does); the last event carries the rest and the finish reason.
+        async def progress(token: int) -> None:
+            sent.append(token)
+            event = {
+                "output_ids": [token],
+                "meta_info": {
+                    "id": generate.rid,
+                    "finish_reason": None,
+                    "prompt_tokens": len(generate.input_ids),
+                    "completion_tokens": len(sent),
+                },
+            }
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+        generate = dataclasses.replace(generate, progress=progress)
     try:
         event = render(await state.engine.generate(generate), body, state)
+        if sent:
+            event["output_ids"] = event["output_ids"][len(sent) :]
+            if "text" in event:
+                event["text"] = detokenize(event["output_ids"])
     except GenerateError as error:
         event = {"error": {"message": error.message, "code": error.status}}
-    # The whole answer in one event: enough for clients and routers that read SSE.
     await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()

@@ -43,9 +43,8 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
     """A streamed (or, on an error, plain JSON) ``/generate`` answer -> what the judge needs.
 
     Tokens: the largest ``meta_info.completion_tokens`` or ``len(output_ids)`` any event carried
-    (SGLang streams cumulative counts); ``output_ids``: the longest list any event carried (a
-    plain answer's own). Errors: ``{"error": ...}`` events or bodies, and a
-    ``finish_reason`` of type ``abort``. Pure.
+    (SGLang streams cumulative counts); ``output_ids``: a plain (not streamed) answer's. Errors:
+    ``{"error": ...}`` events or bodies, and a ``finish_reason`` of type ``abort``. Pure.
     """
     text = raw.decode(errors="replace")
     events: list[Any] = []
@@ -58,6 +57,7 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
                 events.append(json.loads(payload))
             except ValueError:
                 events.append({"error": "unparseable stream event"})
+    plain = not events  # one JSON answer, not a stream
     if not events and text.strip():
         try:
             events.append(json.loads(text))
@@ -81,7 +81,7 @@ def parse_stream(status: int, raw: bytes, truncated: bool, seconds: float) -> Pr
             ids = item.get("output_ids")
             if isinstance(ids, list):
                 tokens = max(tokens, len(ids))
-                if all(isinstance(i, int) for i in ids) and len(ids) >= len(output_ids or ()):
+                if plain and all(isinstance(i, int) for i in ids):
                     output_ids = tuple(ids)
             finish = meta.get("finish_reason") if isinstance(meta, Mapping) else None
             if isinstance(finish, Mapping) and finish.get("type") == "abort":
@@ -260,10 +260,15 @@ async def check_through(
         for probe in probes:
             answer = await sender.probe(session, probe, settings.timeout_seconds)
             findings.append(_logged(content_probe.judge(probe, answer), fields))
-        plan = abort_probe.plan_abort(probes)
         # Only after every length probe passed: otherwise the check is decided (or reruns).
-        if plan is not None and all(f.passed for f in findings):
-            longest = abort_probe.answer_seconds(findings, plan.aborted.prompt_tokens)
+        if all(f.passed for f in findings):
+            plan = abort_probe.plan_abort(
+                spec.model.context_length,
+                verified_pool_tokens,
+                settings,
+                content_probe.bounds_of(spec),
+            )
+            longest = abort_probe.answer_seconds(findings)
             findings += await abort_step(
                 session, sender, plan, longest, settings.timeout_seconds, fields
             )
@@ -317,21 +322,26 @@ async def abort_step(
     timeout: float,
     fields: Mapping[str, str],
 ) -> tuple[ProbeFinding, ...]:
-    """The known answer, a request dropped mid-flight, the known answer again at once
-    (kvgate.verify.abort_probe)."""
+    """The known answer, a request dropped mid-flight, the known answer again at once and once
+    the engines have surely taken the abort (kvgate.verify.abort_probe)."""
     started = time.monotonic()
     before = await sender.probe(session, plan.known, timeout, stream=False)
+    drop = abort_probe.drop_after(longest_seconds)
     outcome = await send_dropped(
         session,
         sender.url,
         sender.model,
         plan.aborted,
-        drop_after=abort_probe.drop_after(longest_seconds),
+        drop_after=drop,
         timeout=timeout,
         headers=sender.headers,
         vocab_size=sender.vocab_size,
     )
-    after = await sender.probe(session, plan.known, timeout, stream=False)
+    at_once = await sender.probe(session, plan.known, timeout, stream=False)
+    settle = abort_probe.settle_seconds(drop)
+    await asyncio.sleep(max(0.0, settle - at_once.seconds))
+    later = await sender.probe(session, plan.known, timeout, stream=False)
+    after = [("right after the abort", at_once), (f"{settle:.2f} s after the abort", later)]
     findings = abort_probe.judge_abort(plan, before, outcome, after)
     for finding in findings:
         _logged(finding, fields)
@@ -339,7 +349,7 @@ async def abort_step(
         "content check abort step: %.2f s (the drop %s s in, the known answer after it in %.2f s)",
         time.monotonic() - started,
         "n/a" if outcome.dropped_after is None else f"{outcome.dropped_after:.2f}",
-        after.seconds,
+        at_once.seconds,
         extra=fields,
     )
     return findings

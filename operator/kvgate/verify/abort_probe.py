@@ -10,11 +10,15 @@ revision's own router, one after another:
 
 1. a short known-answer request (``KNOWN_PROMPT_TOKENS`` tokens, greedy, ``ignore_eos``): the
    output ids it gets are the known answer;
-2. a request as long as the longest in-range probe, with other token ids, dropped (the
-   connection closed: smg's only cancel) once its head came (both engines hold it then) and
-   ``ABORT_FRACTION`` of the time that probe took to be answered passed, so mid prefill or mid
-   transfer;
-3. at once, the known-answer request again, which must get the same output ids.
+2. a request about as long as the longest in-range probe (``ABORT_NEW_TOKENS`` new tokens),
+   with other token ids, dropped (the connection closed: smg's only cancel) once its head came
+   and ``ABORT_FRACTION`` of the time that probe took to be answered passed. Through a router
+   that watches its client (the unit tests') the engines abort it mid prefill or mid transfer;
+   smg 1.13 passes the disconnect on only when its next write to the client fails, so the
+   engines abort it at its first streamed tokens, mid decode;
+3. the known-answer request again at once, and once more ``settle_seconds`` later (by then the
+   engines have surely taken the abort: a router may pass it on only at its next write), each of
+   which must get the same output ids.
 
 Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
 the known answer without a per-model table. A drop that comes too late (the aborted request was
@@ -26,6 +30,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvgate_engine.request_limits import PLAIN, RequestBounds, longest_full_answer
+
+from kvgate.api.models import ContentProbeSpec
 from kvgate.verify.content_probe import (
     Expect,
     ProbeAnswer,
@@ -36,6 +43,9 @@ from kvgate.verify.content_probe import (
 
 KNOWN_PROMPT_TOKENS = 64  # short: its answer costs one small prefill, twice
 ABORT_FRACTION = 0.5  # of the longest in-range probe's measured answer time
+# The aborted request asks for more tokens than the probes: a router that passes a client's
+# disconnect on only when its next write fails (smg 1.13) must still be relaying tokens then.
+ABORT_NEW_TOKENS = 64
 MIN_ABORT_SECONDS = 0.05
 ABORT_OFFSET = 1  # the aborted prompt's ids start one place later: no id matches position-wise
 MAX_IDS_SHOWN = 12  # output ids quoted in a summary (an engine's answer is untrusted)
@@ -57,17 +67,25 @@ class AbortOutcome:
     dropped_after: float | None
 
 
-def plan_abort(probes: Sequence[ProbeRequest]) -> AbortPlan | None:
-    """The abort step after these length probes; None without an in-range probe."""
-    answers = [p for p in probes if p.expect is Expect.ANSWER]
-    if not answers:
-        return None
-    longest = max(answers, key=lambda p: p.prompt_tokens)
-    shortest = min(p.prompt_tokens for p in answers)
-    m = longest.max_new_tokens
-    known = ProbeRequest("known answer", min(KNOWN_PROMPT_TOKENS, shortest), m, Expect.KNOWN_ANSWER)
+def plan_abort(
+    context_length: int,
+    verified_pool_tokens: int | None,
+    settings: ContentProbeSpec,
+    bounds: RequestBounds = PLAIN,
+) -> AbortPlan:
+    """The abort step of a revision's content check (the length probes' arguments): the
+    aborted prompt is the longest in-range probe's share of the longest prompt answered in full
+    with ``ABORT_NEW_TOKENS``; the known answer has ``maxNewTokens`` tokens."""
+    m = settings.max_new_tokens
+    full = longest_full_answer(
+        context_length, ABORT_NEW_TOKENS, pool_tokens=verified_pool_tokens, bounds=bounds
+    )
+    aborted_tokens = max(1, full * max(settings.lengths) // 100)
+    known = ProbeRequest(
+        "known answer", min(KNOWN_PROMPT_TOKENS, aborted_tokens), m, Expect.KNOWN_ANSWER
+    )
     aborted = ProbeRequest(
-        "dropped mid-flight", longest.prompt_tokens, m, Expect.ABORT, offset=ABORT_OFFSET
+        "dropped mid-flight", aborted_tokens, ABORT_NEW_TOKENS, Expect.ABORT, offset=ABORT_OFFSET
     )
     return AbortPlan(known, aborted)
 
@@ -78,12 +96,17 @@ def drop_after(longest_answer_seconds: float | None) -> float:
     return max(MIN_ABORT_SECONDS, ABORT_FRACTION * (longest_answer_seconds or 0.0))
 
 
-def answer_seconds(findings: Sequence[ProbeFinding], prompt_tokens: int) -> float | None:
-    """How long the in-range probe of ``prompt_tokens`` tokens took to be answered."""
-    return max(
-        (f.answer.seconds for f in findings if f.request.prompt_tokens == prompt_tokens),
-        default=None,
-    )
+def answer_seconds(findings: Sequence[ProbeFinding]) -> float | None:
+    """How long the longest in-range probe took to be answered."""
+    answers = [f for f in findings if f.request.expect is Expect.ANSWER]
+    if not answers:
+        return None
+    return max(answers, key=lambda f: f.request.prompt_tokens).answer.seconds
+
+
+def settle_seconds(drop: float) -> float:
+    """How long after the drop the last known-answer request goes: as long as the drop took."""
+    return drop
 
 
 def show_ids(ids: Sequence[int] | None) -> str:
@@ -133,8 +156,10 @@ def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
     return ProbeFinding(request, answer, True, summary)
 
 
-def _after(request: ProbeRequest, answer: ProbeAnswer, known: ProbeFinding) -> ProbeFinding:
-    head = f"{request.prompt_tokens:,} tokens ({request.name}, right after the abort)"
+def _after(
+    request: ProbeRequest, when: str, answer: ProbeAnswer, known: ProbeFinding
+) -> ProbeFinding:
+    head = f"{request.prompt_tokens:,} tokens ({request.name}, {when})"
     want_ids = known.answer.output_ids
     if not known.passed:
         return ProbeFinding(
@@ -150,15 +175,21 @@ def _after(request: ProbeRequest, answer: ProbeAnswer, known: ProbeFinding) -> P
 
 
 def judge_abort(
-    plan: AbortPlan, before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer
-) -> tuple[ProbeFinding, ProbeFinding, ProbeFinding]:
-    """The three findings of the abort step. The answer after the abort is compared only when
-    the one before was a clean answer; when nothing was aborted, the step decides nothing."""
+    plan: AbortPlan,
+    before: ProbeAnswer,
+    outcome: AbortOutcome,
+    after: Sequence[tuple[str, ProbeAnswer]],
+) -> tuple[ProbeFinding, ...]:
+    """The abort step's findings: the known answer, the dropped request, and each known-answer
+    request after the drop (``after``: when it was sent, for people, and its answer). They are
+    compared only with a clean known answer; when nothing was aborted, the step decides
+    nothing."""
     known = _before(plan.known, before)
     dropped = _dropped(plan.aborted, outcome)
-    checked = _after(plan.known, after, known)
-    if dropped.undecided and checked.passed:
-        checked = ProbeFinding(
-            checked.request, checked.answer, False, checked.summary, undecided=True
-        )
-    return known, dropped, checked
+    checked = [_after(plan.known, when, answer, known) for when, answer in after]
+    if dropped.undecided:
+        checked = [
+            ProbeFinding(c.request, c.answer, False, c.summary, undecided=True) if c.passed else c
+            for c in checked
+        ]
+    return (known, dropped, *checked)
