@@ -52,7 +52,7 @@ from kvgate_e2e.cluster import ClusterConfig
 from kvgate_e2e.kubelet.agent import container_pid
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.signals import interrupt_on_signals
-from kvgate_e2e.world import World, WorldConfig, load_sample
+from kvgate_e2e.world import OPERATOR_NAMESPACE, World, WorldConfig, load_sample
 
 NAMESPACE = "bench-scale"
 POOL = "bench"
@@ -129,6 +129,27 @@ def operator_pid(world: World) -> int:
         pid = int(cid.removeprefix("loopback://"))
     assert pid is not None, "no operator process"
     return pid
+
+
+def leader_cpu_seconds(world: World) -> float:
+    """The leading process's CPU seconds so far (-1: it is between processes)."""
+    try:
+        return cpu_seconds(operator_pid(world))
+    except (AssertionError, FileNotFoundError, KeyError, ValueError):
+        return -1.0
+
+
+def operator_logs(world: World) -> str:
+    """Every live controller pod's log (its kopf lines left out)."""
+    out = []
+    for pod in world.operator_pods():
+        name = pod["metadata"]["name"]
+        path = world.kubelet.kubelet.log_path(OPERATOR_NAMESPACE, name, "operator")
+        out.append(f"----- {name} (Lease holder: {world.leader_name()})")
+        if path is not None and path.exists():
+            lines = path.read_text(errors="replace").splitlines()
+            out.extend(line for line in lines if "kopf." not in line)
+    return "\n".join(out) + "\n"
 
 
 def operator_restarts(world: World) -> int:
@@ -342,8 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if node["metadata"]["labels"].get("kvgate.io/pool") != POOL:
                     world.kubectl("cordon", node["metadata"]["name"])
             world.create_namespace(NAMESPACE)
-            pid = operator_pid(world)
-            result["rss_idle_mib"] = round(rss_mib(pid), 1)
+            result["rss_idle_mib"] = round(rss_mib(operator_pid(world)), 1)
             docs = [manifest(i, args.engines, args.reverify_seconds) for i in range(args.mds)]
             timeline: list[dict[str, Any]] = []
             expected_pods = args.mds * (args.engines + 1)  # engines and one router each
@@ -359,7 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "reconciled": sum(1 for m in items if reconciled(m)),
                     "passes_current": sum(1 for m in items if pass_current(m)),
                     **control(control_port, "/stats", method="GET"),
-                    "operator_cpu_s": round(cpu_seconds(pid), 1),
+                    "operator_cpu_s": round(leader_cpu_seconds(world), 1),
                 }
                 timeline.append(at)
                 say(
@@ -486,6 +506,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result["pods_gone_after_last_delete_s"] = round(time.monotonic() - last_delete, 1)
             report(result, "deleted_after_last_delete_s", "pods_gone_after_last_delete_s")
         finally:
+            if args.operator_log:
+                with contextlib.suppress(Exception):
+                    args.operator_log.write_text(operator_logs(world))
             standin.terminate()
             standin.wait(30)
     return result
@@ -508,6 +531,9 @@ def main() -> None:
     parser.add_argument("--steady-seconds", type=float, default=60.0)
     parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--operator-log", type=Path, help="write the controller pods' logs here at the end"
+    )
     parser.add_argument(
         "--memory-profile",
         type=Path,

@@ -341,3 +341,23 @@ async def test_a_replica_stands_for_the_lease_only_once_its_stores_are_listed() 
         await asyncio.wait_for(standby.warm_up(rt, asyncio.Event(), limit=0.1), timeout=5)
     finally:
         await rt.api.close()
+
+
+async def test_a_leader_that_loses_its_lease_while_its_watches_reopen_starts_nothing() -> None:
+    rt = runtime(leading=False)
+
+    async def never(**_: Any) -> None:
+        await asyncio.Event().wait()
+
+    rt.resume_reflectors = never  # type: ignore[method-assign]
+    engine_pods.on_pod_event(rt, None, engine_pod("p", started=AFTER))
+    holding: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    try:
+        taking = asyncio.ensure_future(standby.take_over(rt, asyncio.Event(), holding))
+        await asyncio.sleep(0)
+        holding.set_result(None)  # the renewals stopped: the Lease is lost
+        assert await asyncio.wait_for(taking, timeout=5) is False
+        assert not rt.leading and not rt.verifiers
+    finally:
+        await rt.shutdown()
+        await rt.api.close()

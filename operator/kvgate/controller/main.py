@@ -379,10 +379,22 @@ async def serve(
                 },
             )
             await standby.warm_up(_runtime, stop.event)
-            if not await elector.acquire(stop.event) or not await standby.take_over(
-                _runtime, stop.event
-            ):
+            if not await elector.acquire(stop.event):
                 return
+        # Renew from the moment the Lease is ours: taking over may wait for a re-list.
+        holder = (
+            asyncio.ensure_future(
+                _hold_in_thread(elector, lambda: KubeApi(api.credentials), stop.event)
+            )
+            if elector is not None
+            else None
+        )
+        if holder is not None and not await standby.take_over(_runtime, stop.event, holder):
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            if elector is not None and not elector.leading and not stop.event.is_set():
+                raise LeadershipLost("lost the leader Lease before leading; standing by again")
+            return
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(
@@ -393,13 +405,6 @@ async def serve(
                 stop_flag=kopf_stop,
                 ready_flag=ready_flag,
             )
-        )
-        holder = (
-            asyncio.ensure_future(
-                _hold_in_thread(elector, lambda: KubeApi(api.credentials), stop.event)
-            )
-            if elector is not None
-            else None
         )
         waits: set[asyncio.Future[Any]] = {kopf_task, asyncio.ensure_future(stop.event.wait())}
         if holder is not None:

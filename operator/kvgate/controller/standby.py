@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from kvgate.controller import engine_pods, md_loops
 from kvgate.controller.runtime import Runtime
@@ -54,14 +55,20 @@ async def warm_up(rt: Runtime, stop: asyncio.Event, limit: float = WARM_UP_SECON
         await asyncio.sleep(0.05)
 
 
-async def take_over(rt: Runtime, stop: asyncio.Event) -> bool:
+async def take_over(
+    rt: Runtime, stop: asyncio.Event, holding: asyncio.Future[Any] | None = None
+) -> bool:
     """Start leading from the standby's stores (see the module's steps); False when ``stop``
-    was set before the watches re-opened (nothing was started then)."""
+    was set, or ``holding`` (the Lease's renewals) ended, before the watches re-opened (nothing
+    was started then)."""
     started = time.monotonic()
     resumed = asyncio.ensure_future(rt.resume_reflectors())
     stopping = asyncio.ensure_future(stop.wait())
+    waits: set[asyncio.Future[Any]] = {resumed, stopping}
+    if holding is not None:
+        waits.add(holding)
     try:
-        await asyncio.wait({resumed, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
     if not resumed.done():
