@@ -74,14 +74,18 @@ lws:
 # The released SGLang on CPU for the real-engine scenarios: one environment per release
 # outside .venv, ${KVGATE_CACHE:-~/.cache/kvgate}/sglang-cpu/<version> (see e2e/sglang-cpu/install.sh;
 # the first install downloads ~1.7 GB and takes ~11 min on a loaded 2-core machine, then it is cached).
+# 0.5.23 is the release the real-engine scenarios run; 0.5.19 the pre-fix one the real incident
+# runs (test_scenario_real_incident.py; 6.5 min and 4.4 GB more).
+REAL_ENGINE_VERSIONS ?= 0.5.23 0.5.19
 real-engine-deps: $(STAMP)
 	@command -v gcc >/dev/null || { \
 	  echo "installing gcc from Debian (it builds the libcuda.so.1 stand-in)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc; }
-	e2e/sglang-cpu/install.sh
+	SGLANG_CPU_VERSIONS="$(REAL_ENGINE_VERSIONS)" e2e/sglang-cpu/install.sh
 
 # KVGATE_REQUIRE_E2E=1: a missing control-plane build fails the tier instead of skipping it.
-# It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU);
+# It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU,
+# and 0.5.19 for the real incident);
 # `make e2e-real` runs only those.
 # ONE world shared by E2E_WORKERS pytest-xdist workers (KVGATE_E2E_SHARED_WORLD=1, see
 # e2e/kvgate_e2e/shared_world.py and e2e/tests/conftest.py): the controller process starts the

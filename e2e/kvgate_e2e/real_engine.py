@@ -33,10 +33,12 @@ really starts with a pool of N tokens.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import random
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,10 @@ from kvgate_e2e.content_cache import cache_home
 MODEL_MOUNT_PATH = "/models"
 RUNTIME_ANNOTATION = "e2e.kvgate.io/engine-runtime"
 SGLANG_CPU = "sglang-cpu"
+# The release an engine image whose tag names none (``latest``, a private mirror's ``prod``)
+# stands for on this node, as a node's image store resolves such a tag: admission cannot read
+# it from the image, only the live engine reports it. A tag with a version wins.
+RELEASE_ANNOTATION = "e2e.kvgate.io/sglang-release"
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "e2e" / "sglang-cpu" / "install.sh"
@@ -138,16 +144,33 @@ def sglang_cpu(version: str | None) -> SglangCpu:
     if version is None:
         raise RealEngineError(
             "real-engine mode needs an engine image whose tag names an SGLang version "
-            f"(e.g. lmsysorg/sglang:v{DEFAULT_VERSION})"
+            f"(e.g. lmsysorg/sglang:v{DEFAULT_VERSION}), or the node annotation "
+            f"{RELEASE_ANNOTATION}"
         )
     env = SglangCpu(version, cache_root() / version)
     if not env.installed():
         raise RealEngineError(
             f"SGLang {version} for CPU is not installed in {env.root}: run "
-            f"`{INSTALL_SCRIPT.relative_to(REPO)} {version}` (make e2e-deps does it for "
-            f"{DEFAULT_VERSION})"
+            f"`SGLANG_CPU_VERSIONS={version} {INSTALL_SCRIPT.relative_to(REPO)}` (make "
+            "real-engine-deps does it for the releases the scenarios run)"
         )
     return env
+
+
+@contextmanager
+def one_real_pair_at_a_time() -> Iterator[None]:
+    """Held by each real-engine scenario module for its whole run, whichever pytest-xdist worker
+    (or session) runs it: a real PD pair on CPU takes ~6 GB of RSS (each engine's launcher,
+    scheduler and detokenizer ~1 GB each) and both cores while it starts, so two at once beside
+    the world would exhaust this machine. A flock on ``<cache>/real-engine-pair.lock``."""
+    path = cache_home() / "real-engine-pair.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def flag_value(flags: Sequence[str], name: str) -> str | None:
@@ -163,6 +186,12 @@ def flag_value(flags: Sequence[str], name: str) -> str | None:
 
 def uses_real_engine(node_annotations: Mapping[str, str]) -> bool:
     return node_annotations.get(RUNTIME_ANNOTATION) == SGLANG_CPU
+
+
+def node_release(tagged: str | None, node_annotations: Mapping[str, str]) -> str | None:
+    """The release a real-engine container runs: its tag's, else the node's
+    ``e2e.kvgate.io/sglang-release``."""
+    return tagged or node_annotations.get(RELEASE_ANNOTATION)
 
 
 def real_engine_command(

@@ -14,6 +14,7 @@ from kvgate_e2e import real_engine
 from kvgate_e2e.kubelet.images import ImageError, launch_for
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
+    RELEASE_ANNOTATION,
     RUNTIME_ANNOTATION,
     SGLANG_CPU,
     flag_value,
@@ -146,7 +147,7 @@ def test_a_bad_pool_cap_is_refused_naming_the_annotation(installed: Path) -> Non
 
 
 def test_a_release_not_installed_names_the_install_command(installed: Path) -> None:
-    with pytest.raises(ImageError, match=r"e2e/sglang-cpu/install.sh 0.5.22"):
+    with pytest.raises(ImageError, match=r"SGLANG_CPU_VERSIONS=0.5.22 e2e/sglang-cpu/install.sh`"):
         launch_for(
             "lmsysorg/sglang:v0.5.22",
             [],
@@ -192,3 +193,40 @@ def test_the_unified_server_port_is_free_and_below_the_ephemeral_range_relays_dr
         server.bind(("127.0.0.1", port))  # still free
         relay.bind(("127.0.0.1", 0))  # as World.forward binds its relays
         assert relay.getsockname()[1] >= low
+
+
+def test_a_node_resolves_an_unversioned_tag_to_the_release_it_names(
+    installed: Path, tmp_path: Path
+) -> None:
+    """A tag that names no release (``latest``, a private mirror's tag) runs the release the
+    node's ``e2e.kvgate.io/sglang-release`` names: what admission cannot read from the image."""
+    old = tmp_path / "sglang-cpu" / "0.5.19"
+    (old / "lib").mkdir(parents=True)
+    (old / "lib" / "libcuda.so.1").touch()
+    (old / ".kvgate-complete-abc").touch()
+    got = launch_for(
+        "registry.example/inference/sglang:prod",
+        [],
+        ["--model-path", "m"],
+        pod_ip="198.18.1.7",
+        python="p",
+        venv_bin="/v",
+        gpu_memory_gib=None,
+        node_annotations={**REAL, RELEASE_ANNOTATION: "0.5.19"},
+    )
+    assert got.argv[:3] == ("p", "-m", "sglang.launch_server")
+    assert got.env["PYTHONPATH"] == str(old / "site")
+
+
+def test_an_image_tag_with_a_version_wins_over_the_nodes_release(installed: Path) -> None:
+    got = launch_for(
+        "lmsysorg/sglang:v0.5.23",
+        [],
+        ["--model-path", "m"],
+        pod_ip="198.18.1.7",
+        python="p",
+        venv_bin="/v",
+        gpu_memory_gib=None,
+        node_annotations={**REAL, RELEASE_ANNOTATION: "0.5.19"},
+    )
+    assert got.env["PYTHONPATH"] == str(installed / "site")

@@ -69,6 +69,7 @@ from kvgate_e2e.real_engine import (
     TINY_SERVED,
     RealEngineError,
     SglangCpu,
+    one_real_pair_at_a_time,
     sglang_cpu,
     tiny_llama_md,
     unified_server_argv,
@@ -241,7 +242,16 @@ def real_md(name: str, model: Path, **role_changes: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real]:
+def real_pair_turn() -> Iterator[None]:
+    """This module's real engines run while no other module's do (one_real_pair_at_a_time)."""
+    with one_real_pair_at_a_time():
+        yield
+
+
+@pytest.fixture(scope="module")
+def real(
+    real_pair_turn: None, world: World, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Real]:
     try:
         env = sglang_cpu(DEFAULT_VERSION)
     except RealEngineError as exc:
@@ -274,7 +284,7 @@ def real(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rea
     finally:
         known.stop()
         started = time.monotonic()
-        world.delete_namespace(ns, wait=False)
+        world.delete_namespace(ns)  # the engines gone before the next real pair starts
         # Retained: the model's files stay; the volume object goes once the claim is gone.
         world.kubectl(
             "delete",

@@ -6,7 +6,8 @@ No image can be pulled here, so the loopback kubelet maps images to programs in 
   container's ``python3 -m sglang.launch_server`` prefix is dropped and the flags are kept;
   env ``KVGATE_GPU_MEMORY_GIB`` comes from the node, ``KVGATE_ENGINE_VERSION`` from the tag.
   On a node annotated ``e2e.kvgate.io/engine-runtime: sglang-cpu`` it is the released SGLang of
-  that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``). A node annotated
+  that tag instead, on CPU, with the same flags (``kvgate_e2e.real_engine``); a tag that names
+  no release runs the one the node's ``e2e.kvgate.io/sglang-release`` names. A node annotated
   ``e2e.kvgate.io/engine-args: '["--flag", "value"]'`` appends those flags to every engine it
   starts, last (SGLang keeps the last value): it stands for an engine image whose entrypoint adds
   flags kvgate never passed, which admission cannot see and only the live gate can judge. A node
@@ -38,7 +39,12 @@ from pathlib import Path
 from kvgate_engine.launcher import image_version
 
 from kvgate_e2e.kubelet.node import pool_cap
-from kvgate_e2e.real_engine import RealEngineError, real_engine_command, uses_real_engine
+from kvgate_e2e.real_engine import (
+    RealEngineError,
+    node_release,
+    real_engine_command,
+    uses_real_engine,
+)
 
 ENGINE_MODULE = "kvgate_engine.reference"
 ENGINE_ARGS_ANNOTATION = "e2e.kvgate.io/engine-args"
@@ -188,8 +194,9 @@ def launch_for(
         flags += node_pool_cap(node_annotations or {})
         if node_annotations is not None and uses_real_engine(node_annotations):
             try:
+                release = node_release(image_version(image), node_annotations)
                 real_argv, real_env = real_engine_command(
-                    flags, image_version(image), python=python, pod_ip=pod_ip
+                    flags, release, python=python, pod_ip=pod_ip
                 )
             except RealEngineError as exc:
                 raise ImageError(str(exc)) from exc
