@@ -61,6 +61,8 @@ NOT_REASONS: dict[str, str] = {
     "NoRouters": "the gateway watch's decision, internal",
     "ContentCheckInconclusive": "a content check that decided nothing: logged by its message and "
     "run again, never written as a reason",
+    "KnownAnswer": "a content-check probe's expected answer (status.contentChecks[].probes[]"
+    ".expect), not a reason",
     "RecreateGroupOnPodRestart": "a LeaderWorkerSet restart policy",
     "LeaderCreated": "a LeaderWorkerSet startup policy",
 }

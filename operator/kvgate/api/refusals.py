@@ -292,9 +292,12 @@ REASONS: tuple[Reason, ...] = (
         "ContentCheckFailed",
         (DEGRADED, REFUSAL, EVENT),
         "the content check at maximum length got a wrong answer through the new revision's "
-        "router (an over-length prompt answered, or an in-range one refused)",
-        "do not serve this engine build or flag set (e.g. --allow-auto-truncate); the message "
-        "lists each length and answer",
+        "router (an over-length prompt answered, an in-range one refused, or, after a request "
+        "dropped mid-flight, a known-answer request answered with other tokens: abort-path "
+        "contamination)",
+        "do not serve this engine build or flag set (e.g. --allow-auto-truncate, or a build "
+        "whose aborted requests leave KV behind); the message lists each length and answer, "
+        "and the output ids wanted and got",
     ),
     Reason(
         "ContentCheckPassed",
