@@ -128,6 +128,7 @@ EXPECTED_SECONDS: dict[str, int] = {
     "test_cluster_smoke.py": 51,
     "test_helm_install.py": 40,
     "test_md_events_and_drift.py": 40,
+    "test_scenario_content_check.py": 67,  # measured alone, with the abort-path step (+23 s)
     "test_attack_inputs.py": 33,
     "test_scenario_kv_canary.py": 30,
     "test_scenario_rollback.py": 30,

@@ -9,6 +9,10 @@
    the HTTP 200 with generated tokens. The old revision keeps answering every known-answer
    request throughout, untouched, and the invariant sampler sees no traffic path to an engine
    that failed its requirement.
+3. An update whose decode engines break the abort path (``KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1``:
+   an aborted request's KV lands in the pages of the next request) passes every length probe
+   and is refused by the abort step: after a request dropped mid-flight, the known-answer request
+   got other tokens. The healthy revision's own check ran the same abort step and passed.
 
 Run: ``flock /tmp/kvgate-e2e.lock .venv/bin/pytest -q -s e2e/tests/test_scenario_content_check.py``
 (root).
@@ -49,6 +53,13 @@ LEAK = re.compile(
     r"refusal"
 )
 PROBE_LINE = re.compile(r"content probe (passed|FAILED): ([\d,]+) tokens .*\(([\d.]+) s\)")
+ABORT_STEP = re.compile(r"content check abort step: ([\d.]+) s \(the drop ([\d.]+) s in")
+CONTAMINATION = re.compile(
+    r"abort-path contamination: .*64 tokens \(known answer, (right|[\d.]+ s) after the abort\): "
+    r"HTTP 200, "
+    r"8 tokens generated, output_ids \[[\d, ]+\]; want output_ids \[[\d, ]+\] \(the answer "
+    r"before the abort\)"
+)
 
 
 def _serving(world: World, ns: str) -> dict | None:  # type: ignore[type-arg]
@@ -59,6 +70,29 @@ def _serving(world: World, ns: str) -> dict | None:  # type: ignore[type-arg]
     ):
         return md
     return None
+
+
+def _refuse_stale_kv(world: World, ns: str, leaky: str) -> dict:  # type: ignore[type-arg]
+    """Apply an update whose decode lands an aborted request's KV in the next request's pages;
+    wait until it, not the leaky one, is the refused revision. Returns the ModelDeployment."""
+    spec = sample_md(MD)
+    spec["spec"]["engine"] = copy.deepcopy(spec["spec"]["engine"])
+    spec["spec"]["engine"]["env"] = [
+        {"name": "KVGATE_REFERENCE_STALE_KV_AFTER_ABORT", "value": "1"}
+    ]
+    world.apply(spec, namespace=ns)
+    started = time.monotonic()
+    md = deadline_loop(
+        "the revision with a broken abort path to be refused",
+        lambda: (
+            (m := world.get_md(MD, ns))
+            and (m.get("status") or {}).get("refusedRevision") not in (None, leaky)
+            and m
+        ),
+        600,
+    )
+    print(f"MEASURED broken abort path applied -> refused: {time.monotonic() - started:.1f} s")
+    return md  # type: ignore[no-any-return]
 
 
 def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_over_length(
@@ -83,8 +117,13 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
             ("Answer", 200, 8),
             ("Refusal", probes[2]["httpStatus"], 0),
             ("Refusal", probes[3]["httpStatus"], 0),
+            ("KnownAnswer", 200, 8),  # the abort step: the known answer,
+            ("Abort", 200, 0),  # a 131,006-token request dropped mid-flight after its head,
+            ("KnownAnswer", 200, 8),  # the same answer again at once,
+            ("KnownAnswer", 200, 8),  # and once the abort has surely reached the engines
         ], probes
-        assert all(400 <= p["httpStatus"] < 500 or p["error"] for p in probes[2:]), probes
+        assert probes[5]["promptTokens"] == 131_072 - 66 and all(p["passed"] for p in probes)
+        assert all(400 <= p["httpStatus"] < 500 or p["error"] for p in probes[2:4]), probes
         assert [p["promptTokens"] for p in probes][1] == 131_072 - 10
         # The pass writes the status, then posts its Events: the Event may trail the status.
         deadline_loop(
@@ -136,7 +175,32 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
             if pod["metadata"]["labels"]["kvgate.io/revision"] == new:  # not yet scaled down
                 gate = next(c for c in pod["status"]["conditions"] if c["type"] == GATE)
                 assert gate["status"] == "True", gate  # the pool check alone would let it in
+        with TrafficLoop(partial(known_answer, world, MD, ns)) as stale_traffic:
+            stale = _refuse_stale_kv(world, ns, new)
+        assert stale_traffic.failures == [], stale_traffic.failures[:5]
     assert sampler.violations == [], sampler.violations[:5]
+    refused_rev = stale["status"]["refusedRevision"]
+    stale_check = next(c for c in stale["status"]["contentChecks"] if c["revision"] == refused_rev)
+    assert CONTAMINATION.search(stale_check["message"]), stale_check["message"]
+    stale_probes = stale_check["probes"]
+    assert [p["expect"] for p in stale_probes[:6]] == [
+        "Answer",
+        "Answer",
+        "Refusal",
+        "Refusal",
+        "KnownAnswer",
+        "Abort",
+    ] and all(p["passed"] for p in stale_probes[:6]), stale_probes
+    wrong = [p for p in stale_probes[6:] if not p["passed"]]
+    assert wrong and all(p["httpStatus"] == 200 for p in wrong), stale_probes
+    assert stale["status"]["servingRevision"] == old, stale["status"]
+    ready = md_condition(world, MD, ns, "Ready")
+    assert ready is not None and ready["reason"] == "RolloutRefused", ready
+    assert CONTAMINATION.search(ready["message"]), ready["message"]
+    failed = events(world, ns, "ContentCheckFailed")
+    assert any(CONTAMINATION.search(e["message"]) for e in failed), failed
+    for total, drop in ABORT_STEP.findall(world.operator_log()):
+        print(f"MEASURED content check abort step {total} s (the drop {drop} s in)")
     lines = PROBE_LINE.findall(world.operator_log())
     print(f"MEASURED first revision serving after {first_serving:.1f} s (content check included)")
     for verdict, tokens, seconds in lines:
