@@ -932,7 +932,8 @@ class StepCheckSpec(_Model):
         le=100,
         description=(
             "Largest share (percent) of the new revision's generation requests that may fail "
-            "with a 5xx during a step; above it the rollout is rolled back at once."
+            "during a step (a 5xx, a 499, or a stream that broke after its 200 head); above it "
+            "the rollout is rolled back at once."
         ),
     )
     max_rejected_percent: float = Field(
