@@ -77,6 +77,7 @@ class LeaseServer:
         self.versions = itertools.count(1)
         self.down: set[str] = set()  # identities whose requests fail
         self.writes: list[str] = []
+        self.delay = 0.0  # seconds each request takes (a loaded API server)
 
     def client(self, identity: str) -> Any:
         server = self
@@ -91,7 +92,7 @@ class LeaseServer:
                 missing_ok: bool = False,
                 **_: Any,
             ) -> dict[str, Any] | None:
-                await asyncio.sleep(0)
+                await asyncio.sleep(server.delay)
                 if identity in server.down:
                     raise OSError("connection refused")
                 if method == "GET":
@@ -218,6 +219,26 @@ async def test_a_leader_cut_off_from_the_api_steps_down_before_its_lease_can_be_
     assert changes.index(("pod-a", False)) < changes.index(("pod-b", True))
     assert asyncio.get_running_loop().time() >= stepped_down
     await standby
+
+
+async def test_a_leader_keeps_its_lease_when_each_renewal_takes_longer_than_the_retry_period() -> (
+    None
+):
+    """client-go's rule: a renewal may take until the renew deadline. Cut at the retry period
+    instead (2 s), an API server loaded enough to answer a GET and a PUT in 2.5 s made every
+    renewal fail and the leader step down and restart, over and over (scale benchmark)."""
+    server, changes = LeaseServer(), []
+    a = elector(server, "pod-a", changes)
+    stop = asyncio.Event()
+    assert await a.acquire(stop)
+    server.delay = 0.08  # a renewal (GET + PUT) takes 0.16 s: over 0.1, within 0.6
+    holding = asyncio.create_task(a.hold(stop))
+    await asyncio.sleep(2.0)  # two lease durations, three renew deadlines
+    assert a.leading and not holding.done()
+    assert sum(w.startswith("pod-a:PUT") for w in server.writes) >= 5
+    stop.set()
+    await holding
+    assert changes == [("pod-a", True)]
 
 
 async def test_a_leader_whose_lease_was_taken_over_stops_leading_at_its_next_renewal() -> None:

@@ -9,8 +9,9 @@ the others wait, serving /healthz and metrics with ``kvgate_leader 0``. The rule
   compared with ours (``renewTime`` is written for humans and ``kubectl``, not trusted).
 - Every write is a PUT carrying the ``resourceVersion`` read just before, so of two replicas
   that try at once exactly one wins (the other gets 409 Conflict and waits).
-- The leader renews every ``retry_period``; if it cannot renew for ``renew_deadline``
-  (< lease duration) it stops leading *before* anyone else may take over.
+- The leader renews every ``retry_period``; an attempt may take until ``renew_deadline``
+  after the last renewal; if it cannot renew for ``renew_deadline`` (< lease duration) it
+  stops leading *before* anyone else may take over.
 - A leader that stops cleanly releases the Lease (empty holder), so a standby takes over on its
   next poll instead of waiting for the lease to expire.
 
@@ -266,10 +267,11 @@ class LeaderElector:
             await _wait(stop, self.config.retry_period_seconds)
             if stop.is_set():
                 return
+            # As client-go: an attempt may take until the renew deadline (a loaded API server
+            # answers a GET and a PUT in more than the retry period), never beyond it.
+            left = self.config.renew_deadline_seconds - (self._mono() - last_ok)
             try:
-                ok = await asyncio.wait_for(
-                    self.try_once(), timeout=self.config.retry_period_seconds
-                )
+                ok = await asyncio.wait_for(self.try_once(), timeout=max(0.05, left))
             except Exception as exc:
                 log.warning("cannot renew the Lease %s: %s", self.path, exc)
                 ok = False
