@@ -44,11 +44,13 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +100,7 @@ from scenario_helpers import (
     server_info,
 )
 
+ABORT_STEP = re.compile(r"content check abort step: ([\d.]+) s \(the drop ([\d.]+) s in")
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.real_engine,
@@ -337,6 +340,14 @@ def through_router(real: Real, name: str) -> list[int]:
     return deadline_loop(f"a 200 from {name}'s router", ask, 120)
 
 
+def aborted_requests(url: str) -> float:
+    """``sglang:num_aborted_requests_total`` on an engine's ``/metrics`` (0 before any)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    prefix = "sglang:num_aborted_requests_total"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
+
+
 def get_md_row(world: World, ns: str, name: str) -> dict[str, str]:
     lines = world.kubectl("get", "md", f"--namespace={ns}").stdout.splitlines()
     print("\n".join(lines))
@@ -370,12 +381,31 @@ def test_real_sglang_pd_pair_is_verified_shows_its_real_pools_and_returns_the_kn
         assert probes[1]["promptTokens"] == CONTEXT - 10, probes
         # Refused: a 4xx, or (a stream's head is committed before the scheduler runs) a 200
         # whose only event is SGLang's in-band error; never a 200 with tokens.
-        assert all(
-            p["expect"] == "Refusal"
-            and p["generatedTokens"] == 0
-            and (400 <= p["httpStatus"] < 500 or p["error"])
-            for p in probes[2:]
+        refusals = [p for p in probes if p["expect"] == "Refusal"]
+        assert len(refusals) >= 1 and all(
+            p["generatedTokens"] == 0 and (400 <= p["httpStatus"] < 500 or p["error"])
+            for p in refusals
         ), probes
+        # The abort step: the known answer, a request of the longest in-range length dropped
+        # mid-flight through smg, and the same greedy answer again from the real SGLang.
+        assert [(p["expect"], p["httpStatus"], p["generatedTokens"]) for p in probes[-4:]] == [
+            ("KnownAnswer", 200, 8),
+            ("Abort", 200, 0),
+            ("KnownAnswer", 200, 8),
+            ("KnownAnswer", 200, 8),
+        ], probes
+        assert probes[-3]["promptTokens"] == CONTEXT - 66, probes
+        assert "the same output_ids" in check["message"], check["message"]
+        for total, drop in ABORT_STEP.findall(world.operator_log()):
+            print(f"MEASURED real SGLang content check abort step {total} s (drop {drop} s in)")
+        # The drop reached the real engines: SGLang counts a request it aborted because its
+        # client (smg) went away.
+        for pod in engine_pods(world, ns, "real"):
+            role = pod["metadata"]["labels"]["kvgate.io/role"]
+            aborted = aborted_requests(world.engine_url(pod))
+            print(f"MEASURED real SGLang {role}: sglang:num_aborted_requests_total {aborted:g}")
+            if role == "decode":
+                assert aborted >= 1, "the dropped request never reached decode as an abort"
         for role in ("prefill", "decode"):
             assert md["status"][role]["verifiedReplicas"] == 1, md["status"]
             assert md["status"][role]["minVerifiedKvPoolTokens"] == POOL, md["status"]
