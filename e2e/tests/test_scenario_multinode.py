@@ -10,8 +10,12 @@ which the loopback kubelet's hosts file resolves). In order:
    as every other module sees it): a multi-node ModelDeployment reports ``Degraded=True``,
    ``LeaderWorkerSetUnavailable``, with a Warning Event, and nothing of its engines is created.
 2. (LWS started and the chart upgraded for the rest of the module, both undone at its end) the
-   ModelDeployment becomes Ready, answers the known answer through smg, and smg's workers and
-   the engine Services' endpoints are the two leaders only.
+   ModelDeployment (with ``safety.kvCanary``) becomes Ready, answers the known answer through
+   smg, and smg's workers and the engine Services' endpoints are the two leaders only. Then the
+   decode worker (node rank 1, which serves nothing) logs SGLang's KV canary violation in its
+   own log: the decode leader's gate turns False (``KvCanaryViolation``, naming the worker pod
+   and its rank), the group leaves the EndpointSlices and smg's workers, a Warning Event and
+   ``kvgate_kv_canary_violations_total`` (on the worker's series) record it.
 3. The decode group's worker killed (the kubelet SIGKILLs its engine): the decode leader's gate
    turns False (``EngineGroupIncomplete``), it leaves the EndpointSlices and smg's workers and
    stays out until LeaderWorkerSet has recreated the group and kvgate verified it again; then
@@ -66,12 +70,14 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 REQUESTS_AFTER_SCALE_DOWN = 10
 
 
-def multinode_md(name: str, pool: str = BIG_POOL) -> dict[str, Any]:
+def multinode_md(name: str, pool: str = BIG_POOL, kv_canary: bool = False) -> dict[str, Any]:
     """The safe sample with both roles' engines over 2 pods: tensorParallel 2 = 2 x 1 GPU."""
     md = sample_md(name, pool)
     for role in ("prefill", "decode"):
         md["spec"][role]["nodes"] = NODES
         md["spec"][role]["tensorParallel"] = NODES
+    if kv_canary:
+        md["spec"]["safety"]["kvCanary"] = True
     return md
 
 
@@ -155,13 +161,13 @@ def test_a_multinode_md_without_leaderworkerset_is_degraded_and_creates_no_engin
 
 
 # --------------------------------------------------------------------------------- 2
-def test_a_2_node_prefill_and_2_node_decode_md_serves_through_its_leaders_only(
+def test_a_2_node_md_serves_through_its_leaders_only_until_a_worker_ranks_kv_canary_trips(
     lws: World, namespace: str
 ) -> None:
     world, ns, name = lws, namespace, "multinode"
     with InvariantSampler(world.cluster, ns, name="multinode-ready"):
         applied = time.monotonic()
-        world.apply(multinode_md(name), namespace=ns)
+        world.apply(multinode_md(name, kv_canary=True), namespace=ns)
         md = deadline_loop(f"{name} to serve", lambda: served(world, ns, name), 300)
         ready_after = time.monotonic() - applied
         wait_known_answer(world, name, ns, 90, "a known-answer request through smg")
@@ -205,10 +211,86 @@ def test_a_2_node_prefill_and_2_node_decode_md_serves_through_its_leaders_only(
         routed = {addr for _, addr in routable_addresses(slices)}
         assert not routed & worker_ips, (routed, worker_ips)
         assert leader_ips <= routed | in_smg
+        tripped = trip_a_worker_rank(world, ns, name)
     print(
         f"MEASURED multi-node (2+2 pods) ModelDeployment applied -> Ready {ready_after:.1f}s, "
         f"-> known answer through smg {answered_after:.1f}s"
     )
+    print(
+        f"MEASURED multi-node decode worker rank's KV canary violation -> leader gate False "
+        f"{tripped[0]:.2f}s, -> out of EndpointSlices and smg's workers {tripped[1]:.2f}s"
+    )
+
+
+def trip_a_worker_rank(world: World, ns: str, name: str) -> tuple[float, float]:
+    """The decode worker's engine (node rank 1, serving nothing, with ``--kv-canary log`` like its
+    leader) logs SGLang's violation line in its own log: the decode group leaves traffic, its
+    leader's gate naming the worker pod and its rank, with a Warning Event and the metric. The
+    prefill group serves on. Returns (seconds to gate False, seconds out of traffic)."""
+    (leader,) = md_pods(world, ns, name, role="decode", component="engine")
+    (worker,) = md_pods(world, ns, name, role="decode", component="engine-worker")
+    engine = worker["spec"]["containers"][0]
+    argv = [*(engine.get("command") or []), *(engine.get("args") or [])]
+    assert "--kv-canary" in argv, argv  # every rank runs the canary
+    leader_name, worker_name = leader["metadata"]["name"], worker["metadata"]["name"]
+    leader_ip = leader["status"]["podIP"]
+    corrupted = time.monotonic()
+    code, answer = http_json(f"{world.engine_url(leader)}/kvgate/canary/corrupt", {"rank": 1})
+    assert code == 200, answer
+
+    def gate_false() -> dict[str, Any] | None:
+        gate = gate_of(world.get("pod", leader_name, ns) or {})
+        return gate if gate.get("reason") == "KvCanaryViolation" else None
+
+    gate = deadline_loop("the decode leader's gate to say KvCanaryViolation", gate_false, 60)
+    gate_after = time.monotonic() - corrupted
+    assert gate["status"] == "False", gate
+    assert gate["message"].startswith(
+        f"decode pod {leader_name}: worker pod {worker_name} (node rank 1)"
+    ), gate
+    assert "launch_tag=HEAD_K_FULL" in gate["message"], gate
+
+    def out_of_traffic() -> bool:
+        in_smg = {host for _, host in live_workers(smg_workers(world, ns, name))}
+        slices = world.list("endpointslices.discovery.k8s.io", ns)
+        return leader_ip not in in_smg | {a for _, a in routable_addresses(slices)}
+
+    deadline_loop(
+        "the decode group out of the EndpointSlices and smg's workers", out_of_traffic, 60
+    )
+    out_after = time.monotonic() - corrupted
+    found = deadline_loop(
+        "a Warning Event KvCanaryViolation naming the worker pod",
+        lambda: [e for e in events(world, ns, "KvCanaryViolation") if worker_name in e["message"]],
+        30,
+    )
+    assert found[0]["type"] == "Warning" and found[0]["involvedObject"]["name"] == name, found
+    counted = deadline_loop(
+        "kvgate_kv_canary_violations_total for the worker pod",
+        lambda: operator_metric(
+            world, "kvgate_kv_canary_violations_total", namespace=ns, pod=worker_name
+        ),
+        30,
+    )
+    assert counted == 1.0, counted
+    (prefill,) = md_pods(world, ns, name, role="prefill", component="engine")
+    assert gate_of(world.get("pod", prefill["metadata"]["name"], ns) or {}).get("status") == "True"
+    return gate_after, out_after
+
+
+def operator_metric(world: World, metric: str, **labels: str) -> float | None:
+    """One series of the operator leader's /metrics, or None."""
+    leader = world.operator_pod()
+    if leader is None:
+        return None
+    url = f"http://127.0.0.1:{world.forward(leader['status']['podIP'], 8080)}/metrics"
+    code, text = http_json(url, timeout=10)
+    if code != 200 or not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        if line.startswith(metric + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[-1])
+    return None
 
 
 # --------------------------------------------------------------------------------- 3

@@ -7,7 +7,8 @@ check reads the new routers' ``smg_http_responses_total``; then all traffic move
 split is measured from every router's own counters over the part of each step where its routers
 were all ready, and must be within three standard deviations (binomial) of the router ratio,
 plus one point. A new revision that starts failing requests in a step (the reference engine's
-injected fault) is refused with the numbers and all traffic goes back to the old revision.
+injected faults: HTTP 500s, or streams that break after their 200 head) is refused with the
+numbers and all traffic goes back to the old revision.
 
 Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_progressive.py -v -s`` (root).
 """
@@ -23,14 +24,16 @@ import pytest
 from kvgate.rollout.progressive import counters_from_metrics
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import World, http_json, is_ready
+from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, http_json, is_ready, known_answer_body
 from scenario_helpers import (
+    SERVED_MODEL,
     TrafficLoop,
     deadline_loop,
     engine_pods,
     events,
     known_answer,
     sample_md,
+    stream_generate,
 )
 
 pytestmark = [
@@ -203,10 +206,39 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
     sampler.check()
 
 
+def streamed_known_answer(world: World, md: str, namespace: str) -> tuple[bool, str]:
+    """One streamed known-answer request through ``md``'s Service: right only with a 200 head,
+    the known tokens and no in-band error (a broken stream is a 200 with an error event)."""
+    url = world.service_url(md, namespace) + "/generate"
+    answer = stream_generate(url, known_answer_body(SERVED_MODEL), timeout=30)
+    ok = answer.status == 200 and not answer.errors
+    return ok and answer.output_ids == KNOWN_PROMPT_IDS[
+        :4
+    ], f"HTTP {answer.status} {answer.raw[:200]}"
+
+
+# (fault trigger, traffic, router args of the failing revision, the engines faulted: None is
+# both roles). A decode stream that breaks after its 200 head is counted by smg 1.13 only in
+# smg_router_request_errors_total (backend_error); its circuit breaker is off for that case, so
+# no 503 (no_available_workers) can fail the step in its place: only the broken streams are left
+# to count.
+FAULTS: dict[str, tuple[str, Any, list[str], str | None]] = {
+    "fail-generation": ("/kvgate/faults/fail-generation", known_answer, [], None),
+    "break-streams": (
+        "/kvgate/faults/break-streams",
+        streamed_known_answer,
+        ["--disable-circuit-breaker"],
+        "decode",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
-    world: World, namespace: str
+    world: World, namespace: str, fault: str
 ) -> None:
-    ns, name = namespace, "canary-fail"
+    trigger, send, router_args, roles = FAULTS[fault]
+    ns, name = namespace, f"canary-{fault}"
     world.apply(progressive_md(name), namespace=ns)
     rev_a = deadline_loop("revision A to serve", lambda: serving(world, name, ns), 300)
 
@@ -214,9 +246,11 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
     failing["spec"]["engine"].setdefault("env", []).append(
         {"name": "KVGATE_REFERENCE_FAULTS", "value": "1"}
     )
+    if router_args:
+        failing["spec"]["router"] = {"args": router_args}
     with (
-        InvariantSampler(world.cluster, ns, name="progressive-fail") as sampler,
-        TrafficLoop(lambda: known_answer(world, name, ns), pause=0.05) as traffic,
+        InvariantSampler(world.cluster, ns, name=f"progressive-{fault}") as sampler,
+        TrafficLoop(lambda: send(world, name, ns), pause=0.05) as traffic,
     ):
         world.apply(failing, namespace=ns)
         rev_b = deadline_loop(
@@ -227,21 +261,23 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
             ),
             300,
         )
-        for pod in engine_pods(world, ns, name):
+        at_injection = router_metrics(world, name, ns, rev_b)  # (the content check's abort: a 499)
+        for pod in engine_pods(world, ns, name, roles):
             if pod["metadata"]["labels"]["kvgate.io/revision"] == rev_b:
                 port = 30000
                 code, _ = http_json(
-                    f"http://127.0.0.1:{world.forward(pod['status']['podIP'], port)}"
-                    "/kvgate/faults/fail-generation",
+                    f"http://127.0.0.1:{world.forward(pod['status']['podIP'], port)}{trigger}",
                     {},
                 )
                 assert code == 200
         injected = time.monotonic()
-        refusal = deadline_loop(
-            "revision B refused by the step check",
-            lambda: (status_of(world, name, ns).get("rollout") or {}).get("refusal"),
-            120,
-        )
+        seen: dict[str, str] = {}  # B's router pod -> its last /metrics read
+
+        def refused() -> Any:
+            seen.update(router_metrics(world, name, ns, rev_b))
+            return (status_of(world, name, ns).get("rollout") or {}).get("refusal")
+
+        refusal = deadline_loop("revision B refused by the step check", refused, 120)
         refused_after = time.monotonic() - injected
         deadline_loop(
             "the Service to select revision A only",
@@ -281,10 +317,62 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
     refused_events = events(world, ns, "RolloutRefused")
     assert refused_events and "StepCheckFailed" in refused_events[0]["message"]
     print(
-        f"MEASURED progressive rollback: fault injected -> refused {refused_after:.1f}s, "
+        f"MEASURED progressive rollback ({fault}): fault injected -> refused "
+        f"{refused_after:.1f}s, "
         f"Service back on A {back_after:.1f}s; {failures_at_rollback} of "
         f"{len(traffic.results)} requests failed before it (all on B's router), "
         f"{len(late_failures)} after; sampler: {sampler.summary()}"
     )
     assert late_failures == [], late_failures[:3]
+    if fault == "break-streams":
+        # What B's router counted from the fault to the refusal: no 5xx or 499 head, the broken
+        # streams only as backend errors. Counting heads alone saw nothing fail.
+        heads, broken = failed_heads_and_broken_streams(seen.values())
+        heads_before, broken_before = failed_heads_and_broken_streams(at_injection.values())
+        heads, broken = heads - heads_before, broken - broken_before
+        counted = [
+            line
+            for text in seen.values()
+            for line in text.splitlines()
+            if line.startswith(("smg_http_responses_total{", "smg_router_request_errors_total{"))
+            and "/workers" not in line
+        ]
+        print(
+            f"MEASURED B's router from the fault to the refusal: {heads} 5xx/499 heads, "
+            f"{broken} broken streams; {counted}"
+        )
+        assert heads == 0 and broken > 0, (heads, broken)
     sampler.check()
+
+
+def router_metrics(world: World, name: str, ns: str, revision: str) -> dict[str, str]:
+    """Each of ``revision``'s router pods' /metrics text (pods that answer)."""
+    out: dict[str, str] = {}
+    for pod in world.list("pods", ns, ROUTERS.format(name=name)):
+        ip = (pod.get("status") or {}).get("podIP")
+        if pod["metadata"]["labels"]["kvgate.io/revision"] != revision or not ip:
+            continue
+        try:
+            code, text = http_json(f"http://127.0.0.1:{world.forward(ip, 29000)}/metrics")
+        except OSError:
+            continue
+        if code == 200 and isinstance(text, str):
+            out[pod["metadata"]["name"]] = text
+    return out
+
+
+def failed_heads_and_broken_streams(texts: Any) -> tuple[int, int]:
+    """(generation responses whose head was a 5xx or 499, generation requests smg counted as
+    backend errors) over these smg /metrics texts."""
+    heads = broken = 0
+    for text in texts:
+        for line in text.splitlines():
+            value = line.rsplit(" ", 1)[-1]
+            if line.startswith("smg_http_responses_total{") and '/generate"' in line:
+                if 'status_code="5' in line or 'status_code="499"' in line:
+                    heads += int(float(value))
+            elif line.startswith("smg_router_request_errors_total{") and (
+                'endpoint="generate"' in line and 'error_type="backend_error"' in line
+            ):
+                broken += int(float(value))
+    return heads, broken

@@ -8,13 +8,14 @@ requests it is given.
 - ``POST /kvgate/faults/fail-generation``: every generation request (``/generate``,
   ``/v1/completions``, ``/v1/chat/completions``) gets HTTP 500;
 - ``POST /kvgate/faults/break-streams``: every *streamed* generation request gets its 200 head
-  and a first event, and then the connection is cut without the stream's end, as when SGLang
+  and a first event, and 0.2 s later the connection is cut without the stream's end, as when SGLang
   fails a request after the head went out (a PD KV transfer that aborts, a scheduler that dies
   mid-request). Non-streamed requests still answer. A gateway sees a 200 whose body broke.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,6 +25,7 @@ from aiohttp import web
 ENV = "KVGATE_REFERENCE_FAULTS"
 TRIGGER_PATH = "/kvgate/faults/fail-generation"
 BREAK_STREAMS_PATH = "/kvgate/faults/break-streams"
+BREAK_AFTER_SECONDS = 0.2  # a broken stream's life after its first event
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 FAILING: web.AppKey[list[bool]] = web.AppKey("kvgate_faults_failing", list[bool])
@@ -48,6 +50,9 @@ async def _break_stream(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     event = {"text": "", "output_ids": [], "meta_info": {"finish_reason": None}}
     await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+    # Some tokens' time, as a request that fails mid-decode: smg 1.13 has then relayed the head
+    # and the first event (cut at once, smg may still answer its own 502 for it).
+    await asyncio.sleep(BREAK_AFTER_SECONDS)
     if request.transport is not None:
         request.transport.close()
     return response
