@@ -361,3 +361,21 @@ async def test_a_leader_that_loses_its_lease_while_its_watches_reopen_starts_not
     finally:
         await rt.shutdown()
         await rt.api.close()
+
+
+async def test_a_modeldeployment_deleted_while_the_watch_was_down_is_forgotten() -> None:
+    """After a complete re-list, a stored ModelDeployment the list no longer holds is delivered
+    as deleted (kvgate.kube.informer): the store is keyed by name, the reflector asks by uid."""
+    rt = runtime(leading=False, namespaces=("ns",))
+    try:
+        md_loops.start_reflectors(rt)
+        (reflector,) = rt.md_reflectors
+        for name in ("a", "b"):
+            md_loops.on_reflected(rt, None, md_body(name, settled=True))
+        assert sorted(reflector.stored()) == ["uid-a", "uid-b"]
+        reflector.on_vanished("uid-b")
+        assert set(rt.mds) == {("ns", "a")}
+        assert reflector.path == "/apis/kvgate.io/v1alpha1/namespaces/ns/modeldeployments"
+    finally:
+        await rt.shutdown()
+        await rt.api.close()
