@@ -11,7 +11,9 @@ revision's own router:
   each be answered with HTTP 200 and exactly ``maxNewTokens`` generated tokens, without an error;
 - a prompt just over the verified KV pool and one just over ``contextLength`` (one prompt when
   they are the same length), which must be refused: HTTP 4xx, or an in-band error in the stream
-  before any token. Never HTTP 200 with generated tokens.
+  before any token. Never HTTP 200 with generated tokens;
+- when all of those passed, the abort step (:mod:`kvgate.verify.abort_probe`): a known-answer
+  request must still get its answer after a request was dropped mid-flight.
 
 The longest prompt answered in full comes from SGLang's own bounds
 (:mod:`kvgate_engine.request_limits`): the tokenizer adds speculative decoding's reserved tokens
