@@ -1220,7 +1220,7 @@ class ContentProbeStatus(_Model):
     name: str = Field(min_length=1, description="What the length is.")
     prompt_tokens: int = Field(ge=1, description="Prompt length in tokens.")
     max_new_tokens: int = Field(ge=1, description="Tokens asked for.")
-    expect: str = Field(min_length=1, description="Answer or Refusal.")
+    expect: str = Field(min_length=1, description="Answer, Refusal, KnownAnswer or Abort.")
     http_status: int | None = Field(
         default=None, description="HTTP status through the router; absent: no answer."
     )
