@@ -78,11 +78,18 @@ def test_other_tokens_only_once_the_abort_settled_fail_the_check_too() -> None:
     assert "(known answer, 1.00 s after the abort): HTTP 200" in result.message
 
 
-def test_a_request_answered_before_the_drop_or_no_answer_decides_nothing() -> None:
-    not_dropped = AbortOutcome(answer((1,) * 8), None)
-    assert verdict(answer(KNOWN), not_dropped, answer(KNOWN)).reason == REASON_INCONCLUSIVE
+def test_no_answer_decides_nothing() -> None:
+    nothing = AbortOutcome(ProbeAnswer(None, transport_error="ClientConnectorError"), None)
+    assert verdict(answer(KNOWN), nothing, answer(KNOWN)).reason == REASON_INCONCLUSIVE
     assert verdict(answer(KNOWN), DROPPED, answer(None, None)).reason == REASON_INCONCLUSIVE
     assert verdict(answer(None, 503), DROPPED, answer(KNOWN)).reason == REASON_INCONCLUSIVE
+
+
+def test_a_request_faster_than_the_drop_is_recorded_and_the_answers_still_compared() -> None:
+    fast = AbortOutcome(answer((1,) * 64), None)
+    passed = verdict(answer(KNOWN), fast, answer(KNOWN))
+    assert passed.passed and "answered in full before the drop" in passed.message
+    assert verdict(answer(KNOWN), fast, answer(OTHER)).reason == REASON_FAILED
 
 
 def test_a_known_answer_refused_fails_without_calling_it_contamination() -> None:

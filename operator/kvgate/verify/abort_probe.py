@@ -21,8 +21,9 @@ revision's own router, one after another:
    which must get the same output ids.
 
 Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
-the known answer without a per-model table. A drop that comes too late (the aborted request was
-answered in full first) or an answer that does not come decides nothing: the check reruns.
+the known answer without a per-model table. An answer that does not come decides nothing (the
+check reruns); a request answered in full before the drop is recorded as such and the answers
+after it are still compared (a rerun would be as fast).
 """
 
 from __future__ import annotations
@@ -145,12 +146,19 @@ def _before(request: ProbeRequest, answer: ProbeAnswer) -> ProbeFinding:
 def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
     head = f"{request.prompt_tokens:,} tokens ({request.name})"
     answer = outcome.answer
+    if outcome.dropped_after is None and answer.http_status is None:
+        return ProbeFinding(
+            request, answer, False, f"{head}: {describe_answer(answer)}", undecided=True
+        )
     if outcome.dropped_after is None:
+        # Faster than the drop: nothing to abort. The answers after it are still compared; a
+        # rerun would be as fast, and waiting for a drop that never lands would refuse a
+        # healthy revision at rollout.verifyTimeoutSeconds.
         summary = (
-            f"{head}: answered before the drop ({describe_answer(answer)} in "
+            f"{head}: answered in full before the drop ({describe_answer(answer)} in "
             f"{answer.seconds:.2f} s), so nothing was aborted"
         )
-        return ProbeFinding(request, answer, False, summary, undecided=True)
+        return ProbeFinding(request, answer, True, summary)
     got = f"after its HTTP {answer.http_status} head"
     summary = f"{head}: connection closed {outcome.dropped_after:.2f} s in, {got}"
     return ProbeFinding(request, answer, True, summary)
@@ -181,15 +189,10 @@ def judge_abort(
     after: Sequence[tuple[str, ProbeAnswer]],
 ) -> tuple[ProbeFinding, ...]:
     """The abort step's findings: the known answer, the dropped request, and each known-answer
-    request after the drop (``after``: when it was sent, for people, and its answer). They are
-    compared only with a clean known answer; when nothing was aborted, the step decides
-    nothing."""
+    request after the drop (``after``: when it was sent, for people, and its answer), compared
+    only with a clean known answer. A dropped request that got no answer at all (not even its
+    head) decides nothing; one answered in full before the drop says so and passes."""
     known = _before(plan.known, before)
     dropped = _dropped(plan.aborted, outcome)
     checked = [_after(plan.known, when, answer, known) for when, answer in after]
-    if dropped.undecided:
-        checked = [
-            ProbeFinding(c.request, c.answer, False, c.summary, undecided=True) if c.passed else c
-            for c in checked
-        ]
     return (known, dropped, *checked)
