@@ -24,7 +24,10 @@ succeed and generates from pages nothing wrote. That is the incident, and this m
    refused by the prefill's scheduler ("Input length (3000 tokens) exceeds the maximum allowed
    length (2042 tokens)" in its log), and the client gets HTTP 200 with 16 generated tokens and
    ``finish_reason: length``, non-streamed and streamed alike: the bug. (On 0.5.20 the same
-   non-streamed request gets smg's 400 naming that refusal.)
+   non-streamed request gets smg's 400 naming that refusal.) Whose data those tokens come from:
+   the same greedy prompt, sent again after another request of 2,000 tokens (A1, then A2), gets
+   different tokens depending on which one ran before it: decode read what that request left
+   in its pages.
 2. Under kvgate: the honest spelling (image ``v0.5.19``) is denied at admission; the same
    engines behind a tag that names no release (the node's ``e2e.kvgate.io/sglang-release``
    resolves it to 0.5.19) on a node whose free memory holds 2,048 tokens
@@ -291,7 +294,32 @@ def test_without_kvgate_a_prompt_longer_than_the_pool_gets_http_200_and_tokens(
         f"the client got HTTP 200 with {NEW_TOKENS} tokens both times: {plain['output_ids']}, "
         f"streamed {streamed}"
     )
+    # Whose data: the same greedy prompt's answer changes with what another request (A1 or A2,
+    # 2,000 tokens each, within both pools) left in decode's pages just before it.
+    answers = answers_after_other_requests(generate)
+    print(f"the over-pool prompt's 16 tokens after another request's prompt: {answers}")
+    assert len({tuple(ids) for _, ids in answers}) >= 2, answers
     print(f"MEASURED out-of-path half {time.monotonic() - started:.1f}s (engines up {up:.1f}s)")
+
+
+def answers_after_other_requests(generate: str) -> list[tuple[str, list[int]]]:
+    """The over-pool prompt's greedy answer after A1, after A2, after A1 ... (up to 3 rounds,
+    until two answers differ): a correct engine gives one answer whatever came before."""
+    others = {
+        "A1": [(5 * i + 3) % 380 + 2 for i in range(2000)],
+        "A2": [(11 * i + 1) % 380 + 2 for i in range(2000)],
+    }
+    answers: list[tuple[str, list[int]]] = []
+    for _ in range(3):
+        for name, ids in others.items():
+            code, other = http_json(generate, body(ids), timeout=120)
+            assert code == 200, other  # within both pools: served right
+            code, answer = http_json(generate, body(OVER_POOL), timeout=120)
+            assert code == 200, answer
+            answers.append((f"after {name}", [int(i) for i in answer["output_ids"]]))
+        if len({tuple(ids) for _, ids in answers}) >= 2:
+            break
+    return answers
 
 
 # ------------------------------------------------------------------ under kvgate
