@@ -6,6 +6,7 @@ of research/sglang-cpu.md, added by the test world's mapping, never by the launc
 
 from __future__ import annotations
 
+import fcntl
 import socket
 from pathlib import Path
 
@@ -230,3 +231,20 @@ def test_an_image_tag_with_a_version_wins_over_the_nodes_release(installed: Path
         node_annotations={**REAL, RELEASE_ANNOTATION: "0.5.19"},
     )
     assert got.env["PYTHONPATH"] == str(installed / "site")
+
+
+def test_only_one_real_pair_holder_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one module holds the real-engine turn, another (its own open file, as another
+    xdist worker has) cannot take it; once released, it can."""
+    monkeypatch.setenv("KVGATE_CACHE", str(tmp_path))
+    lock = tmp_path / "real-engine-pair.lock"
+    with (
+        real_engine.one_real_pair_at_a_time(),
+        lock.open("a") as other,
+        pytest.raises(BlockingIOError),
+    ):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with lock.open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
