@@ -19,7 +19,7 @@ from kvgate.rollout.planner import (
     WorkloadState,
     plan,
 )
-from kvgate.rollout.progressive import RouterCounters
+from kvgate.rollout.progressive import EngineFailures, RouterCounters
 from test_planner import NEW, NEWER, OLD, observe, pods, workloads
 
 STEPS = [{"weight": 10, "pauseSeconds": 60}, {"weight": 50, "pauseSeconds": 60}]
@@ -56,6 +56,7 @@ def progressive(
     recorded_target: str = NEW,
     rollout: dict[str, Any] | None = None,
     pd: list[Any] | None = None,
+    engines: tuple[EngineFailures, ...] | None = (),
 ) -> ObservedState:
     observed = observe(
         target=target,
@@ -76,6 +77,7 @@ def progressive(
         service_exists=True,
         service_split=split if split is not None else step is not None,
         target_router_counters=counters,
+        target_engine_failures=engines,
     )
 
 
@@ -179,6 +181,49 @@ def test_unreadable_router_metrics_hold_the_step_past_its_pause() -> None:
     step = plan(progressive(step=record, counters=None, now_after=600))
     assert step.step_record == record and step.service_split is True
     assert step.step_waiting == "the target's router metrics are unreadable"
+
+
+def test_unreadable_engine_metrics_hold_the_step_past_its_pause() -> None:
+    record = StepRecord(0, NOW, (), 1, 10)
+    step = plan(
+        progressive(
+            step=record, counters=(RouterCounters("r", 500, 0, 0),), engines=None, now_after=600
+        )
+    )
+    assert step.step_record == record and step.service_split is True and step.refusal is None
+    assert step.step_waiting == "the target's engine metrics are unreadable"
+
+
+def test_transfers_the_targets_decode_failed_behind_200s_refuse_it_naming_the_pod() -> None:
+    record = StepRecord(
+        0,
+        NOW,
+        (RouterCounters("r", 10, 0, 0),),
+        1,
+        10,
+        (EngineFailures("decode-0", "decode", 2, 0),),
+    )
+    step = plan(
+        progressive(
+            step=record,
+            counters=(RouterCounters("r", 60, 0, 0),),
+            engines=(EngineFailures("decode-0", "decode", 6, 0),),
+            now_after=5,
+        )
+    )
+    assert step.refusal is not None and step.refusal.reason == REFUSED_STEP_CHECK
+    assert step.refusal.message == (
+        "step 1/2 (10 % of requests): 4 of 50 requests failed (8.0 % > "
+        "rollout.stepCheck.maxErrorPercent=1); 4 KV transfers failed on decode pod decode-0; "
+        "all traffic went back to revision aaaaaaaaaa"
+    )
+    assert step.service_revision == OLD
+
+
+def test_a_step_records_the_targets_engine_counters_when_it_begins() -> None:
+    engines = (EngineFailures("decode-0", "decode", 3, 1),)
+    step = plan(progressive(engines=engines))
+    assert step.step_record is not None and step.step_record.engine_baseline == engines
 
 
 def test_a_step_waits_for_the_minimum_requests_after_its_pause() -> None:

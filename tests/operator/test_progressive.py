@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 from kvgate.rollout.progressive import (
+    EngineFailures,
     RouterCounters,
     check_step,
     counters_from_metrics,
+    engine_failures_from_metrics,
+    engine_failures_since,
     share_percent,
     since,
     split_routers,
@@ -189,3 +192,88 @@ def test_a_499_counts_as_failed_since_smg_gives_a_dropped_request_the_same_label
         'error_code="client_closed_request"} 5\n'
     )
     assert counters_from_metrics("r", text) == RouterCounters("r", 100, 5, 0)
+
+
+# What an SGLang 0.5.23 decode engine exposes with --enable-metrics (prometheus_client text; the
+# scheduler's counters carry its ranks, one series per data-parallel rank), after 3 KV transfers
+# failed on rank 0 and 1 on rank 1, 2 bootstraps failed, and 4 requests whose clients left.
+SGLANG_DECODE_METRICS = """\
+# HELP sglang:num_transfer_failed_reqs_total The number of transfer failed requests.
+# TYPE sglang:num_transfer_failed_reqs_total counter
+sglang:num_transfer_failed_reqs_total{dp_rank="0",engine_type="decode",model_name="m",\
+moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_transfer_failed_reqs_total{dp_rank="1",engine_type="decode",model_name="m",\
+moe_ep_rank="0",pp_rank="0",tp_rank="1"} 1.0
+# HELP sglang:num_bootstrap_failed_reqs_total The number of bootstrap failed requests.
+# TYPE sglang:num_bootstrap_failed_reqs_total counter
+sglang:num_bootstrap_failed_reqs_total{dp_rank="0",engine_type="decode",model_name="m",\
+moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
+# HELP sglang:num_aborted_requests_total Number of requests aborted.
+# TYPE sglang:num_aborted_requests_total counter
+sglang:num_aborted_requests_total{engine_type="decode",model_name="m"} 4.0
+sglang:num_requests_total{engine_type="decode",model_name="m"} 90.0
+"""
+
+
+def test_an_engines_failed_transfers_and_bootstraps_are_summed_over_its_ranks() -> None:
+    failures = engine_failures_from_metrics("decode-0", "decode", SGLANG_DECODE_METRICS)
+    # the aborted requests are not failures: SGLang counts a client's disconnect there too
+    assert failures == EngineFailures("decode-0", "decode", transfers=4, bootstraps=2)
+    assert engine_failures_from_metrics("p", "prefill", "") == EngineFailures("p", "prefill", 0, 0)
+
+
+def test_a_restarted_engine_counts_from_zero_and_a_new_one_from_its_start() -> None:
+    baseline = [EngineFailures("a", "decode", 5, 1), EngineFailures("b", "decode", 2, 0)]
+    now = [
+        EngineFailures("a", "decode", 1, 0),  # restarted: its counters went down
+        EngineFailures("b", "decode", 2, 0),  # nothing new
+        EngineFailures("c", "prefill", 0, 3),  # not there when the step began
+    ]
+    assert engine_failures_since(baseline, now) == (
+        EngineFailures("a", "decode", 1, 0),
+        EngineFailures("c", "prefill", 0, 3),
+    )
+
+
+def test_streams_the_engine_ended_with_an_in_band_error_fail_the_step_and_name_the_pod() -> None:
+    # smg counted 60 plain 200s (a clean in-band error is a 200 in every smg series); the
+    # target's decode counted 3 failed KV transfers since the step began.
+    check = check_step(
+        [RouterCounters("r", 40, 0, 0)],
+        [RouterCounters("r", 100, 0, 0)],
+        max_error_percent=1.0,
+        max_rejected_percent=100.0,
+        engine_baseline=[EngineFailures("decode-x", "decode", 1, 0)],
+        engines=[EngineFailures("decode-x", "decode", 4, 0), EngineFailures("p", "prefill", 0, 0)],
+    )
+    assert check.errors == 3
+    assert check.failure == (
+        "3 of 60 requests failed (5.0 % > rollout.stepCheck.maxErrorPercent=1); "
+        "3 KV transfers failed on decode pod decode-x"
+    )
+    assert check.summary().endswith("; 3 KV transfers failed on decode pod decode-x")
+
+
+def test_a_failure_both_engines_or_the_router_also_counted_is_counted_once() -> None:
+    # One failed transfer, counted by its prefill and its decode; a non-streamed one also
+    # reached the router as a 5xx.
+    check = check_step(
+        [],
+        [RouterCounters("r", 100, 2, 0)],
+        max_error_percent=5.0,
+        max_rejected_percent=100.0,
+        engines=[
+            EngineFailures("p", "prefill", 2, 0),
+            EngineFailures("d1", "decode", 1, 0),
+            EngineFailures("d2", "decode", 1, 0),
+        ],
+    )
+    assert check.errors == 2 and check.failure is None
+    more = check_step(
+        [],
+        [RouterCounters("r", 100, 2, 0)],
+        max_error_percent=5.0,
+        max_rejected_percent=100.0,
+        engines=[EngineFailures("d1", "decode", 4, 3)],
+    )
+    assert more.errors == 7 and more.failure is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from factories.model_deployments import NOW
 from kvgate.rollout.planner import StepRecord, plan
-from kvgate.rollout.progressive import RouterCounters
+from kvgate.rollout.progressive import EngineFailures, RouterCounters
 from kvgate.rollout.status import compute_status, events_for, rollout_record
 from test_planner import NEW, OLD
 from test_planner_progressive import both_serving, progressive
@@ -15,9 +15,16 @@ def status_of(step, previous=None):  # type: ignore[no-untyped-def]
 
 
 def test_a_step_is_recorded_and_the_next_pass_reads_it_back() -> None:
-    record = StepRecord(1, NOW, (RouterCounters("router-x", 40, 1, 2),), 3, 50)
+    engine = EngineFailures("decode-y", "decode", 2, 1)
+    record = StepRecord(1, NOW, (RouterCounters("router-x", 40, 1, 2),), 3, 50, (engine,))
     step = plan(
-        progressive(step=record, counters=(RouterCounters("router-x", 60, 1, 2),), now_after=5)
+        progressive(
+            step=record,
+            counters=(RouterCounters("router-x", 60, 1, 2),),
+            engines=(EngineFailures("decode-y", "decode", 3, 1),),
+            now_after=5,
+            rollout={"stepCheck": {"maxErrorPercent": 10}},
+        )
     )
     status = status_of(step)
     assert status["rollout"]["step"] == {
@@ -26,7 +33,9 @@ def test_a_step_is_recorded_and_the_next_pass_reads_it_back() -> None:
         "startedAt": "2026-11-05T12:00:00Z",
         "servingRouterReplicas": 3,
         "baseline": [{"pod": "router-x", "requests": 40, "errors": 1, "rejected": 2}],
-        "check": "20 requests, 0 failed (5xx, 499, broken streams: 0.0 %), 0 refused (4xx, 0.0 %)",
+        "engineBaseline": [{"pod": "decode-y", "role": "decode", "transfers": 2, "bootstraps": 1}],
+        "check": "20 requests, 1 failed (5xx, 499, broken streams, failed KV transfers: 5.0 %), "
+        "0 refused (4xx, 0.0 %); 1 KV transfer failed on decode pod decode-y",
     }
     assert rollout_record(status).step == record
 

@@ -1178,6 +1178,20 @@ class RouterCountersStatus(_Model):
     rejected: int = Field(default=0, ge=0, description="Of which 4xx (over-length among them).")
 
 
+class EngineFailuresStatus(_Model):
+    """One of the target's engine pods' failed PD requests (SGLang's counters) when the step
+    began."""
+
+    pod: str = Field(min_length=1, max_length=253, description="Engine pod name.")
+    role: str = Field(default="", max_length=16, description="prefill or decode.")
+    transfers: int = Field(
+        default=0, ge=0, description="sglang:num_transfer_failed_reqs_total (every rank)."
+    )
+    bootstraps: int = Field(
+        default=0, ge=0, description="sglang:num_bootstrap_failed_reqs_total (every rank)."
+    )
+
+
 class ProgressiveStepStatus(_Model):
     """The progressive step in progress (rollout.strategy Progressive)."""
 
@@ -1191,6 +1205,11 @@ class ProgressiveStepStatus(_Model):
         default_factory=list,
         max_length=MAX_ROUTER_REPLICAS,
         description="The target's router counters when the step began.",
+    )
+    engine_baseline: list[EngineFailuresStatus] = Field(
+        default_factory=list,
+        max_length=2 * MAX_ENGINE_REPLICAS,
+        description="The target's engine pods' failure counters when the step began.",
     )
     check: str = Field(default="", description="The step check so far, with the numbers.")
 

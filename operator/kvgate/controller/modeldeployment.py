@@ -47,7 +47,7 @@ from kvgate.rollout.planner import (
     RolloutStep,
     WorkloadState,
 )
-from kvgate.rollout.progressive import RouterCounters
+from kvgate.rollout.progressive import EngineFailures, RouterCounters
 from kvgate.rollout.status import invalid_spec_status, rollout_record
 from kvgate.verify import content_probe, gate, router_auth
 
@@ -209,10 +209,11 @@ class Reconciler:
         selector_now = (own_service or {}).get("spec", {}).get("selector") or {}
         running = {w.revision for w in workloads} | {target}
         due = self._access_check_due(running, target, recorded, selector_now)
-        access, policies, counters = await asyncio.gather(
+        access, policies, counters, engine_failures = await asyncio.gather(
             self._access_objects(md) if due else _nothing(),
             self._policies(name, running, due),
             self._target_router_counters(spec, target, recorded, deployments),
+            self._target_engine_failures(spec, target, recorded, deployments, listed_pods),
         )
         observed = ObservedState(
             spec=spec,
@@ -231,6 +232,7 @@ class Reconciler:
             content_checks=content_probe.checks_in(body.get("status")),
             service_split=selector_now == builders.split_selector(name),
             target_router_counters=counters,
+            target_engine_failures=engine_failures,
         )
         return pass_decision.PassInputs(
             body=body,
@@ -362,6 +364,26 @@ class Reconciler:
             builders.selector_labels(self.name, target, labels.ROLE_ROUTER),
         )
         return await step_check.read_counters(_pods_of(deployments, routers), self.rt.fetch_text)
+
+    async def _target_engine_failures(
+        self,
+        spec: ModelDeploymentSpec,
+        target: str,
+        recorded: RolloutRecord,
+        deployments: list[Body],
+        engine_pods: list[Body],
+    ) -> tuple[EngineFailures, ...] | None:
+        """The target's engine pods' failure counters, read only while a progressive rollout to
+        it is under way; only pods of kvgate's own engine workloads."""
+        progressive = spec.rollout.strategy is RolloutStrategy.PROGRESSIVE
+        if not progressive or recorded.serving_revision in (None, target):
+            return ()
+        own = [
+            p
+            for p in _pods_of(deployments, engine_pods)
+            if (p.get("metadata", {}).get("labels") or {}).get(labels.REVISION) == target
+        ]
+        return await step_check.read_engine_failures(own, self.rt.fetch_text)
 
     async def _leader_worker_sets(
         self, selector: dict[str, str], md_uid: str | None

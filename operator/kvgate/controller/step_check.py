@@ -1,8 +1,11 @@
-"""Read a revision's router pods' response counters for the progressive step check (I/O).
+"""Read a revision's router pods' response counters and its engine pods' failure counters for
+the progressive step check (I/O).
 
-Each router pod serves Prometheus text on its metrics port (builders.ROUTER_METRICS_PORT); the
-operator reads it directly, like it reads engines, so the check needs no Prometheus. The pure
-parsing and judging is kvgate.rollout.progressive.
+Each router pod serves Prometheus text on its metrics port (builders.ROUTER_METRICS_PORT), each
+engine on its HTTP port's ``/metrics`` (SGLang with ``--enable-metrics``, which kvgate always
+passes; SGLang serves it without the API key); the operator reads them directly, like it reads
+engines for verification, so the check needs no Prometheus. The pure parsing and judging is
+kvgate.rollout.progressive.
 """
 
 from __future__ import annotations
@@ -15,8 +18,15 @@ from typing import Any
 import aiohttp
 from kvgate_engine.untrusted import read_bounded
 
+from kvgate.api import labels
 from kvgate.build import builders
-from kvgate.rollout.progressive import RouterCounters, counters_from_metrics
+from kvgate.rollout.progressive import (
+    EngineFailures,
+    RouterCounters,
+    counters_from_metrics,
+    engine_failures_from_metrics,
+)
+from kvgate.verify import gate
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +81,34 @@ async def read_counters(
     if any(c is None for c in read):
         return None
     return tuple(c for c in read if c is not None)
+
+
+async def read_engine_failures(
+    engines: Iterable[dict[str, Any]], fetch: TextFetch = fetch_text
+) -> tuple[EngineFailures, ...] | None:
+    """Every serving engine pod's failure counters (pods whose engine container is ready, on
+    its HTTP port: a multi-node engine's leader, whose ranks' counters its /metrics holds);
+    None when any of them cannot be read. An engine that answers but writes neither counter
+    has failed nothing; one that does not answer decides nothing, so the step neither ends nor
+    passes on a partial view."""
+    targets = [
+        (str(p.get("metadata", {}).get("name") or ""), labels_of(p).get(labels.ROLE, ""), url)
+        for p in engines
+        if (url := gate.engine_url(p))
+    ]
+
+    async def one(pod: str, role: str, url: str) -> EngineFailures | None:
+        try:
+            return engine_failures_from_metrics(pod, role, await fetch(f"{url}/metrics"))
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:
+            log.info("engine metrics unreadable: %s/metrics: %s", url, exc)
+            return None
+
+    read = await asyncio.gather(*(one(*target) for target in targets))
+    if any(f is None for f in read):
+        return None
+    return tuple(f for f in read if f is not None)
+
+
+def labels_of(pod: dict[str, Any]) -> dict[str, str]:
+    return dict(pod.get("metadata", {}).get("labels") or {})

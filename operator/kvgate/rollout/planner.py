@@ -40,6 +40,7 @@ from enum import StrEnum
 from kvgate.api import labels
 from kvgate.api.models import ModelDeploymentSpec, Role, RolloutStrategy
 from kvgate.rollout.progressive import (
+    EngineFailures,
     RouterCounters,
     StepCheck,
     check_step,
@@ -112,6 +113,8 @@ class StepRecord:
     # The serving revision's router replicas before the split (restored when it ends).
     serving_router_replicas: int = 1
     weight: int = 0  # the step's share of requests (percent), as configured when it began
+    # The target's engine pods' failure counters when the step began.
+    engine_baseline: tuple[EngineFailures, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,9 @@ class ObservedState:
     service_split: bool = False
     # The target's router pods' response counters (progressive step check); None: not read.
     target_router_counters: tuple[RouterCounters, ...] | None = None
+    # The target's engine pods' failure counters (progressive step check); None: an engine of
+    # the target did not answer its /metrics (the check then decides nothing).
+    target_engine_failures: tuple[EngineFailures, ...] | None = ()
     # Content checks at maximum length as kvgate recorded them (status.contentChecks).
     content_checks: tuple[ContentCheck, ...] = ()
 
@@ -709,16 +715,19 @@ def _progressive_step(seen: _Pass, serving: str) -> RolloutStep:
                 "the traffic split",
             )
         return _start_split(seen, serving, 0, None)
-    counters = observed.target_router_counters
-    if counters is None:
+    counters, engines = observed.target_router_counters, observed.target_engine_failures
+    if counters is None or engines is None:
+        what = "router" if counters is None else "engine"
         return _split_step(
-            seen, serving, recorded, None, "the target's router metrics are unreadable"
+            seen, serving, recorded, None, f"the target's {what} metrics are unreadable"
         )
     check = check_step(
         recorded.baseline,
         counters,
         max_error_percent=rollout.step_check.max_error_percent,
         max_rejected_percent=rollout.step_check.max_rejected_percent,
+        engine_baseline=recorded.engine_baseline,
+        engines=engines,
     )
     if check.failure is not None:
         return _step_check_refusal(seen, serving, recorded, check)
@@ -759,7 +768,10 @@ def _start_split(seen: _Pass, serving: str, index: int, check: StepCheck | None)
         else _router_replicas_of(observed, serving) or observed.spec.router.replicas
     )
     counters = observed.target_router_counters or ()
-    record = StepRecord(index, observed.now, counters, before, steps[index].weight)
+    # Engines unread now count from zero at the check: failures before the step would count
+    # against it, never failures during it be missed.
+    engines = observed.target_engine_failures or ()
+    record = StepRecord(index, observed.now, counters, before, steps[index].weight, engines)
     return _split_step(seen, serving, record, check, f"step {index + 1}/{len(steps)} started")
 
 

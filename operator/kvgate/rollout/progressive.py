@@ -24,6 +24,16 @@ zero). What smg 1.13 writes (observed on a real ``smg launch --pd-disaggregation
   larger of the two counts, never their sum (a lower bound when both kinds happen at once);
 - a stream the engine itself ends cleanly with an error event (SGLang's in-band error, an abort
   finish reason) is a plain 200 in every smg series: the router's counters cannot see it.
+
+So the check also reads the target's engine pods' SGLang counters (``--enable-metrics``, which
+kvgate always passes) for the requests a PD engine failed whatever its answer looked like:
+``sglang:num_transfer_failed_reqs_total`` (a KV transfer that failed or arrived with a checksum
+mismatch; prefill and decode both count it) and ``sglang:num_bootstrap_failed_reqs_total``.
+``sglang:num_aborted_requests_total`` is not read: SGLang's tokenizer counts a client's
+disconnect there too, which is no engine failure. One failed transfer may be counted by both
+of its engines, and a non-streamed one also reaches the router as a 5xx, so the engines' count
+is the larger of the prefill pods' and the decode pods' sums, and the failures the larger of
+the routers' and the engines' counts (a lower bound, never a double count).
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ RESPONSES_METRIC = "smg_http_responses_total"
 ROUTER_ERRORS_METRIC = "smg_router_request_errors_total"
 # smg_router_request_errors_total's endpoint label for GENERATION_PATHS
 GENERATION_ENDPOINTS = frozenset({"generate", "completions", "chat"})
+TRANSFER_FAILED_METRIC = "sglang:num_transfer_failed_reqs_total"
+BOOTSTRAP_FAILED_METRIC = "sglang:num_bootstrap_failed_reqs_total"
 BACKEND_ERROR = "backend_error"  # an upstream engine failed, before or after its head
 CLIENT_CLOSED = "499"  # the client went away, or smg dropped the request unanswered
 
@@ -51,13 +63,33 @@ class RouterCounters:
 
 
 @dataclass(frozen=True)
+class EngineFailures:
+    """One engine pod's failed PD requests since it started (SGLang's scheduler counters), or
+    since the step began (``engine_failures_since``)."""
+
+    pod: str
+    role: str  # prefill or decode (the pod's kvgate.io/role)
+    transfers: int  # sglang:num_transfer_failed_reqs_total
+    bootstraps: int  # sglang:num_bootstrap_failed_reqs_total
+
+    def describe(self) -> str:
+        parts = []
+        if self.transfers:
+            parts.append(f"{self.transfers:,} KV transfer{'s' if self.transfers != 1 else ''}")
+        if self.bootstraps:
+            parts.append(f"{self.bootstraps:,} bootstrap{'s' if self.bootstraps != 1 else ''}")
+        return f"{' and '.join(parts)} failed on {self.role} pod {self.pod}"
+
+
+@dataclass(frozen=True)
 class StepCheck:
-    """The target's routers since the step began, judged against rollout.stepCheck."""
+    """The target's routers and engines since the step began, judged against rollout.stepCheck."""
 
     requests: int
     errors: int
     rejected: int
     failure: str | None  # why the check failed; None: it holds
+    engine_failures: tuple[EngineFailures, ...] = ()  # the engines' counts since the step began
 
     @property
     def error_percent(self) -> float:
@@ -69,10 +101,14 @@ class StepCheck:
 
     def summary(self) -> str:
         return (
-            f"{self.requests:,} requests, {self.errors:,} failed (5xx, 499, broken streams: "
-            f"{self.error_percent:.1f} %), {self.rejected:,} refused (4xx, "
-            f"{self.rejected_percent:.1f} %)"
+            f"{self.requests:,} requests, {self.errors:,} failed (5xx, 499, broken streams, "
+            f"failed KV transfers: {self.error_percent:.1f} %), {self.rejected:,} refused (4xx, "
+            f"{self.rejected_percent:.1f} %){self.where()}"
         )
+
+    def where(self) -> str:
+        """``; 3 KV transfers failed on decode pod x`` (empty when no engine counted one)."""
+        return "".join(f"; {f.describe()}" for f in self.engine_failures)
 
 
 def split_routers(weight: int, max_routers: int) -> tuple[int, int]:
@@ -130,10 +166,28 @@ def counters_from_metrics(pod: str, text: str) -> RouterCounters:
     return RouterCounters(pod, requests, max(failed, broken), rejected)
 
 
-def _sample(line: str) -> tuple[str, dict[str, str], int] | None:
-    """``metric{labels} value`` of one of the two counters the step check reads, else None."""
+def engine_failures_from_metrics(pod: str, role: str, text: str) -> EngineFailures:
+    """Sum one engine pod's failed-transfer and failed-bootstrap counters (every rank's series)
+    from its Prometheus text exposition; an engine that writes neither has failed none."""
+    transfers = bootstraps = 0
+    for line in text.splitlines():
+        sample = _sample(line, (TRANSFER_FAILED_METRIC, BOOTSTRAP_FAILED_METRIC))
+        if sample is None:
+            continue
+        metric, _, value = sample
+        if metric == TRANSFER_FAILED_METRIC:
+            transfers += value
+        else:
+            bootstraps += value
+    return EngineFailures(pod, role, transfers, bootstraps)
+
+
+def _sample(
+    line: str, metrics: tuple[str, ...] = (RESPONSES_METRIC, ROUTER_ERRORS_METRIC)
+) -> tuple[str, dict[str, str], int] | None:
+    """``metric{labels} value`` of one of ``metrics``, else None."""
     metric, brace, rest = line.partition("{")
-    if not brace or metric not in (RESPONSES_METRIC, ROUTER_ERRORS_METRIC):
+    if not brace or metric not in metrics:
         return None
     labels_end = rest.rfind("}")
     if labels_end < 0:
@@ -172,23 +226,56 @@ def since(
     return requests, errors, rejected
 
 
+def engine_failures_since(
+    baseline: Iterable[EngineFailures], now: Iterable[EngineFailures]
+) -> tuple[EngineFailures, ...]:
+    """The pods that failed requests since ``baseline``, with how many; a counter below its
+    baseline means the engine restarted and counts from zero, a pod not in the baseline too."""
+    before: Mapping[str, EngineFailures] = {f.pod: f for f in baseline}
+    out = []
+    for current in now:
+        base = before.get(current.pod)
+        transfers, bootstraps = current.transfers, current.bootstraps
+        if base is not None and transfers >= base.transfers and bootstraps >= base.bootstraps:
+            transfers -= base.transfers
+            bootstraps -= base.bootstraps
+        if transfers or bootstraps:
+            out.append(EngineFailures(current.pod, current.role, transfers, bootstraps))
+    return tuple(out)
+
+
+def engines_failed(failures: Iterable[EngineFailures]) -> int:
+    """Failed requests the engines counted: the larger of the roles' sums (a failed transfer
+    may be counted by its prefill and by its decode)."""
+    per_role: dict[str, int] = {}
+    for f in failures:
+        per_role[f.role] = per_role.get(f.role, 0) + f.transfers + f.bootstraps
+    return max(per_role.values(), default=0)
+
+
 def check_step(
     baseline: Iterable[RouterCounters],
     now: Iterable[RouterCounters],
     *,
     max_error_percent: float,
     max_rejected_percent: float,
+    engine_baseline: Iterable[EngineFailures] = (),
+    engines: Iterable[EngineFailures] = (),
 ) -> StepCheck:
-    """Judge the target's answers since the step began."""
+    """Judge the target's answers since the step began: the routers' failures or, when larger,
+    the failed requests its engines counted (at most one per request the routers answered)."""
     requests, errors, rejected = since(baseline, now)
-    check = StepCheck(requests, errors, rejected, None)
+    failed = engine_failures_since(engine_baseline, engines)
+    errors = max(errors, min(requests, engines_failed(failed)))
+    check = StepCheck(requests, errors, rejected, None, failed)
     if requests and check.error_percent > max_error_percent:
         return StepCheck(
             requests,
             errors,
             rejected,
             f"{errors:,} of {requests:,} requests failed ({check.error_percent:.1f} % > "
-            f"rollout.stepCheck.maxErrorPercent={max_error_percent:g})",
+            f"rollout.stepCheck.maxErrorPercent={max_error_percent:g}){check.where()}",
+            failed,
         )
     if requests and check.rejected_percent > max_rejected_percent:
         return StepCheck(
@@ -197,5 +284,6 @@ def check_step(
             rejected,
             f"{rejected:,} of {requests:,} requests refused ({check.rejected_percent:.1f} % > "
             f"rollout.stepCheck.maxRejectedPercent={max_rejected_percent:g})",
+            failed,
         )
     return check

@@ -30,7 +30,7 @@ from kvgate.rollout.planner import (
     ServiceRepair,
     StepRecord,
 )
-from kvgate.rollout.progressive import RouterCounters
+from kvgate.rollout.progressive import EngineFailures, RouterCounters
 from kvgate.verify.gate import rfc3339
 
 READY = "Ready"
@@ -294,6 +294,10 @@ def _step_status(step: RolloutStep) -> dict[str, Any] | None:
             {"pod": c.pod, "requests": c.requests, "errors": c.errors, "rejected": c.rejected}
             for c in record.baseline
         ],
+        "engineBaseline": [
+            {"pod": f.pod, "role": f.role, "transfers": f.transfers, "bootstraps": f.bootstraps}
+            for f in record.engine_baseline
+        ],
         "check": step.step_check.summary() if step.step_check is not None else "",
     }
 
@@ -315,12 +319,23 @@ def _step_record(raw: object) -> StepRecord | None:
         for c in raw.get("baseline") or []
         if isinstance(c, Mapping)
     )
+    engine_baseline = tuple(
+        EngineFailures(
+            str(f.get("pod") or ""),
+            str(f.get("role") or ""),
+            int(f.get("transfers") or 0),
+            int(f.get("bootstraps") or 0),
+        )
+        for f in raw.get("engineBaseline") or []
+        if isinstance(f, Mapping)
+    )
     return StepRecord(
         index,
         started,
         baseline,
         int(raw.get("servingRouterReplicas") or 1),
         int(raw.get("weight") or 0),
+        engine_baseline,
     )
 
 
