@@ -160,10 +160,12 @@ def incident(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             world.create_namespace(ns)
             yield Incident(world, found.value, ns)
         finally:
-            # The engines' memory is freed before the next real pair may start.
-            world.delete_namespace(ns)
-            for key in (RUNTIME_ANNOTATION, RELEASE_ANNOTATION, MAX_TOTAL_TOKENS_ANNOTATION):
-                world.kubectl("annotate", "node", node, f"{key}-", check=False)
+            try:
+                # The engines' memory is freed before the next real pair may start.
+                world.delete_namespace(ns)
+            finally:
+                for key in (RUNTIME_ANNOTATION, RELEASE_ANNOTATION, MAX_TOTAL_TOKENS_ANNOTATION):
+                    world.kubectl("annotate", "node", node, f"{key}-", check=False)
 
 
 def engine_log(world: World, ns: str, pod: str, tail: int = 3000) -> str:
