@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from kvgate_engine.reference import faults
+from test_pd_handoff import SMALL_GPU, metric
+
+if TYPE_CHECKING:
+    from conftest import EngineLauncher
 
 
 async def ok(request: web.Request) -> web.StreamResponse:
@@ -60,3 +66,37 @@ async def test_after_the_break_trigger_streams_get_a_200_head_and_then_lose_the_
         assert rest is None or b"[DONE]" not in rest
         assert (await client.post("/generate", json={})).status == 200
         assert (await client.get("/health")).status == 200
+
+
+async def test_after_the_transfer_trigger_decode_ends_streams_with_sglangs_in_band_error_and_counts_them(  # noqa: E501
+    engines: EngineLauncher,
+) -> None:
+    """What SGLang's decode does when a request's KV transfer fails or arrives with a checksum
+    mismatch: the stream's 200 head, one in-band error event (status 500), then ``[DONE]``, a
+    clean end no gateway counts as a failure; only ``sglang:num_transfer_failed_reqs_total``
+    counts it. A non-streamed request gets the 500 as its status."""
+    flags = ("--mem-fraction-static", "0.85", "--enable-metrics")
+    env = {**SMALL_GPU, faults.ENV: "1"}
+    prefill = engines.spawn(*flags, role="prefill", env=env)
+    decode = engines.spawn(*flags, role="decode", env=env)
+    await engines.wait_healthy(prefill, decode)
+    prompt = list(range(100, 132))
+    _, healthy = await engines.route_pd(prefill, decode, prompt, 4, room=1, stream=True)
+    assert healthy.status == 200 and healthy.body["output_ids"] == prompt[:4], healthy.body
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{decode.url}{faults.FAIL_TRANSFERS_PATH}") as trigger,
+    ):
+        assert trigger.status == 200
+
+    # post_generate asserts the stream ended with [DONE]: a clean end
+    _, streamed = await engines.route_pd(prefill, decode, prompt, 4, room=2, stream=True)
+    assert streamed.status == 200
+    assert streamed.body["error"]["code"] == 500, streamed.body
+    assert "KV checksum mismatch" in streamed.body["error"]["message"]
+    _, plain = await engines.route_pd(prefill, decode, prompt, 4, room=3)
+    assert plain.status == 500, plain.body
+    assert await metric(decode, "num_transfer_failed_reqs_total") == 2
+    assert await metric(decode, "num_used_tokens") == 0  # the failed requests' pages came back
+    status, _ = await engines.get_json(f"{decode.url}/health")
+    assert status == 200

@@ -155,6 +155,12 @@ class ReferenceEngine:
         self.canary = KvCanary() if settings.kv_canary else None
         # stale_kv_after_abort: the aborted request's slots and prompt, whose KV lands next
         self._stale_landing: tuple[torch.Tensor, list[int], str] | None = None
+        self._fail_transfers = False  # faults.FAIL_TRANSFERS_PATH (KVGATE_REFERENCE_FAULTS=1)
+
+    def fail_every_transfer(self) -> None:
+        """Injected fault (tests): from now on every KV transfer this decode receives fails its
+        checksum, as SGLang's decode reports one."""
+        self._fail_transfers = True
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -387,6 +393,9 @@ class ReferenceEngine:
             raise GenerateError(error.message, error.status) from error
         finally:
             self.counters.num_decode_transfer_queue_reqs -= 1
+        if self._fail_transfers:
+            self.counters.num_transfer_failed_reqs += 1
+            raise GenerateError("KV checksum mismatch (injected: fail-transfers)", 500)
         if self.settings.kv_checksum:
             if payload.checksum is None:
                 log.warning("bootstrap_room %s arrived without a KV checksum; unverified", room)

@@ -1,6 +1,6 @@
 """Injected generation failures (tests only): a verified engine that starts failing requests.
 
-``KVGATE_REFERENCE_FAULTS=1`` adds two triggers; ``/health``, ``/server_info`` and the KV pool
+``KVGATE_REFERENCE_FAULTS=1`` adds three triggers; ``/health``, ``/server_info`` and the KV pool
 stay as they were, so kvgate keeps the engine verified. They are what a progressive rollout's
 step check must catch: a revision that passed every check before traffic and then fails the
 requests it is given.
@@ -10,7 +10,12 @@ requests it is given.
 - ``POST /kvgate/faults/break-streams``: every *streamed* generation request gets its 200 head
   and a first event, and 0.2 s later the connection is cut without the stream's end, as when SGLang
   fails a request after the head went out (a PD KV transfer that aborts, a scheduler that dies
-  mid-request). Non-streamed requests still answer. A gateway sees a 200 whose body broke.
+  mid-request). Non-streamed requests still answer. A gateway sees a 200 whose body broke;
+- ``POST /kvgate/faults/fail-transfers`` (a decode engine): every KV transfer that arrives fails
+  its checksum, as SGLang's decode fails one (``KV checksum mismatch``, status 500): it counts
+  ``sglang:num_transfer_failed_reqs_total``, a streamed request gets its 200 head, one in-band
+  ``{"error": ...}`` event and ``[DONE]`` (a clean end: smg counts a plain 200), a non-streamed
+  one a 500.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from aiohttp import web
 ENV = "KVGATE_REFERENCE_FAULTS"
 TRIGGER_PATH = "/kvgate/faults/fail-generation"
 BREAK_STREAMS_PATH = "/kvgate/faults/break-streams"
+FAIL_TRANSFERS_PATH = "/kvgate/faults/fail-transfers"
 BREAK_AFTER_SECONDS = 0.2  # a broken stream's life after its first event
 GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -58,8 +64,9 @@ async def _break_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def install(app: web.Application) -> None:
-    """Add the trigger routes and the middleware that fails generation once triggered."""
+def install(app: web.Application, fail_transfers: Callable[[], None] | None = None) -> None:
+    """Add the trigger routes and the middleware that fails generation once triggered;
+    ``fail_transfers`` (a decode engine's) makes every arriving KV transfer fail."""
     app[FAILING] = [False]
     app[BREAKING] = [False]
 
@@ -88,6 +95,14 @@ def install(app: web.Application) -> None:
                 return await _break_stream(request)
         return await handler(request)
 
+    if fail_transfers is not None:
+        turn_on = fail_transfers
+
+        async def trigger_transfers(request: web.Request) -> web.Response:
+            turn_on()
+            return web.json_response({"failing_transfers": True})
+
+        app.router.add_post(FAIL_TRANSFERS_PATH, trigger_transfers)
     app.router.add_post(TRIGGER_PATH, trigger)
     app.router.add_post(BREAK_STREAMS_PATH, trigger_break)
     app.middlewares.append(fail_generation)

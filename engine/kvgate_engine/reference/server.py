@@ -445,7 +445,11 @@ def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Applica
     if state.engine.canary is not None:
         app.router.add_post("/kvgate/canary/corrupt", handle_canary_corrupt)
     if faults.enabled():
-        faults.install(app)
+        engine = state.engine
+        faults.install(
+            app,
+            engine.fail_every_transfer if engine.settings.role == "decode" else None,
+        )
     if state.launch["enable_metrics"]:
         registry = build_registry(state.engine, state.served_model_name)
 
