@@ -119,7 +119,7 @@ EXPECTED_SECONDS: dict[str, int] = {
     "test_scenario_mass_deletion.py": 155,
     "test_scenario_lost_objects.py": 140,
     "test_chaos.py": 138,
-    "test_scenario_progressive.py": 165,  # + the break-streams case (32 s alone)
+    "test_scenario_progressive.py": 197,  # + break-streams, in-band-errors (32 s alone each)
     "test_scenario_multinode.py": 125,
     "test_attack_pods.py": 102,
     "test_scenario_engine_restart.py": 91,

@@ -7,8 +7,9 @@ check reads the new routers' ``smg_http_responses_total``; then all traffic move
 split is measured from every router's own counters over the part of each step where its routers
 were all ready, and must be within three standard deviations (binomial) of the router ratio,
 plus one point. A new revision that starts failing requests in a step (the reference engine's
-injected faults: HTTP 500s, or streams that break after their 200 head) is refused with the
-numbers and all traffic goes back to the old revision.
+injected faults: HTTP 500s, streams that break after their 200 head, or decode engines whose KV
+transfers fail and that end each stream cleanly with SGLang's in-band error, which no smg
+counter sees) is refused with the numbers and all traffic goes back to the old revision.
 
 Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_progressive.py -v -s`` (root).
 """
@@ -16,6 +17,7 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_scenario_progressive.py -v -s`` (r
 from __future__ import annotations
 
 import math
+import re
 import time
 from functools import partial
 from typing import Any
@@ -221,7 +223,9 @@ def streamed_known_answer(world: World, md: str, namespace: str) -> tuple[bool, 
 # both roles). A decode stream that breaks after its 200 head is counted by smg 1.13 only in
 # smg_router_request_errors_total (backend_error); its circuit breaker is off for that case, so
 # no 503 (no_available_workers) can fail the step in its place: only the broken streams are left
-# to count.
+# to count. A decode whose KV transfers fail ends each stream cleanly (200, an in-band error
+# event, [DONE]): smg counts a plain 200 everywhere, only the engine's
+# sglang:num_transfer_failed_reqs_total counts it.
 FAULTS: dict[str, tuple[str, Any, list[str], str | None]] = {
     "fail-generation": ("/kvgate/faults/fail-generation", known_answer, [], None),
     "break-streams": (
@@ -230,6 +234,7 @@ FAULTS: dict[str, tuple[str, Any, list[str], str | None]] = {
         ["--disable-circuit-breaker"],
         "decode",
     ),
+    "in-band-errors": ("/kvgate/faults/fail-transfers", streamed_known_answer, [], "decode"),
 }
 
 
@@ -278,7 +283,8 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
             return (status_of(world, name, ns).get("rollout") or {}).get("refusal")
 
         refusal = deadline_loop("revision B refused by the step check", refused, 120)
-        refused_after = time.monotonic() - injected
+        refused_at = time.monotonic()
+        refused_after = refused_at - injected
         deadline_loop(
             "the Service to select revision A only",
             lambda: (
@@ -342,6 +348,23 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
             f"{broken} broken streams; {counted}"
         )
         assert heads == 0 and broken > 0, (heads, broken)
+    if fault == "in-band-errors":
+        # Every failed request the client saw was a 200 whose stream ended cleanly with an
+        # in-band error, and smg counted none of them as a backend error: the refusal came from
+        # B's decode engines' failed-transfer counters, and names the pod.
+        heads, broken = failed_heads_and_broken_streams(seen.values())
+        heads_before, broken_before = failed_heads_and_broken_streams(at_injection.values())
+        # (after the refusal, requests in flight on B's router may meet B's engines going away)
+        seen_by_client = [f[2] for f in traffic.failures if f[0] < refused_at]
+        print(
+            f"MEASURED B's router from the fault to the refusal: {heads - heads_before} 5xx/499 "
+            f"heads, {broken - broken_before} broken streams; the client saw "
+            f"{seen_by_client[:2]}; refusal: {refusal['message']}"
+        )
+        assert seen_by_client and all(f.startswith("HTTP 200 ") for f in seen_by_client)
+        assert all('"error"' in f for f in seen_by_client), seen_by_client[:3]
+        assert broken == broken_before, (broken_before, broken)
+        assert re.search(r"KV transfers? failed on decode pod ", refusal["message"]), refusal
     sampler.check()
 
 

@@ -932,8 +932,9 @@ class StepCheckSpec(_Model):
         le=100,
         description=(
             "Largest share (percent) of the new revision's generation requests that may fail "
-            "during a step (a 5xx, a 499, or a stream that broke after its 200 head); above it "
-            "the rollout is rolled back at once."
+            "during a step (a 5xx, a 499, a stream that broke after its 200 head, or a request "
+            "its PD engines failed: a KV transfer or bootstrap the engines counted, whatever the "
+            "client got); above it the rollout is rolled back at once."
         ),
     )
     max_rejected_percent: float = Field(
