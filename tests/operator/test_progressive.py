@@ -277,3 +277,39 @@ def test_a_failure_both_engines_or_the_router_also_counted_is_counted_once() -> 
         engines=[EngineFailures("d1", "decode", 4, 3)],
     )
     assert more.errors == 7 and more.failure is not None
+
+
+def engine_pod(name: str, role: str, ip: str | None, ready: bool = True) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "labels": {"kvgate.io/role": role}},
+        "spec": {
+            "containers": [{"name": "engine", "ports": [{"name": "http", "containerPort": 30000}]}]
+        },
+        "status": {
+            "podIP": ip,
+            "containerStatuses": [{"name": "engine", "ready": ready}],
+        },
+    }
+
+
+async def test_each_serving_engine_is_read_and_an_unreadable_one_decides_nothing() -> None:
+    from kvgate.controller.step_check import read_engine_failures
+
+    asked: list[str] = []
+
+    async def fetch(url: str) -> str:
+        asked.append(url)
+        if "10.0.0.3" in url:
+            raise TimeoutError("no answer")
+        return SGLANG_DECODE_METRICS
+
+    serving = [engine_pod("d-0", "decode", "10.0.0.1"), engine_pod("p-0", "prefill", "10.0.0.2")]
+    starting = engine_pod("d-1", "decode", "10.0.0.9", ready=False)  # not serving: not read
+    read = await read_engine_failures([*serving, starting], fetch)
+    assert read == (
+        EngineFailures("d-0", "decode", 4, 2),
+        EngineFailures("p-0", "prefill", 4, 2),
+    )
+    assert sorted(asked) == ["http://10.0.0.1:30000/metrics", "http://10.0.0.2:30000/metrics"]
+    silent = engine_pod("d-2", "decode", "10.0.0.3")
+    assert await read_engine_failures([*serving, silent], fetch) is None
