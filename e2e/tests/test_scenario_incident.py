@@ -14,7 +14,7 @@ the scheduler.
 Both requests are STREAMED (``"stream": true``), as chat clients send them. SGLang commits a
 stream's 200 head before the scheduler runs, so the pre-fix prefill's rejection travels in-band
 (``data: {"error": ...}``) behind a 200 head. smg 1.13.0 waits for both legs' heads, sees two
-200s, and relays decode's stream: with pre-fix (v0.5.20) engines, decode generated from stale
+200s, and relays decode's stream: with pre-fix (v0.5.19) engines, decode generated from stale
 pages and the stream carries request A's canary, HTTP 200 all the way, exactly the incident.
 (A non-streamed B gets smg's ``prefill_bad_request`` 400: smg returns the first non-2xx leg, so
 only the streamed path shows the leak through a current gateway; asserted too.)
@@ -58,7 +58,7 @@ CANARY = list(range(1001, 1013))
 REQUEST_A = [1, 2, 3, 4, *CANARY, *range(20, 300)]  # 296 tokens
 REQUEST_B = [7] * 800  # >= 686, < 2,048
 MODEL = "tiny-llama"
-PRE_FIX_IMAGE = "lmsysorg/sglang:v0.5.20"
+PRE_FIX_IMAGE = "lmsysorg/sglang:v0.5.19"
 SMG_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
 
 
@@ -237,9 +237,9 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
 # ------------------------------------------------------------------ the same engines under kvgate
 def kvgate_md(name: str) -> dict[str, Any]:
     """tiny-llama behind kvgate on the incident pool with the pre-fix behaviour, for engines whose
-    pool is below the context. Admission refuses the honest spelling of this (image v0.5.20, or
+    pool is below the context. Admission refuses the honest spelling of this (image v0.5.19, or
     ``maxTotalTokens: 692``, or ``--max-total-tokens 692`` in ``engine.args``); here both are out
-    of its sight (an unversioned image whose engines emulate 0.5.20; the pool capped by the
+    of its sight (an unversioned image whose engines emulate 0.5.19; the pool capped by the
     node the engines run on, :func:`node_pool_capped`), so only the live gate stands."""
     role = {"replicas": 1, "nodeSelector": {"kvgate.io/pool": INCIDENT_POOL}}
     return {

@@ -136,7 +136,10 @@ def test_pool_below_context_starts_with_a_lowered_max_req_input_len() -> None:
 
 
 def test_incident_emulation_follows_the_version() -> None:
-    assert emulates_incident("0.5.20", forced=False)
+    """The leak ends with 0.5.20 (measured on the released engines: 0.5.19 answers an over-pool
+    prompt with tokens, 0.5.20 sends decode no KV and fails it)."""
+    assert emulates_incident("0.5.19", forced=False)
+    assert not emulates_incident("0.5.20", forced=False)
     assert not emulates_incident("0.5.21", forced=False)
     assert not emulates_incident("0.5.23", forced=False)
     assert emulates_incident("0.5.23", forced=True)

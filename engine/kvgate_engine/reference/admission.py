@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-FIXED_IN = Version("0.5.21")  # sglang#38935: intake-rejected requests no longer enter a PD handoff
+# The leak: up to 0.5.19 the placeholder's one token of KV went out as the transfer's last chunk
+# and decode generated from pages nothing wrote. 0.5.20 retires the placeholder after the forward
+# (no KV sent; decode waits out its transfer timeout and fails the request, measured on the
+# released 0.5.20 on CPU); 0.5.21 rejects it at intake (sglang#38935). From 0.5.20 on the
+# reference engine answers such a prompt as the fixed releases do: a 400.
+FIXED_IN = Version("0.5.20")
 PLACEHOLDER_INPUT = (0,)  # Req.set_finish_with_abort's replacement for origin_input_ids
 
 
@@ -26,7 +31,7 @@ class Rejection:
 
 
 def emulates_incident(version: str, forced: bool) -> bool:
-    """True when the engine should behave like SGLang <= 0.5.20 (the pre-fix rejection path)."""
+    """True when the engine should behave like SGLang <= 0.5.19 (the leaking rejection path)."""
     if forced:
         return True
     try:

@@ -238,7 +238,7 @@ class ReferenceEngine:
                 # Fixed path (0.5.21+): retired before any queue, so no handoff starts.
                 self._retire_room(request, aborted)
                 raise GenerateError.of(aborted)
-            # SGLang <= 0.5.20: set_finish_with_abort swaps in a placeholder and the request
+            # SGLang <= 0.5.19: set_finish_with_abort swaps in a placeholder and the request
             # still enters the PD queues; it is reported as aborted only at the end.
             log.error(
                 "%s (rid=%s); continuing with a placeholder input", aborted.message, request.rid
@@ -408,11 +408,11 @@ class ReferenceEngine:
                 self.counters.num_transfer_failed_reqs += 1
                 raise GenerateError.of(incomplete)
         elif payload.num_tokens < reserved:
-            # SGLang <= 0.5.20 did not compare; the unwritten slots keep what they held.
+            # SGLang <= 0.5.19 did not compare; the unwritten slots keep what they held.
             self.counters.stale_reads += 1
             log.error(
                 "bootstrap_room %s: %d of %d reserved tokens arrived; decoding anyway "
-                "(emulating SGLang <= 0.5.20)",
+                "(emulating SGLang <= 0.5.19)",
                 room,
                 payload.num_tokens,
                 reserved,

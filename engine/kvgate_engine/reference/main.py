@@ -5,7 +5,7 @@ Environment:
 - ``KVGATE_WEIGHTS_GIB`` weight size of one replica, for configs the estimator cannot size;
 - ``KVGATE_ENGINE_VERSION`` the SGLang version to report, whose flag choices the engine parses
   with (default 0.5.23);
-- ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.21) turns on SGLang <= 0.5.20's
+- ``KVGATE_EMULATE_INCIDENT=1`` (or a version below 0.5.20) turns on SGLang <= 0.5.19's
   rejection path that leaked stale KV across requests;
 - ``KVGATE_ADMIT_OVER_LENGTH=1`` no length admission (tokenizer and scheduler checks off) with an
   honest pool: over-length prompts are answered (what the content check must catch);
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if settings.incident:
         log.warning(
-            "emulating SGLang <= 0.5.20 (version %s): over-length prompts are swapped for a "
+            "emulating SGLang <= 0.5.19 (version %s): over-length prompts are swapped for a "
             "placeholder and still handed off; decode does not check what arrived",
             version,
         )
