@@ -113,8 +113,8 @@ MODULE_ALONE: frozenset[str] = frozenset()
 # to start the longest first when they share a world; a file not listed counts 20.
 EXPECTED_SECONDS: dict[str, int] = {
     "test_scenario_real_engine.py": 220,
-    # measured alone (its own world, other helpers' load): 292.6 s; it holds the real-engine
-    # flock (one real PD pair at a time), so it never overlaps test_scenario_real_engine.py
+    # measured alone (its own world, other helpers' load): 292.6 s; one scheduling unit with
+    # test_scenario_real_engine.py (kvgate_e2e.file_groups): one worker runs the two back to back
     "test_scenario_real_incident.py": 290,
     "test_scenario_mass_deletion.py": 155,
     "test_scenario_lost_objects.py": 140,
@@ -422,3 +422,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         wall = f"{span[1] - span[0]:7.1f}" if span else "      -"
         terminalreporter.write_line(f"{own:8.1f} {_file_waited[file]:7.1f} {wall}  {file}")
     terminalreporter.write_line(f"{total:8.1f} {'':7} {'':7}  all files")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile``: the real-SGLang files go to one worker, back to back
+    (``kvgate_e2e.file_groups``); every other file is its own unit, as before."""
+    if getattr(config.option, "dist", None) != "loadfile":
+        return None
+    from kvgate_e2e.file_groups import GroupedFileScheduling
+
+    return GroupedFileScheduling(config, log)
