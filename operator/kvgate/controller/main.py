@@ -370,31 +370,10 @@ async def serve(
         md_loops.start_reflectors(_runtime)
         engine_pods.start_reflectors(_runtime)
         deployments.start_reflectors(_runtime)
-        if elector is not None:
-            log.info(
-                "standing by for the Lease",
-                extra={
-                    "lease": f"{elector.config.namespace}/{elector.config.name}",
-                    "identity": elector.config.identity,
-                },
-            )
-            await standby.warm_up(_runtime, stop.event)
-            if not await elector.acquire(stop.event):
-                return
-        # Renew from the moment the Lease is ours: taking over may wait for a re-list.
-        holder = (
-            asyncio.ensure_future(
-                _hold_in_thread(elector, lambda: KubeApi(api.credentials), stop.event)
-            )
-            if elector is not None
-            else None
-        )
-        if holder is not None and not await standby.take_over(_runtime, stop.event, holder):
-            holder.cancel()
-            await asyncio.gather(holder, return_exceptions=True)
-            if elector is not None and not elector.leading and not stop.event.is_set():
-                raise LeadershipLost("lost the leader Lease before leading; standing by again")
+        led = await _lead(_runtime, elector, stop.event)
+        if led is None:
             return
+        holder = led if isinstance(led, asyncio.Future) else None
         kopf_stop = asyncio.Event()
         kopf_task = asyncio.create_task(
             kopf.operator(
@@ -434,6 +413,37 @@ async def serve(
         await api.close()
         if lease_api is not None:
             await lease_api.close()
+
+
+async def _lead(
+    rt: Runtime, elector: LeaderElector | None, stop: asyncio.Event
+) -> asyncio.Future[Any] | bool | None:
+    """With leader election: stand by (warm) until this replica holds the Lease, start its
+    renewals and take over from the standby's stores; the renewals' future, or None when
+    ``stop`` came first. Without: True at once (this replica leads)."""
+    if elector is None:
+        return True
+    log.info(
+        "standing by for the Lease",
+        extra={
+            "lease": f"{elector.config.namespace}/{elector.config.name}",
+            "identity": elector.config.identity,
+        },
+    )
+    await standby.warm_up(rt, stop)
+    if not await elector.acquire(stop):
+        return None
+    # Renew from the moment the Lease is ours: taking over may wait for a re-list.
+    holder = asyncio.ensure_future(
+        _hold_in_thread(elector, lambda: KubeApi(rt.api.credentials), stop)
+    )
+    if not await standby.take_over(rt, stop, holder):
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        if not elector.leading and not stop.is_set():
+            raise LeadershipLost("lost the leader Lease before leading; standing by again")
+        return None
+    return holder
 
 
 async def _hold_in_thread(
