@@ -75,13 +75,17 @@ lws:
 # outside .venv, ${KVGATE_CACHE:-~/.cache/kvgate}/sglang-cpu/<version> (see e2e/sglang-cpu/install.sh;
 # the first install downloads ~1.7 GB and takes ~11 min on a loaded 2-core machine, then it is cached).
 # 0.5.23 is the release the real-engine scenarios run; 0.5.19 the pre-fix one the real incident
-# runs (test_scenario_real_incident.py; 6.5 min and 4.4 GB more).
+# runs (test_scenario_real_incident.py; 6.5 min and 4.4 GB more). One target per release, so
+# `make -j` (make deps) installs them side by side (each into its own directory; a cached one
+# takes a second).
 REAL_ENGINE_VERSIONS ?= 0.5.23 0.5.19
-real-engine-deps: $(STAMP)
+real-engine-deps: $(addprefix real-engine-,$(REAL_ENGINE_VERSIONS))
+
+real-engine-%: $(STAMP)
 	@command -v gcc >/dev/null || { \
 	  echo "installing gcc from Debian (it builds the libcuda.so.1 stand-in)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc; }
-	SGLANG_CPU_VERSIONS="$(REAL_ENGINE_VERSIONS)" e2e/sglang-cpu/install.sh
+	SGLANG_CPU_VERSIONS="$*" e2e/sglang-cpu/install.sh
 
 # KVGATE_REQUIRE_E2E=1: a missing control-plane build fails the tier instead of skipping it.
 # It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU,
