@@ -172,6 +172,7 @@ def _track(rt: Runtime, pod: Pod, *, first: bool) -> None:
         for c in pod.get("status", {}).get("conditions", None) or []
     )
     metrics.POD_READY.labels(*series).set(1 if ready else 0)
+    metrics.GATE_VERIFIED.labels(*series).set(1 if gate.is_verified(pod) else 0)
     if first:
         metrics.LAST_VERIFIED.labels(*series).set(rt.clock().timestamp())
         metrics.REVERIFY_INTERVAL.labels(*series).set(reverify_seconds(rt, pod))

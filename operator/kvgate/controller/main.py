@@ -266,6 +266,7 @@ class Prober:
     def __init__(self, settings: OperatorSettings) -> None:
         self.settings = settings
         self.slots = ProbeSlots(settings.max_concurrent_probes)
+        metrics.watch_backlog(lambda: self.slots.waiting)
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:

@@ -486,6 +486,7 @@ class Reconciler:
         )
         metrics.OWNERSHIP_CONFLICTS.labels(ns, name).set(len(outcome.conflicts))
         metrics.record_pool_estimates(ns, name, outcome.status)
+        metrics.record_revisions(ns, name, outcome.status)
         previous = body.get("status") or None
         if _strip_none(previous or {}) != _strip_none(outcome.status):
             await self.rt.api.patch_md_status(ns, name, outcome.status)

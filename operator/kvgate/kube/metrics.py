@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -103,6 +103,11 @@ POD_READY = _PER_POD.gauge(
     "kvgate_engine_pod_ready",
     "1 when the engine pod's Ready condition is True (it serves: it is in its Service's "
     "endpoints), else 0; from the pod watch, not from the verifier.",
+)
+GATE_VERIFIED = _PER_POD.gauge(
+    "kvgate_engine_verified",
+    "1 while the engine pod's kvgate.io/engine-verified readiness gate is True, else 0 (False or "
+    "not written yet); from the pod watch. changes() over it counts the gate's transitions.",
 )
 REGISTRY.register(_PER_POD)  # after its gauges: the registry reads their names on registration
 WATCH_LISTS = Counter(
@@ -217,8 +222,59 @@ def record_pool_estimates(namespace: str, deployment: str, status: Mapping[str, 
             _drop(POOL_ESTIMATE_DRIFT_RATIO, series)
 
 
+REVISION_INFO = Gauge(
+    "kvgate_revision_info",
+    "1 for the ModelDeployment's serving revision (state serving) and its target revision, the "
+    "one its current spec computes (state target); one revision can be both.",
+    ("namespace", "deployment", "revision", "state"),
+    registry=REGISTRY,
+)
+REVISION_TRAFFIC_RATIO = Gauge(
+    "kvgate_revision_traffic_ratio",
+    "Each revision's share of the Service's ready routers (status.trafficSplit), 0 to 1.",
+    ("namespace", "deployment", "revision"),
+    registry=REGISTRY,
+)
+# The revision series each ModelDeployment has now, so a revision that left drops its own.
+_REVISION_SERIES: dict[tuple[str, str], tuple[set[tuple[str, str]], set[str]]] = {}
+
+
+def parse_traffic_split(text: str) -> dict[str, float]:
+    """``4f2a=90%,9c1e=10%`` (status.trafficSplit) as shares, {} for anything else."""
+    shares: dict[str, float] = {}
+    for part in text.split(","):
+        revision, _, percent = part.partition("=")
+        number = percent.removesuffix("%")
+        if not revision or not percent.endswith("%") or not number.isdigit():
+            return {}
+        shares[revision] = int(number) / 100
+    return shares
+
+
+def record_revisions(namespace: str, deployment: str, status: Mapping[str, Any]) -> None:
+    """The status' serving and target revision and its traffic split as gauges."""
+    states = {
+        (str(status[key]), state)
+        for key, state in (("servingRevision", "serving"), ("targetRevision", "target"))
+        if status.get(key)
+    }
+    shares = parse_traffic_split(str(status.get("trafficSplit") or ""))
+    old_states, old_shares = _REVISION_SERIES.get((namespace, deployment), (set(), set()))
+    for revision, state in old_states - states:
+        _drop(REVISION_INFO, (namespace, deployment, revision, state))
+    for revision in old_shares - shares.keys():
+        _drop(REVISION_TRAFFIC_RATIO, (namespace, deployment, revision))
+    for revision, state in states:
+        REVISION_INFO.labels(namespace, deployment, revision, state).set(1)
+    for revision, share in shares.items():
+        REVISION_TRAFFIC_RATIO.labels(namespace, deployment, revision).set(share)
+    _REVISION_SERIES[(namespace, deployment)] = (states, set(shares))
+
+
 def forget_md(namespace: str, deployment: str) -> None:
     """Drop a deleted ModelDeployment's series: a stale drift would keep its alert firing."""
+    record_revisions(namespace, deployment, {})
+    _REVISION_SERIES.pop((namespace, deployment), None)
     for role in ("prefill", "decode"):
         _drop(POOL_ESTIMATED_TOKENS, (namespace, deployment, role))
         _drop(POOL_ESTIMATE_DRIFT_RATIO, (namespace, deployment, role))
@@ -234,6 +290,35 @@ def _drop(gauge: Gauge, series: tuple[str, ...]) -> None:
 def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
     """Drop a deleted pod's series (no stale pool numbers on dashboards)."""
     _PER_POD.forget((namespace, deployment, pod, role))
+
+
+class _Backlog(Collector):
+    """Engine reads waiting for a probe slot (kvgate.kube.probe_slots), by priority."""
+
+    def __init__(self) -> None:
+        self.waiting: Callable[[], tuple[int, int]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "kvgate_verification_backlog_reads",
+            "Engine reads waiting for one of the KVGATE_MAX_CONCURRENT_PROBES slots, by priority: "
+            "urgent (the pod changed: it is read first) and periodic (re-verification).",
+            labels=("priority",),
+        )
+        if self.waiting is not None:
+            urgent, periodic = self.waiting()
+            family.add_metric(("urgent",), urgent)
+            family.add_metric(("periodic",), periodic)
+        yield family
+
+
+_BACKLOG = _Backlog()
+REGISTRY.register(_BACKLOG)
+
+
+def watch_backlog(waiting: Callable[[], tuple[int, int]]) -> None:
+    """Expose what ``waiting`` returns, (urgent, periodic), as the verification backlog."""
+    _BACKLOG.waiting = waiting
 
 
 CONTENT_CHECKS = Counter(
