@@ -38,6 +38,7 @@ from scenario_helpers import (
     get_md_table,
     known_answer,
     md_condition,
+    md_story,
     sample_md,
     wait_known_answer,
 )
@@ -90,6 +91,7 @@ def _refuse_stale_kv(world: World, ns: str, leaky: str) -> dict:  # type: ignore
             and m
         ),
         600,
+        details=partial(md_story, world, MD, ns),
     )
     print(f"MEASURED broken abort path applied -> refused: {time.monotonic() - started:.1f} s")
     return md  # type: ignore[no-any-return]
@@ -106,6 +108,7 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
             "the healthy revision to pass its content check and serve",
             lambda: _serving(world, ns),
             600,
+            details=partial(md_story, world, MD, ns),
         )
         first_serving = time.monotonic() - started
         old = md["status"]["servingRevision"]
@@ -145,6 +148,7 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
                     and m
                 ),
                 600,
+                details=partial(md_story, world, MD, ns),
             )
             new = refused["status"]["refusedRevision"]
             count = len(traffic.results) + REQUESTS_AFTER_REFUSAL

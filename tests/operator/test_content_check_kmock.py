@@ -5,6 +5,7 @@ records nothing and backs off.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import kmock
@@ -109,3 +110,69 @@ async def test_an_inconclusive_checks_backoff_belongs_to_the_runtime_and_ends_wi
     assert other.owned(content_check.ContentChecks).inconclusive == {}
     on_md_event(rt, "DELETED", {"metadata": {"namespace": NS, "name": "llama"}})
     assert state.inconclusive == {}
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_check_in_flight_survives_a_pass_that_finds_an_engine_briefly_unverified(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-verification that times out for a moment (an engine busy answering the check's own
+    longest prompt on a loaded machine) does not restart the target's check from its first
+    probe: restarting it on every such blip never let a check finish under load, so a leaky
+    revision waited for rollout.verifyTimeoutSeconds instead of being refused by its check."""
+    import asyncio
+
+    leak = "content check of revision x failed: 131,073 tokens: HTTP 200, 8 tokens generated"
+    started: list[str] = []
+    answer = asyncio.Event()
+
+    async def slow_leak(*args: Any) -> ContentVerdict:
+        started.append(args[4])
+        await answer.wait()
+        return ContentVerdict(False, REASON_FAILED, leak, ())
+
+    monkeypatch.setattr(content_check, "run_content_check", slow_leak)
+    reconciler, rev = await _content_check_due(kmock, rt)
+    await reconciler.reconcile()  # starts the check
+    await asyncio.sleep(0)
+    assert started == [rev]
+    pods = kmock.resource("", "v1", "pods")
+    blip = verified_pods()[1]
+    blip["status"]["conditions"][1] = {
+        "type": "kvgate.io/engine-verified",
+        "status": "False",
+        "reason": "EngineUnreachable",
+    }
+    kmock.objects[pods, NS, blip["metadata"]["name"]] = blip
+    step = await reconciler.reconcile()
+    assert step is not None and not step.content_check_due
+    await _verified_and_router_ready(kmock, rev)
+    await reconciler.reconcile()
+    answer.set()
+    await content_check.idle(rt)
+    step = await reconciler.reconcile()
+    assert started == [rev]  # one check, never restarted
+    assert step is not None and step.refusal is not None
+    assert step.refusal.reason == "ContentCheckFailed"
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_check_of_a_revision_that_is_no_longer_the_target_stops(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    async def never(*_: Any) -> ContentVerdict:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(content_check, "run_content_check", never)
+    reconciler, rev = await _content_check_due(kmock, rt)
+    await reconciler.reconcile()
+    state = rt.owned(content_check.ContentChecks)
+    task = state.tasks[(NS, "llama", rev)]
+    # the spec changed: another revision is the target, and its engines are not verified yet
+    step = SimpleNamespace(target_revision="other", content_check_due=False, progress={})
+    content_check.keep_due(rt, make_md(), step)  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert task.cancelled() and not state.tasks

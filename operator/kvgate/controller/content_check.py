@@ -402,11 +402,18 @@ def recorded(rt: Runtime, namespace: str, md_name: str, revision: str) -> None:
 def keep_due(rt: Runtime, md: ModelDeployment, step: RolloutStep) -> None:
     """Start the target's check when the step says it is due (unless it runs, waits to be
     recorded or backs off from an inconclusive one); a check of any other revision of this
-    ModelDeployment stops. The check runs as its own task, outside the pass."""
+    ModelDeployment stops. The check runs as its own task, outside the pass.
+
+    The target's own check in flight goes on when a pass finds the target briefly unable to
+    serve (a re-verification that timed out while an engine answered the check's longest
+    prompt on a loaded machine): its verdict is about the revision, and restarting it from its
+    first probe on every such blip kept a leaky revision from ever being refused by its check
+    (it waited for rollout.verifyTimeoutSeconds instead)."""
     namespace, md_name = md.metadata.namespace or "", md.metadata.name or ""
     state = rt.owned(ContentChecks)
-    due = (namespace, md_name, step.target_revision) if step.content_check_due else None
-    state.cancel((namespace, md_name), keep=due)
+    target = (namespace, md_name, step.target_revision)
+    state.cancel((namespace, md_name), keep=target)
+    due = target if step.content_check_due else None
     if due is None or due in state.finished:
         return
     running = state.tasks.get(due)
