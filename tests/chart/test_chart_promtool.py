@@ -292,3 +292,158 @@ def test_the_alert_threshold_is_the_operators_drift_setting(helm: Helm) -> None:
         if r.get("alert") == "KvgateKvPoolEstimateOptimistic"
     ]
     assert alert["expr"].endswith("< -25 / 100")
+
+
+# --- the recording rules ------------------------------------------------------------------------
+
+OPERATOR_POD_SERIES = {
+    # pod: (role, gate True, verified pool); prefill-1 is not verified (its pool too small).
+    "llama-r1-decode-0": ("decode", 1, 120_000),
+    "llama-r1-decode-1": ("decode", 1, 100_000),
+    "llama-r1-prefill-0": ("prefill", 1, 150_000),
+    "llama-r1-prefill-1": ("prefill", 0, 50_000),
+}
+# pod: (KV tokens in use, queued requests per DP rank, running requests per DP rank)
+ENGINE_LOAD = {
+    "llama-r1-decode-0": (60_000, (2,), (10,)),
+    "llama-r1-decode-1": (90_000, (1, 2), (6, 8)),  # two DP ranks: summed
+    "llama-r1-prefill-0": (30_000, (5,), (1,)),
+    "llama-r1-prefill-1": (40_000, (7,), (3,)),  # unverified: in no recorded series
+}
+
+
+def pod_series(name: str, instance: str, pod: str, role: str, value: float) -> dict[str, str]:
+    labels = {"namespace": "models", "deployment": "llama", "pod": pod, "role": role}
+    return operator_series(name, instance, f"{value}x10", **labels)
+
+
+def recording_input() -> list[dict[str, str]]:
+    out = [
+        operator_series("kvgate_leader", LEADER, "1x10"),
+        operator_series("kvgate_leader", STANDBY, "0x10"),
+        operator_series(
+            "kvgate_context_length_tokens",
+            LEADER,
+            "100000x10",
+            namespace="models",
+            deployment="llama",
+        ),
+        # A former leader's last series: never counted.
+        operator_series(
+            "kvgate_context_length_tokens",
+            STANDBY,
+            "999x10",
+            namespace="models",
+            deployment="llama",
+        ),
+        pod_series("kvgate_engine_verified", STANDBY, "llama-r0-decode-9", "decode", 1),
+        pod_series("kvgate_engine_kv_pool_tokens", STANDBY, "llama-r0-decode-9", "decode", 10),
+    ]
+    for pod, (role, gate, pool) in OPERATOR_POD_SERIES.items():
+        out.append(pod_series("kvgate_engine_verified", LEADER, pod, role, gate))
+        out.append(pod_series("kvgate_engine_kv_pool_tokens", LEADER, pod, role, pool))
+    for pod, (in_use, queued, running) in ENGINE_LOAD.items():
+        role = OPERATOR_POD_SERIES[pod][0]
+        for rank, (waiting, busy) in enumerate(zip(queued, running, strict=True)):
+            labels = {**engine(pod), "engine_type": role, "tp_rank": "0", "dp_rank": str(rank)}
+            out.append(series("sglang:num_used_tokens", labels, f"{in_use}x10"))
+            out.append(series("sglang:num_queue_reqs", labels, f"{waiting}x10"))
+            out.append(series("sglang:num_running_reqs", labels, f"{busy}x10"))
+    return out
+
+
+def _md(**labels: str) -> str:
+    return ",".join(
+        f'{k}="{v}"' for k, v in {"namespace": "models", "deployment": "llama", **labels}.items()
+    )
+
+
+def per_role(record: str, decode: float, prefill: float) -> dict[str, Any]:
+    return {
+        "expr": record,
+        "eval_time": "5m",
+        "exp_samples": [
+            {"labels": f"{record}{{{_md(role='decode')}}}", "value": decode},
+            {"labels": f"{record}{{{_md(role='prefill')}}}", "value": prefill},
+        ],
+    }
+
+
+def per_pod(record: str, values: dict[str, float]) -> dict[str, Any]:
+    samples = [
+        {
+            "labels": f"{record}{{{_md(pod=pod, role=OPERATOR_POD_SERIES[pod][0])}}}",
+            "value": value,
+        }
+        for pod, value in values.items()
+    ]
+    return {"expr": record, "eval_time": "5m", "exp_samples": samples}
+
+
+def per_md(record: str, value: float) -> dict[str, Any]:
+    return {
+        "expr": record,
+        "eval_time": "5m",
+        "exp_samples": [{"labels": f"{record}{{{_md()}}}", "value": value}],
+    }
+
+
+VERIFIED = ("llama-r1-decode-0", "llama-r1-decode-1", "llama-r1-prefill-0")
+RECORDING_EXPECTATIONS = [
+    per_pod("namespace_deployment_pod_role:kvgate_engine_verified:max", dict.fromkeys(VERIFIED, 1)),
+    per_pod(
+        "namespace_deployment_pod_role:kvgate_verified_kv_pool_tokens:max",
+        {p: OPERATOR_POD_SERIES[p][2] for p in VERIFIED},
+    ),
+    per_role("namespace_deployment_role:kvgate_verified_kv_pool_tokens:min", 100_000, 150_000),
+    per_role("namespace_deployment_role:kvgate_verified_kv_pool_tokens:sum", 220_000, 150_000),
+    per_role("namespace_deployment_role:kvgate_verified_replicas:count", 2, 1),
+    per_md("namespace_deployment:kvgate_context_length_tokens:max", 100_000),
+    per_role("namespace_deployment_role:kvgate_headroom:ratio", 1.0, 1.5),
+    per_md("namespace_deployment:kvgate_headroom:ratio", 1.0),
+    per_pod(
+        "namespace_deployment_pod_role:sglang_num_used_tokens:max",
+        {p: ENGINE_LOAD[p][0] for p in VERIFIED},
+    ),
+    per_role("namespace_deployment_role:sglang_num_used_tokens:sum", 150_000, 30_000),
+    per_pod(
+        "namespace_deployment_pod_role:kvgate_kv_usage:ratio",
+        {"llama-r1-decode-0": 0.5, "llama-r1-decode-1": 0.9, "llama-r1-prefill-0": 0.2},
+    ),
+    per_role("namespace_deployment_role:kvgate_kv_usage:ratio", 150_000 / 220_000, 0.2),
+    per_role("namespace_deployment_role:sglang_num_queue_reqs:sum", 5, 5),
+    per_role("namespace_deployment_role:sglang_num_running_reqs:sum", 24, 1),
+]
+RECORDING_TESTS: dict[str, Any] = {
+    "interval": "1m",
+    "input_series": recording_input(),
+    "promql_expr_test": RECORDING_EXPECTATIONS,
+}
+
+
+def test_every_recording_rule_has_an_expectation(groups: list[dict[str, Any]]) -> None:
+    records = [r["record"] for g in groups for r in g["rules"] if "record" in r]
+    assert records, "the chart records nothing"
+    assert sorted(records) == sorted(e["expr"] for e in RECORDING_EXPECTATIONS)
+
+
+def test_recording_rules_count_only_verified_engines_of_the_leading_replica(
+    promtool: Path, groups: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    write_tests(tmp_path, groups, [RECORDING_TESTS])
+    result = run(promtool, "test", "rules", "tests.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_recording_rule_that_counted_an_unverified_engine_would_fail(
+    promtool: Path, groups: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    wrong = copy.deepcopy(RECORDING_TESTS)
+    # As if prefill-1 (gate False, pool 50,000) counted: the role's smallest pool would be it.
+    wrong["promql_expr_test"][2] = per_role(
+        "namespace_deployment_role:kvgate_verified_kv_pool_tokens:min", 100_000, 50_000
+    )
+    write_tests(tmp_path, groups, [wrong])
+    result = run(promtool, "test", "rules", "tests.yaml", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "kvgate_verified_kv_pool_tokens:min" in result.stdout + result.stderr

@@ -297,13 +297,15 @@ class _Backlog(Collector):
 
     def __init__(self) -> None:
         self.waiting: Callable[[], tuple[int, int]] | None = None
+        # As prometheus_client's metrics name them (the chart's rule tests read these).
+        self._name, self._labelnames = "kvgate_verification_backlog_reads", ("priority",)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            "kvgate_verification_backlog_reads",
+            self._name,
             "Engine reads waiting for one of the KVGATE_MAX_CONCURRENT_PROBES slots, by priority: "
             "urgent (the pod changed: it is read first) and periodic (re-verification).",
-            labels=("priority",),
+            labels=self._labelnames,
         )
         if self.waiting is not None:
             urgent, periodic = self.waiting()
