@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e image demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool chaos bench-scale crds venv clean
+.PHONY: test beside-e2e image demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus chaos bench-scale crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -106,7 +106,7 @@ real-engine-%: $(STAMP)
 # --durations: the 30 slowest steps in the log; the summary's "MEASURED seconds per file" table
 # gives each file's seconds, the time it waited for its turn and its wall span.
 E2E_WORKERS ?= 3
-e2e: e2e-deps real-engine-deps
+e2e: e2e-deps real-engine-deps prometheus
 	KVGATE_REQUIRE_E2E=1 KVGATE_E2E_SHARED_WORLD=1 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2 \
 	  KVGATE_E2E_CANARY_ROUNDS=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile \
 	  --no-loadscope-reorder --durations=30 e2e/tests
@@ -138,7 +138,7 @@ bench-scale: e2e-deps
 # releases. Each is cached; a warm run costs seconds.
 # Debian's packages first, alone (two apt-get runs at once fail on apt's lock).
 deps: $(STAMP) system-packages
-	$(MAKE) -j4 --output-sync=line e2e-deps promtool real-engine-deps conformance-deps
+	$(MAKE) -j4 --output-sync=line e2e-deps promtool prometheus real-engine-deps conformance-deps
 
 system-packages:
 	@missing=""; \
@@ -169,6 +169,13 @@ beside-e2e: $(STAMP)
 # the first time, nothing after): the chart's alert rules are checked and unit-tested with it.
 promtool:
 	tests/chart/promtool/build.sh
+
+# The Prometheus server for the e2e world (kvgate_e2e/prometheus.py: the chart's monitors and
+# alert rules against real metrics), from the same module and version as promtool, cached outside
+# the clone: 195 s cold on the loaded 2-core machine with the modules already in GOMODCACHE
+# (promtool's), nothing after.
+prometheus:
+	e2e/prometheus/build.sh
 
 # The production image (operator/Dockerfile: the operator, the webhook, the guard, fetch-model; no
 # e2e code, no torch), tagged with the chart's appVersion, the tag the chart deploys by default.

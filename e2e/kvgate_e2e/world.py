@@ -65,12 +65,15 @@ INCIDENT_POOL, INCIDENT_NODE = "incident", "kvgate-incident-0"
 # The incident on the released pre-fix SGLang (test_scenario_real_incident.py): a real-engine
 # node of its own, so its pool cap and release annotation reach no other real engine.
 REAL_INCIDENT_POOL, REAL_INCIDENT_NODE = "real-incident", "kvgate-real-incident-0"
+# The alerts scenario (test_alerts_fire.py) caps its node's pool and loads its engines' KV pools.
+ALERTS_POOL, ALERTS_NODE = "alerts", "kvgate-alerts-0"
 TEST_NODE_SPECS: tuple[str, ...] = (
     REAL_NODE_SPEC,
     f"{RESTART_NODE}:pool={RESTART_POOL}:gpus=8:gpu-memory-gib=80",
     f"{WINDOW_NODE}:pool={WINDOW_POOL}:gpus=8:gpu-memory-gib=80",
     f"{INCIDENT_NODE}:pool={INCIDENT_POOL}:gpus=8:gpu-memory-gib=24",
     f"{REAL_INCIDENT_NODE}:pool={REAL_INCIDENT_POOL}:gpus=8:gpu-memory-gib=80",
+    f"{ALERTS_NODE}:pool={ALERTS_POOL}:gpus=8:gpu-memory-gib=80",
 )
 GATE = "kvgate.io/engine-verified"
 T = TypeVar("T")

@@ -34,6 +34,18 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     Tests must not leave cluster-scoped objects behind and must restore the release if they
     change it (see test_helm_install.py).
 
+``prometheus`` (module scope)
+    A real Prometheus server (``kvgate_e2e.prometheus.Prometheus``) in the session world for the
+    module: the chart's ServiceMonitor (operator and webhook metrics) and engine PodMonitor as
+    kubernetes_sd scrape jobs, smg's routers too, scrape and rule evaluation every 1 s, and the
+    chart's PrometheusRule as its rules, rendered with the module's ``PROMETHEUS_RULE_VALUES``
+    (values under ``metrics.prometheusRule``, e.g. ``{"headroomFor": "2s"}``; none: the
+    chart's defaults). It changes nothing the other tests see (its own process and port), so it
+    shares the world. Members: ``query(expr) -> [Series(labels, value)]``, ``alerts() ->
+    [Alert(name, state, labels)]`` (from ``ALERTS``), ``wait_firing(alertname, labels,
+    deadline) -> Alert``, ``wait_resolved(alertname, labels, deadline)``, ``targets()``,
+    ``rules()``, ``set_rules(values)``, ``reload()``, ``url``.
+
 ``lws`` (module scope)
     The session ``world`` with LeaderWorkerSet running (CRDs, webhooks, controller:
     ``kvgate_e2e.lws``) and kvgate upgraded with ``leaderWorkerSet.enabled=true``, from the first
@@ -70,6 +82,7 @@ from kvgate_e2e import shared_world
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
+from kvgate_e2e.prometheus import Prometheus, missing_server_reason, server_binary
 from kvgate_e2e.world import TEST_NODE_SPECS, World, WorldConfig
 
 # Tests that change what every other test of a shared world sees run alone in it: file -> test
@@ -346,6 +359,22 @@ def lws(world: World) -> Iterator[World]:
             world.disable_leaderworkerset()
             took = time.monotonic() - started
             print(f"MEASURED LeaderWorkerSet uninstalled and kvgate upgraded back in {took:.1f}s")
+
+
+@pytest.fixture(scope="module")
+def prometheus(world: World, request: pytest.FixtureRequest) -> Iterator[Prometheus]:
+    """A Prometheus server scraping the world with the chart's monitors and evaluating its
+    rules (the module's ``PROMETHEUS_RULE_VALUES``), from the module's first test that asks for
+    it to the module's end."""
+    if server_binary() is None:
+        if e2e_required_by(os.environ) is not None:
+            pytest.fail(missing_server_reason())
+        pytest.skip(missing_server_reason())
+    values = dict(getattr(request.module, "PROMETHEUS_RULE_VALUES", {}))
+    started = time.monotonic()
+    with Prometheus(world.cluster, rule_values=values) as server:
+        print(f"\nMEASURED Prometheus up in {time.monotonic() - started:.1f}s")
+        yield server
 
 
 @contextlib.contextmanager
