@@ -44,6 +44,7 @@ from kvgate.controller import (
     md_loops,
     router_workers,
     standby,
+    task_dump,
 )
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import http_pool, metrics
@@ -343,6 +344,7 @@ async def serve(
     """Run the operator until stop_flag is set or a signal arrives. With leader election, run
     kopf only while this replica holds the Lease; raise ``LeadershipLost`` if it is lost."""
     global _runtime
+    task_dump.install(asyncio.get_running_loop())
     # Raises ValueError naming the chart value when the floor is not a version.
     ClusterPolicy(min_engine_version_floor=settings.min_engine_version_floor)
     api = KubeApi(credentials or load_credentials())
