@@ -387,6 +387,8 @@ def test_every_rule_parses_selects_exported_metrics_and_annotates_with_its_label
         "KvgateEngineHeadroomLow",
         "KvgateOperatorDown",
         "KvgateVerificationStale",
+        "KvgateKvCanaryViolation",
+        "KvgateEngineUnverified",
         "KvgateKvPoolEstimateOptimistic",
         "KvgateEngineKvUsageHigh",
         "KvgateEngineRejectingRequests",

@@ -431,8 +431,12 @@ def test_service_monitor_and_alerts_for_refused_rollouts_and_low_headroom(helm: 
         ports = rendered.one("Service", name)["spec"]["ports"]
         assert [p["name"] for p in ports] == ["metrics"]
     alerts = {r["alert"]: r for r in rendered.one("PrometheusRule")["spec"]["groups"][0]["rules"]}
-    assert alerts["KvgateRolloutRefused"]["expr"] == (
-        "sum by (namespace, deployment, reason) (increase(kvgate_rollouts_refused_total[15m])) > 0"
+    # A refusal counts from its series' first sample (a new series is scraped at 1).
+    assert " ".join(alerts["KvgateRolloutRefused"]["expr"].split()) == (
+        "( sum by (namespace, deployment, reason) ( "
+        "increase(kvgate_rollouts_refused_total[15m]) ) > 0 ) or "
+        "( sum by (namespace, deployment, reason) ( kvgate_rollouts_refused_total unless "
+        "kvgate_rollouts_refused_total offset 15m ) > 0 )"
     )
     assert alerts["KvgateEngineHeadroomLow"]["expr"] == (
         "min by (namespace, deployment, pod, role) (kvgate_engine_headroom_ratio) < 1.1"

@@ -25,7 +25,7 @@ from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Ver
 from pydantic import ValidationError
 
 from kvgate.api import labels
-from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.models import ModelDeploymentSpec, RolloutSpec
 from kvgate.api.revision import revision_of
 from kvgate.controller import group_verify, kv_canary_watch
 from kvgate.controller.gateway_watch import GatewayWatch
@@ -40,6 +40,7 @@ from kvgate.verify.pod_identity import Unproven
 log = logging.getLogger("kvgate.engine_pods")
 
 DEFAULT_REVERIFY_SECONDS = 30.0
+DEFAULT_VERIFY_TIMEOUT_SECONDS = RolloutSpec.model_fields["verify_timeout_seconds"].default
 REVERIFY_JITTER = 0.2  # a periodic re-verify comes 0-20 % before its interval (never after)
 Pod = dict[str, Any]
 Fingerprint = tuple[str | None, bool, int, bool, int]
@@ -173,6 +174,12 @@ def _track(rt: Runtime, pod: Pod, *, first: bool) -> None:
     )
     metrics.POD_READY.labels(*series).set(1 if ready else 0)
     metrics.GATE_VERIFIED.labels(*series).set(1 if gate.is_verified(pod) else 0)
+    since = gate.unverified_since(pod)
+    if since is None:
+        metrics.UNVERIFIED_SINCE.labels(*series).unset()
+    else:
+        metrics.UNVERIFIED_SINCE.labels(*series).set(since.timestamp())
+    metrics.VERIFY_TIMEOUT.labels(*series).set(verify_timeout_seconds(rt, pod))
     if first:
         metrics.LAST_VERIFIED.labels(*series).set(rt.clock().timestamp())
         metrics.REVERIFY_INTERVAL.labels(*series).set(reverify_seconds(rt, pod))
@@ -187,6 +194,16 @@ def reverify_seconds(rt: Runtime, pod: Pod) -> float:
         if isinstance(value, int | float) and value > 0:
             return float(value)
     return DEFAULT_REVERIFY_SECONDS
+
+
+def verify_timeout_seconds(rt: Runtime, pod: Pod) -> float:
+    """The pod's ModelDeployment's rollout.verifyTimeoutSeconds (the API's default without
+    one)."""
+    md = rt.mds.get(_md_of(pod))
+    value = (md or {}).get("spec", {}).get("rollout", {}).get("verifyTimeoutSeconds")
+    if isinstance(value, int | float) and value > 0:
+        return float(value)
+    return float(DEFAULT_VERIFY_TIMEOUT_SECONDS)
 
 
 def _pod_ref(pod: Pod) -> dict[str, Any]:

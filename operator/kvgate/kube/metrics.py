@@ -40,6 +40,11 @@ class _PodGaugeTable(Collector):
             row = self._values[series] = [None] * len(self._docs)
         row[column] = float(value)
 
+    def unset(self, series: PodSeries, column: int) -> None:
+        row = self._values.get(series)
+        if row is not None:
+            row[column] = None
+
     def forget(self, series: PodSeries) -> None:
         self._values.pop(series, None)
 
@@ -72,6 +77,10 @@ class _PodGaugeChild:
 
     def set(self, value: float) -> None:
         self._table.set(self._series, self._column, value)
+
+    def unset(self) -> None:
+        """No sample for this series of this gauge (the pod's other gauges stay)."""
+        self._table.unset(self._series, self._column)
 
 
 _PER_POD = _PodGaugeTable()
@@ -108,6 +117,17 @@ GATE_VERIFIED = _PER_POD.gauge(
     "kvgate_engine_verified",
     "1 while the engine pod's kvgate.io/engine-verified readiness gate is True, else 0 (False or "
     "not written yet); from the pod watch. changes() over it counts the gate's transitions.",
+)
+UNVERIFIED_SINCE = _PER_POD.gauge(
+    "kvgate_engine_unverified_since_timestamp_seconds",
+    "Unix time since which the engine pod's kvgate.io/engine-verified gate has not been True: "
+    "the gate's lastTransitionTime, or the pod's creation while no gate is written; no sample "
+    "while the gate is True. KvgateEngineUnverified compares its age with the verify timeout.",
+)
+VERIFY_TIMEOUT = _PER_POD.gauge(
+    "kvgate_engine_verify_timeout_seconds",
+    "The engine pod's ModelDeployment's rollout.verifyTimeoutSeconds: how long a pod may stay "
+    "unverified before its revision is refused.",
 )
 REGISTRY.register(_PER_POD)  # after its gauges: the registry reads their names on registration
 WATCH_LISTS = Counter(

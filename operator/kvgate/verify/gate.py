@@ -78,6 +78,20 @@ def is_verified(pod: Pod) -> bool:
     return cond is not None and cond.get("status") == "True"
 
 
+def unverified_since(pod: Pod) -> datetime | None:
+    """Since when the pod's gate has not been True: its lastTransitionTime when it is False (or
+    Unknown), the pod's creation when none is written; None while it is True or when neither
+    time can be read."""
+    cond = current_condition(pod)
+    if cond is not None and cond.get("status") == "True":
+        return None
+    raw = (cond or {}).get("lastTransitionTime") or pod.get("metadata", {}).get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+    except ValueError:
+        return None
+
+
 def verified_since_engine_start(pod: Pod) -> bool:
     """Whether the pod's gate has been True since before or when its engine container last
     started (``lastTransitionTime`` ≥ ``state.running.startedAt``, both RFC 3339 UTC to the
