@@ -29,8 +29,9 @@ SGLANG_QUEUES = (
     "sglang:num_decode_prealloc_queue_reqs",
     "sglang:num_decode_transfer_queue_reqs",
 )
-# smg's router histogram (a PodMonitor on the routers' metrics port adds the pod target labels).
-ROUTER_SERIES = {"smg_router_ttft_seconds_bucket": POD_TARGET | {"le", "model", "endpoint"}}
+# smg's PD time-to-first-token histogram (smg 1.13; a PodMonitor on the routers' metrics port
+# adds the pod target labels).
+ROUTER_SERIES = {"smg_pd_ttft_seconds_bucket": POD_TARGET | {"le"}}
 
 
 def registry_series(module: Any) -> dict[str, frozenset[str]]:

@@ -273,8 +273,9 @@ def _load_panels() -> list[Panel]:
         ),
         Panel(
             "Time to first token at the routers",
-            "smg_router_ttft_seconds of the ModelDeployment's routers (every revision).",
-            _quantiles("smg_router_ttft_seconds", f"{{{ROUTER}}}"),
+            "smg_pd_ttft_seconds of the ModelDeployment's routers (every revision): from a "
+            "request's arrival to its first token through prefill and decode.",
+            _quantiles("smg_pd_ttft_seconds", f"{{{ROUTER}}}"),
             unit="s",
         ),
         Panel(

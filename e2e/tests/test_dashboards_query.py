@@ -1,0 +1,84 @@
+"""Every panel of the chart's Grafana dashboards shows data from a real Prometheus.
+
+The world's Prometheus (``prometheus`` fixture, ``kvgate_e2e.prometheus``) scrapes the operator
+and the webhook through the chart's ServiceMonitor, the engines through its PodMonitor and smg's
+routers, and evaluates the chart's rules (the recording rules the dashboards read among them).
+One ModelDeployment runs and serves a few requests (one streamed, for the routers' time to first
+token); then every query of every panel (``kvgate_e2e.dashboards``: variables replaced for that
+namespace, ModelDeployment and every role) must return at least one series carrying the labels
+its legend shows. A query that returns nothing fails, naming its dashboard and panel.
+
+Run: ``KVGATE_REQUIRE_E2E=1 .venv/bin/pytest -q -s e2e/tests/test_dashboards_query.py`` (root).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kvgate_e2e import dashboards
+from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.polling import poll_until
+from kvgate_e2e.prometheus import Prometheus
+from kvgate_e2e.world import World, known_answer_body
+from scenario_helpers import SERVED_MODEL, sample_md, stream_generate, wait_md_ready
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
+]
+MD = "dash"
+# Grafana's built-ins as a one-hour dashboard would pass them, widened so a rate over the
+# webhook's one admission (when the ModelDeployment was applied) still sees it.
+WINDOWS = {"__rate_interval": "5m", "__range": "15m"}
+
+
+def missing(prometheus: Prometheus, query: dashboards.PanelQuery) -> str | None:
+    """Why ``query`` does not show what its panel needs, or None when it does."""
+    series = prometheus.query(query.expr)
+    if not series:
+        return f"{query.where()} returned nothing: {query.expr}"
+    if not any(query.legend_labels <= s.labels.keys() for s in series):
+        labels = sorted({k for s in series for k in s.labels})
+        return (
+            f"{query.where()}: no series carries the legend's labels "
+            f"{sorted(query.legend_labels)} (they carry {labels}): {query.expr}"
+        )
+    return None
+
+
+def test_every_dashboard_panel_returns_series_with_its_legends_labels(
+    world: World, namespace: str, prometheus: Prometheus
+) -> None:
+    started = time.monotonic()
+    world.apply(sample_md(MD), namespace)
+    wait_md_ready(world, MD, namespace, 240)
+    ready = time.monotonic()
+    url = world.service_url(MD, namespace) + "/generate"
+    for _ in range(3):
+        code, _answer = world.router_request(MD, known_answer_body(SERVED_MODEL), namespace)
+        assert code == 200, _answer
+    streamed = stream_generate(url, {**known_answer_body(SERVED_MODEL), "stream": True})
+    assert streamed.output_ids, streamed
+
+    values = {"namespace": namespace, "deployment": MD, "role": ".*", **WINDOWS}
+    queries = list(dashboards.panel_queries(dashboards.load(), values))
+    assert len({q.dashboard for q in queries}) == 3 and len(queries) >= 27, len(queries)
+    problems: list[str] = []
+
+    def every_panel_has_data() -> bool:
+        problems[:] = [p for q in queries if (p := missing(prometheus, q)) is not None]
+        return not problems
+
+    poll_until(
+        f"every one of the {len(queries)} dashboard queries to return its series",
+        every_panel_has_data,
+        90,
+        period=1.0,
+        details=lambda: "\n".join(problems),
+    )
+    print(
+        f"\nMEASURED {len(queries)} dashboard queries all answered "
+        f"{time.monotonic() - ready:.1f}s after the ModelDeployment was Ready "
+        f"({ready - started:.1f}s to Ready)"
+    )
