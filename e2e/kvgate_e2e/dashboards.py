@@ -21,6 +21,7 @@ DASHBOARDS = Path(__file__).resolve().parents[2] / "charts" / "kvgate" / "dashbo
 BUILTIN = {"__rate_interval": "1m", "__range": "1h", "__interval": "15s"}
 _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 _LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+_LABEL_VALUES = re.compile(r"label_values\((.+),\s*(\w+)\)", re.S)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,14 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
         return merged[match.group(1) or match.group(2)]
 
     return _VARIABLE.sub(one, text)
+
+
+def label_values(definition: str) -> tuple[str, str]:
+    """(selector, label) of a query variable's ``label_values(selector, label)``."""
+    match = _LABEL_VALUES.fullmatch(definition.strip())
+    if match is None:
+        raise ValueError(f"not label_values(selector, label): {definition!r}")
+    return match.group(1).strip(), match.group(2)
 
 
 def legend_labels(legend: str) -> frozenset[str]:

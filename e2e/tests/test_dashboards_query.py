@@ -82,3 +82,28 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
         f"{time.monotonic() - ready:.1f}s after the ModelDeployment was Ready "
         f"({ready - started:.1f}s to Ready)"
     )
+    choices_offered(prometheus, values)
+    only_the_chosen_role(prometheus, {**values, "role": "decode"})
+
+
+def choices_offered(prometheus: Prometheus, values: dict[str, str]) -> None:
+    """Each variable's ``label_values(selector, label)`` offers this ModelDeployment's value
+    (every role: both) once the variables before it are chosen."""
+    for board in dashboards.load().values():
+        for variable in board["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            selector, label = dashboards.label_values(variable["definition"])
+            expr = f"group by ({label}) ({dashboards.substitute(selector, values)})"
+            offered = {s.labels.get(label) for s in prometheus.query(expr)}
+            wanted = {"prefill", "decode"} if label == "role" else {values[label]}
+            assert wanted <= offered, f"{board['title']} variable {label}: {expr} -> {offered}"
+
+
+def only_the_chosen_role(prometheus: Prometheus, values: dict[str, str]) -> None:
+    """With role=decode every panel still shows data, and none of it is another role's."""
+    for query in dashboards.panel_queries(dashboards.load(), values):
+        series = prometheus.query(query.expr)
+        assert series, f"{query.where()} returned nothing for role decode: {query.expr}"
+        roles = {s.labels["role"] for s in series if "role" in s.labels}
+        assert roles <= {"decode"}, f"{query.where()} with role decode shows {roles}"

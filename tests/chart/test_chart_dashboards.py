@@ -205,3 +205,18 @@ def test_every_query_is_valid_promql_to_prometheus(promtool: Path, tmp_path: Pat
     result = run(promtool, "check", "rules", "queries.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(queries)} rules found" in result.stdout
+
+
+def test_each_query_variable_offers_the_label_values_of_a_known_series(
+    available: dict[str, frozenset[str]],
+) -> None:
+    for board in BOARDS.values():
+        for variable in board["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            selector, label = dashboards.label_values(variable["definition"])
+            assert label == variable["name"], variable
+            analysis = Analysis(available)
+            shape = analysis.shape(promql.parse(dashboards.substitute(selector, VALUES)))
+            assert analysis.problems == [] and shape.labels is not None, variable
+            assert label in shape.labels, f"{board['title']}: {selector} has no label {label}"
