@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -36,7 +38,7 @@ import yaml
 
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster, ClusterConfig
-from kvgate_e2e.kubelet.agent import KubeletThread
+from kvgate_e2e.kubelet.agent import KubeletThread, container_pid
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.pki import ADMIN_USER
 from kvgate_e2e.polling import poll_until
@@ -390,6 +392,33 @@ class World:
         if path is None or not path.exists():
             return "(no operator log)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def operator_tasks(self, wait: float = 5.0) -> str:
+        """Where every asyncio task of the leading controller waits: SIGUSR1 to its process
+        (kvgate.controller.task_dump), then its log from the dump on. For a wait that timed
+        out on a ModelDeployment the operator stopped reconciling."""
+        pod = self.operator_pod()
+        pid = container_pid(pod, "operator") if pod is not None else None
+        path = (
+            self.kubelet.kubelet.log_path(OPERATOR_NAMESPACE, pod["metadata"]["name"], "operator")
+            if pod is not None
+            else None
+        )
+        if pid is None or path is None or not path.exists():
+            return "(no running operator to ask for its tasks)"
+        start = path.stat().st_size
+        os.kill(pid, signal.SIGUSR1)
+
+        def dumped() -> str | None:
+            with path.open(errors="replace") as log:
+                log.seek(start)
+                text = log.read()
+            return text if "asyncio tasks" in text else None
+
+        try:
+            return poll_until("the operator's task dump", dumped, wait, period=0.1)[:60_000]
+        except AssertionError:
+            return f"(the operator, pid {pid}, logged no task dump within {wait:.0f} s)"
 
     # ------------------------------------------------------------------ kubectl
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> Any:

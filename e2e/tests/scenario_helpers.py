@@ -107,6 +107,7 @@ def md_story(world: World, md: str, namespace: str) -> str:
     for event in events(world, namespace)[-15:]:
         lines.append(f"event {event.get('reason')}: {str(event.get('message'))[:300]}")
     lines.append("operator log:\n" + world.operator_log(120))
+    lines.append("operator tasks:\n" + world.operator_tasks())
     return "\n".join(lines)
 
 

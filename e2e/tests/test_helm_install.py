@@ -229,6 +229,21 @@ def engines_verified_within(world: World, namespace: str, seconds: float) -> dic
     return ages if ages and all(age <= seconds for age in ages.values()) else {}
 
 
+def test_the_leading_operator_logs_where_its_tasks_wait_on_sigusr1_and_keeps_leading(
+    world: World,
+) -> None:
+    leader = world.operator_pod()
+    assert leader is not None
+    restarts = [c.get("restartCount") for c in leader["status"]["containerStatuses"]]
+    dump = world.operator_tasks()
+    assert re.search(r"\d+ asyncio tasks", dump), dump[:2000]
+    assert "--- " in dump and " in " in dump, dump[:2000]  # each task, and the line it waits on
+    after = world.operator_pod()
+    assert after is not None and after["metadata"]["uid"] == leader["metadata"]["uid"]
+    assert [c.get("restartCount") for c in after["status"]["containerStatuses"]] == restarts
+    assert world.leader_name() == leader["metadata"]["name"] and is_ready(after)
+
+
 def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_deployments(
     world: World, namespace: str
 ) -> None:

@@ -377,7 +377,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
         wait_served(world, ns, name)
         (old_leader,) = md_pods(world, ns, name, role="decode", component="engine")
         (worker,) = md_pods(world, ns, name, role="decode", component="engine-worker")
-        old_uid = old_leader["metadata"]["uid"]
+        old_uid, old_ip = old_leader["metadata"]["uid"], old_leader["status"]["podIP"]
         assert gate_of(old_leader).get("status") == "True"
         gate_changes: list[tuple[float, str, str]] = []
 
@@ -407,13 +407,11 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
                 30,
                 period=0.05,
             )
+            # By its address, not by the pod now holding it: the recreated leader may get the
+            # old one's IP back while smg still lists the old registration.
             out_of_traffic = deadline_loop(
                 "the old decode leader to leave the EndpointSlices and smg's workers",
-                lambda: (
-                    (s := paths.samples[-1])[0] > killed
-                    and not any(g["uid"] == old_uid and ip in s[2] for ip, g in s[1].items())
-                    and s[0]
-                ),
+                lambda: (s := paths.samples[-1])[0] > killed and old_ip not in s[2] and s[0],
                 60,
             )
             # LeaderWorkerSet recreates the group (RecreateGroupOnPodRestart); kvgate verifies it.
@@ -428,7 +426,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
                 180,
             )
             reverified = time.monotonic()
-            new_uid = new_leader["metadata"]["uid"]
+            new_uid, new_ip = new_leader["metadata"]["uid"], new_leader["status"]["podIP"]
             wait_known_answer(world, name, ns, 90, "a known-answer request through smg again")
             served_again = time.monotonic()
             deadline_loop(
@@ -438,6 +436,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             )
         print(get_md_table(world, ns))
         print(f"old decode leader's gate: {gate_changes} ({ended})")
+        print(f"decode leader's address: old {old_ip}, new {new_ip}")
         if not gate_changes:
             # LeaderWorkerSet deleted the old leader (recreating the group) before a 50 ms poll
             # saw its gate turn False: the traffic checks below still hold; the reason itself is
@@ -451,8 +450,6 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             incomplete_at = next(t for t, _, r in gate_changes if r == "EngineGroupIncomplete")
         # No traffic path to the old leader from when it left, nor to the new one before it was
         # verified (the first sample with its gate True).
-        late = [t for t in paths.paths_to(old_uid) if t > out_of_traffic]
-        assert not late, f"the old decode leader carried traffic again at {late[:3]}"
         first_true = min(
             (
                 at
@@ -462,7 +459,21 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             ),
             default=None,
         )
-        early = [t for t in paths.paths_to(new_uid) if first_true is None or t < first_true]
+        # Until the new leader is verified, no path to the old leader's address (whichever pod
+        # holds it: a path there would reach the new, unverified engine if it got that IP)...
+        late = [
+            at
+            for at, _, traffic in paths.samples
+            if out_of_traffic < at and (first_true is None or at < first_true) and old_ip in traffic
+        ]
+        assert not late, f"the old decode leader's address carried traffic again at {late[:3]}"
+        # ... nor to the new leader's (paths at the old address before out_of_traffic are the old
+        # leader's registration, which the check above times).
+        early = [
+            t
+            for t in paths.paths_to(new_uid)
+            if (first_true is None or t < first_true) and (t > out_of_traffic or new_ip != old_ip)
+        ]
         assert not early, (
             f"the new decode leader carried traffic before it was verified: {early[:3]}"
         )

@@ -34,6 +34,7 @@ from scenario_helpers import (
     engine_pods,
     events,
     known_answer,
+    md_story,
     sample_md,
     stream_generate,
 )
@@ -125,7 +126,12 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
 ) -> None:
     ns, name = namespace, "progressive"
     world.apply(progressive_md(name), namespace=ns)
-    rev_a = deadline_loop("revision A to serve", lambda: serving(world, name, ns), 300)
+    rev_a = deadline_loop(
+        "revision A to serve",
+        lambda: serving(world, name, ns),
+        300,
+        details=partial(md_story, world, name, ns),
+    )
 
     update = progressive_md(name)
     update["spec"]["decode"]["memFractionStatic"] = 0.84
@@ -150,6 +156,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
                 f"step {index + 1}: {split} of ready routers",
                 partial(split_is, world, name, ns, split),
                 240,
+                details=partial(md_story, world, name, ns),
             )
             reached = time.monotonic() - applied
             step = status_of(world, name, ns)["rollout"]["step"]
@@ -245,7 +252,12 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
     trigger, send, router_args, roles = FAULTS[fault]
     ns, name = namespace, f"canary-{fault}"
     world.apply(progressive_md(name), namespace=ns)
-    rev_a = deadline_loop("revision A to serve", lambda: serving(world, name, ns), 300)
+    rev_a = deadline_loop(
+        "revision A to serve",
+        lambda: serving(world, name, ns),
+        300,
+        details=partial(md_story, world, name, ns),
+    )
 
     failing = progressive_md(name)
     failing["spec"]["engine"].setdefault("env", []).append(
@@ -265,6 +277,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
                 and status_of(world, name, ns)["targetRevision"]
             ),
             300,
+            details=partial(md_story, world, name, ns),
         )
         at_injection = router_metrics(world, name, ns, rev_b)  # (the content check's abort: a 499)
         for pod in engine_pods(world, ns, name, roles):
@@ -282,7 +295,12 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
             seen.update(router_metrics(world, name, ns, rev_b))
             return (status_of(world, name, ns).get("rollout") or {}).get("refusal")
 
-        refusal = deadline_loop("revision B refused by the step check", refused, 120)
+        refusal = deadline_loop(
+            "revision B refused by the step check",
+            refused,
+            120,
+            details=partial(md_story, world, name, ns),
+        )
         refused_at = time.monotonic()
         refused_after = refused_at - injected
         deadline_loop(
