@@ -184,9 +184,9 @@ def fleet_panels() -> list[Panel]:
 
 
 def _engine(metric: str) -> str:
-    """An SGLang series of the verified engines, summed per pod, with deployment and role."""
+    """An SGLang series of the role's verified engines, summed, with the role."""
     return (
-        f"sum by (namespace, deployment, pod, role) (sum by (namespace, pod) ({metric}) "
+        f"sum by (namespace, deployment, role) (sum by (namespace, pod) ({metric}) "
         f"* on (namespace, pod) group_left (deployment, role) {VERIFIED_PODS})"
     )
 
@@ -283,9 +283,9 @@ def _load_panels() -> list[Panel]:
             "Prefill requests waiting for decode to take their KV (bootstrap), decode requests "
             "waiting for KV pages (prealloc) and for their KV transfer.",
             (
-                _q(_engine("sglang:num_prefill_bootstrap_queue_reqs"), "bootstrap {{pod}}"),
-                _q(_engine("sglang:num_decode_prealloc_queue_reqs"), "prealloc {{pod}}"),
-                _q(_engine("sglang:num_decode_transfer_queue_reqs"), "transfer {{pod}}"),
+                _q(_engine("sglang:num_prefill_bootstrap_queue_reqs"), "bootstrap {{role}}"),
+                _q(_engine("sglang:num_decode_prealloc_queue_reqs"), "prealloc {{role}}"),
+                _q(_engine("sglang:num_decode_transfer_queue_reqs"), "transfer {{role}}"),
             ),
         ),
         Panel(
@@ -378,12 +378,12 @@ def operator_panels() -> list[Panel]:
         ),
         Panel(
             "Webhook admissions by result",
-            "Admission requests answered per second, by operation and result (denied: unsafe).",
+            "Admission requests answered per second, by result: allowed, denied (unsafe), "
+            "rejected (not an AdmissionReview for this webhook), error (a kvgate bug).",
             (
                 _q(
-                    "sum by (operation, result) "
-                    "(rate(kvgate_admission_requests_total[$__rate_interval]))",
-                    "{{operation}} {{result}}",
+                    "sum by (result) (rate(kvgate_admission_requests_total[$__rate_interval]))",
+                    "{{result}}",
                 ),
             ),
             unit="reqps",
