@@ -39,11 +39,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, Self
@@ -366,6 +368,16 @@ def alerts_of(series: Iterable[Series]) -> list[Alert]:
     return out
 
 
+def unix_time(text: str) -> float:
+    """An RFC 3339 time as Prometheus writes it (nanoseconds, ``Z``) as Unix seconds."""
+    match = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text)
+    if match is None:
+        raise PrometheusError(f"not an RFC 3339 time: {text!r}")
+    base, fraction, zone = match.groups()
+    moment = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone))
+    return moment.timestamp() + float(f"0.{fraction or 0}")
+
+
 # ---------------------------------------------------------------------------- the server
 class Prometheus:
     """The server, its config and rules, and the client; a context manager."""
@@ -539,6 +551,43 @@ class Prometheus:
     def alerts(self) -> list[Alert]:
         """Pending and firing alerts, from ``ALERTS``."""
         return alerts_of(self.query("ALERTS"))
+
+    def active_since(self, alertname: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """Unix time the alert with ``labels`` turned pending (``activeAt`` of
+        ``/api/v1/alerts``); it fires at the first evaluation ``for:`` later. None if none."""
+        want = dict(labels or {})
+        for alert in self.api("alerts")["data"]["alerts"]:
+            found = dict(alert["labels"])
+            if found.get("alertname") == alertname and all(
+                found.get(k) == v for k, v in want.items()
+            ):
+                return unix_time(str(alert["activeAt"]))
+        return None
+
+    def resolved_at(
+        self, alertname: str, labels: Mapping[str, str], since: float, step: float = 0.2
+    ) -> float | None:
+        """Unix time ``alertname`` with ``labels`` left ``ALERTS`` after ``since`` (the first
+        evaluation step, every ``step`` seconds, without it: Prometheus' own record, however
+        late a test looks), or None while it is still pending or firing."""
+        matchers = ",".join(
+            f'{k}="{v}"' for k, v in sorted({**labels, "alertname": alertname}.items())
+        )
+        now = time.time()
+        answer = self.api(
+            "query_range",
+            query=f"ALERTS{{{matchers}}}",
+            start=f"{since:.3f}",
+            end=f"{now:.3f}",
+            step=f"{step}",
+        )
+        if answer.get("status") != "success":
+            raise PrometheusError(f"query_range failed: {answer.get('error')}")
+        stamps = [float(t) for series in answer["data"]["result"] for t, _ in series["values"]]
+        if not stamps:
+            return since
+        last = max(stamps)
+        return None if last >= now - 2 * step else last + step
 
     def rules(self) -> list[dict[str, Any]]:
         """The loaded rules (``/api/v1/rules``), each with its group's name under ``group``."""

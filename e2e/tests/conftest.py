@@ -151,6 +151,8 @@ EXPECTED_SECONDS: dict[str, int] = {
     "test_attack_worker_url.py": 30,
     # one ModelDeployment Ready in ~10 s, every dashboard query answered ~1 s later: 11 s wall
     "test_dashboards_query.py": 13,
+    # measured alone (its own world, other helpers' load): the alerts scenario 67.8 s
+    "test_alerts_fire.py": 75,
 }
 _WORLD_FIXTURES = frozenset({"world", "namespace", "lws"})
 # The longest the files without a lone test wait for the lone tests (a safety net: a lone test's

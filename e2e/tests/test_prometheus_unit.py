@@ -22,6 +22,7 @@ from kvgate_e2e.prometheus import (
     rule_groups,
     sd_config,
     server_config,
+    unix_time,
     vector,
 )
 
@@ -183,3 +184,8 @@ def test_a_failed_query_raises_with_prometheus_error() -> None:
     assert vector({"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}) == [
         Series({}, 2.0)
     ]
+
+
+def test_prometheus_times_are_read_to_the_nanosecond() -> None:
+    assert unix_time("1970-01-01T00:01:40.123456789Z") == pytest.approx(100.123456789)
+    assert unix_time("1970-01-01T01:00:00+01:00") == 0.0
