@@ -57,7 +57,7 @@ def spawn(coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
     these tasks, so a ModelDeployment loop or verifier that died would otherwise vanish without
     a word (its ModelDeployment would simply stop being reconciled)."""
     task = asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
-    task.add_done_callback(_log_crash)
+    task.add_done_callback(_log_crash, context=contextvars.Context())  # not the caller's
     return task
 
 
