@@ -151,6 +151,12 @@ def measured(what: str, seconds: float) -> float:
     return seconds
 
 
+def quiet(prometheus: Prometheus, alert: str, ns: str) -> None:
+    """Before its cause: ``alert`` is neither pending nor firing for the namespace."""
+    active = [a for a in prometheus.alerts() if a.matches(alert, {"namespace": ns})]
+    assert active == [], active
+
+
 def fired_after(
     prometheus: Prometheus,
     alert: str,
@@ -205,6 +211,7 @@ def kv_usage_fires_and_resolves(prometheus: Prometheus, world: World, ns: str) -
     last answer to resolved."""
     (decode,) = engine_pods(world, ns, MD, "decode")
     labels = {"namespace": ns, "pod": decode["metadata"]["name"], "role": "decode"}
+    quiet(prometheus, "KvgateEngineKvUsageHigh", ns)
     with Load(world, ns) as load:
         started = time.time()
         over = poll_until(
@@ -226,6 +233,7 @@ def kv_usage_fires_and_resolves(prometheus: Prometheus, world: World, ns: str) -
 def refused_rollout_fires(prometheus: Prometheus, world: World, ns: str) -> float:
     """A revision advertising more context than the capped pool is refused; the spec put back
     is the cause gone. Returns when the refusal was seen."""
+    quiet(prometheus, "KvgateRolloutRefused", ns)
     world.apply(alerts_md(REFUSED_CONTEXT), namespace=ns)
     poll_until(
         "the refused revision in the ModelDeployment's status",
@@ -267,6 +275,8 @@ def canary_and_unverified_fire_and_resolve(
     """A KV canary violation fires KvgateKvCanaryViolation at once; the tripped pod, out of
     traffic, fires KvgateEngineUnverified once unverified longer than verifyTimeoutSeconds, and
     resolves when it is deleted. The refusal's alert resolves meanwhile, after its window."""
+    quiet(prometheus, "KvgateKvCanaryViolation", ns)
+    quiet(prometheus, "KvgateEngineUnverified", ns)
     pod, gate_false = corrupt_decode(world, ns)
     name = pod["metadata"]["name"]
     labels = {"namespace": ns, "pod": name}
