@@ -244,3 +244,30 @@ async def test_a_pod_whose_status_patch_finds_it_gone_is_forgotten(
     assert "pod-uid-1" not in rt.pods
     assert list(rt.pods.of_md(NS, "llama")) == []
     assert rt.md_wake((NS, "llama")).is_set()
+
+
+async def test_a_stray_cancellation_in_a_read_does_not_end_the_pods_verifier(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CancelledError that no one aimed at the verifier (a library timer's lost race) used to
+    end it without a word: the engine was not read again until its pod changed, so its periodic
+    re-reads (which catch a pool that changed under an unchanged pod) stopped. Now it is a
+    failed read, and the next periodic one runs."""
+    import asyncio
+
+    reads: list[float] = []
+    second = asyncio.Event()
+
+    async def check(_: Runtime, pod: dict[str, Any]) -> None:
+        reads.append(asyncio.get_running_loop().time())
+        if len(reads) == 1:
+            raise asyncio.CancelledError
+        second.set()
+
+    monkeypatch.setattr(engine_pods, "check_pod", check)
+    monkeypatch.setattr(engine_pods, "reverify_seconds", lambda *_: 0.2)
+    pod = engine_pod(9)
+    engine_pods.on_pod_event(rt, "ADDED", pod)
+    await asyncio.wait_for(second.wait(), timeout=5)  # no pod event in between
+    assert len(reads) == 2
+    assert not rt.verifiers[pod["metadata"]["uid"]].done()

@@ -86,3 +86,44 @@ def test_the_audit_pacer_spaces_reads_across_the_fleet_in_request_order() -> Non
     assert all(b > a for a, b in itertools.pairwise(waits))
     now[0] += 10.0  # idle for long: no burst is saved up beyond the next instant
     assert pacer.reserve() == 0.0 and pacer.reserve() == pytest.approx(0.02)
+
+
+async def test_a_pass_whose_inner_read_raises_a_stray_cancellation_does_not_end_the_loop() -> None:
+    """A CancelledError nobody aimed at the loop (a library's timer that cancelled the task
+    and lost the race to turn it into a timeout) is a failed pass, retried like any other; before,
+    it ended the ModelDeployment's loop, silently: nothing reconciled it again until it changed.
+    Cancelling the loop itself still ends it."""
+    settings = OperatorSettings(reconcile_seconds=0.05)
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=settings,
+        verify=None,  # type: ignore[arg-type]
+    )
+    passes: list[str] = []
+    second = asyncio.Event()
+
+    class StrayCancel(CountingReconciler):
+        async def reconcile(self) -> None:
+            passes.append("pass")
+            if len(passes) == 1:
+                raise asyncio.CancelledError  # not a cancel() of this task
+            second.set()
+
+    reconciler = StrayCancel("md", {})
+    loop = asyncio.create_task(
+        modeldeployment._reconcile_until_stopped(
+            rt,
+            reconciler,  # type: ignore[arg-type]
+            rt.md_wake(("ns", "md")),
+            lambda: False,
+        )
+    )
+    try:
+        await asyncio.wait_for(second.wait(), timeout=10)
+        assert len(passes) >= 2 and not loop.done()
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    finally:
+        loop.cancel()
+        await rt.api.close()

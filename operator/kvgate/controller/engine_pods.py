@@ -13,6 +13,7 @@ smg drops the worker.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -30,7 +31,13 @@ from kvgate.api.revision import revision_of
 from kvgate.controller import group_verify, kv_canary_watch
 from kvgate.controller.gateway_watch import GatewayWatch
 from kvgate.controller.identity import resolve_identity
-from kvgate.controller.runtime import Runtime, VerifiedEngine, sleep_until_woken, spawn
+from kvgate.controller.runtime import (
+    Runtime,
+    VerifiedEngine,
+    sleep_until_woken,
+    spawn,
+    stray_cancellation,
+)
 from kvgate.kube import metrics, probe_slots
 from kvgate.kube.informer import Watched
 from kvgate.rollout import requirements
@@ -465,10 +472,23 @@ async def run_verifier(
             token = probe_slots.URGENT.set(urgent)
             try:
                 await check_pod(rt, current)
+            except asyncio.CancelledError:
+                if not stray_cancellation():
+                    raise  # the verifier itself was stopped
+                log.warning(
+                    "verification of pod %s failed: a read was cancelled (not the verifier)",
+                    gate.pod_name(current),
+                )
             except Exception as exc:
                 log.warning("verification of pod %s failed: %s", gate.pod_name(current), exc)
             finally:
                 probe_slots.URGENT.reset(token)
-        gateway_due = await gateway.step(current)
+        try:
+            gateway_due = await gateway.step(current)
+        except asyncio.CancelledError:
+            if not stray_cancellation():
+                raise
+            log.warning("gateway check of pod %s was cancelled (not the verifier)", uid)
+            gateway_due = float(rt.settings.reconcile_seconds)
         due = turn if turn is not None else last_check + min(period, interval)
         await sleep_until_woken(wake, min(due - time.monotonic(), gateway_due))

@@ -26,7 +26,14 @@ from kvgate.api.revision import revision_of
 from kvgate.build import builders
 from kvgate.controller import content_check, step_check
 from kvgate.controller.router_workers import audit_loop
-from kvgate.controller.runtime import MdKey, PodStore, Runtime, Wake, sleep_until_woken
+from kvgate.controller.runtime import (
+    MdKey,
+    PodStore,
+    Runtime,
+    Wake,
+    sleep_until_woken,
+    stray_cancellation,
+)
 from kvgate.kube import metrics
 from kvgate.kube.k8s import JSON_PATCH, ApiError
 from kvgate.rollout import (
@@ -677,6 +684,14 @@ async def _reconcile_until_stopped(
             async with rt.pass_slots().slot(urgent=urgent):
                 wake.clear()  # a change from here on calls for another pass
                 step = await reconciler.reconcile()
+        except asyncio.CancelledError:
+            if not stray_cancellation():
+                raise  # this loop was cancelled: its ModelDeployment is gone or not ours
+            log.warning(
+                "reconcile failed: an operation of the pass was cancelled (not the loop)",
+                extra={"namespace": key[0], "deployment": key[1]},
+            )
+            step = None
         except Exception as exc:
             log.warning(
                 "reconcile failed: %s", exc, extra={"namespace": key[0], "deployment": key[1]}

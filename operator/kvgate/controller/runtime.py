@@ -74,6 +74,15 @@ def _log_crash(task: asyncio.Task[Any]) -> None:
     )
 
 
+def stray_cancellation() -> bool:
+    """Whether a CancelledError caught in the current task was aimed at something else: no
+    ``cancel()`` of this task is pending. A library timer that cancels the task to time out a
+    read and loses the race to turn that into a TimeoutError lets it escape; taken for the
+    loop's own cancellation, it ended a ModelDeployment's loop without a word."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
