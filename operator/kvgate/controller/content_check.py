@@ -112,6 +112,32 @@ def _deadline(timeout: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, CONNECT_SECONDS))
 
 
+def _post_generate(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str,
+    request: ProbeRequest,
+    *,
+    timeout: float,
+    headers: Mapping[str, str] | None,
+    vocab_size: int | None,
+    stream: bool,
+) -> Any:
+    """The probe's ``POST /generate`` through the router (an ``async with`` request)."""
+    return session.post(
+        f"{base_url}/generate",
+        json=_body(model, request, vocab_size, stream),
+        headers=dict(headers or {}),
+        allow_redirects=False,
+        timeout=_deadline(timeout),
+    )
+
+
+def _failure(exc: BaseException, started: float) -> str:
+    what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
+    return f"{what} after {time.monotonic() - started:.1f} s"
+
+
 async def send_probe(
     session: aiohttp.ClientSession,
     base_url: str,
@@ -126,12 +152,15 @@ async def send_probe(
     """One probe through the router (token ids inside ``vocab_size``); never raises."""
     started = time.monotonic()
     try:
-        async with session.post(
-            f"{base_url}/generate",
-            json=_body(model, request, vocab_size, stream),
-            headers=dict(headers or {}),
-            allow_redirects=False,
-            timeout=_deadline(timeout),
+        async with _post_generate(
+            session,
+            base_url,
+            model,
+            request,
+            timeout=timeout,
+            headers=headers,
+            vocab_size=vocab_size,
+            stream=stream,
         ) as response:
             raw = await read_bounded(response.content, MAX_ANSWER_BYTES + 1)
             truncated = len(raw) > MAX_ANSWER_BYTES
@@ -139,8 +168,7 @@ async def send_probe(
                 response.status, raw[:MAX_ANSWER_BYTES], truncated, time.monotonic() - started
             )
     except (aiohttp.ClientError, TimeoutError) as exc:
-        what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
-        return ProbeAnswer(None, transport_error=f"{what} after {time.monotonic() - started:.1f} s")
+        return ProbeAnswer(None, transport_error=_failure(exc, started))
 
 
 async def send_dropped(
@@ -159,12 +187,15 @@ async def send_dropped(
     head first: by then both engines hold the request). Never raises."""
     started = time.monotonic()
     try:
-        async with session.post(
-            f"{base_url}/generate",
-            json=_body(model, request, vocab_size, True),
-            headers=dict(headers or {}),
-            allow_redirects=False,
-            timeout=_deadline(timeout),
+        async with _post_generate(
+            session,
+            base_url,
+            model,
+            request,
+            timeout=timeout,
+            headers=headers,
+            vocab_size=vocab_size,
+            stream=True,
         ) as response:
             left = max(0.0, drop_after - (time.monotonic() - started))
             try:
@@ -181,9 +212,7 @@ async def send_dropped(
             )
             return AbortOutcome(answer, None)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        what = "deadline" if isinstance(exc, TimeoutError) else type(exc).__name__
-        failed = f"{what} after {time.monotonic() - started:.1f} s"
-        return AbortOutcome(ProbeAnswer(None, transport_error=failed), None)
+        return AbortOutcome(ProbeAnswer(None, transport_error=_failure(exc, started)), None)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ import os
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvgate.kube.leader import LeaderConfig
@@ -39,7 +40,11 @@ def _env(name: str) -> str | None:
     return raw if raw else None
 
 
-def _env_seconds_or_none(name: str, minimum: float, unset: str) -> float | None:
+def _env_float(
+    name: str, valid: Callable[[float], bool], must: str, about: str = ""
+) -> float | None:
+    """The variable as a finite number (None when unset); anything else, or a number ``valid``
+    refuses, stops start-up with ``{name}={raw!r}{about}: {must}``."""
     raw = _env(name)
     if raw is None:
         return None
@@ -47,11 +52,17 @@ def _env_seconds_or_none(name: str, minimum: float, unset: str) -> float | None:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= minimum):
-        raise SystemExit(
-            f"{name}={raw!r}: must be a number of seconds >= {minimum:g}; unset it for {unset}"
-        )
+    if not (math.isfinite(value) and valid(value)):
+        raise SystemExit(f"{name}={raw!r}{about}: {must}")
     return value
+
+
+def _env_seconds_or_none(name: str, minimum: float, unset: str) -> float | None:
+    return _env_float(
+        name,
+        lambda v: v >= minimum,
+        f"must be a number of seconds >= {minimum:g}; unset it for {unset}",
+    )
 
 
 def _env_seconds(name: str, default: float, minimum: float = MIN_PERIOD_SECONDS) -> float:
@@ -80,36 +91,23 @@ def _gpu_reserves() -> dict[str, float]:
 def _optimistic_drift_percent() -> float:
     from kvgate.rollout.pool_drift import DEFAULT_OPTIMISTIC_DRIFT_PERCENT
 
-    raw = _env(OPTIMISTIC_DRIFT_ENV)
-    if raw is None:
-        return DEFAULT_OPTIMISTIC_DRIFT_PERCENT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and 0 < value < 100):
-        raise SystemExit(
-            f"{OPTIMISTIC_DRIFT_ENV}={raw!r} (the chart value estimator.optimisticDriftPercent): "
-            f"must be a percentage between 0 and 100, e.g. 10; unset it for the default, "
-            f"{DEFAULT_OPTIMISTIC_DRIFT_PERCENT:g}"
-        )
-    return value
+    value = _env_float(
+        OPTIMISTIC_DRIFT_ENV,
+        lambda v: 0 < v < 100,
+        "must be a percentage between 0 and 100, e.g. 10; unset it for the default, "
+        f"{DEFAULT_OPTIMISTIC_DRIFT_PERCENT:g}",
+        about=" (the chart value estimator.optimisticDriftPercent)",
+    )
+    return DEFAULT_OPTIMISTIC_DRIFT_PERCENT if value is None else value
 
 
 def _env_rate(name: str, default: float) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise SystemExit(
-            f"{name}={raw!r}: must be a number of reads per second > 0; unset it for the "
-            f"default, {default:g}"
-        )
-    return value
+    value = _env_float(
+        name,
+        lambda v: v > 0,
+        f"must be a number of reads per second > 0; unset it for the default, {default:g}",
+    )
+    return default if value is None else value
 
 
 def _env_count(name: str, default: int) -> int:
