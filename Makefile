@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e image demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus chaos bench-scale crds venv clean
+.PHONY: test beside-e2e image demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus chaos bench-scale dashboard-images crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -130,6 +130,14 @@ chaos: e2e-deps
 # `make bench-scale SCALE_ARGS="--mds 1000 --engines 8"`; see e2e/bench/scale.py.
 bench-scale: e2e-deps
 	$(BIN)/python e2e/bench/scale.py $(SCALE_ARGS)
+
+# Pictures of the chart's Grafana dashboards with real data, docs/images/dashboard-*.png (not part
+# of `make test`; its own world and Prometheus, ~4 min). No Grafana here:
+# e2e/bench/render_dashboards.py draws every panel's query_range with matplotlib (the optional
+# `plot` extra, installed here). `make dashboard-images DASHBOARD_ARGS="--phase-seconds 120"`.
+dashboard-images: e2e-deps prometheus
+	$(UV) pip install --quiet --python $(BIN)/python -e '.[plot]'
+	$(BIN)/python e2e/bench/render_dashboards.py $(DASHBOARD_ARGS)
 
 # Everything the tiers need, built and installed side by side (on a fresh machine the Go builds
 # are CPU-bound while the SGLang installs mostly download): the control plane and helm (the
