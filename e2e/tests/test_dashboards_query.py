@@ -6,7 +6,9 @@ routers, and evaluates the chart's rules (the recording rules the dashboards rea
 One ModelDeployment runs and serves a few requests (one streamed, for the routers' time to first
 token); then every query of every panel (``kvgate_e2e.dashboards``: variables replaced for that
 namespace, ModelDeployment and every role) must return at least one series carrying the labels
-its legend shows. A query that returns nothing fails, naming its dashboard and panel.
+its legend shows. A query that returns nothing fails, naming its dashboard and panel. The
+variables offer the ModelDeployment's values and filter by role; an update only the live check can
+refuse then shows on the Fleet dashboard by its reason, its revision as the target.
 
 Run: ``KVGATE_REQUIRE_E2E=1 .venv/bin/pytest -q -s e2e/tests/test_dashboards_query.py`` (root).
 """
@@ -20,8 +22,14 @@ from kvgate_e2e import dashboards
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.prometheus import Prometheus
-from kvgate_e2e.world import World, known_answer_body
-from scenario_helpers import SERVED_MODEL, sample_md, stream_generate, wait_md_ready
+from kvgate_e2e.world import SMALL_POOL, World, known_answer_body
+from scenario_helpers import (
+    SERVED_MODEL,
+    on_pool_without_estimate,
+    sample_md,
+    stream_generate,
+    wait_md_ready,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -55,10 +63,29 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
     wait_md_ready(world, MD, namespace, 240)
     ready = time.monotonic()
     url = world.service_url(MD, namespace) + "/generate"
+
+    last = ["no answer yet"]
+
+    def answered() -> bool:
+        code, answer = world.router_request(MD, known_answer_body(SERVED_MODEL), namespace)
+        last[0] = f"HTTP {code}: {str(answer)[:200]}"
+        return code == 200
+
+    # A router that just turned Ready may reset the first connections through its Service.
     for _ in range(3):
-        code, _answer = world.router_request(MD, known_answer_body(SERVED_MODEL), namespace)
-        assert code == 200, _answer
-    streamed = stream_generate(url, {**known_answer_body(SERVED_MODEL), "stream": True})
+        poll_until(
+            "a request through the router",
+            answered,
+            30,
+            retry_on=(OSError,),
+            details=lambda: last[0],
+        )
+    streamed = poll_until(
+        "a streamed request through the router",
+        lambda: stream_generate(url, known_answer_body(SERVED_MODEL)),
+        30,
+        retry_on=(OSError,),
+    )
     assert streamed.output_ids, streamed
 
     values = {"namespace": namespace, "deployment": MD, "role": ".*", **WINDOWS}
@@ -84,6 +111,42 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
     )
     choices_offered(prometheus, values)
     only_the_chosen_role(prometheus, {**values, "role": "decode"})
+    refusals_shown_by_reason(world, namespace, prometheus, values)
+
+
+def refusals_shown_by_reason(
+    world: World, namespace: str, prometheus: Prometheus, values: dict[str, str]
+) -> None:
+    """An update only the live check can refuse (both roles on the 24 GiB pool, nothing for
+    admission to estimate from): the Fleet's refusals panel shows it by its reason, and the
+    revision panel the refused target beside the serving revision."""
+    started = time.monotonic()
+    world.apply(on_pool_without_estimate(sample_md(MD), SMALL_POOL), namespace)
+
+    def refused() -> str | None:
+        status = (world.get_md(MD, namespace) or {}).get("status") or {}
+        target = status.get("targetRevision")
+        return str(target) if target and status.get("refusedRevision") == target else None
+
+    target = poll_until("the update on the small pool to be refused", refused, 120)
+    panels = {q.panel: q for q in dashboards.panel_queries(dashboards.load(), values)}
+
+    def shown() -> bool:
+        refusals = prometheus.query(
+            panels["Refused rollouts by reason (since the leader started)"].expr
+        )
+        revisions = prometheus.query(panels["Serving and target revision"].expr)
+        return {s.labels["reason"] for s in refusals} - {"none"} != set() and any(
+            s.labels.get("state") == "target" and s.labels.get("revision") == target
+            for s in revisions
+        )
+
+    poll_until("the refusal on the Fleet dashboard", shown, 30, period=1.0)
+    reasons = prometheus.query(panels["Refused rollouts by reason (since the leader started)"].expr)
+    print(
+        f"MEASURED refused update shown by reason {sorted(s.labels['reason'] for s in reasons)} "
+        f"{time.monotonic() - started:.1f}s after it was applied"
+    )
 
 
 def choices_offered(prometheus: Prometheus, values: dict[str, str]) -> None:
