@@ -35,6 +35,8 @@ from kvgate_e2e.world import BIG_POOL, World, is_ready
 from scenario_helpers import (
     deadline_loop,
     engine_pods,
+    events,
+    md_condition,
     md_story,
     sample_md,
     server_info,
@@ -219,12 +221,39 @@ def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
         assert pod["status"].get("phase") == "Pending" and not is_ready(pod)
     md = world.get_md("fetched", namespace)
     assert md is not None and not is_ready(md)
+    # ... and the ModelDeployment says so, in the download's own words, with one Warning Event.
+    engines = deadline_loop(
+        "the ModelDeployment to say the model download fails, with its log line",
+        lambda: (
+            (c := md_condition(world, "fetched", namespace, "EnginesVerified"))
+            and c["reason"] == "ModelDownloadFailing"
+            and "answered 401 (RepoNotFound)" in c["message"]
+            and c
+        ),
+        60,
+        details=lambda: md_story(world, "fetched", namespace),
+    )
+    print(f"EnginesVerified: {engines['message']}")
+    assert "the token from Secret hub-token key token is not accepted" in engines["message"]
+    assert f"-c {FETCH}" in engines["message"] and "exited 1" in engines["message"]
+    assert TOKEN not in engines["message"] and WRONG_TOKEN not in engines["message"]
+    progressing = md_condition(world, "fetched", namespace, "Progressing")
+    assert progressing is not None and "the model download failed" in progressing["message"]
+    warned = deadline_loop(
+        "a ModelDownloadFailing Event",
+        lambda: events(world, namespace, "ModelDownloadFailing"),
+        30,
+    )
+    assert all(e["type"] == "Warning" and TOKEN not in e["message"] for e in warned), warned
 
     # 2. The right token: the next try downloads, the engines start on the weights and serve.
     fixed = time.monotonic()
     world.apply(secret("hub-token", TOKEN), namespace)
     wait_md_ready(world, "fetched", namespace, 300)
     ready_after = time.monotonic() - fixed
+    engines_now = md_condition(world, "fetched", namespace, "EnginesVerified")
+    assert engines_now is not None and engines_now["reason"] == "AllEnginesVerified", engines_now
+    assert len(events(world, namespace, "ModelDownloadFailing")) == len(warned)  # no repeats
     wait_known_answer(world, "fetched", namespace, 60)
     for pod in engine_pods(world, namespace, "fetched"):
         name = pod["metadata"]["name"]

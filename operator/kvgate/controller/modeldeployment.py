@@ -13,17 +13,18 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 from pydantic import ValidationError
 
 from kvgate.api import labels
 from kvgate.api.models import ModelDeployment, ModelDeploymentSpec, ObjectMeta, RolloutStrategy
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
+from kvgate.build import builders, model_source
 from kvgate.controller import content_check, step_check
 from kvgate.controller.router_workers import audit_loop
 from kvgate.controller.runtime import (
@@ -39,6 +40,7 @@ from kvgate.kube.k8s import JSON_PATCH, ApiError
 from kvgate.rollout import (
     access_checks,
     lws_availability,
+    model_download,
     pass_decision,
     pass_priority,
     pass_timing,
@@ -99,6 +101,17 @@ def pod_state(rt: Runtime, body: Body) -> PodState | None:
         return None
     cond = gate.current_condition(body) or {}
     verified = cond.get("status") == "True"
+    reason, message = cond.get("reason"), cond.get("message")
+    failure = model_download.failure_of(body) if not verified else None
+    # The engine cannot start: say why, with the download's own words (never over an unsafe
+    # verdict an earlier engine of this pod gave: that one refuses the revision).
+    if failure is not None and not gate.is_unsafe_reason(reason):
+        cached = rt.owned(DownloadLogs).lines.get(meta.get("uid", ""))
+        said = cached[1] if cached is not None and cached[0] == failure.key else None
+        reason = model_download.REASON
+        message = model_download.describe(
+            role, meta.get("name", ""), meta.get("namespace", ""), failure, said
+        )
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in body.get("status", {}).get("conditions", None) or []
@@ -109,12 +122,55 @@ def pod_state(rt: Runtime, body: Body) -> PodState | None:
         revision=revision,
         role=role,
         verified=verified,
-        gate_reason=cond.get("reason"),
-        gate_message=cond.get("message"),
+        gate_reason=reason,
+        gate_message=message,
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         kv_pool_tokens=engine.kv_pool_tokens if engine and verified else None,
     )
+
+
+@dataclass
+class DownloadLogs:
+    """The last log line of each engine pod's failed model download attempt, read once per
+    attempt (pod uid -> (attempt, line or None when the log could not be read))."""
+
+    lines: dict[str, tuple[tuple[int, int | None], str | None]] = field(default_factory=dict)
+
+    def forget_pod(self, uid: str) -> None:
+        self.lines.pop(uid, None)
+
+
+DOWNLOAD_LOG_BYTES = 16 << 10
+
+
+async def read_download_logs(rt: Runtime, pods: Iterable[Body]) -> None:
+    """Read the failed attempt's last log line of each pod whose model download fails (once per
+    attempt), for pod_state's message; a log that cannot be read leaves the line out."""
+    store = rt.owned(DownloadLogs)
+
+    async def one(pod: Body) -> None:
+        failure = model_download.failure_of(pod)
+        meta = pod.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        if failure is None or gate.is_verified(pod):
+            return
+        cached = store.lines.get(uid)
+        if cached is not None and cached[0] == failure.key:
+            return
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}/log"
+        params = {"container": model_source.FETCH_CONTAINER, "tailLines": "5"}
+        if failure.retrying:
+            params["previous"] = "true"
+        try:
+            text = await rt.api.get_text(path, params, DOWNLOAD_LOG_BYTES)
+            line = model_download.last_line(text)
+        except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
+            log.info("model download log of %s unreadable: %s", meta.get("name"), exc)
+            line = None
+        store.lines[uid] = (failure.key, line)
+
+    await asyncio.gather(*(one(p) for p in pods))
 
 
 def _strip_none(value: Any) -> Any:
@@ -210,6 +266,7 @@ class Reconciler:
         )
         # Only the MD's own Deployments and their pods count: labels can be copied by anyone.
         deployments = [d for d in listed if is_controlled_by(d, uid)] + groups
+        await read_download_logs(rt, _pods_of(deployments, listed_pods))
         own_service = service if is_controlled_by(service or {}, uid) else None
         workloads = tuple(w for w in map(workload_state, deployments) if w is not None)
         recorded = rollout_record(body.get("status"))

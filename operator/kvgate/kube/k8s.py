@@ -349,6 +349,19 @@ class KubeApi:
     async def get(self, kind: str, namespace: str, name: str) -> Body | None:
         return await self.request("GET", self.path(kind, namespace, name), missing_ok=True)
 
+    async def get_text(self, path: str, params: dict[str, str], max_bytes: int) -> str:
+        """``GET path`` answered in plain text (a pod's log), at most ``max_bytes`` read;
+        raises ApiError on an HTTP error."""
+        metrics.API_REQUESTS.labels("GET", resource_of(path)).inc()
+        async with self._session_now().get(
+            self.credentials.server + path, params=params, headers=self._headers()
+        ) as response:
+            raw = await response.content.read(max_bytes)
+            text = raw.decode("utf-8", errors="replace")
+            if response.status >= 400:
+                raise _api_error(response, "GET", path, text)
+            return text
+
     async def create(self, body: Body) -> Body | None:
         """Create; an object that already exists (HTTP 409) is fine (idempotent)."""
         meta = body["metadata"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kvgate.rollout import model_download
 from kvgate.rollout.planner import (
     Evidence,
     PodState,
@@ -105,8 +106,15 @@ def _ready(step: RolloutStep) -> _Cond:
     return _Cond(
         "False",
         "RolloutInProgress" if step.serving_revision else "AwaitingVerification",
-        f"revision {rev} verifying: {_progress(step.progress)}; {_serving_note(step)}",
+        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}; "
+        f"{_serving_note(step)}",
     )
+
+
+def _download_note(step: RolloutStep) -> str:
+    """``; <the first target pod whose model download fails>``, or nothing."""
+    failing = [p for p in step.target_problems if p.gate_reason == model_download.REASON]
+    return f"; {failing[0].gate_message}" if failing else ""
 
 
 def _engines_verified(step: RolloutStep) -> _Cond:
@@ -169,7 +177,9 @@ def _progressing(step: RolloutStep) -> _Cond:
             f"revision {rev} verified: {_progress(step.progress)}; {step.step_waiting}",
         )
     return _Cond(
-        "True", "RolloutInProgress", f"revision {rev} verifying: {_progress(step.progress)}"
+        "True",
+        "RolloutInProgress",
+        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}",
     )
 
 
@@ -392,6 +402,10 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
                 f"{_progress_needed(step)} pods are verified",
             )
         )
+    engines = _engines_verified(step)
+    was = _condition_reason(previous, "EnginesVerified")
+    if engines.reason == model_download.REASON and was != model_download.REASON:
+        events.append(Event("Warning", model_download.REASON, engines.message))
     if step.step_record is not None and _step_began(step, previous):
         record = step.step_record
         events.append(
@@ -429,6 +443,14 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
             )
         )
     return events
+
+
+def _condition_reason(status: Mapping[str, Any], kind: str) -> str | None:
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == kind:
+            reason = condition.get("reason")
+            return str(reason) if reason is not None else None
+    return None
 
 
 def _step_began(step: RolloutStep, previous: Mapping[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgate.api import labels
+from kvgate.build.model_source import FETCH_CONTAINER
 
 Pod = dict[str, Any]
 
@@ -39,6 +40,7 @@ METADATA_FIELDS = (
 CONTAINER_FIELDS = ("name", "ports")
 STATUS_FIELDS = ("phase", "podIP")  # and the conditions kvgate reads (_read_conditions)
 CONTAINER_STATUS_FIELDS = ("name", "ready", "started", "restartCount", "state", "containerID")
+INIT_STATUS_FIELDS = ("name", "restartCount", "state", "lastState")
 
 
 INTERN_MAX = 64  # strings up to this length are shared (keys, condition types, labels, ...)
@@ -147,6 +149,13 @@ def slim(pod: Mapping[str, Any]) -> Pod:
         out_status["containerStatuses"] = [
             _pick(s, CONTAINER_STATUS_FIELDS) for s in status.get("containerStatuses") or []
         ]
+    downloads = [  # the model download's init container only (kvgate.rollout.model_download)
+        _pick(s, INIT_STATUS_FIELDS)
+        for s in status.get("initContainerStatuses") or []
+        if isinstance(s, Mapping) and s.get("name") == FETCH_CONTAINER
+    ]
+    if downloads:
+        out_status["initContainerStatuses"] = downloads
     out["status"] = out_status
     compacted: Pod = compact(out)
     for part, key in SHARED_FIELDS:
