@@ -1,7 +1,7 @@
 """The whole kvgate system on the e2e control plane: ``with World() as world: ...``.
 
 Brings up, in order: the ``Cluster`` (etcd, apiserver, controller-manager, scheduler, kube-proxy in
-a private network namespace), the loopback kubelet with two GPU node pools (``big``: 8 x 80 GiB,
+a private network namespace), the loopback kubelet with two GPU node pools (``big``: 32 x 80 GiB,
 ``small``: 8 x 24 GiB; label ``kvgate.io/pool``), then ``helm install kvgate charts/kvgate`` into
 ``kvgate-system``. The chart's operator pod runs through the kubelet as ``kvgate operator ...``
 with its own ServiceAccount and RBAC and serves the webhook through its Service. ``__enter__``
@@ -52,6 +52,7 @@ WEBHOOK_DEPLOYMENT = f"{RELEASE}-webhook"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=operator"
 WEBHOOK_SELECTOR = "app.kubernetes.io/name=kvgate,app.kubernetes.io/component=webhook"
 BIG_POOL, SMALL_POOL = "big", "small"
+BIG_POOL_GPUS = 32
 SMALL_NODE = "kvgate-small-0"
 # The real SGLang's pool and node (GPUs only for scheduling: the engines run on CPU), apart from
 # the big pool, so the real-engine scenarios and the demo change no node another test uses.
@@ -185,7 +186,10 @@ class World:
         self._cluster = self._stack.enter_context(Cluster(self.config.cluster))
         self._say(f"control plane up in network namespace {self._cluster.netns_name}")
         nodes = [
-            f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus=8:gpu-memory-gib=80",
+            # 32 GPUs: up to three test files share the pool at once (engines of two revisions
+            # each during a rollout, multi-node groups of 4-8); with 8, pods waited Pending for
+            # another file's to end and a 240 s wait for Ready ran out (make test, loaded).
+            f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus={BIG_POOL_GPUS}:gpu-memory-gib=80",
             f"{SMALL_NODE}:pool={SMALL_POOL}:gpus=8:gpu-memory-gib=24",
             *self.config.extra_nodes,
         ]
@@ -194,7 +198,10 @@ class World:
         )
         self._stack.enter_context(self._kubelet)
         self._cluster.wait_for_kubernetes_service()
-        self._say("nodes registered: pool big (8 x 80 GiB GPUs), pool small (8 x 24 GiB GPUs)")
+        self._say(
+            f"nodes registered: pool big ({BIG_POOL_GPUS} x 80 GiB GPUs), pool small "
+            "(8 x 24 GiB GPUs)"
+        )
         # Before the kubelet and the control plane stop (LIFO), whenever LWS was started.
         self._stack.callback(self._stop_lws)
         if self.config.leaderworkerset:

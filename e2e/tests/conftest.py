@@ -7,7 +7,7 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
 
 ``world`` (session scope)
     One ``kvgate_e2e.world.World`` for the whole session: the control plane in its own network
-    namespace, the loopback kubelet with three GPU pools (``kvgate.io/pool=big``: 8 x 80 GiB on
+    namespace, the loopback kubelet with three GPU pools (``kvgate.io/pool=big``: 32 x 80 GiB on
     node ``kvgate-node-0``; ``kvgate.io/pool=small``: 8 x 24 GiB on ``kvgate-small-0``;
     ``kvgate.io/pool=real``: 8 x 80 GiB on ``kvgate-real-0``, the real SGLang's), and
     ``helm install kvgate charts/kvgate`` in ``kvgate-system`` (operator re-verifies every 2 s).

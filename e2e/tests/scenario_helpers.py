@@ -116,10 +116,11 @@ def wait_md_ready(
 ) -> dict[str, Any]:
     """Wait until ``md``'s Ready condition is True and return the ModelDeployment; a timeout
     names ``what`` and shows the operator's log."""
-    ready: dict[str, Any] = world.wait_for(
+    ready: dict[str, Any] = deadline_loop(
         what or f"ModelDeployment {md} to be Ready",
         lambda: (m := world.get_md(md, namespace)) is not None and is_ready(m) and m,
         timeout,
+        details=lambda: md_story(world, md, namespace),
     )
     return ready
 
