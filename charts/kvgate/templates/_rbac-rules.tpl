@@ -34,8 +34,8 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
   resources: ["pods/status"]
   verbs: ["patch"]
 # safety.kvCanary: one followed log stream per verified engine pod (container engine), read for
-# SGLang's KV canary violations (kvgate.controller.kv_canary_watch); and the last lines of a failed
-# model download (container kvgate-fetch-model), quoted in the ModelDeployment's conditions
+# SGLang's KV canary violations (kvgate.controller.kv_canary_watch); and the last lines of a
+# failed model download (container kvgate-fetch-model), quoted in the ModelDeployment's conditions
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]

@@ -373,6 +373,17 @@ REASONS: tuple[Reason, ...] = (
         refusal=False,
     ),
     Reason(
+        "ModelDownloadFailing",
+        (ENGINES_VERIFIED, EVENT),
+        "an engine pod's model download (init container kvgate-fetch-model) failed and is "
+        "retried with the kubelet's back-off; the engine starts once it succeeds (the message "
+        "quotes the download's last log line)",
+        "fix what that line names (spec.model.source.download: repo, revision, the token's "
+        "Secret, the volume's size), or the hub; a revision that never downloads is refused at "
+        "rollout.verifyTimeoutSeconds",
+        refusal=False,
+    ),
+    Reason(
         "KvPoolEstimateOptimistic",
         (EVENT,),
         "a role's verified engine holds a live KV pool more than estimator.optimisticDriftPercent "

@@ -84,7 +84,9 @@ RULES: tuple[Rule, ...] = (
         ("pods/log",),
         ("get",),
         "safety.kvCanary: one followed log stream per verified engine pod (container engine), "
-        "read for SGLang's KV canary violations (kvgate.controller.kv_canary_watch)",
+        "read for SGLang's KV canary violations (kvgate.controller.kv_canary_watch); and the "
+        "last lines of a failed model download (container kvgate-fetch-model), quoted in the "
+        "ModelDeployment's conditions",
     ),
     Rule(
         "apps",
