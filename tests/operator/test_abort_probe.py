@@ -113,3 +113,11 @@ def test_a_plain_answer_gives_its_output_ids_and_a_stream_its_count() -> None:
     answer = parse_stream(200, stream, False, 0.1)
     assert answer.generated_tokens == 2 and answer.output_ids is None
     assert parse_stream(400, b'{"error": {"message": "no"}}', False, 0.1).output_ids is None
+
+
+def test_the_last_known_answer_waits_at_least_two_seconds_after_the_drop() -> None:
+    """A drop 0.17 s in left the last request 0.17 s later, before smg (which passes a client's
+    disconnect on at its next failed write) had aborted the request on a loaded machine: a
+    broken abort path then passed."""
+    assert abort_probe.settle_seconds(0.17) == abort_probe.MIN_SETTLE_SECONDS == 2.0
+    assert abort_probe.settle_seconds(5.0) == 5.0

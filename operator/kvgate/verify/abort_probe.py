@@ -16,7 +16,8 @@ revision's own router, one after another:
    that watches its client (the unit tests') the engines abort it mid prefill or mid transfer;
    smg 1.13 passes the disconnect on only when its next write to the client fails, so the
    engines abort it at its first streamed tokens, mid decode;
-3. the known-answer request again at once, and once more ``settle_seconds`` later (by then the
+3. the known-answer request again at once, and once more ``settle_seconds`` later (at least
+   MIN_SETTLE_SECONDS after the drop; by then the
    engines have surely taken the abort: a router may pass it on only at its next write), each of
    which must get the same output ids.
 
@@ -48,6 +49,7 @@ ABORT_FRACTION = 0.5  # of the longest in-range probe's measured answer time
 # disconnect on only when its next write fails (smg 1.13) must still be relaying tokens then.
 ABORT_NEW_TOKENS = 64
 MIN_ABORT_SECONDS = 0.05
+MIN_SETTLE_SECONDS = 2.0  # the least wait from the drop to the last known-answer request
 ABORT_OFFSET = 1  # the aborted prompt's ids start one place later: no id matches position-wise
 MAX_IDS_SHOWN = 12  # output ids quoted in a summary (an engine's answer is untrusted)
 
@@ -106,8 +108,12 @@ def answer_seconds(findings: Sequence[ProbeFinding]) -> float | None:
 
 
 def settle_seconds(drop: float) -> float:
-    """How long after the drop the last known-answer request goes: as long as the drop took."""
-    return drop
+    """How long after the drop the last known-answer request goes: as long as the drop took, and
+    at least MIN_SETTLE_SECONDS. smg passes a client's disconnect on only when a write to it
+    fails, a token or two later; on a loaded machine that was after a last request sent as
+    soon as the drop's own time, so a decode whose abort path was broken gave it clean tokens
+    and passed (make test, e2e: the stale-KV revision served)."""
+    return max(drop, MIN_SETTLE_SECONDS)
 
 
 def show_ids(ids: Sequence[int] | None) -> str:
