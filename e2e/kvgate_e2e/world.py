@@ -187,8 +187,8 @@ class World:
         self._say(f"control plane up in network namespace {self._cluster.netns_name}")
         nodes = [
             # 32 GPUs: up to three test files share the pool at once (engines of two revisions
-            # each during a rollout, multi-node groups of 4-8); with 8, pods waited Pending for
-            # another file's to end and a 240 s wait for Ready ran out (make test, loaded).
+            # each during a rollout, multi-node groups of 4-8), and a pod left Pending for
+            # capacity would wait for another file's to end.
             f"{self._cluster.proxy_node_name}:pool={BIG_POOL}:gpus={BIG_POOL_GPUS}:gpu-memory-gib=80",
             f"{SMALL_NODE}:pool={SMALL_POOL}:gpus=8:gpu-memory-gib=24",
             *self.config.extra_nodes,

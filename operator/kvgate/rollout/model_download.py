@@ -3,10 +3,9 @@
 ``spec.model.source.download`` fills the model volume with the init container
 ``kvgate-fetch-model`` before the engine starts. When it fails (a wrong token, a repository or
 revision that does not exist, a full volume, a hub that keeps answering 5xx) the pod waits in its
-init phase, restarted with the kubelet's back-off, and its engine never starts: without this the
-ModelDeployment said only "prefill 0/1 verified" until ``rollout.verifyTimeoutSeconds`` refused
-the revision. The download's own log says what went wrong (kvgate.cmd.fetch_model); the
-ModelDeployment's conditions now say it too, with that line.
+init phase, restarted with the kubelet's back-off, and its engine never starts; verification
+counts alone ("prefill 0/1 verified") would not say why. The download's own log says what went
+wrong (kvgate.cmd.fetch_model); the ModelDeployment's conditions quote that line.
 """
 
 from __future__ import annotations

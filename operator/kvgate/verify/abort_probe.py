@@ -110,9 +110,8 @@ def answer_seconds(findings: Sequence[ProbeFinding]) -> float | None:
 def settle_seconds(drop: float) -> float:
     """How long after the drop the last known-answer request goes: as long as the drop took, and
     at least MIN_SETTLE_SECONDS. smg passes a client's disconnect on only when a write to it
-    fails, a token or two later; on a loaded machine that was after a last request sent as
-    soon as the drop's own time, so a decode whose abort path was broken gave it clean tokens
-    and passed (make test, e2e: the stale-KV revision served)."""
+    fails, a token or two later; a request sent before the abort reaches decode gets clean
+    tokens even from a decode whose abort path is broken."""
     return max(drop, MIN_SETTLE_SECONDS)
 
 
