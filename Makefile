@@ -201,6 +201,7 @@ image:
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml
+	$(BIN)/kvgate crd --kind RoleScale > crds/rolescale.yaml
 	$(BIN)/python -m kvgate.gen.chartgen
 	$(BIN)/python -m kvgate.gen.rbacgen
 

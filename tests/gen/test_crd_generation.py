@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvgate.gen.crd import crd, render
+from kvgate.gen.crd import crd, render, render_scale, scale_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "crds" / "modeldeployment.yaml"
@@ -93,3 +93,34 @@ def test_committed_crd_is_valid_yaml_naming_the_group_and_short_name() -> None:
     doc = yaml.safe_load(COMMITTED.read_text())
     assert doc["metadata"]["name"] == "modeldeployments.kvgate.io"
     assert doc["spec"]["names"]["shortNames"] == ["md"]
+
+
+def test_kvgate_crd_rolescale_output_matches_committed_file_byte_for_byte() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kvgate.cmd.cli", "crd", "--kind", "RoleScale"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    committed = ROOT / "crds" / "rolescale.yaml"
+    assert out == committed.read_text(), "crds/ drifted from the API models: run `make crds`"
+    assert render_scale() == out
+
+
+def test_rolescale_crd_has_a_scale_subresource_an_hpa_can_drive() -> None:
+    version = scale_crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    schema = version["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        for banned in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "const", "title"):
+            assert banned not in node, f"{banned} at {path}"
+    rules = schema["properties"]["spec"]["x-kubernetes-validations"]
+    assert {r["rule"] for r in rules} == {
+        "self.replicas <= self.maxReplicas",
+        "self.replicas >= self.minReplicas",
+    }
+    assert all("messageExpression" in r for r in rules)

@@ -35,6 +35,7 @@ REASON_ARGUMENT = {"Event": 1, "_Cond": 1, "Finding": 0, "cannot_tell": 0, "Refu
 NOT_REASONS: dict[str, str] = {
     # Kubernetes kinds and API words
     "ModelDeployment": "a kind",
+    "RoleScale": "a kind",
     "LeaderWorkerSet": "a kind",
     "StatefulSet": "a kind",
     "ReplicaSet": "a kind",

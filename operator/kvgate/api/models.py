@@ -769,6 +769,54 @@ class Resources(_Model):
     )
 
 
+MAX_DRAIN_TIMEOUT_SECONDS = 3600
+
+
+class RoleAutoscaling(_Model):
+    """This role's count comes from its RoleScale object (an HPA, KEDA or kubectl scale)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+                    "messageExpression": (
+                        "'autoscaling.minReplicas ' + string(self.minReplicas) + "
+                        "' is above autoscaling.maxReplicas ' + string(self.maxReplicas) + "
+                        "': lower minReplicas or raise maxReplicas'"
+                    ),
+                }
+            ]
+        }
+    )
+
+    min_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_ENGINE_REPLICAS,
+        description=(
+            "Fewest engines of this role: kvgate never drains a verified engine when fewer "
+            "than this many would stay verified, and refuses a RoleScale count below it."
+        ),
+    )
+    max_replicas: int = Field(
+        ge=1,
+        le=MAX_ENGINE_REPLICAS,
+        description="Most engines of this role (the GPUs it may take): a larger count is refused.",
+    )
+    drain_timeout_seconds: int = Field(
+        default=300,
+        ge=1,
+        le=MAX_DRAIN_TIMEOUT_SECONDS,
+        description=(
+            "Scale-down takes an engine out of traffic and removes it only once it reports no "
+            "running or queued request and no KV transfer in flight; after this long it is "
+            "removed anyway (a Warning Event names what was still in flight)."
+        ),
+    )
+
+
 class RoleSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={
@@ -793,7 +841,21 @@ class RoleSpec(_Model):
     )
 
     replicas: int = Field(
-        default=1, ge=0, le=MAX_ENGINE_REPLICAS, description="Engine pods of this role."
+        default=1,
+        ge=0,
+        le=MAX_ENGINE_REPLICAS,
+        description=(
+            "Engine pods of this role. With autoscaling set: the count its RoleScale starts "
+            "at (within minReplicas..maxReplicas); the RoleScale's count rules after that."
+        ),
+    )
+    autoscaling: RoleAutoscaling | None = Field(
+        default=None,
+        description=(
+            "Scale this role through the Kubernetes scale API: kvgate creates the RoleScale "
+            "<name>-<role> (kubectl scale, an HPA or a KEDA ScaledObject target it) and runs the "
+            "count it asks for, within these bounds. Single-node roles only (nodes: 1)."
+        ),
     )
     tensor_parallel: int = Field(
         default=1,
@@ -1052,6 +1114,24 @@ class RolloutSpec(_Model):
         return self
 
 
+class RatioBounds(_Model):
+    """Bounds on prefill engines per decode engine, e.g. min 0.25, max 1 (1:4 to 1:1)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.min <= self.max",
+                    "message": "prefillPerDecode.min must be at most prefillPerDecode.max",
+                }
+            ]
+        }
+    )
+
+    min: float = Field(gt=0, le=MAX_ENGINE_REPLICAS, description="Fewest prefill per decode.")
+    max: float = Field(gt=0, le=MAX_ENGINE_REPLICAS, description="Most prefill per decode.")
+
+
 class ModelDeploymentSpec(_Model):
     model: ModelSpec = Field(description="The model and the context window it advertises.")
     engine: EngineSpec = Field(description="The SGLang engine shared by both roles.")
@@ -1065,6 +1145,14 @@ class ModelDeploymentSpec(_Model):
     )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec, description="How a new revision is verified and promoted."
+    )
+    prefill_per_decode: RatioBounds | None = Field(
+        default=None,
+        description=(
+            "With both roles autoscaled: keep prefill engines per decode engine within these "
+            "bounds. kvgate runs the nearest counts that satisfy them (it never rewrites a "
+            "RoleScale's count); the RoleScale status says which bound moved a count."
+        ),
     )
 
 
@@ -1369,3 +1457,99 @@ class ModelDeployment(_Model):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ModelDeploymentSpec
     status: ModelDeploymentStatus | None = None
+
+
+SCALE_KIND = "RoleScale"
+SCALE_PLURAL = "rolescales"
+SCALE_SINGULAR = "rolescale"
+SCALE_SHORT_NAMES = ["mdscale"]
+
+
+class RoleScaleSpec(_Model):
+    """One role's count, as an autoscaler or kubectl asks for it (the scale subresource)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.replicas <= self.maxReplicas",
+                    "message": "replicas is above maxReplicas",
+                    "messageExpression": (
+                        "'replicas ' + string(self.replicas) + ' is above maxReplicas ' + "
+                        "string(self.maxReplicas) + ': ModelDeployment ' + self.modelDeployment "
+                        "+ ' allows at most ' + string(self.maxReplicas) + ' ' + self.role + "
+                        "' engines (spec.' + self.role + '.autoscaling.maxReplicas); scale to at "
+                        "most ' + string(self.maxReplicas) + ' or raise it there'"
+                    ),
+                },
+                {
+                    "rule": "self.replicas >= self.minReplicas",
+                    "message": "replicas is below minReplicas",
+                    "messageExpression": (
+                        "'replicas ' + string(self.replicas) + ' is below minReplicas ' + "
+                        "string(self.minReplicas) + ': ModelDeployment ' + self.modelDeployment "
+                        "+ ' keeps at least ' + string(self.minReplicas) + ' ' + self.role + "
+                        "' engines (spec.' + self.role + '.autoscaling.minReplicas); scale to at "
+                        "least ' + string(self.minReplicas) + ' or lower it there'"
+                    ),
+                },
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        ge=0,
+        le=MAX_ENGINE_REPLICAS,
+        description=(
+            "Engines of this role the autoscaler (or kubectl scale) asks for. kvgate sets it "
+            "only when it creates this object, and never overwrites it."
+        ),
+    )
+    model_deployment: str = Field(
+        max_length=253, description="The ModelDeployment this role belongs to (set by kvgate)."
+    )
+    role: Role = Field(description="prefill or decode (set by kvgate).")
+    min_replicas: int = Field(
+        ge=0, le=MAX_ENGINE_REPLICAS, description="spec.<role>.autoscaling.minReplicas (kvgate)."
+    )
+    max_replicas: int = Field(
+        ge=0, le=MAX_ENGINE_REPLICAS, description="spec.<role>.autoscaling.maxReplicas (kvgate)."
+    )
+
+
+class RoleScaleStatus(_Model):
+    replicas: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Verified Ready engines of this role in the revisions taking traffic (what an "
+            "autoscaler counts as current)."
+        ),
+    )
+    selector: str = Field(
+        default="",
+        max_length=4096,
+        description="Label selector of this role's engine pods in the revisions taking traffic.",
+    )
+    effective_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="The count kvgate runs: spec.replicas within the bounds and ratio.",
+    )
+    draining: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_ENGINE_REPLICAS,
+        description="Engine pods out of traffic, waiting for their requests to finish.",
+    )
+    message: str = Field(default="", max_length=4096, description="What kvgate is doing.")
+    observed_generation: int | None = Field(
+        default=None, description="The RoleScale generation this status describes."
+    )
+
+
+class RoleScale(_Model):
+    api_version: str = Field(default=API_VERSION, description="kvgate.io/v1alpha1")
+    kind: str = Field(default=SCALE_KIND, description="RoleScale")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: RoleScaleSpec
+    status: RoleScaleStatus | None = None

@@ -1,7 +1,7 @@
 """A revision names everything in a ModelDeployment spec that changes what the engines are.
 
 Two specs with the same revision run identical engines and an identical router; replicas and
-rollout settings are not part of it (scaling is not a rollout).
+rollout settings are not part of it (scaling is not a rollout, nor are its autoscaling bounds).
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ REVISION_LENGTH = 10
 
 def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
     """The part of the spec that defines a revision, as plain JSON data."""
-    doc: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude={"rollout"})
+    doc: dict[str, Any] = spec.model_dump(
+        mode="json", by_alias=True, exclude={"rollout", "prefill_per_decode"}
+    )
     for role in ("prefill", "decode", "router"):
         doc[role].pop("replicas", None)
+        doc[role].pop("autoscaling", None)
     for role in ("prefill", "decode"):
         # nodes came with multi-node engines; its default (one pod per engine) is what every
         # earlier spec ran, so it leaves their revisions as they were (no roll on upgrade).

@@ -202,7 +202,13 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND"
     )
 
-    sub.add_parser("crd", help="print the ModelDeployment CRD generated from the API models")
+    crd = sub.add_parser("crd", help="print a CRD generated from the API models")
+    crd.add_argument(
+        "--kind",
+        choices=("ModelDeployment", "RoleScale"),
+        default="ModelDeployment",
+        help="which CRD (default ModelDeployment)",
+    )
 
     p = _one_shot(sub, "validate", "run the admission webhook's checks offline")
     p.add_argument("file", help="ModelDeployment YAML or JSON file ('-' for stdin)")

@@ -1,13 +1,13 @@
-"""`kvgate crd`: print the CRD generated from the API models."""
+"""`kvgate crd`: print a CRD generated from the API models (ModelDeployment, or RoleScale)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from kvgate.gen.crd import render
+from kvgate.gen.crd import render, render_scale
 
 
 def main(args: argparse.Namespace) -> int:
-    sys.stdout.write(render())
+    sys.stdout.write(render_scale() if getattr(args, "kind", None) == "RoleScale" else render())
     return 0

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvgate.api import models as api
-from kvgate.gen.crd import HEADER, render
+from kvgate.gen.crd import HEADER, SCALE_HEADER, render, render_scale
 
 TEMPLATE_NAME = "crd-modeldeployment.yaml"
+SCALE_TEMPLATE_NAME = "crd-rolescale.yaml"
 DEFAULT_CHART_DIR = Path("charts/kvgate")
 
 _PREAMBLE = (
@@ -49,19 +50,25 @@ def escape_template_delimiters(text: str) -> str:
     return re.sub(r"\{\{|\}\}", lambda m: '{{ "' + m.group(0) + '" }}', text)
 
 
-def chart_crd_template() -> str:
-    """The chart template text: the generated CRD wrapped in the chart's switch and metadata."""
-    rendered = render()
-    if not rendered.startswith(HEADER):
-        raise ValueError(
-            "kvgate.gen.crd.render() no longer starts with its header; update chartgen"
-        )
-    body = escape_template_delimiters(rendered[len(HEADER) :])
-    anchor = f"metadata:\n  name: {api.PLURAL}.{api.GROUP}\n"
+def _wrap(rendered: str, header: str, plural: str, source: str) -> str:
+    if not rendered.startswith(header):
+        raise ValueError(f"the generated {plural} CRD no longer starts with its header")
+    body = escape_template_delimiters(rendered[len(header) :])
+    anchor = f"metadata:\n  name: {plural}.{api.GROUP}\n"
     if body.count(anchor) != 1:
         raise ValueError(f"expected exactly one {anchor!r} in the CRD; update chartgen")
     body = body.replace(anchor, anchor + _METADATA_EXTRA)
-    return _PREAMBLE + body + _POSTAMBLE
+    return _PREAMBLE.replace("crds/modeldeployment.yaml", source) + body + _POSTAMBLE
+
+
+def chart_crd_template() -> str:
+    """The chart template text: the generated CRD wrapped in the chart's switch and metadata."""
+    return _wrap(render(), HEADER, api.PLURAL, "crds/modeldeployment.yaml")
+
+
+def chart_scale_crd_template() -> str:
+    """The RoleScale CRD's chart template (the same wrapping)."""
+    return _wrap(render_scale(), SCALE_HEADER, api.SCALE_PLURAL, "crds/rolescale.yaml")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,18 +78,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 if the template is out of date; write nothing"
     )
     args = parser.parse_args(argv)
-    target: Path = args.chart_dir / "templates" / TEMPLATE_NAME
-    wanted = chart_crd_template()
-    current = target.read_text() if target.exists() else None
-    if args.check:
-        if current != wanted:
+    stale = 0
+    for name, wanted in (
+        (TEMPLATE_NAME, chart_crd_template()),
+        (SCALE_TEMPLATE_NAME, chart_scale_crd_template()),
+    ):
+        target: Path = args.chart_dir / "templates" / name
+        current = target.read_text() if target.exists() else None
+        if current == wanted:
+            continue
+        if args.check:
             print(f"{target} is out of date: run `python -m kvgate.gen.chartgen`", file=sys.stderr)
-            return 1
-        return 0
-    if current != wanted:
-        target.write_text(wanted)
-        print(f"wrote {target}")
-    return 0
+            stale += 1
+        else:
+            target.write_text(wanted)
+            print(f"wrote {target}")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""Generate the ModelDeployment CRD from the pydantic API models.
+"""Generate the ModelDeployment and RoleScale CRDs from the pydantic API models.
 
 pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3.0 schema.
 ``structural()`` rewrites one into the other:
@@ -237,3 +237,103 @@ def crd() -> dict[str, Any]:
 def render() -> str:
     """The CRD as the YAML committed in crds/modeldeployment.yaml."""
     return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100, allow_unicode=True)
+
+
+SCALE_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Deployment", "type": "string", "jsonPath": ".spec.modelDeployment"},
+    {"name": "Role", "type": "string", "jsonPath": ".spec.role"},
+    {
+        "name": "Desired",
+        "type": "integer",
+        "description": "The count the autoscaler or kubectl scale asks for",
+        "jsonPath": ".spec.replicas",
+    },
+    {
+        "name": "Running",
+        "type": "integer",
+        "description": "The count kvgate runs (within the bounds and the prefill:decode ratio)",
+        "jsonPath": ".status.effectiveReplicas",
+    },
+    {
+        "name": "Verified",
+        "type": "integer",
+        "description": "Verified Ready engines in the revisions taking traffic",
+        "jsonPath": ".status.replicas",
+    },
+    {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicas"},
+    {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicas"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Message", "type": "string", "priority": 1, "jsonPath": ".status.message"},
+]
+
+
+def scale_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition for RoleScale (one role's scale subresource), as a dict."""
+    spec_schema = _root_schema(api.RoleScaleSpec)
+    status_schema = _root_schema(api.RoleScaleStatus)
+    spec_schema["description"] = "The count asked for, and the bounds kvgate copied."
+    status_schema["description"] = "What kvgate runs and has verified."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.SCALE_PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.SCALE_KIND,
+                "listKind": f"{api.SCALE_KIND}List",
+                "plural": api.SCALE_PLURAL,
+                "singular": api.SCALE_SINGULAR,
+                "shortNames": list(api.SCALE_SHORT_NAMES),
+                "categories": ["kvgate"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": SCALE_PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": (
+                                "RoleScale is the scale subresource of one autoscaled role "
+                                "(prefill or decode) of a ModelDeployment: kubectl scale, an "
+                                "HPA or a KEDA ScaledObject target it. kvgate creates it from "
+                                "spec.<role>.autoscaling and runs the count it asks for; new "
+                                "engines take traffic only once verified, and an engine is "
+                                "drained before it is removed."
+                            ),
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+SCALE_HEADER = HEADER.replace("`kvgate crd`", "`kvgate crd --kind RoleScale`")
+
+
+def render_scale() -> str:
+    """The RoleScale CRD as the YAML committed in crds/rolescale.yaml."""
+    return SCALE_HEADER + yaml.safe_dump(
+        scale_crd(), sort_keys=False, width=100, allow_unicode=True
+    )
