@@ -73,6 +73,11 @@ class GenerateError(Exception):
 
 
 Progress = Callable[[int], Awaitable[None]]  # one generated token, before the next step
+# Writes the answer's last bytes (the result, or the error the client reads); the request counts
+# in num_running_reqs until it returns, so a drain that reads 0 never cuts an answer.
+Deliver = Callable[["GenerateResult | GenerateError"], Awaitable[None]]
+# SGLang 0.5.23's default buckets of sglang:time_to_first_token_seconds (TokenizerMetricsCollector).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,9 @@ class GenerateRequest:
     # A streaming client's: each token but the last goes out as it is generated (SGLang streams
     # a decode a token at a time), which is also where a gone client's abort lands.
     progress: Progress | None = field(default=None, compare=False)
+    deliver: Deliver | None = field(default=None, compare=False)
+    stream: bool = False  # the client asked for a stream (SGLang's is_streaming label)
+    created: float = field(default_factory=time.monotonic, compare=False)
 
 
 @dataclass(frozen=True)
@@ -121,6 +129,25 @@ class EngineSettings:
 
 
 @dataclass
+class Histogram:
+    """Cumulative bucket counts, as a Prometheus histogram exports them."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+        for index, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[index] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass
 class EngineCounters:
     num_requests: int = 0
     num_aborted_requests: int = 0
@@ -131,10 +158,17 @@ class EngineCounters:
     num_running_reqs: int = 0
     num_queue_reqs: int = 0
     num_prefill_bootstrap_queue_reqs: int = 0
+    num_prefill_inflight_queue_reqs: int = 0  # forward done, KV not yet collected by decode
     num_decode_prealloc_queue_reqs: int = 0
     num_decode_transfer_queue_reqs: int = 0
     last_gen_throughput: float = 0.0
     stale_reads: int = field(default=0)
+    # by is_streaming; a decode or unified engine observes each request's first token once
+    time_to_first_token: dict[bool, Histogram] = field(default_factory=dict)
+
+    def observe_first_token(self, request: GenerateRequest) -> None:
+        histogram = self.time_to_first_token.setdefault(request.stream, Histogram(TTFT_BUCKETS))
+        histogram.observe(time.monotonic() - request.created)
 
 
 def new_rid() -> str:
@@ -151,6 +185,7 @@ class ReferenceEngine:
         )
         self.rendezvous = Rendezvous(abort_ttl=settings.bootstrap_timeout)
         self.counters = EngineCounters()
+        self._running: set[int] = set()  # the requests (by id()) num_running_reqs counts
         self._page_waiters: list[asyncio.Future[None]] = []
         self.canary = KvCanary() if settings.kv_canary else None
         # stale_kv_after_abort: the aborted request's slots and prompt, whose KV lands next
@@ -203,20 +238,44 @@ class ReferenceEngine:
 
     # -- generation -----------------------------------------------------------------------------
 
+    def _start_running(self, request: GenerateRequest) -> None:
+        if id(request) not in self._running:
+            self._running.add(id(request))
+            self.counters.num_running_reqs += 1
+
+    def _stop_running(self, request: GenerateRequest) -> None:
+        if id(request) in self._running:
+            self._running.discard(id(request))
+            self.counters.num_running_reqs -= 1
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate, then hand the outcome to ``request.deliver`` while the request still counts
+        as running: a decode (or unified) request counts from its first decode step until its
+        answer's last bytes are written, with no gap between the two."""
         started = time.monotonic()
         self.counters.num_requests += 1
         self.counters.prompt_tokens += len(request.input_ids)
         try:
-            output = await self._generate(request)
-        except GenerateError:
-            self.counters.num_aborted_requests += 1
-            raise
-        elapsed = time.monotonic() - started
-        self.counters.generation_tokens += len(output)
-        if elapsed > 0:
-            self.counters.last_gen_throughput = len(output) / elapsed
-        return GenerateResult(request.rid, output, len(request.input_ids), elapsed)
+            outcome: GenerateResult | GenerateError
+            try:
+                output = await self._generate(request)
+            except GenerateError as error:
+                self.counters.num_aborted_requests += 1
+                outcome = error
+            else:
+                elapsed = time.monotonic() - started
+                self.counters.generation_tokens += len(output)
+                if elapsed > 0:
+                    self.counters.last_gen_throughput = len(output) / elapsed
+                outcome = GenerateResult(request.rid, output, len(request.input_ids), elapsed)
+            if request.deliver is not None:
+                self._start_running(request)
+                await request.deliver(outcome)
+        finally:
+            self._stop_running(request)
+        if isinstance(outcome, GenerateError):
+            raise outcome
+        return outcome
 
     async def _generate(self, request: GenerateRequest) -> list[int]:
         limits = self.limits
@@ -265,9 +324,8 @@ class ReferenceEngine:
             slots = self.pool.slots(pages, len(tokens))
             keys, values = self.model.kv(tokens)
             self.pool.write(slots, keys, values)
-            return await self._decode_loop(
-                pages, len(tokens), request.max_new_tokens, request.progress
-            )
+            self._start_running(request)  # generate() stops it once the answer is out
+            return await self._decode_loop(pages, len(tokens), request)
         finally:
             self._release(pages)
 
@@ -284,17 +342,21 @@ class ReferenceEngine:
             pages = await self._reserve(len(tokens))
         finally:
             self.counters.num_prefill_bootstrap_queue_reqs -= 1
-        self.counters.num_running_reqs += 1
         try:
+            # The forward: running (SGLang counts a prefill's forward batch), then, while its KV
+            # waits for the decode, in the inflight queue instead.
+            self._start_running(request)
             slots = self.pool.slots(pages, len(tokens))
             keys, values = self.model.kv(tokens)
             self.pool.write(slots, keys, values)
             keys, values = self.pool.read(slots)
             first = self.model.decode_step(0, keys, values)
+            self._stop_running(request)
             if fake or room is None:
                 return [first]
             payload = KVPayload.build(keys, values, with_checksum=self.settings.kv_checksum)
             delivered = self.rendezvous.offer(room, payload)
+            self.counters.num_prefill_inflight_queue_reqs += 1
             try:
                 await asyncio.wait_for(asyncio.shield(delivered), self.settings.bootstrap_timeout)
             except TimeoutError as error:
@@ -307,6 +369,8 @@ class ReferenceEngine:
             except TransferError as error:
                 self.counters.num_transfer_failed_reqs += 1
                 raise GenerateError(error.message, 500) from error
+            finally:
+                self.counters.num_prefill_inflight_queue_reqs -= 1
             return [first]
         except asyncio.CancelledError:
             if room is not None:
@@ -315,7 +379,6 @@ class ReferenceEngine:
         finally:
             if room is not None:
                 self.rendezvous.forget(room)
-            self.counters.num_running_reqs -= 1
             self._release(pages)
 
     async def _decode(self, request: GenerateRequest, tokens: list[int]) -> list[int]:
@@ -344,13 +407,8 @@ class ReferenceEngine:
             else:
                 await self._receive_into(host, request, room, prompt_slots)
             self._land_stale(request.rid)
-            self.counters.num_running_reqs += 1
-            try:
-                return await self._decode_loop(
-                    pages, len(tokens), request.max_new_tokens, request.progress
-                )
-            finally:
-                self.counters.num_running_reqs -= 1
+            self._start_running(request)  # generate() stops it once the answer is out
+            return await self._decode_loop(pages, len(tokens), request)
         except (asyncio.CancelledError, ConnectionError):  # the client went away: an abort
             if self.settings.stale_kv_after_abort:
                 self._stale_landing = (prompt_slots, tokens, request.rid)
@@ -438,12 +496,9 @@ class ReferenceEngine:
         )
 
     async def _decode_loop(
-        self,
-        pages: list[int],
-        prompt_len: int,
-        max_new_tokens: int,
-        progress: Progress | None = None,
+        self, pages: list[int], prompt_len: int, request: GenerateRequest
     ) -> list[int]:
+        max_new_tokens, progress = request.max_new_tokens, request.progress
         output: list[int] = []
         slots = self.pool.slots(pages, prompt_len + max_new_tokens)  # the request's page table
         for step in range(max_new_tokens):
@@ -455,6 +510,8 @@ class ReferenceEngine:
             new_keys, new_values = self.model.kv([token], start_position=position)
             self.pool.write(slots[position : position + 1], new_keys, new_values)
             output.append(token)
+            if step == 0:
+                self.counters.observe_first_token(request)
             if progress is not None and step < max_new_tokens - 1:
                 await progress(token)
             elif step % 16 == 15:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -68,6 +68,11 @@ class SGLangCollector(Collector):
             counters.num_prefill_bootstrap_queue_reqs,
         )
         yield self._gauge(
+            "num_prefill_inflight_queue_reqs",
+            "Prefill requests whose forward is done and whose KV the decode has not collected.",
+            counters.num_prefill_inflight_queue_reqs,
+        )
+        yield self._gauge(
             "num_decode_prealloc_queue_reqs",
             "Decode requests waiting for KV pages.",
             counters.num_decode_prealloc_queue_reqs,
@@ -89,6 +94,31 @@ class SGLangCollector(Collector):
         yield self._counter(
             "num_bootstrap_failed_reqs", "Failed bootstraps.", counters.num_bootstrap_failed_reqs
         )
+        yield self._time_to_first_token()
+
+    def _time_to_first_token(self) -> HistogramMetricFamily:
+        """SGLang's tokenizer-side histogram: labels model_name, engine_type, is_streaming (no
+        ranks); a series appears at its first observation, and a prefill never observes one."""
+        labels = ["model_name", "engine_type", "is_streaming"]
+        family = HistogramMetricFamily(
+            "sglang:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels=labels,
+        )
+        for stream, histogram in sorted(self._engine.counters.time_to_first_token.items()):
+            values = [self._labels["model_name"], self._labels["engine_type"], str(stream).lower()]
+            buckets = [
+                (_go_float(bound), count)
+                for bound, count in zip(histogram.buckets, histogram.counts, strict=True)
+            ]
+            buckets.append(("+Inf", histogram.count))
+            family.add_metric(values, buckets, histogram.total)
+        return family
+
+
+def _go_float(value: float) -> str:
+    """A bucket bound as Prometheus writes ``le``: 0.1 → "0.1", 1 → "1.0"."""
+    return repr(float(value))
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -12,6 +12,7 @@ There is deliberately no /version: smg would take an engine that has one for vLL
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -239,7 +240,9 @@ async def _serve(
     request then gets its 200 head at once, as SGLang's StreamingResponse does, and any later
     rejection (tokenizer, scheduler, transfer) travels in-band as ``data: {"error": ...}``. That
     is why a gateway that waits only for both legs' heads relays a stream whose prefill leg was
-    rejected: the incident's path, reproduced faithfully.
+    rejected: the incident's path, reproduced faithfully. The answer's last bytes are written
+    inside the engine's accounting (``GenerateRequest.deliver``): the request counts in
+    num_running_reqs until they are out.
     """
     state = request.app[STATE]
     if state.phase != "ready":
@@ -254,11 +257,34 @@ async def _serve(
         return error_response(str(error), 400)
     assert isinstance(body, dict)  # parse() accepts only objects
     if not body.get("stream"):
-        try:
-            result = await state.engine.generate(generate)
-        except GenerateError as error:
-            return error_response(error.message, error.status)
-        return web.json_response(render(result, body, state))
+        return await _answer_once(request, generate, body, render)
+    return await _answer_stream(request, dataclasses.replace(generate, stream=True), body, render)
+
+
+async def _answer_once(
+    request: web.Request, generate: GenerateRequest, body: dict[str, Any], render: Render
+) -> web.StreamResponse:
+    state = request.app[STATE]
+    answers: list[web.StreamResponse] = []
+
+    async def deliver(outcome: GenerateResult | GenerateError) -> None:
+        if isinstance(outcome, GenerateError):
+            response = error_response(outcome.message, outcome.status)
+        else:
+            response = web.json_response(render(outcome, body, state))
+        answers.append(response)
+        await response.prepare(request)
+        await response.write_eof()
+
+    with contextlib.suppress(GenerateError):
+        await state.engine.generate(dataclasses.replace(generate, deliver=deliver))
+    return answers[0]
+
+
+async def _answer_stream(
+    request: web.Request, generate: GenerateRequest, body: dict[str, Any], render: Render
+) -> web.StreamResponse:
+    state = request.app[STATE]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     sent: list[int] = []
@@ -279,17 +305,23 @@ async def _serve(
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
 
         generate = dataclasses.replace(generate, progress=progress)
-    try:
-        event = render(await state.engine.generate(generate), body, state)
-        if sent:
-            event["output_ids"] = event["output_ids"][len(sent) :]
-            if "text" in event:
-                event["text"] = detokenize(event["output_ids"])
-    except GenerateError as error:
-        event = {"error": {"message": error.message, "code": error.status}}
-    await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+
+    async def deliver(outcome: GenerateResult | GenerateError) -> None:
+        event: dict[str, Any]
+        if isinstance(outcome, GenerateError):
+            event = {"error": {"message": outcome.message, "code": outcome.status}}
+        else:
+            event = render(outcome, body, state)
+            if sent:
+                event["output_ids"] = event["output_ids"][len(sent) :]
+                if "text" in event:
+                    event["text"] = detokenize(event["output_ids"])
+        await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+
+    with contextlib.suppress(GenerateError):
+        await state.engine.generate(dataclasses.replace(generate, deliver=deliver))
     return response
 
 
