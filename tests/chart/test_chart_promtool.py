@@ -411,8 +411,20 @@ RECORDING_EXPECTATIONS = [
         {"llama-r1-decode-0": 0.5, "llama-r1-decode-1": 0.9, "llama-r1-prefill-0": 0.2},
     ),
     per_role("namespace_deployment_role:kvgate_kv_usage:ratio", 150_000 / 220_000, 0.2),
+    per_pod(
+        "namespace_deployment_pod_role:sglang_num_queue_reqs:sum",
+        {"llama-r1-decode-0": 2, "llama-r1-decode-1": 3, "llama-r1-prefill-0": 5},
+    ),
+    per_pod(
+        "namespace_deployment_pod_role:sglang_num_running_reqs:sum",
+        {"llama-r1-decode-0": 10, "llama-r1-decode-1": 14, "llama-r1-prefill-0": 1},
+    ),
     per_role("namespace_deployment_role:sglang_num_queue_reqs:sum", 5, 5),
     per_role("namespace_deployment_role:sglang_num_running_reqs:sum", 24, 1),
+    # Per verified replica: decode (2 + 3) / 2 and (10 + 14) / 2; the unverified prefill-1
+    # (7 queued, 3 running) is in neither the sum nor the count.
+    per_role("namespace_deployment_role:sglang_num_queue_reqs:avg", 2.5, 5),
+    per_role("namespace_deployment_role:sglang_num_running_reqs:avg", 12, 1),
 ]
 RECORDING_TESTS: dict[str, Any] = {
     "interval": "1m",
