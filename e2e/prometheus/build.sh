@@ -14,29 +14,15 @@
 # remove_all_sd,enable_kubernetes_sd: only Kubernetes service discovery (plus file and http,
 # always in), which is all the world uses. No web UI assets (the builtinassets tag is off): the
 # HTTP API (/api/v1/...) works, the UI pages do not.
+# Built by e2e/gobuild/install.sh (shared with promtool and prometheus-adapter).
 # Cache: ${KVGATE_PROMETHEUS_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/prometheus}/<version>-<go>/prometheus.
 # The first build takes minutes on 2 cores (`make prometheus`; `make deps` and `make e2e` run it).
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
 VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 ROOT="${KVGATE_PROMETHEUS_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/prometheus}"
-GO_VERSION="$(go env GOVERSION)"
-DIR="$ROOT/${VERSION}-${GO_VERSION}"
-BIN="$DIR/prometheus"
-
-if [ "${1:-}" = "--print-path" ]; then echo "$BIN"; exit 0; fi
-if [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; then echo "$BIN"; exit 0; fi
-
-mkdir -p "$DIR"
-started=$(date +%s)
-# Built into a temporary GOBIN and renamed into place: an interrupted build leaves no binary.
-# -trimpath and no VCS stamping: the same inputs give the same binary.
-rm -rf "$DIR/tmp" && mkdir -p "$DIR/tmp"
-CGO_ENABLED=0 GOBIN="$DIR/tmp" GOFLAGS="-trimpath -buildvcs=false" GO111MODULE=on \
-  go install -p "${GO_BUILD_PARALLEL:-2}" -tags remove_all_sd,enable_kubernetes_sd \
-  "github.com/prometheus/prometheus/cmd/prometheus@${VERSION}" \
-  >"$DIR/build.log" 2>&1 || { tail -20 "$DIR/build.log" >&2; exit 1; }
-mv "$DIR/tmp/prometheus" "$BIN" && rmdir "$DIR/tmp"
-echo "built prometheus ${VERSION} with ${GO_VERSION} in $(( $(date +%s) - started )) s" >>"$DIR/build.log"
-"$BIN" --version >/dev/null
-echo "$BIN"
+ARGS=()
+if [ "${1:-}" = "--print-path" ]; then ARGS=(--print-path); fi
+exec "$HERE/../gobuild/install.sh" "${ARGS[@]}" "github.com/prometheus/prometheus@${VERSION}" \
+  cmd/prometheus "$ROOT" remove_all_sd,enable_kubernetes_sd

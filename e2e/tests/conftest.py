@@ -44,7 +44,19 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     shares the world. Members: ``query(expr) -> [Series(labels, value)]``, ``alerts() ->
     [Alert(name, state, labels)]`` (from ``ALERTS``), ``wait_firing(alertname, labels,
     deadline) -> Alert``, ``wait_resolved(alertname, labels, deadline)``, ``targets()``,
-    ``rules()``, ``set_rules(values)``, ``reload()``, ``url``.
+    ``rules()``, ``set_rules(values)``, ``reload()``, ``url``. A module's
+    ``PROMETHEUS_EXTRA_MONITORS`` (PodMonitor/ServiceMonitor dicts) adds scrape jobs.
+
+``metrics_adapter`` (module scope, uses ``prometheus``)
+    prometheus-adapter (``kvgate_e2e.prometheus_adapter.PrometheusAdapter``) serving
+    ``custom.metrics.k8s.io`` (v1beta1, v1beta2) from the module's Prometheus through the API
+    server's aggregation layer, with the rules of ``docs/autoscaling/prometheus-adapter-rules.yaml``
+    (per-pod ``sglang_num_running_reqs``, ``sglang_num_queue_reqs``, ``sglang_kv_used_tokens``,
+    ``sglang_token_usage``), so an ``autoscaling/v2`` HPA with a Pods metric is run by the world's
+    real HPA controller (sync every 2 s). One per world at a time (the APIService is
+    cluster-wide): a second module's fixture waits for the first's end. Members:
+    ``pod_metrics(ns, metric, selector) -> {pod: value}``, ``wait_pod_metrics(ns, metric, accept,
+    timeout)``, ``raw(path)``, ``log_tail()``.
 
 ``lws`` (module scope)
     The session ``world`` with LeaderWorkerSet running (CRDs, webhooks, controller:
@@ -82,7 +94,17 @@ from kvgate_e2e import shared_world
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
-from kvgate_e2e.prometheus import Prometheus, missing_server_reason, server_binary
+from kvgate_e2e.prometheus import (
+    ROUTER_POD_MONITOR,
+    Prometheus,
+    missing_server_reason,
+    server_binary,
+)
+from kvgate_e2e.prometheus_adapter import (
+    PrometheusAdapter,
+    adapter_binary,
+    missing_adapter_reason,
+)
 from kvgate_e2e.world import TEST_NODE_SPECS, World, WorldConfig
 
 # Tests that change what every other test of a shared world sees run alone in it: file -> test
@@ -125,6 +147,8 @@ MODULE_ALONE: frozenset[str] = frozenset()
 # Seconds per file (their own seconds in a warm shared world, 3 workers, make test at 359cc49)
 # to start the longest first when they share a world; a file not listed counts 20.
 EXPECTED_SECONDS: dict[str, int] = {
+    # measured alone in its own world: 15.5 s test, adapter up 5.7 s, Prometheus 0.8 s
+    "test_metrics_pipeline.py": 25,
     "test_scenario_real_engine.py": 220,
     # measured alone (its own world, other helpers' load): 292.6 s; one scheduling unit with
     # test_scenario_real_engine.py (kvgate_e2e.file_groups): one worker runs the two back to back
@@ -376,10 +400,30 @@ def prometheus(world: World, request: pytest.FixtureRequest) -> Iterator[Prometh
             pytest.fail(missing_server_reason())
         pytest.skip(missing_server_reason())
     values = dict(getattr(request.module, "PROMETHEUS_RULE_VALUES", {}))
+    extra = (ROUTER_POD_MONITOR, *getattr(request.module, "PROMETHEUS_EXTRA_MONITORS", ()))
     started = time.monotonic()
-    with Prometheus(world.cluster, rule_values=values) as server:
+    with Prometheus(world.cluster, rule_values=values, extra_monitors=extra) as server:
         print(f"\nMEASURED Prometheus up in {time.monotonic() - started:.1f}s")
         yield server
+
+
+@pytest.fixture(scope="module")
+def metrics_adapter(world: World, prometheus: Prometheus) -> Iterator[PrometheusAdapter]:
+    """prometheus-adapter serving ``custom.metrics.k8s.io`` from the module's ``prometheus``
+    through the API server (its APIServices, Service, EndpointSlice and RBAC), so the world's
+    HPA controller scales on the rules of docs/autoscaling/prometheus-adapter-rules.yaml; one
+    per world at a time (a second module's waits for the first's end)."""
+    if adapter_binary() is None:
+        if e2e_required_by(os.environ) is not None:
+            pytest.fail(missing_adapter_reason())
+        pytest.skip(missing_adapter_reason())
+    started = time.monotonic()
+    with PrometheusAdapter(world.cluster, prometheus) as adapter:
+        print(
+            f"\nMEASURED prometheus-adapter up (APIServices Available) in "
+            f"{time.monotonic() - started:.1f}s"
+        )
+        yield adapter
 
 
 @contextlib.contextmanager
