@@ -11,18 +11,19 @@ log) in the run directory, all removed on the way out. Its rules are
 
 How the API server reaches it, as in a cluster: the ``APIService`` objects
 ``v1beta1.custom.metrics.k8s.io`` and ``v1beta2.custom.metrics.k8s.io`` name the Service
-``prometheus-adapter`` in namespace ``kvgate-metrics-adapter`` with the world's CA as
-``caBundle``; that Service has no selector, and an EndpointSlice of our own lists the adapter's
-address and port (the apiserver dials the Service's ClusterIP, which kube-proxy DNATs to it). The
-serving certificate, signed by the world's CA, names
-``prometheus-adapter.kvgate-metrics-adapter.svc``
-(the name the aggregator verifies). The adapter authenticates the aggregator's front proxy with
-the world's front-proxy CA (``--requestheader-*``) and delegates authentication and authorization
-to the apiserver as its own user ``kvgate-e2e:prometheus-adapter`` (a client certificate from the
-world's CA), which holds exactly the upstream manifests' rights: ``system:auth-delegator``,
+``kvgate-e2e-prometheus-adapter`` in ``kube-system`` (a namespace never deleted, so a next
+adapter never meets a terminating one) with the world's CA as ``caBundle``; that Service has no
+selector, and an EndpointSlice of our own lists the adapter's address and port (the apiserver
+dials the Service's ClusterIP, which kube-proxy DNATs to it). The serving certificate, signed by
+the world's CA, names ``kvgate-e2e-prometheus-adapter.kube-system.svc`` (the name the aggregator
+verifies). The adapter authenticates the aggregator's front proxy with the world's front-proxy
+CA (``--requestheader-*``) and delegates authentication and authorization to the apiserver as
+its own user ``kvgate-e2e:prometheus-adapter`` (a client certificate from the world's CA), which
+holds exactly the upstream manifests' rights: ``system:auth-delegator``,
 ``extension-apiserver-authentication-reader`` in ``kube-system``, and read on namespaces, pods,
 nodes and services. The HPA controller (``--use-service-account-credentials``: the
 ``horizontal-pod-autoscaler`` ServiceAccount) reads custom metrics with its bootstrap role.
+Everything registered carries the labels ``LABELS`` and is deleted by them on the way out.
 
 The APIService is cluster-wide: one adapter at a time per world. ``PrometheusAdapter`` holds an
 exclusive lock (a file in the run directory, shared by the workers of a shared world) from start
@@ -60,8 +61,8 @@ E2E_DIR = Path(__file__).resolve().parent.parent
 REPO = E2E_DIR.parent
 BUILD_SCRIPT = E2E_DIR / "prometheus-adapter" / "build.sh"
 RULES_FILE = REPO / "docs" / "autoscaling" / "prometheus-adapter-rules.yaml"
-NAMESPACE = "kvgate-metrics-adapter"
-SERVICE = "prometheus-adapter"
+NAMESPACE = "kube-system"
+SERVICE = "kvgate-e2e-prometheus-adapter"  # also the prefix of its RBAC objects' names
 USER = "kvgate-e2e:prometheus-adapter"
 GROUP = "custom.metrics.k8s.io"
 VERSIONS = ("v1beta1", "v1beta2")
@@ -185,13 +186,14 @@ def _meta(name: str, namespace: str | None = None) -> dict[str, Any]:
     return meta
 
 
-def rbac_objects(user: str = USER, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    """The rights the upstream manifests give the adapter, bound to ``user``."""
+def rbac_objects(user: str = USER, prefix: str = SERVICE) -> list[dict[str, Any]]:
+    """The rights the upstream manifests give the adapter, bound to ``user``; the objects'
+    names start with ``prefix``."""
     subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
     reader = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
-        "metadata": _meta(f"{namespace}:resource-reader"),
+        "metadata": _meta(f"{prefix}:resource-reader"),
         "rules": [
             {
                 "apiGroups": [""],
@@ -212,11 +214,11 @@ def rbac_objects(user: str = USER, namespace: str = NAMESPACE) -> list[dict[str,
 
     return [
         reader,
-        binding("ClusterRoleBinding", f"{namespace}:resource-reader", "ClusterRole",
-                f"{namespace}:resource-reader", None),
-        binding("ClusterRoleBinding", f"{namespace}:auth-delegator", "ClusterRole",
+        binding("ClusterRoleBinding", f"{prefix}:resource-reader", "ClusterRole",
+                f"{prefix}:resource-reader", None),
+        binding("ClusterRoleBinding", f"{prefix}:auth-delegator", "ClusterRole",
                 "system:auth-delegator", None),
-        binding("RoleBinding", f"{namespace}:auth-reader", "Role",
+        binding("RoleBinding", f"{prefix}:auth-reader", "Role",
                 "extension-apiserver-authentication-reader", "kube-system"),
     ]  # fmt: skip
 
@@ -224,10 +226,9 @@ def rbac_objects(user: str = USER, namespace: str = NAMESPACE) -> list[dict[str,
 def service_objects(
     host: str, port: int, namespace: str = NAMESPACE, service: str = SERVICE
 ) -> list[dict[str, Any]]:
-    """The namespace, a Service without selector and the EndpointSlice that sends it to
-    ``host:port`` (the adapter's process)."""
+    """A Service without selector and the EndpointSlice that sends it to ``host:port`` (the
+    adapter's process)."""
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace)},
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -451,6 +452,21 @@ class PrometheusAdapter:
         text = yaml.safe_dump_all(objects)
         self.cluster.kubectl("apply", "-f", "-", input=text)
 
+    def _unregister(self) -> None:
+        """Delete what ``_register`` created, the APIServices first (the aggregator stops
+        sending requests before the process goes)."""
+        selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
+        for kinds, where in (
+            ("apiservice", []),
+            ("clusterrolebinding,clusterrole", []),
+            ("service,endpointslice,rolebinding", [f"--namespace={NAMESPACE}"]),
+        ):
+            self.cluster.kubectl(
+                "delete", kinds, *where, f"--selector={selector}", "--ignore-not-found",
+                check=False,
+            )  # fmt: skip
+        self._objects = []
+
     def _wait_available(self, deadline: Deadline) -> None:
         def ready() -> bool:
             assert self._proc is not None
@@ -476,19 +492,7 @@ class PrometheusAdapter:
 
     def stop(self) -> None:
         if self._objects:
-            names = [
-                f"{o['kind'].lower()}/{o['metadata']['name']}"
-                for o in reversed(self._objects)
-                if o["kind"] in ("APIService", "ClusterRole", "ClusterRoleBinding", "Namespace")
-            ]
-            self.cluster.kubectl(
-                "delete", "--ignore-not-found", "--wait=false", *names, check=False
-            )
-            self.cluster.kubectl(
-                "delete", "rolebinding", "--namespace=kube-system", "--ignore-not-found",
-                f"{NAMESPACE}:auth-reader", check=False,
-            )  # fmt: skip
-            self._objects = []
+            self._unregister()
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._proc.terminate()

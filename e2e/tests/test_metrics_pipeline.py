@@ -20,7 +20,7 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.prometheus import Prometheus, wait_scraped
-from kvgate_e2e.prometheus_adapter import GROUP, PrometheusAdapter
+from kvgate_e2e.prometheus_adapter import GROUP, LABELS, VERSIONS, PrometheusAdapter
 from kvgate_e2e.world import World, is_ready
 
 pytestmark = [
@@ -155,6 +155,24 @@ def wait_replicas(world: World, namespace: str, want: int, timeout: float) -> fl
         details=story,
     )
     return time.monotonic() - started
+
+
+def test_a_stopped_adapter_leaves_nothing_registered_and_discovery_whole(
+    world: World, prometheus: Prometheus
+) -> None:
+    """Runs before the module's ``metrics_adapter`` starts the next adapter in the same world."""
+    with PrometheusAdapter(world.cluster, prometheus) as adapter:
+        assert adapter.raw(f"/apis/{GROUP}")["preferredVersion"]["version"] == "v1beta2"
+    selector = ",".join(f"{k}={v}" for k, v in LABELS.items())
+    left = world.kubectl(
+        "get", "apiservice,clusterrole,clusterrolebinding,service,endpointslice,rolebinding",
+        "--all-namespaces", f"--selector={selector}", "-o", "name",
+    ).stdout  # fmt: skip
+    assert left.strip() == ""
+    for version in VERSIONS:
+        assert world.get("apiservice", f"{version}.{GROUP}") is None
+    # A registered but unreachable APIService would fail discovery for every client.
+    assert world.kubectl("api-resources", "-o", "name").returncode == 0
 
 
 def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter(

@@ -87,8 +87,8 @@ def test_both_custom_metrics_versions_point_at_the_adapters_service_verified_by_
 
 
 def test_the_service_has_no_selector_and_its_endpoint_slice_names_the_adapters_address() -> None:
-    namespace, service, slice_ = service_objects("198.18.0.1", 16444, "ns", "svc")
-    assert namespace["kind"] == "Namespace" and namespace["metadata"]["name"] == "ns"
+    service, slice_ = service_objects("198.18.0.1", 16444, "ns", "svc")
+    assert (service["metadata"]["namespace"], slice_["metadata"]["namespace"]) == ("ns", "ns")
     assert "selector" not in service["spec"]
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": 16444}]
     assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "svc"
@@ -98,9 +98,9 @@ def test_the_service_has_no_selector_and_its_endpoint_slice_names_the_adapters_a
 
 
 def test_the_adapters_user_gets_the_upstream_manifests_rights_and_no_more() -> None:
-    objects = rbac_objects("adapter-user", "ns")
+    objects = rbac_objects("adapter-user", "pa")
     roles = {(o["kind"], o["metadata"]["name"]): o for o in objects}
-    reader = roles[("ClusterRole", "ns:resource-reader")]
+    reader = roles[("ClusterRole", "pa:resource-reader")]
     assert reader["rules"] == [
         {
             "apiGroups": [""],
@@ -114,7 +114,7 @@ def test_the_adapters_user_gets_the_upstream_manifests_rights_and_no_more() -> N
         if o["kind"].endswith("Binding")
     }
     assert bound == {
-        ("ClusterRoleBinding", None, "ns:resource-reader"),
+        ("ClusterRoleBinding", None, "pa:resource-reader"),
         ("ClusterRoleBinding", None, "system:auth-delegator"),
         ("RoleBinding", "kube-system", "extension-apiserver-authentication-reader"),
     }
