@@ -468,16 +468,21 @@ class PrometheusAdapter:
         self._objects = []
 
     def _wait_available(self, deadline: Deadline) -> None:
-        def ready() -> bool:
+        def alive() -> None:
             assert self._proc is not None
             if self._proc.poll() is not None:
                 raise AdapterError(f"prometheus-adapter exited at start-up\n{self.log_tail()}")
+
+        def ready() -> bool:
             for version in VERSIONS:
                 proc = self.cluster.kubectl(
                     "get", "apiservice", f"{version}.{GROUP}", "-o", "json", check=False
                 )
                 if proc.returncode != 0 or not available(json.loads(proc.stdout))[0]:
                     return False
+                # An Available condition may be an earlier object's, not yet re-checked: the
+                # group must answer through the aggregator too.
+                self.raw(f"/apis/{GROUP}/{version}")
             return True
 
         poll_until(
@@ -485,9 +490,10 @@ class PrometheusAdapter:
             ready,
             deadline,
             period=0.5,
-            retry_on=(ValueError,),
+            retry_on=(ValueError, AdapterError),
             error=AdapterError,
             details=self._story,
+            guard=alive,
         )
 
     def stop(self) -> None:
