@@ -36,10 +36,10 @@ SGLANG_TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 8
 PROMPT = list(range(300, 340))
 
 
-def make_state(role: str) -> ServerState:
+def make_state(role: str, gpu_memory_gib: str = "80") -> ServerState:
     argv = ["--model-path", "tiny-llama", "--served-model-name", "tiny", "--enable-metrics"]
     launch = parse_launch_args([*argv, "--disaggregation-mode", role], DEFAULT_VERSION)
-    model, limits = startup_limits(launch, {})
+    model, limits = startup_limits(launch, {"KVGATE_GPU_MEMORY_GIB": gpu_memory_gib})
     settings = EngineSettings(
         role=role,
         version=DEFAULT_VERSION,
@@ -222,3 +222,43 @@ async def test_a_prefill_engine_never_observes_time_to_first_token() -> None:
     )
     assert (await prefill.generate(request)).output_ids == PROMPT[:1]
     assert ttft_series(prefill) == {"_bucket": [], "_count": [], "_sum": []}
+
+
+async def test_a_decode_waiting_for_kv_pages_is_in_the_prealloc_queue_only() -> None:
+    """SGLang's decode keeps a request that waits for pages in its prealloc queue; its waiting
+    queue (num_queue_reqs) holds requests whose KV arrived. Counted in both, a decode autoscaler
+    on queued requests would see pool pressure SGLang does not report there."""
+    decode = make_state("decode", gpu_memory_gib="0.001").engine  # a 1,006-token pool
+    prefill = make_state("prefill").engine
+    port = free_port()
+    bootstrap = BootstrapServer(prefill.rendezvous, wait_timeout=DEADLINE)
+    await bootstrap.start("127.0.0.1", port)
+    legs: list[asyncio.Task[object]] = []
+    try:
+        for room, length in ((1, 600), (2, 500)):  # the second does not fit beside the first
+            request = GenerateRequest(
+                rid=f"r{room}",
+                input_ids=tuple([7] * length),
+                max_new_tokens=4,
+                bootstrap_host="127.0.0.1",
+                bootstrap_port=port,
+                bootstrap_room=room,
+            )
+            legs.append(asyncio.create_task(decode.generate(request)))
+        deadline = time.monotonic() + DEADLINE
+        while gauge(decode, "num_decode_prealloc_queue_reqs") != 1:
+            assert time.monotonic() < deadline, drain_gauges(decode)
+            await asyncio.sleep(0.01)
+        assert drain_gauges(decode) == {
+            "num_running_reqs": 0,
+            "num_queue_reqs": 0,
+            "num_prefill_bootstrap_queue_reqs": 0,
+            "num_prefill_inflight_queue_reqs": 0,
+            "num_decode_prealloc_queue_reqs": 1,
+            "num_decode_transfer_queue_reqs": 1,
+        }
+    finally:
+        for leg in legs:
+            leg.cancel()
+        await asyncio.gather(*legs, return_exceptions=True)
+        await bootstrap.close()

@@ -206,9 +206,13 @@ class ReferenceEngine:
 
     # -- pages ----------------------------------------------------------------------------------
 
-    async def _reserve(self, num_tokens: int) -> list[int]:
+    async def _reserve(self, num_tokens: int, *, waiting_queue: bool = True) -> list[int]:
+        """Pages for ``num_tokens``, waiting for them if need be. The wait counts in
+        num_queue_reqs (SGLang's waiting queue admits a prefill or unified request by memory)
+        unless ``waiting_queue`` is False: a decode waits in its prealloc queue instead."""
         deadline = time.monotonic() + self.settings.waiting_timeout
-        self.counters.num_queue_reqs += 1
+        queued = 1 if waiting_queue else 0
+        self.counters.num_queue_reqs += queued
         try:
             while self.pool.pages_for(num_tokens) > self.pool.free_pages:
                 remaining = deadline - time.monotonic()
@@ -227,7 +231,7 @@ class ReferenceEngine:
                     continue
             return self.pool.alloc(num_tokens)
         finally:
-            self.counters.num_queue_reqs -= 1
+            self.counters.num_queue_reqs -= queued
 
     def _release(self, pages: list[int]) -> None:
         self.pool.free(pages)
@@ -396,7 +400,7 @@ class ReferenceEngine:
         # Pre-allocate KV for the whole prompt (and the completion) before the transfer.
         self.counters.num_decode_prealloc_queue_reqs += 1
         try:
-            pages = await self._reserve(needed)
+            pages = await self._reserve(needed, waiting_queue=False)
         finally:
             self.counters.num_decode_prealloc_queue_reqs -= 1
         prompt_slots = self.pool.slots(pages, len(tokens))
