@@ -20,15 +20,27 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: ["kvgate.io"]
   resources: ["modeldeployments/finalizers"]
   verbs: ["update"]
+# spec.<role>.autoscaling: one RoleScale per autoscaled role (the scale subresource an HPA or KEDA
+# drives); kopf watches them to act on a new count at once; a pass gets them, creates a missing
+# one, patches the bounds it copies from the ModelDeployment, and deletes one whose role is no
+# longer autoscaled
+- apiGroups: ["kvgate.io"]
+  resources: ["rolescales"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# a RoleScale's status: verified replicas, selector, the count kvgate runs, the pods being drained
+- apiGroups: ["kvgate.io"]
+  resources: ["rolescales/status"]
+  verbs: ["patch"]
 # engine pods are listed and watched by the operator's own reflector and router and worker pods by
 # kopf (both by kvgate.io/component); engine pods are listed per ModelDeployment until the
-# reflector's first list, and by the gateway watch; delete (uid precondition) removes an engine
-# pod a gateway still routes to after its verification gate turned False; get, list, watch: the
+# reflector's first list, and by the gateway watch; patch: a scale-down's drain annotations and
+# pod-deletion-cost on the engine pod it removes; delete (uid precondition) removes an engine pod
+# a gateway still routes to after its verification gate turned False; get, list, watch: the
 # `<md>-router` Role grants them, and RBAC lets the operator grant only what it holds (no
 # escalate)
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # the kvgate.io/engine-verified readiness-gate condition (strategic-merge patch, uid precondition)
 - apiGroups: [""]
   resources: ["pods/status"]

@@ -52,6 +52,7 @@ from kvgate.api.models import (
     Role,
     RoleSpec,
 )
+from kvgate.rollout import scaling
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 MARGIN_WARNING = 0.10  # warn when the estimated pool is less than 10 % above the requirement
@@ -694,6 +695,68 @@ def estimated_role_pool(
     return estimate, reserve
 
 
+def check_autoscaling(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """Autoscaling bounds a count can meet: min <= max, replicas within them, single-node roles
+    only, and ratio bounds that some pair of counts satisfies."""
+    denials: list[Problem] = []
+    for role, role_spec in _roles(spec):
+        bounds = role_spec.autoscaling
+        if bounds is None:
+            continue
+        where = f"spec.{role}.autoscaling"
+        if bounds.min_replicas > bounds.max_replicas:
+            denials.append(
+                Problem(
+                    f"{where}.minReplicas",
+                    f"{bounds.min_replicas} is above maxReplicas {bounds.max_replicas}; lower "
+                    "minReplicas or raise maxReplicas",
+                )
+            )
+        elif not bounds.min_replicas <= role_spec.replicas <= bounds.max_replicas:
+            denials.append(
+                Problem(
+                    f"spec.{role}.replicas",
+                    f"{role_spec.replicas} is outside {where} {bounds.min_replicas}.."
+                    f"{bounds.max_replicas} (replicas is the count its RoleScale starts at); "
+                    f"set replicas within {bounds.min_replicas}..{bounds.max_replicas}",
+                )
+            )
+        if role_spec.nodes > 1:
+            denials.append(
+                Problem(
+                    where,
+                    f"a multi-node role (nodes {role_spec.nodes}: each engine is a "
+                    "LeaderWorkerSet group) cannot be autoscaled: kvgate drains and removes "
+                    "single pods only; remove autoscaling and set replicas, or use nodes: 1",
+                )
+            )
+    ratio = spec.prefill_per_decode
+    if ratio is not None:
+        if spec.prefill.autoscaling is None or spec.decode.autoscaling is None:
+            denials.append(
+                Problem(
+                    "spec.prefillPerDecode",
+                    "bounds the ratio of two autoscaled roles, but "
+                    + " and ".join(
+                        f"spec.{r}.autoscaling" for r, rs in _roles(spec) if rs.autoscaling is None
+                    )
+                    + " is not set; set autoscaling on both roles or remove prefillPerDecode",
+                )
+            )
+        elif ratio.min > ratio.max:
+            denials.append(
+                Problem(
+                    "spec.prefillPerDecode.min",
+                    f"{ratio.min:g} is above prefillPerDecode.max {ratio.max:g}; swap them",
+                )
+            )
+        elif not denials and (conflict := scaling.ratio_conflict(spec)) is not None:
+            denials.append(Problem("spec.prefillPerDecode", conflict))
+    return denials, []
+
+
 CHECKS: tuple[Check, ...] = (
     check_finite,
     check_shape,
@@ -706,6 +769,7 @@ CHECKS: tuple[Check, ...] = (
     check_router_args,
     check_engine,
     check_model_source,
+    check_autoscaling,
 )
 
 

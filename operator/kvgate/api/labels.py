@@ -25,6 +25,12 @@ REFUSED_REASON: Final = f"{PREFIX}/refused-reason"  # refused revision's Deploym
 REFUSED_MESSAGE: Final = f"{PREFIX}/refused-message"
 ROUTER_KEY_FINGERPRINT: Final = f"{PREFIX}/router-key"  # router pod template: key digest
 TEMPLATE_HASH: Final = f"{PREFIX}/template-hash"  # hash of the built object, to detect drift
+# Engine pod: a scale-down took it out of traffic at this time (RFC 3339); it is drained, then
+# removed. DRAINED: it was drained (or its drain timed out) and carries the deletion cost that
+# makes its ReplicaSet remove exactly it when kvgate lowers the replicas.
+DRAINING_SINCE: Final = f"{PREFIX}/draining-since"
+DRAINED: Final = f"{PREFIX}/drained"
+POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"  # smg reads the prefill bootstrap port here
 
 # The pod readiness gate the operator sets after verifying the live engine.

@@ -395,6 +395,36 @@ REASONS: tuple[Reason, ...] = (
         refusal=False,
     ),
     Reason(
+        "ScalingDown",
+        (GATE, EVENT),
+        "a scale-down of an autoscaled role took this engine out of traffic (gate False, so "
+        "smg drops it); it is removed once it has no request or KV transfer in flight",
+        "",
+        refusal=False,
+    ),
+    Reason(
+        "EngineDrained",
+        (EVENT,),
+        "a scale-down's engine finished its requests and KV transfers; kvgate removes exactly it",
+        "",
+        refusal=False,
+    ),
+    Reason(
+        "DrainTimedOut",
+        (EVENT,),
+        "a scale-down's engine still had requests or KV transfers in flight after "
+        "spec.<role>.autoscaling.drainTimeoutSeconds; kvgate removed it anyway",
+        "raise drainTimeoutSeconds above your longest request, or find what holds the engine",
+    ),
+    Reason(
+        "ScaleDownCancelled",
+        (EVENT,),
+        "the role's count rose again before a drained engine was removed; it is verified again "
+        "before it takes traffic",
+        "",
+        refusal=False,
+    ),
+    Reason(
         "GatewayIgnoredNotReady",
         (EVENT,),
         "a gateway kept routing to an engine pod after its gate turned False, past the grace "
@@ -553,6 +583,14 @@ ADMISSION_CHECKS: tuple[AdmissionCheck, ...] = (
         "a download emptyDir smaller than the weights (the pod would be evicted mid-download)",
         "set model.path under /models; raise the emptyDir sizeLimit to the size the message "
         "gives, or download to a persistentVolumeClaim",
+    ),
+    AdmissionCheck(
+        "check_autoscaling",
+        "spec.<role>.autoscaling, spec.<role>.replicas, spec.prefillPerDecode",
+        "minReplicas above maxReplicas, replicas outside them, autoscaling on a multi-node "
+        "role, or prefillPerDecode bounds no pair of counts within the roles' bounds satisfies "
+        "(or set without both roles autoscaled)",
+        "bounds a count can meet: the message gives the numbers",
     ),
 )
 

@@ -50,12 +50,13 @@ DEFAULT_REVERIFY_SECONDS = 30.0
 DEFAULT_VERIFY_TIMEOUT_SECONDS = RolloutSpec.model_fields["verify_timeout_seconds"].default
 REVERIFY_JITTER = 0.2  # a periodic re-verify comes 0-20 % before its interval (never after)
 Pod = dict[str, Any]
-Fingerprint = tuple[str | None, bool, int, bool, int]
+Fingerprint = tuple[str | None, bool, int, bool, int, str | None]
 
 
 def fingerprint(pod: Pod) -> Fingerprint:
-    """What, when it changes, calls for an immediate re-check: IP, readiness, restarts (and, for
-    a multi-node engine's leader, any change of its group's workers)."""
+    """What, when it changes, calls for an immediate re-check: IP, readiness, restarts, a
+    scale-down's drain (and, for a multi-node engine's leader, any change of its group's
+    workers)."""
     status = gate.engine_container_status(pod) or {}
     return (
         pod.get("status", {}).get("podIP"),
@@ -63,6 +64,7 @@ def fingerprint(pod: Pod) -> Fingerprint:
         int(status.get("restartCount", 0)),
         bool(pod.get("metadata", {}).get("deletionTimestamp")),
         group_verify.worker_events(str(pod.get("metadata", {}).get("uid", ""))),
+        gate.draining_since(pod),
     )
 
 
@@ -275,6 +277,11 @@ async def _announce(
                 "engine verified: %s", message, extra={**fields, "reason": condition["reason"]}
             )
         return
+    if condition["reason"] == gate.SCALING_DOWN:
+        # A scale-down takes it out of traffic on purpose (kvgate.rollout.scaling posts the
+        # Events of the drain on the ModelDeployment): no lost verification.
+        log.info("engine leaves traffic to scale down: %s", message, extra=fields)
+        return
     if was_true and pod.get("metadata", {}).get("deletionTimestamp"):
         # A pod being deleted (scale-down, rollout, namespace deletion) leaves traffic as it
         # should: the gate turns False, but that is no lost verification to warn about.
@@ -385,6 +392,10 @@ async def check_pod(rt: Runtime, pod: Pod) -> dict[str, str] | None:
     """One verification pass over one pod; returns the condition written, if any."""
     now = rt.clock()
     metrics.REVERIFY_INTERVAL.labels(*_series(pod)).set(reverify_seconds(rt, pod))
+    since = gate.draining_since(pod)
+    if since is not None:  # a scale-down drains it: out of traffic, whatever its engine says
+        draining = gate.condition_for_draining(pod, since, now)
+        return draining if draining is not None and await _write(rt, pod, draining) else None
     requirement = await requirement_of_pod(rt, pod)
     if requirement is None:
         return None

@@ -36,6 +36,7 @@ from prometheus_client import start_http_server
 
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import labels, multinode
+from kvgate.api.models import GROUP, SCALE_PLURAL, VERSION
 from kvgate.controller import (
     deployments,
     engine_pods,
@@ -193,6 +194,17 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
         # A deleted or re-pointed Service <md> is put back on the next pass, not the next timer
         # (up to KVGATE_STEADY_RECONCILE_SECONDS of no traffic). Same wake as a Deployment's: its
         # kvgate.io/deployment label names the ModelDeployment.
+        deployments.wake_owner(_rt(), dict(event["object"]))
+
+    @kopf.on.event(
+        GROUP,
+        VERSION,
+        SCALE_PLURAL,
+        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
+        registry=registry,
+    )
+    async def role_scale_event(event: kopf.RawEvent, **_: Any) -> None:
+        # An autoscaler's (or kubectl scale's) new count is acted on at the next pass, now.
         deployments.wake_owner(_rt(), dict(event["object"]))
 
     # The router's ServiceAccount, Role and RoleBinding (kvgate.build.builders): deleted or edited,

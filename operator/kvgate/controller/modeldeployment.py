@@ -22,7 +22,14 @@ import aiohttp
 from pydantic import ValidationError
 
 from kvgate.api import labels
-from kvgate.api.models import ModelDeployment, ModelDeploymentSpec, ObjectMeta, RolloutStrategy
+from kvgate.api.models import (
+    SCALE_KIND,
+    ModelDeployment,
+    ModelDeploymentSpec,
+    ObjectMeta,
+    Role,
+    RolloutStrategy,
+)
 from kvgate.api.revision import revision_of
 from kvgate.build import builders, model_source
 from kvgate.controller import content_check, step_check
@@ -46,6 +53,7 @@ from kvgate.rollout import (
     pass_timing,
     pool_drift,
     rollback,
+    scaling,
     workload_writes,
 )
 from kvgate.rollout.ownership import OwnershipConflict, conflict_for, is_controlled_by
@@ -127,6 +135,9 @@ def pod_state(rt: Runtime, body: Body) -> PodState | None:
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         kv_pool_tokens=engine.kv_pool_tokens if engine and verified else None,
+        draining_since=parse_time(gate.draining_since(body)),
+        drained=labels.DRAINED in (meta.get("annotations") or {}),
+        created=parse_time(meta.get("creationTimestamp")),
     )
 
 
@@ -199,6 +210,10 @@ class Reconciler:
         self.network_policies_cleared = False
         self.access_check: access_checks.AccessCheck | None = None  # kvgate.rollout.access_checks
         self.verify_timeout_seconds: float | None = None  # of the last spec that parsed
+        self.scaled_roles: set[Role] = set()  # roles autoscaled at the last pass
+        self.effective: dict[Role, int] = {}  # each autoscaled role's count at the last pass
+        # role -> (the raised count, when it was seen): until that many verified engines serve
+        self.scale_ups: dict[Role, tuple[int, float]] = {}
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -238,7 +253,57 @@ class Reconciler:
         outcome = pass_decision.conclude(decision, late_conflicts)
         self._remember(inputs, outcome)
         await self._record(body, decision.step, outcome, inputs)
+        self._record_scaling(decision)
         return decision.step
+
+    def _record_scaling(self, decision: pass_decision.PassDecision) -> None:
+        """Autoscaled roles' gauges, their drains, and how long a raised count took to serve."""
+        now = time.monotonic()
+        for role in scaling.ENGINE_ROLES:
+            series = (self.namespace, self.name, role.value)
+            count = decision.counts.get(role)
+            status = decision.scales.statuses.get(role) if decision.scales else None
+            if count is None or status is None:
+                metrics.record_role(series, None)
+                self.scale_ups.pop(role, None)
+                continue
+            revisions = scaling.traffic_revisions(decision.step)
+            pools = [
+                p.kv_pool_tokens or 0
+                for p in decision.inputs.observed.pods
+                if p.revision in revisions
+                and p.role == role.value
+                and p.verified
+                and p.ready
+                and p.draining_since is None
+                and not p.terminating
+            ]
+            verified = int(status["replicas"])
+            metrics.record_role(
+                series,
+                {
+                    "desired": count.requested,
+                    "effective": count.effective,
+                    "verified": verified,
+                    "verified_kv_tokens": sum(pools),
+                    "draining": len(status["draining"]),
+                },
+            )
+            since = self.scale_ups.get(role)
+            if since is not None and count.effective < since[0]:
+                self.scale_ups.pop(role)  # lowered again before it served
+                since = None
+            previous = self.effective.get(role)
+            if since is None and previous is not None and count.effective > previous:
+                since = self.scale_ups[role] = (count.effective, now)
+            if since is not None and verified >= since[0]:
+                metrics.SCALE_UP_VERIFIED_SECONDS.labels(role.value).observe(now - since[1])
+                self.scale_ups.pop(role, None)
+            self.effective[role] = count.effective
+        for removal in decision.drains.removals if decision.drains else ():
+            metrics.DRAIN_SECONDS.labels(removal.role).observe(removal.seconds)
+            result = "timeout" if removal.timed_out else "drained"
+            metrics.DRAINS.labels(removal.role, result).inc()
 
     async def _observe(self, body: Body, spec: ModelDeploymentSpec) -> pass_decision.PassInputs:
         """Every read of the pass: the ModelDeployment's workloads, pods, Service and key
@@ -273,11 +338,14 @@ class Reconciler:
         selector_now = (own_service or {}).get("spec", {}).get("selector") or {}
         running = {w.revision for w in workloads} | {target}
         due = self._access_check_due(running, target, recorded, selector_now)
-        access, policies, counters, engine_failures = await asyncio.gather(
+        own_pods = _pods_of(deployments, listed_pods)
+        access, policies, counters, engine_failures, scales, loads = await asyncio.gather(
             self._access_objects(md) if due else _nothing(),
             self._policies(name, running, due),
             self._target_router_counters(spec, target, recorded, deployments),
             self._target_engine_failures(spec, target, recorded, deployments, listed_pods),
+            self._scales(spec),
+            _drain_loads(own_pods),
         )
         observed = ObservedState(
             spec=spec,
@@ -315,7 +383,26 @@ class Reconciler:
             estimates=pool_drift.EstimatePolicy(
                 rt.settings.gpu_reserved_gib_by_product, rt.settings.optimistic_drift_percent
             ),
+            scales=scales,
+            loads=loads,
         )
+
+    async def _scales(self, spec: ModelDeploymentSpec) -> dict[Role, Body | None]:
+        """The RoleScale of each autoscaled role, and of each role that was autoscaled at this
+        replica's last pass (to delete it)."""
+        roles = [
+            role
+            for role in scaling.ENGINE_ROLES
+            if scaling.autoscaling_of(spec, role) is not None or role in self.scaled_roles
+        ]
+        self.scaled_roles = {r for r in roles if scaling.autoscaling_of(spec, r) is not None}
+        found = await asyncio.gather(
+            *(
+                self.rt.api.get(SCALE_KIND, self.namespace, scaling.scale_name(self.name, role))
+                for role in roles
+            )
+        )
+        return dict(zip(roles, found, strict=True))
 
     def _access_check_due(
         self, running: set[str], target: str, recorded: RolloutRecord, selector: Body
@@ -513,6 +600,7 @@ class Reconciler:
                 write.patch,
                 content_type=write.content_type,
                 missing_ok=True,
+                sub=write.subresource,
             )
         else:
             await api.delete(write.kind, ns, write.name)
@@ -633,6 +721,29 @@ class Reconciler:
             )
         except Exception as exc:
             log.warning("could not post event %s: %s", reason, exc)
+
+
+async def _drain_loads(pods: list[Body]) -> dict[str, scaling.EngineLoad | None]:
+    """The requests in flight of each engine pod a scale-down is draining (its /metrics; None
+    when it cannot be read: then only the drain timeout removes it)."""
+    draining = [
+        p
+        for p in pods
+        if gate.draining_since(p) and labels.DRAINED not in (p["metadata"].get("annotations") or {})
+    ]
+
+    async def one(pod: Body) -> scaling.EngineLoad | None:
+        url = gate.engine_url(pod)
+        if url is None:
+            return None
+        try:
+            return scaling.load_from_metrics(await step_check.fetch_text(f"{url}/metrics"))
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:
+            log.info("engine metrics unreadable while draining: %s/metrics: %s", url, exc)
+            return None
+
+    loads = await asyncio.gather(*(one(p) for p in draining))
+    return {gate.pod_name(p): load for p, load in zip(draining, loads, strict=True)}
 
 
 async def _nothing() -> None:

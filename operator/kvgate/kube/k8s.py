@@ -31,7 +31,7 @@ from kvgate.api import labels
 from kvgate.api.content_types import JSON_PATCH as JSON_PATCH
 from kvgate.api.content_types import MERGE_PATCH as MERGE_PATCH
 from kvgate.api.content_types import STRATEGIC_MERGE_PATCH as STRATEGIC_MERGE_PATCH
-from kvgate.api.models import GROUP, PLURAL, VERSION
+from kvgate.api.models import GROUP, PLURAL, SCALE_PLURAL, VERSION
 from kvgate.kube import metrics
 
 JSON = "application/json"
@@ -330,6 +330,7 @@ class KubeApi:
             "Role": f"{RBAC}/namespaces/{namespace}/roles",
             "RoleBinding": f"{RBAC}/namespaces/{namespace}/rolebindings",
             "ModelDeployment": f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}",
+            "RoleScale": f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{SCALE_PLURAL}",
         }
         out = bases[kind]
         if name is not None:
@@ -381,11 +382,13 @@ class KubeApi:
         *,
         content_type: str = MERGE_PATCH,
         missing_ok: bool = False,
+        sub: str | None = None,
     ) -> Body | None:
-        """Patch one object; None when it does not exist and ``missing_ok``."""
+        """Patch one object (or its subresource ``sub``); None when it does not exist and
+        ``missing_ok``."""
         return await self.request(
             "PATCH",
-            self.path(kind, namespace, name),
+            self.path(kind, namespace, name, sub),
             body=patch,
             content_type=content_type,
             missing_ok=missing_ok,

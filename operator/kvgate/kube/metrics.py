@@ -291,6 +291,80 @@ def record_revisions(namespace: str, deployment: str, status: Mapping[str, Any])
     _REVISION_SERIES[(namespace, deployment)] = (states, set(shares))
 
 
+_ROLE = ("namespace", "deployment", "role")
+ROLE_DESIRED = Gauge(
+    "kvgate_role_desired_replicas",
+    "An autoscaled role's count as its RoleScale asks for it (spec.replicas): the autoscaler's.",
+    _ROLE,
+    registry=REGISTRY,
+)
+ROLE_EFFECTIVE = Gauge(
+    "kvgate_role_effective_replicas",
+    "The count kvgate runs for an autoscaled role: the RoleScale's within minReplicas.."
+    "maxReplicas and spec.prefillPerDecode.",
+    _ROLE,
+    registry=REGISTRY,
+)
+ROLE_VERIFIED = Gauge(
+    "kvgate_role_verified_replicas",
+    "An autoscaled role's verified Ready engines in the revisions taking traffic (its "
+    "RoleScale's status.replicas, what an autoscaler counts as current).",
+    _ROLE,
+    registry=REGISTRY,
+)
+ROLE_VERIFIED_KV_TOKENS = Gauge(
+    "kvgate_role_verified_kv_tokens",
+    "Sum of the live KV pools (tokens) of an autoscaled role's verified engines taking traffic: "
+    "the KV capacity proven to hold the context window.",
+    _ROLE,
+    registry=REGISTRY,
+)
+ROLE_DRAINING = Gauge(
+    "kvgate_role_draining_replicas",
+    "An autoscaled role's engines out of traffic for a scale-down, waiting for their requests.",
+    _ROLE,
+    registry=REGISTRY,
+)
+DRAIN_SECONDS = Histogram(
+    "kvgate_scale_down_drain_seconds",
+    "From an engine leaving traffic for a scale-down to its drain ending (no request or KV "
+    "transfer in flight, or the drain timeout).",
+    ("role",),
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)
+DRAINS = Counter(
+    "kvgate_scale_down_drains",
+    "Engines drained for a scale-down, by result: drained (nothing in flight) or timeout "
+    "(removed at drainTimeoutSeconds with requests in flight).",
+    ("role", "result"),
+    registry=REGISTRY,
+)
+SCALE_UP_VERIFIED_SECONDS = Histogram(
+    "kvgate_scale_up_verified_seconds",
+    "From kvgate seeing an autoscaled role's count raised to as many verified engines of it "
+    "taking traffic.",
+    ("role",),
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800),
+    registry=REGISTRY,
+)
+_ROLE_GAUGES = (ROLE_DESIRED, ROLE_EFFECTIVE, ROLE_VERIFIED, ROLE_VERIFIED_KV_TOKENS, ROLE_DRAINING)
+
+
+def record_role(series: tuple[str, str, str], values: Mapping[str, int] | None) -> None:
+    """An autoscaled role's gauges (keys desired, effective, verified, verified_kv_tokens,
+    draining); None drops them (the role is not autoscaled)."""
+    if values is None:
+        for gauge in _ROLE_GAUGES:
+            _drop(gauge, series)
+        return
+    ROLE_DESIRED.labels(*series).set(values["desired"])
+    ROLE_EFFECTIVE.labels(*series).set(values["effective"])
+    ROLE_VERIFIED.labels(*series).set(values["verified"])
+    ROLE_VERIFIED_KV_TOKENS.labels(*series).set(values["verified_kv_tokens"])
+    ROLE_DRAINING.labels(*series).set(values["draining"])
+
+
 def forget_md(namespace: str, deployment: str) -> None:
     """Drop a deleted ModelDeployment's series: a stale drift would keep its alert firing."""
     record_revisions(namespace, deployment, {})
@@ -298,6 +372,7 @@ def forget_md(namespace: str, deployment: str) -> None:
     for role in ("prefill", "decode"):
         _drop(POOL_ESTIMATED_TOKENS, (namespace, deployment, role))
         _drop(POOL_ESTIMATE_DRIFT_RATIO, (namespace, deployment, role))
+        record_role((namespace, deployment, role), None)
     _drop(CONTEXT_LENGTH_TOKENS, (namespace, deployment))
     _drop(OWNERSHIP_CONFLICTS, (namespace, deployment))
 

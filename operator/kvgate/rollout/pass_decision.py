@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.api.models import ModelDeployment
+from kvgate.api.models import ModelDeployment, Role
 from kvgate.build import builders, network_policy
 from kvgate.build.network_policy import RouterEgress
 from kvgate.rollout import (
@@ -23,6 +23,7 @@ from kvgate.rollout import (
     pool_drift,
     requirements,
     rollback,
+    scaling,
     workload_writes,
 )
 from kvgate.rollout.access_checks import AccessCheck
@@ -89,6 +90,10 @@ class PassInputs:
     estimates: pool_drift.EstimatePolicy = dataclasses.field(
         default_factory=pool_drift.EstimatePolicy
     )
+    # Autoscaled roles' RoleScale objects as read (None: not there), and the /metrics of the
+    # engine pods a scale-down drains (None: unreadable) (kvgate.rollout.scaling).
+    scales: Mapping[Role, Body | None] = dataclasses.field(default_factory=dict)
+    loads: Mapping[str, scaling.EngineLoad | None] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class PassDecision:
     status: dict[str, Any]  # before ownership conflicts and LeaderWorkerSet availability
     lws_message: str | None
     inputs: PassInputs
+    drains: scaling.DrainPlan | None = None
+    scales: scaling.ScaleDecision | None = None
+    counts: Mapping[Role, scaling.RoleCount] = dataclasses.field(default_factory=dict)
 
     @property
     def previous(self) -> Mapping[str, Any] | None:
@@ -116,9 +124,19 @@ class PassOutcome:
 
 def decide(inputs: PassInputs) -> PassDecision:
     """The step, the writes that carry it out and the status it leads to."""
-    observed = _with_content_check(inputs.observed, inputs.content)
-    step = plan(observed)
     uid = inputs.md.metadata.uid
+    spec = inputs.observed.spec
+    counts = scaling.role_counts(
+        spec, scaling.requested_counts(inputs.observed, inputs.scales, uid)
+    )
+    observed = dataclasses.replace(
+        _with_content_check(inputs.observed, inputs.content),
+        scaled={role.value: count.effective for role, count in counts.items()},
+    )
+    step = plan(observed)
+    drains = scaling.plan_drains(observed, step, inputs.loads)
+    step = dataclasses.replace(step, workloads=drains.workloads)
+    scales = scaling.decide_scales(inputs.md, observed, step, inputs.scales, counts, drains)
     secret = owned_objects.ensure(
         builders.router_control_secret(inputs.md, inputs.router_key), inputs.secret_current, uid
     )
@@ -148,11 +166,22 @@ def decide(inputs: PassInputs) -> PassDecision:
         )
     ]
     first = (*(access_waves[0] if access_waves else ()), *secret.writes)
+    scale_wave = (*scaling.pod_writes(drains), *scales.writes)
     waves = tuple(
-        w for w in (first, *access_waves[1:], *revision_waves, *policy_waves, *service_waves) if w
+        w
+        for w in (
+            first,
+            *access_waves[1:],
+            scale_wave,
+            *revision_waves,
+            *policy_waves,
+            *service_waves,
+        )
+        if w
     )
     conflicts = (
         *access_conflicts,
+        *scales.conflicts,
         *([_secret_conflict(secret.conflict)] if secret.conflict else []),
         *policy_conflicts,
         *([service_conflict] if service_conflict else []),
@@ -164,6 +193,9 @@ def decide(inputs: PassInputs) -> PassDecision:
         status=_status(inputs, step),
         lws_message=lws_availability.unavailable_message(inputs.observed.spec, inputs.lws_access),
         inputs=inputs,
+        drains=drains,
+        scales=scales,
+        counts=counts,
     )
 
 
@@ -200,6 +232,8 @@ def conclude(decision: PassDecision, late: Sequence[OwnershipConflict]) -> PassO
         *conflict_events(conflicts, previous),
         *lws_availability.lws_events(decision.lws_message, previous),
     ]
+    if decision.drains is not None:
+        events += [Event(*e) for e in decision.drains.events]
     if inputs.content is not None:
         verdict = inputs.content.verdict
         kind = "Normal" if verdict.passed else "Warning"

@@ -32,7 +32,7 @@ revision in the recorded traffic set unless a verified successor carries its sha
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -80,6 +80,10 @@ class PodState:
     ready: bool = False
     terminating: bool = False
     kv_pool_tokens: int | None = None
+    # Scale-down (kvgate.rollout.scaling): out of traffic since; drained and marked for removal.
+    draining_since: datetime | None = None
+    drained: bool = False
+    created: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,9 @@ class ObservedState:
     target_engine_failures: tuple[EngineFailures, ...] | None = ()
     # Content checks at maximum length as kvgate recorded them (status.contentChecks).
     content_checks: tuple[ContentCheck, ...] = ()
+    # Autoscaled roles: the count each runs (kvgate.rollout.scaling: its RoleScale's count within
+    # the bounds), which replaces spec.<role>.replicas for every revision that runs engines.
+    scaled: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def has_service(self) -> bool:
@@ -241,6 +248,12 @@ def role_replicas(spec: ModelDeploymentSpec, role: Role) -> int:
     return spec.prefill.replicas if role is Role.PREFILL else spec.decode.replicas
 
 
+def _count(observed: ObservedState, role: Role) -> int:
+    """The engines a role runs: its RoleScale's count when autoscaled, else spec.replicas."""
+    scaled = observed.scaled.get(role.value)
+    return scaled if scaled is not None else role_replicas(observed.spec, role)
+
+
 def _live_pods(pods: tuple[PodState, ...], revision: str, role: str) -> list[PodState]:
     return [p for p in pods if p.revision == revision and p.role == role and not p.terminating]
 
@@ -249,7 +262,7 @@ def role_progress(observed: ObservedState, revision: str, role: Role) -> RolePro
     pods = _live_pods(observed.pods, revision, role.value)
     verified = [p for p in pods if p.verified]
     pools = [p.kv_pool_tokens for p in verified if p.kv_pool_tokens is not None]
-    replicas = role_replicas(observed.spec, role)
+    replicas = _count(observed, role)
     return RoleProgress(
         replicas=replicas,
         needed=needed_verified(replicas, observed.spec.rollout.min_verified_percent),
@@ -384,6 +397,7 @@ def _gate_failures(observed: ObservedState, revision: str | None) -> tuple[PodSt
         and not p.terminating
         and not p.verified
         and p.gate_reason
+        and p.gate_reason != gate.SCALING_DOWN  # taken out of traffic on purpose
     )
 
 
@@ -420,7 +434,7 @@ def _target_intents(
     spec = observed.spec
     rev = observed.target_revision
     intents = [
-        WorkloadIntent(rev, role.value, role_replicas(spec, role) if engines_up else 0)
+        WorkloadIntent(rev, role.value, _count(observed, role) if engines_up else 0)
         for role in ENGINE_ROLES
     ]
     if routers is None:
@@ -548,7 +562,7 @@ class _Pass:
         (else the serving revision keeps both)."""
         observed, target = self.observed, self.target
         serving = target if target_serves else self.serving
-        intents = tuple(workloads)
+        intents = (*workloads, *_scaled_serving_intents(observed, self.serving, workloads))
         return RolloutStep(
             target_revision=target,
             serving_revision=serving,
@@ -575,6 +589,24 @@ class _Pass:
             step_waiting=step_waiting,
             content_check_due=content_check_due,
         )
+
+
+def _scaled_serving_intents(
+    observed: ObservedState, serving: str | None, planned: Iterable[WorkloadIntent]
+) -> list[WorkloadIntent]:
+    """During a rollout the autoscaler acts on what serves: the serving revision's engines of an
+    autoscaled role follow its count too (without autoscaling they keep the count they had)."""
+    if serving is None or serving == observed.target_revision:
+        return []
+    have = {(w.revision, w.component) for w in planned}
+    present = {w.component for w in _workloads_of(observed, serving)}
+    return [
+        WorkloadIntent(serving, role.value, count)
+        for role in ENGINE_ROLES
+        if (count := observed.scaled.get(role.value)) is not None
+        and role.value in present
+        and (serving, role.value) not in have
+    ]
 
 
 def _read_pass(observed: ObservedState) -> _Pass:

@@ -40,6 +40,7 @@ class Patch:
     patch: Body | list[Body]
     content_type: str
     note: str | None = None  # why, when it restores what someone changed (logged)
+    subresource: str | None = None  # e.g. "status"
 
 
 @dataclass(frozen=True)

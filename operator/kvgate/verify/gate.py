@@ -37,6 +37,8 @@ Condition = dict[str, str]
 ENGINE_NOT_READY = "EngineNotReady"
 REQUIREMENT_UNKNOWN = "RequirementUnknown"
 NOT_OWNED = "NotOwnedByModelDeployment"
+# Taken out of traffic on purpose to be removed by a scale-down (kvgate.rollout.scaling).
+SCALING_DOWN = "ScalingDown"
 # Reasons that are a verdict on the engine itself (refuse the revision), as opposed to "could not
 # read it yet" (wait, time out).
 UNSAFE_REASONS = frozenset(
@@ -217,6 +219,23 @@ def condition_for_engine_down(pod: Pod, now: datetime) -> Condition | None:
         f"{restart_count(pod)}); it is re-verified when it is ready again"
     )
     return _condition(pod, "False", ENGINE_NOT_READY, message, now)
+
+
+def draining_since(pod: Pod) -> str | None:
+    """When a scale-down took this pod out of traffic (its kvgate.io/draining-since), if it did."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.DRAINING_SINCE)
+    return str(value) if value else None
+
+
+def condition_for_draining(pod: Pod, since: str, now: datetime) -> Condition | None:
+    """False while a scale-down drains the pod: smg drops it (NotReady) and sends it nothing
+    new; its requests in flight finish; then kvgate removes it."""
+    message = (
+        f"{pod_role(pod)} pod {pod_name(pod)}: taken out of traffic at {since} to scale down; "
+        "it is removed once its engine reports no running or queued request and no KV "
+        "transfer in flight"
+    )
+    return _condition(pod, "False", SCALING_DOWN, message, now)
 
 
 def condition_for_unverifiable(
