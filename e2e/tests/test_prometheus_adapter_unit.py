@@ -210,3 +210,35 @@ def test_a_pods_counts_add_up_over_its_ranks_and_its_usage_is_the_fullest_ranks(
     assert queries["sglang_num_queue_reqs"].startswith("sum by")
     assert queries["sglang_kv_used_tokens"].startswith("sum by")
     assert queries["sglang_token_usage"].startswith("max by")
+
+
+@pytest.mark.parametrize(
+    ("recorded", "metric"),
+    [
+        (
+            "namespace_deployment_pod_role:sglang_num_queue_reqs:sum",
+            "kvgate_verified_num_queue_reqs",
+        ),
+        (
+            "namespace_deployment_pod_role:sglang_num_running_reqs:sum",
+            "kvgate_verified_num_running_reqs",
+        ),
+        ("namespace_deployment_pod_role:kvgate_kv_usage:ratio", "kvgate_kv_usage_ratio"),
+    ],
+)
+def test_the_charts_verified_engine_records_are_per_pod_custom_metrics(
+    recorded: str, metric: str
+) -> None:
+    assert [n for r in rules() if (n := custom_name(r, recorded)) is not None] == [metric]
+    chart_rules = (
+        RULES_FILE.parents[2] / "charts/kvgate/templates/prometheusrule.yaml"
+    ).read_text()
+    assert f"- record: {recorded}\n" in chart_rules
+
+
+def test_a_role_wide_record_is_no_per_pod_metric() -> None:
+    for recorded in (
+        "namespace_deployment_role:sglang_num_queue_reqs:sum",
+        "namespace_deployment_role:kvgate_kv_usage:ratio",
+    ):
+        assert all(custom_name(r, recorded) is None for r in rules())
