@@ -125,14 +125,13 @@ def served_custom_metrics() -> set[str]:
     rules += yaml.safe_load(ADAPTER_FILE.read_text())["rules"]
     served = set()
     for rule in rules:
+        naming = rule.get("name", {"matches": "^(.*)$", "as": "${1}"})
         query = rule["seriesQuery"]
         pattern = re.search(r'__name__=~"([^"]+)"', query)
         regex = pattern.group(1) if pattern else re.escape(query.split("{")[0])
         for name in series:
             if re.fullmatch(regex, name):
-                served.add(
-                    re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), name)
-                )
+                served.add(re.sub(naming["matches"], naming["as"].replace("${1}", r"\1"), name))
     return served
 
 
