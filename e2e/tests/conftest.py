@@ -54,8 +54,9 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
     (per-pod ``sglang_num_running_reqs``, ``sglang_num_queue_reqs``, ``sglang_kv_used_tokens``,
     ``sglang_token_usage``; verified engines only: ``kvgate_verified_num_queue_reqs``,
     ``kvgate_verified_num_running_reqs``, ``kvgate_kv_usage_ratio``), so an ``autoscaling/v2``
-    HPA with a Pods metric is run by the world's real HPA controller (sync every 2 s). One per world at a time (the APIService is
-    cluster-wide): a second module's fixture waits for the first's end. Members:
+    HPA with a Pods metric is run by the world's real HPA controller (sync every 2 s). One per
+    world at a time (the APIService is cluster-wide): a second module's fixture waits for the
+    first's end. Members:
     ``pod_metrics(ns, metric, selector) -> {pod: value}``, ``wait_pod_metrics(ns, metric, accept,
     timeout)``, ``raw(path)``, ``log_tail()``.
 
