@@ -781,10 +781,12 @@ class RoleAutoscaling(_Model):
                 {
                     "rule": "self.minReplicas <= self.maxReplicas",
                     "message": "autoscaling.minReplicas must be at most autoscaling.maxReplicas",
+                    # format(), not +: the API server prices each + of a string(int) as an
+                    # unbounded string and refuses the CRD.
                     "messageExpression": (
-                        "'autoscaling.minReplicas ' + string(self.minReplicas) + "
-                        "' is above autoscaling.maxReplicas ' + string(self.maxReplicas) + "
-                        "': lower minReplicas or raise maxReplicas'"
+                        "'autoscaling.minReplicas %d is above autoscaling.maxReplicas %d: lower "
+                        "minReplicas or raise maxReplicas'.format([self.minReplicas, "
+                        "self.maxReplicas])"
                     ),
                 }
             ]
@@ -1475,22 +1477,22 @@ class RoleScaleSpec(_Model):
                     "rule": "self.replicas <= self.maxReplicas",
                     "message": "replicas is above maxReplicas",
                     "messageExpression": (
-                        "'replicas ' + string(self.replicas) + ' is above maxReplicas ' + "
-                        "string(self.maxReplicas) + ': ModelDeployment ' + self.modelDeployment "
-                        "+ ' allows at most ' + string(self.maxReplicas) + ' ' + self.role + "
-                        "' engines (spec.' + self.role + '.autoscaling.maxReplicas); scale to at "
-                        "most ' + string(self.maxReplicas) + ' or raise it there'"
+                        "'replicas %d is above maxReplicas %d: ModelDeployment %s allows at most "
+                        "%d %s engines (spec.%s.autoscaling.maxReplicas); scale to at most %d or "
+                        "raise it there'.format([self.replicas, self.maxReplicas, "
+                        "self.modelDeployment, self.maxReplicas, self.role, self.role, "
+                        "self.maxReplicas])"
                     ),
                 },
                 {
                     "rule": "self.replicas >= self.minReplicas",
                     "message": "replicas is below minReplicas",
                     "messageExpression": (
-                        "'replicas ' + string(self.replicas) + ' is below minReplicas ' + "
-                        "string(self.minReplicas) + ': ModelDeployment ' + self.modelDeployment "
-                        "+ ' keeps at least ' + string(self.minReplicas) + ' ' + self.role + "
-                        "' engines (spec.' + self.role + '.autoscaling.minReplicas); scale to at "
-                        "least ' + string(self.minReplicas) + ' or lower it there'"
+                        "'replicas %d is below minReplicas %d: ModelDeployment %s keeps at least "
+                        "%d %s engines (spec.%s.autoscaling.minReplicas); scale to at least %d or "
+                        "lower it there'.format([self.replicas, self.minReplicas, "
+                        "self.modelDeployment, self.minReplicas, self.role, self.role, "
+                        "self.minReplicas])"
                     ),
                 },
             ]
