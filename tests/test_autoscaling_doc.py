@@ -166,3 +166,20 @@ def test_every_sglang_metric_in_the_signal_table_is_exported_by_the_reference_en
         collector = SGLangCollector(ReferenceEngine(settings, limits), "tiny")
         exported |= {family.name for family in collector.collect()}
     assert {f"sglang:{name}" for name in names} <= exported
+
+
+def cel_message(rule: dict[str, Any], values: dict[str, Any]) -> str:
+    """A CRD rule's messageExpression ``'...'.format([self.a, ...])`` for these field values."""
+    match = re.fullmatch(r"'(.*)'\.format\(\[(.*)\]\)", rule["messageExpression"], flags=re.S)
+    assert match, rule["messageExpression"]
+    template, args = match.groups()
+    fields = [arg.strip().removeprefix("self.") for arg in args.split(",")]
+    return template % tuple(values[field] for field in fields)
+
+
+def test_the_quoted_rolescale_refusal_is_the_crds_message() -> None:
+    schema = ROLESCALE_CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = schema["properties"]["spec"]["x-kubernetes-validations"]
+    (above,) = [r for r in rules if r["rule"] == "self.replicas <= self.maxReplicas"]
+    values = {"replicas": 9, "maxReplicas": 8, "modelDeployment": "llama-8b", "role": "decode"}
+    assert f"`{cel_message(above, values)}`" in DOC
