@@ -166,6 +166,13 @@ def test_relabelling_reannotating_orphaning_or_debugging_kvgate_pods_is_denied(
             "pod-metadata",
             "annotation(s) smg.ai/worker-ports",
         )
+        # The operator's scale-down marks are its alone: a drain mark decides which pod its
+        # ReplicaSet removes (kvgate.rollout.scaling).
+        assert_denied(
+            s.tenant.kubectl("annotate", "pod", decode, "kvgate.io/drained=2026-01-01T00:00:00Z"),
+            "pod-metadata",
+            "annotation(s) kvgate.io/drained",
+        )
         # Orphaning: the pod would keep its labels (and traffic) outside its ReplicaSet.
         assert_denied(
             s.tenant.kubectl(

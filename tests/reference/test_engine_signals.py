@@ -36,7 +36,9 @@ SGLANG_TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 8
 PROMPT = list(range(300, 340))
 
 
-def make_state(role: str, gpu_memory_gib: str = "80") -> ServerState:
+def make_state(
+    role: str, gpu_memory_gib: str = "80", decode_step_seconds: float = 0.0
+) -> ServerState:
     argv = ["--model-path", "tiny-llama", "--served-model-name", "tiny", "--enable-metrics"]
     launch = parse_launch_args([*argv, "--disaggregation-mode", role], DEFAULT_VERSION)
     model, limits = startup_limits(launch, {"KVGATE_GPU_MEMORY_GIB": gpu_memory_gib})
@@ -48,6 +50,7 @@ def make_state(role: str, gpu_memory_gib: str = "80") -> ServerState:
         vocab_size=model.vocab_size,
         bootstrap_timeout=DEADLINE,
         waiting_timeout=DEADLINE,
+        decode_step_seconds=decode_step_seconds,
     )
     engine = ReferenceEngine(settings, limits)
     return ServerState(engine=engine, launch=launch, model=model, started_at=now(), phase="ready")
@@ -262,3 +265,37 @@ async def test_a_decode_waiting_for_kv_pages_is_in_the_prealloc_queue_only() -> 
             leg.cancel()
         await asyncio.gather(*legs, return_exceptions=True)
         await bootstrap.close()
+
+
+class FastClient(SlowClient):
+    """A connection that takes every chunk at once (writes never suspend)."""
+
+    async def _take(self, chunk: bytes) -> None:
+        self.chunks.append(bytes(chunk))
+
+
+@pytest.mark.parametrize("pace", [0.0, 0.002], ids=["unpaced", "paced"])
+async def test_metrics_are_served_while_a_long_stream_decodes(pace: float) -> None:
+    """A streamed answer whose writes never suspend must still let /metrics (and health checks)
+    run while it decodes, and show it running: an autoscaler read 0 running requests throughout
+    a 4,096-token stream before."""
+    state = make_state("null", decode_step_seconds=pace)
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 1024}, "stream": True}
+    answering = asyncio.create_task(handle_generate(post(build_app(state), body, FastClient())))
+    seen: list[float] = []
+    while not answering.done():
+        seen.append(gauge(state.engine, "num_running_reqs"))
+        await asyncio.sleep(0)
+    answer = await answering
+    assert answer.status == 200
+    assert 1.0 in seen[1:], f"num_running_reqs read {set(seen)} in {len(seen)} reads"
+
+
+async def test_a_paced_decode_takes_its_step_time_per_token() -> None:
+    state = make_state("null", decode_step_seconds=0.01)
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50}, "stream": True}
+    client = FastClient()
+    started = time.monotonic()
+    await handle_generate(post(build_app(state), body, client))
+    assert time.monotonic() - started >= 0.5
+    assert b'"error"' not in b"".join(client.chunks)

@@ -18,6 +18,9 @@ at once but its KV transfer is never cancelled, and the transfer lands in those 
 next request (which took the same pages, lowest free first) received its own KV. That request
 then decodes the aborted prompt: HTTP 200, wrong tokens (what the content check's abort step must
 catch). The landing is made deterministic: always just before the next decode's first step.
+``decode_step_seconds`` (``KVGATE_REFERENCE_DECODE_STEP_SECONDS``, e.g. 0.02) paces each decode
+step as a GPU engine's per-token latency does (50 tokens/s a request): streams then last as long
+as real ones at almost no CPU, which is what autoscaling and drain tests need.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from kvgate_engine.reference.transfer import (
 )
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
+DECODE_STEP_SECONDS = "KVGATE_REFERENCE_DECODE_STEP_SECONDS"
 DEFAULT_BOOTSTRAP_PORT = 8998
 STALE_KV_AFTER_ABORT = "KVGATE_REFERENCE_STALE_KV_AFTER_ABORT"
 log = logging.getLogger("kvgate_engine.reference")
@@ -126,6 +130,7 @@ class EngineSettings:
     waiting_timeout: float = 300.0  # SGLANG_DISAGGREGATION_WAITING_TIMEOUT
     kv_canary: bool = False  # --kv-canary log|raise: verify every slot a decode reads (canary.py)
     stale_kv_after_abort: bool = False  # KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1 (decode role)
+    decode_step_seconds: float = 0.0  # KVGATE_REFERENCE_DECODE_STEP_SECONDS: per-token pace
 
 
 @dataclass
@@ -518,6 +523,10 @@ class ReferenceEngine:
                 self.counters.observe_first_token(request)
             if progress is not None and step < max_new_tokens - 1:
                 await progress(token)
+            if self.settings.decode_step_seconds > 0:
+                await asyncio.sleep(self.settings.decode_step_seconds)
             elif step % 16 == 15:
-                await asyncio.sleep(0)  # let other requests and health checks run
+                # Let other requests, /metrics and health checks run: awaiting a stream's write
+                # need not suspend, so a streamed answer would otherwise hold the loop throughout.
+                await asyncio.sleep(0)
         return output

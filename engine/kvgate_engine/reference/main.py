@@ -106,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
             _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
         )
+        # kvgate_engine.reference.engine.DECODE_STEP_SECONDS (not imported: it imports torch)
+        step_seconds = _env_float(env, "KVGATE_REFERENCE_DECODE_STEP_SECONDS", None) or 0.0
     except (StartupError, HostileModeError) as error:
         log.error("%s", error)
         print(f"error: {error}", file=sys.stderr)
@@ -130,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         admit_over_length=env.get("KVGATE_ADMIT_OVER_LENGTH") == "1",
         kv_canary=launch["kv_canary"] in ("log", "raise"),
         stale_kv_after_abort=env.get(STALE_KV_AFTER_ABORT) == "1",
+        decode_step_seconds=step_seconds,
     )
     if settings.stale_kv_after_abort and settings.role == "decode":
         log.warning(
