@@ -6,10 +6,11 @@ One ModelDeployment (the safe sample, decode with ``autoscaling`` 1..3) goes thr
    ``maxReplicas`` refused by the API server with the numbers; ``kubectl get rolescale`` shows
    desired and verified replicas per role;
 2. a rollout while scaled out: the new revision's decode Deployment is created at the current
-   count (2), not at ``spec.decode.replicas`` (1);
+   count (2), not at ``spec.decode.replicas`` (1); then ``kubectl scale`` back to 1 (an idle
+   engine drains at once);
 3. streaming load through the ModelDeployment's Service (3 requests in flight at once) raises
    ``sglang_num_running_reqs``: Prometheus scrapes the engines, prometheus-adapter serves the
-   metric, the real HPA scales the RoleScale to 3; the new engines take traffic only once
+   metric, the real HPA scales the RoleScale 1 -> 3; the new engines take traffic only once
    verified (the invariant sampler);
 4. the load drops to one stream: the HPA goes back to 1 while requests stream, kvgate drains the
    two engines it removes (each leaves traffic, finishes its requests, then is deleted), and no
@@ -234,6 +235,11 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         details=lambda: md_story(world, MD, ns),
     )
     wait_verified(world, ns, 2, 120, "the old revision's decode engines gone")
+    # Back to 1 by kubectl: an engine without traffic drains at once.
+    world.kubectl("scale", "rolescale", SCALE, "--replicas=1", f"-n={ns}")
+    wait_verified(world, ns, 1, 120, "1 decode engine after kubectl scale down")
+    idle_drains = {e["message"] for e in events(world, ns, "EngineDrained")}
+    assert len(idle_drains) == 1, idle_drains
 
     url = world.service_url(MD, ns) + "/generate"
     first = deadline_loop(
@@ -246,14 +252,14 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
     tokens = STREAM_TOKENS
     streams = Streams(url, tokens)
     with InvariantSampler(world.cluster, ns, name="autoscaling") as sampler:
-        # 3. Load: 3 streams at once over 2 engines -> the HPA asks for 3.
+        # 3. Load: 3 streams at once on 1 engine -> the HPA asks for 3.
         streams.set_workers(3)
         seen: list[Any] = []
 
         def running() -> bool:
             values = metrics_adapter.pod_metrics(ns, METRIC, "kvgate.io/role=decode")
             seen[:] = [values]
-            return sum(values.values()) >= 2
+            return sum(values.values()) >= 3
 
         def running_story() -> str:
             series = prometheus.query(f'sglang:num_running_reqs{{namespace="{ns}"}}')
@@ -298,7 +304,7 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
     failed = [r for r in streams.results if not r[2]]
     assert failed == [], failed
     assert len(in_flight) >= 3, in_flight  # the two finishing, and at least one still streaming
-    drained = events(world, ns, "EngineDrained")
+    drained = [e for e in events(world, ns, "EngineDrained") if e["message"] not in idle_drains]
     assert len(drained) == 2, [e["message"] for e in drained]
     seconds = []
     for event in drained:
@@ -306,9 +312,11 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         assert "(0 running, 0 queued, 0 in the KV transfer queues)" in message, message
         seconds.append(float(re.search(r"drained in ([0-9.]+) s", message).group(1)))  # type: ignore[union-attr]
     assert events(world, ns, "DrainTimedOut") == []
+    for event in drained:
+        print(f"EngineDrained: {event['message']}")
     scraped = operator_metrics(world)
     count = metric_value(scraped, "kvgate_scale_down_drains_total", role="decode", result="drained")
-    assert count is not None and count >= 2, count
+    assert count == 3, count
     print(
         f"\nMEASURED autoscaling: HPA decision -> 3 verified decode engines serving "
         f"{up_seconds:.1f}s; drains {', '.join(f'{s:.1f}s' for s in sorted(seconds))}; "
