@@ -494,3 +494,35 @@ def test_load_is_read_from_every_rank_and_pd_queue() -> None:
     assert scaling.load_from_metrics(text) == scaling.EngineLoad(3, 0, 3)
     assert scaling.load_from_metrics("sglang:num_queue_reqs 0\n") is None
     assert scaling.load_from_metrics('sglang:num_running_reqs{a="b"} NaN\n') is None
+
+
+def test_load_is_read_from_sglangs_live_load_snapshot_when_it_has_one() -> None:
+    """SGLang 0.5.23's GET /v1/loads?include=core,disagg (every DP rank): its /metrics gauges
+    can read 0 while a decode waits on a KV transfer with nothing to run; this snapshot cannot."""
+    answer = {
+        "timestamp": "2026-12-05T00:00:00+00:00",
+        "version": "0.5.23",
+        "loads": [
+            {
+                "dp_rank": 0,
+                "num_running_reqs": 0,
+                "num_waiting_reqs": 1,
+                "disaggregation": {
+                    "mode": "decode",
+                    "prefill_bootstrap_queue_reqs": 0,
+                    "prefill_inflight_queue_reqs": 0,
+                    "decode_prealloc_queue_reqs": 0,
+                    "decode_transfer_queue_reqs": 1,
+                    "decode_retracted_queue_reqs": 0,
+                    "kv_transfer_speed_gb_s": 1.5,
+                    "kv_transfer_latency_ms": 3.0,
+                },
+            },
+            {"dp_rank": 1, "num_running_reqs": 2, "num_waiting_reqs": 0},
+        ],
+    }
+    assert scaling.load_from_loads(answer) == scaling.EngineLoad(2, 1, 1)
+    assert not scaling.EngineLoad(2, 1, 1).idle
+    assert scaling.load_from_loads({"loads": []}) is None
+    assert scaling.load_from_loads({"detail": "Not Found"}) is None
+    assert scaling.load_from_loads({"loads": [{"num_running_reqs": "0"}]}) is None

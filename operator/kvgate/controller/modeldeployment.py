@@ -10,6 +10,7 @@ operator resumes from cluster state.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -736,6 +737,13 @@ async def _drain_loads(pods: list[Body]) -> dict[str, scaling.EngineLoad | None]
         url = gate.engine_url(pod)
         if url is None:
             return None
+        try:  # SGLang's live load snapshot first; an engine without it: its /metrics
+            loads = json.loads(await step_check.fetch_text(f"{url}{scaling.LOADS_PATH}"))
+            found = scaling.load_from_loads(loads)
+            if found is not None:
+                return found
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError, ValueError):
+            pass
         try:
             return scaling.load_from_metrics(await step_check.fetch_text(f"{url}/metrics"))
         except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:

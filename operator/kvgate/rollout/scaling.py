@@ -341,6 +341,41 @@ def load_from_metrics(text: str) -> EngineLoad | None:
     return EngineLoad(*(math.ceil(sums[k]) for k in ("running", "queued", "transfers")))
 
 
+LOADS_PATH = "/v1/loads?include=core,disagg"
+LOADS_QUEUES = (
+    "prefill_bootstrap_queue_reqs",
+    "prefill_inflight_queue_reqs",
+    "decode_prealloc_queue_reqs",
+    "decode_transfer_queue_reqs",
+    "decode_retracted_queue_reqs",
+)
+
+
+def load_from_loads(document: object) -> EngineLoad | None:
+    """An engine's requests in flight from SGLang's ``GET /v1/loads`` (JSON, every DP rank);
+    None when the answer is not that. SGLang refreshes this snapshot every 50 ms even while its
+    scheduler waits on a KV transfer with nothing to run, when its /metrics gauges go stale."""
+    loads = document.get("loads") if isinstance(document, Mapping) else None
+    if not isinstance(loads, list) or not loads:
+        return None
+    running = queued = transfers = 0
+    for rank in loads:
+        if not isinstance(rank, Mapping):
+            return None
+        core = [rank.get("num_running_reqs"), rank.get("num_waiting_reqs", 0)]
+        disagg = rank.get("disaggregation") or {}
+        if not isinstance(disagg, Mapping):
+            return None
+        queues = [disagg.get(name, 0) for name in LOADS_QUEUES]
+        values = [*core, *queues]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            return None
+        running += core[0]
+        queued += core[1]
+        transfers += sum(queues)
+    return EngineLoad(running, queued, transfers)
+
+
 @dataclass(frozen=True)
 class PodPatch:
     """A merge patch of one engine pod's annotations (None removes one)."""
