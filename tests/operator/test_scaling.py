@@ -526,3 +526,22 @@ def test_load_is_read_from_sglangs_live_load_snapshot_when_it_has_one() -> None:
     assert scaling.load_from_loads({"loads": []}) is None
     assert scaling.load_from_loads({"detail": "Not Found"}) is None
     assert scaling.load_from_loads({"loads": [{"num_running_reqs": "0"}]}) is None
+
+
+def test_a_draining_engine_is_read_again_within_a_second_even_in_steady_state() -> None:
+    """The end of a request is no watch event: without a timer the drain waited for the steady
+    resync (minutes) unless some other change woke the pass."""
+    from types import SimpleNamespace
+
+    from kvgate.controller.modeldeployment import next_interval
+
+    rt: Any = SimpleNamespace(
+        settings=SimpleNamespace(reconcile_seconds=5.0, steady_reconcile_seconds=300.0)
+    )
+    md = _md()
+    rev = revision_of(md.spec)
+    step = pass_decision.decide(
+        _inputs(md, decode_replicas=1, pods=(_pod("d0", rev),), scale=_scale(1))
+    ).step
+    assert next_interval(rt, step) >= 240.0
+    assert next_interval(rt, step, draining=True) == scaling.DRAIN_RECHECK_SECONDS

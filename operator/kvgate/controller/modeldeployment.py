@@ -215,6 +215,7 @@ class Reconciler:
         self.effective: dict[Role, int] = {}  # each autoscaled role's count at the last pass
         # role -> (the raised count, when it was seen): until that many verified engines serve
         self.scale_ups: dict[Role, tuple[int, float]] = {}
+        self.draining = False  # the last pass left an engine draining for a scale-down
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -301,6 +302,7 @@ class Reconciler:
                 metrics.SCALE_UP_VERIFIED_SECONDS.labels(role.value).observe(now - since[1])
                 self.scale_ups.pop(role, None)
             self.effective[role] = count.effective
+        self.draining = bool(decision.drains and any(decision.drains.draining.values()))
         for removal in decision.drains.removals if decision.drains else ():
             metrics.DRAIN_SECONDS.labels(removal.role).observe(removal.seconds)
             result = "timeout" if removal.timed_out else "drained"
@@ -799,10 +801,13 @@ def next_interval(
     *,
     verify_timeout_seconds: float | None = None,
     conflicted: bool = False,
+    draining: bool = False,
 ) -> float:
     """Seconds to the next timer pass (kvgate.rollout.pass_timing): in flight, quiet timer passes
     back off towards the steady period (watches wake the loop on every change), bounded by the
-    verify deadline (``verify_timeout_seconds``: the spec's, as the pass parsed it)."""
+    verify deadline (``verify_timeout_seconds``: the spec's, as the pass parsed it); while a
+    scale-down drains an engine (``draining``), every DRAIN_RECHECK_SECONDS: the end of a
+    request is no watch event."""
     settled = (
         step is not None
         and step.serving_revision == step.target_revision
@@ -810,7 +815,7 @@ def next_interval(
         and not step.delete_revisions
     )
     steady = settled or (step is not None and step.refusal is not None and not step.new_refusal)
-    return pass_timing.next_pass_seconds(
+    interval = pass_timing.next_pass_seconds(
         settled=steady,
         failed=step is None,
         quiet_passes=quiet_passes,
@@ -820,6 +825,7 @@ def next_interval(
         jitter=random.random(),
         conflicted=conflicted,
     )
+    return min(interval, scaling.DRAIN_RECHECK_SECONDS) if draining else interval
 
 
 def _until_verify_deadline(
@@ -883,6 +889,7 @@ async def _reconcile_until_stopped(
                 quiet,
                 verify_timeout_seconds=reconciler.verify_timeout_seconds,
                 conflicted=reconciler.conflicted,
+                draining=reconciler.draining,
             )
             - MIN_PASS_SECONDS,
         )

@@ -61,6 +61,9 @@ from kvgate.verify import gate
 
 ENGINE_ROLES = (Role.PREFILL, Role.DECODE)
 DRAIN_SETTLE_SECONDS = 2.0
+DRAIN_RECHECK_SECONDS = (
+    1.0  # a pass this often while an engine drains (a request's end is no event)
+)
 LOWEST_DELETION_COST = str(-(2**31))
 DRAIN_STARTED = gate.SCALING_DOWN  # Event reason (the gate's reason too)
 DRAINED = "EngineDrained"
