@@ -179,24 +179,32 @@ def name_schema() -> dict[str, Any]:
     }
 
 
-def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition for ModelDeployment, as a plain dict."""
-    spec_schema = _root_schema(api.ModelDeploymentSpec)
-    status_schema = _root_schema(api.ModelDeploymentStatus)
-    spec_schema["description"] = "What to deploy and what every live engine must prove."
-    status_schema["description"] = "What kvgate observed and decided."
+def _crd_document(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: list[str],
+    subresources: dict[str, Any],
+    columns: list[dict[str, Any]],
+    description: str,
+    metadata: dict[str, Any],
+    spec: Schema,
+    status: Schema,
+) -> dict[str, Any]:
+    """One namespaced kvgate.io CRD with a single served and stored version."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "metadata": {"name": f"{plural}.{api.GROUP}"},
         "spec": {
             "group": api.GROUP,
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": short_names,
                 "categories": ["kvgate"],
             },
             "scope": "Namespaced",
@@ -205,26 +213,19 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
-                            "description": (
-                                "ModelDeployment runs SGLang prefill and decode engines behind "
-                                "the SGLang gateway, and lets an engine pod take traffic only "
-                                "after its live KV pool is proven to hold the context window."
-                            ),
+                            "description": description,
                             "type": "object",
                             "required": ["spec"],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {
-                                    "type": "object",
-                                    "properties": {"name": name_schema()},
-                                },
-                                "spec": spec_schema,
-                                "status": status_schema,
+                                "metadata": metadata,
+                                "spec": spec,
+                                "status": status,
                             },
                         }
                     },
@@ -232,6 +233,30 @@ def crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition for ModelDeployment, as a plain dict."""
+    spec_schema = _root_schema(api.ModelDeploymentSpec)
+    status_schema = _root_schema(api.ModelDeploymentStatus)
+    spec_schema["description"] = "What to deploy and what every live engine must prove."
+    status_schema["description"] = "What kvgate observed and decided."
+    return _crd_document(
+        kind=api.KIND,
+        plural=api.PLURAL,
+        singular=api.SINGULAR,
+        short_names=list(api.SHORT_NAMES),
+        subresources={"status": {}},
+        columns=PRINTER_COLUMNS,
+        description=(
+            "ModelDeployment runs SGLang prefill and decode engines behind the SGLang gateway, "
+            "and lets an engine pod take traffic only after its live KV pool is proven to hold "
+            "the context window."
+        ),
+        metadata={"type": "object", "properties": {"name": name_schema()}},
+        spec=spec_schema,
+        status=status_schema,
+    )
 
 
 def render() -> str:
@@ -273,60 +298,30 @@ def scale_crd() -> dict[str, Any]:
     status_schema = _root_schema(api.RoleScaleStatus)
     spec_schema["description"] = "The count asked for, and the bounds kvgate copied."
     status_schema["description"] = "What kvgate runs and has verified."
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{api.SCALE_PLURAL}.{api.GROUP}"},
-        "spec": {
-            "group": api.GROUP,
-            "names": {
-                "kind": api.SCALE_KIND,
-                "listKind": f"{api.SCALE_KIND}List",
-                "plural": api.SCALE_PLURAL,
-                "singular": api.SCALE_SINGULAR,
-                "shortNames": list(api.SCALE_SHORT_NAMES),
-                "categories": ["kvgate"],
+    return _crd_document(
+        kind=api.SCALE_KIND,
+        plural=api.SCALE_PLURAL,
+        singular=api.SCALE_SINGULAR,
+        short_names=list(api.SCALE_SHORT_NAMES),
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
             },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": api.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": SCALE_PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "description": (
-                                "RoleScale is the scale subresource of one autoscaled role "
-                                "(prefill or decode) of a ModelDeployment: kubectl scale, an "
-                                "HPA or a KEDA ScaledObject target it. kvgate creates it from "
-                                "spec.<role>.autoscaling and runs the count it asks for; new "
-                                "engines take traffic only once verified, and an engine is "
-                                "drained before it is removed."
-                            ),
-                            "type": "object",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
-                }
-            ],
         },
-    }
+        columns=SCALE_PRINTER_COLUMNS,
+        description=(
+            "RoleScale is the scale subresource of one autoscaled role (prefill or decode) of a "
+            "ModelDeployment: kubectl scale, an HPA or a KEDA ScaledObject target it. kvgate "
+            "creates it from spec.<role>.autoscaling and runs the count it asks for; new engines "
+            "take traffic only once verified, and an engine is drained before it is removed."
+        ),
+        metadata={"type": "object"},
+        spec=spec_schema,
+        status=status_schema,
+    )
 
 
 SCALE_HEADER = HEADER.replace("`kvgate crd`", "`kvgate crd --kind RoleScale`")
