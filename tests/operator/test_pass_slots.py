@@ -20,6 +20,7 @@ class CountingReconciler:
     def __init__(self, name: str, tally: dict[str, Any]) -> None:
         self.namespace, self.name, self.tally = "ns", name, tally
         self.conflicted = False
+        self.draining = False
         self.verify_timeout_seconds = None
 
     async def reconcile(self) -> None:

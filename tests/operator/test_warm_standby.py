@@ -262,6 +262,7 @@ class OrderedReconciler:
     def __init__(self, name: str, order: list[str]) -> None:
         self.namespace, self.name, self.order = "ns", name, order
         self.conflicted = False
+        self.draining = False
         self.verify_timeout_seconds = None
 
     async def reconcile(self) -> None:
