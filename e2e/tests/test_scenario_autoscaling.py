@@ -316,7 +316,9 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         print(f"EngineDrained: {event['message']}")
     scraped = operator_metrics(world)
     count = metric_value(scraped, "kvgate_scale_down_drains_total", role="decode", result="drained")
-    assert count == 3, count
+    # At least this test's three drains: the series has no ModelDeployment label, and any
+    # ModelDeployment whose serving revision loses replicas drains too (a shared world).
+    assert count is not None and count >= 3, count
     print(
         f"\nMEASURED autoscaling: HPA decision -> 3 verified decode engines serving "
         f"{up_seconds:.1f}s; drains {', '.join(f'{s:.1f}s' for s in sorted(seconds))}; "
