@@ -269,17 +269,9 @@ class Reconciler:
                 metrics.record_role(series, None)
                 self.scale_ups.pop(role, None)
                 continue
-            revisions = scaling.traffic_revisions(decision.step)
-            pools = [
-                p.kv_pool_tokens or 0
-                for p in decision.inputs.observed.pods
-                if p.revision in revisions
-                and p.role == role.value
-                and p.verified
-                and p.ready
-                and p.draining_since is None
-                and not p.terminating
-            ]
+            serving = scaling.serving_engines(
+                decision.inputs.observed.pods, scaling.traffic_revisions(decision.step), role
+            )
             verified = int(status["replicas"])
             metrics.record_role(
                 series,
@@ -287,7 +279,7 @@ class Reconciler:
                     "desired": count.requested,
                     "effective": count.effective,
                     "verified": verified,
-                    "verified_kv_tokens": sum(pools),
+                    "verified_kv_tokens": sum(p.kv_pool_tokens or 0 for p in serving),
                     "draining": len(status["draining"]),
                 },
             )

@@ -54,6 +54,7 @@ from kvgate.rollout.planner import (
     PodState,
     RolloutStep,
     WorkloadIntent,
+    role_replicas,
     serving_revision,
 )
 from kvgate.rollout.workload_writes import Create, Delete, Patch, PlannedWrite
@@ -127,19 +128,15 @@ def ratio_conflict(spec: ModelDeploymentSpec) -> str | None:
     )
 
 
-def role_counts(
-    spec: ModelDeploymentSpec, requested: Mapping[Role, int | None]
-) -> dict[Role, RoleCount]:
-    """The count of every autoscaled role: its RoleScale's (``requested``; None or missing:
-    spec.<role>.replicas), within its bounds, then within the ratio."""
+def role_counts(spec: ModelDeploymentSpec, requested: Mapping[Role, int]) -> dict[Role, RoleCount]:
+    """The count of every autoscaled role: the one asked for (``requested``, every autoscaled
+    role's: requested_counts), within its bounds, then within the ratio."""
     counts: dict[Role, RoleCount] = {}
     for role in ENGINE_ROLES:
         bounds = autoscaling_of(spec, role)
         if bounds is None:
             continue
-        asked = requested.get(role)
-        if asked is None:
-            asked = (spec.prefill if role is Role.PREFILL else spec.decode).replicas
+        asked = requested[role]
         effective = _clamp(asked, bounds.min_replicas, bounds.max_replicas)
         why = ""
         if effective != asked:
@@ -158,7 +155,8 @@ def _within_ratio(
     assert prefill_bounds is not None and decode_bounds is not None
     prefill, decode = counts[Role.PREFILL], counts[Role.DECODE]
     d = decode.effective
-    if _prefill_range(d, spec, prefill_bounds)[0] > _prefill_range(d, spec, prefill_bounds)[1]:
+    low, high = _prefill_range(d, spec, prefill_bounds)
+    if low > high:
         # The nearest decode count beside which some prefill count fits (one exists).
         fits = [
             n
@@ -224,11 +222,7 @@ def initial_replicas(observed: ObservedState, serving: str | None, role: Role) -
         for w in observed.workloads
         if w.revision == serving and w.component == role.value
     ]
-    base = (
-        current[0]
-        if current
-        else (observed.spec.prefill if role is Role.PREFILL else observed.spec.decode).replicas
-    )
+    base = current[0] if current else role_replicas(observed.spec, role)
     return _clamp(base, bounds.min_replicas, bounds.max_replicas)
 
 
@@ -264,11 +258,13 @@ def selector(md_name: str, role: Role, revisions: Iterable[str]) -> str:
     return text
 
 
-def verified_serving(pods: Iterable[PodState], revisions: Iterable[str], role: Role) -> int:
+def serving_engines(
+    pods: Iterable[PodState], revisions: Iterable[str], role: Role
+) -> list[PodState]:
     """Engines of the role in these revisions that take traffic: verified, Ready, not draining."""
     revs = set(revisions)
-    return sum(
-        1
+    return [
+        p
         for p in pods
         if p.revision in revs
         and p.role == role.value
@@ -276,7 +272,7 @@ def verified_serving(pods: Iterable[PodState], revisions: Iterable[str], role: R
         and p.ready
         and not p.terminating
         and p.draining_since is None
-    )
+    ]
 
 
 # -- scale-down drains first ----------------------------------------------------------------
@@ -406,9 +402,6 @@ class DrainPlan:
     draining: dict[str, list[str]] = field(default_factory=dict)  # role -> pods out of traffic
     waiting: dict[str, str] = field(default_factory=dict)  # role -> why the count is not there
     removals: list[Removal] = field(default_factory=list)
-
-    def drain_pods(self) -> set[str]:
-        return {p for pods in self.draining.values() for p in pods}
 
 
 def _release(pod: PodState) -> PodPatch:
@@ -627,8 +620,8 @@ class ScaleDecision:
     statuses: dict[Role, dict[str, Any]] = field(default_factory=dict)
 
 
-def _status_message(count: RoleCount | None, plan: DrainPlan, role: Role) -> str:
-    parts = [p for p in (count.why if count else "", plan.waiting.get(role.value, "")) if p]
+def _status_message(count: RoleCount, plan: DrainPlan, role: Role) -> str:
+    parts = [p for p in (count.why, plan.waiting.get(role.value, "")) if p]
     return "; ".join(parts)
 
 
@@ -661,14 +654,9 @@ def decide_scales(
             if body is not None:
                 out.writes.append(Delete(SCALE_KIND, scale_name(name, role)))
             continue
-        count = counts.get(role)
+        count = counts[role]
         if body is None:
-            replicas = (
-                count.requested
-                if count
-                else initial_replicas(observed, step.serving_revision, role)
-            )
-            out.writes.append(Create(scale_object(md, role, replicas)))
+            out.writes.append(Create(scale_object(md, role, count.requested)))
             continue
         patch = bounds_patch(name, role, bounds, body.get("spec") or {})
         if patch is not None:
@@ -676,9 +664,9 @@ def decide_scales(
                 Patch(SCALE_KIND, scale_name(name, role), {"spec": patch}, MERGE_PATCH)
             )
         status = {
-            "replicas": verified_serving(observed.pods, revisions, role),
+            "replicas": len(serving_engines(observed.pods, revisions, role)),
             "selector": selector(name, role, revisions),
-            "effectiveReplicas": count.effective if count else 0,
+            "effectiveReplicas": count.effective,
             "draining": sorted(drains.draining.get(role.value, [])),
             "message": _status_message(count, drains, role),
             "observedGeneration": (body.get("metadata") or {}).get("generation"),
