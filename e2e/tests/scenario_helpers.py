@@ -100,9 +100,26 @@ def md_story(world: World, md: str, namespace: str) -> str:
         conditions = {
             c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []
         }
+        why = {
+            c["type"]: f"{c.get('reason')}: {str(c.get('message'))[:160]}"
+            for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("status") != "True" and c["type"].startswith("kvgate")
+        }
+        marks = {
+            k: v
+            for k, v in (pod["metadata"].get("annotations") or {}).items()
+            if k.startswith(("kvgate.io/drain", "controller.kubernetes.io/pod-deletion"))
+        }
         lines.append(
             f"pod {pod['metadata']['name']}: {(pod.get('status') or {}).get('phase')} "
             f"{conditions} deleting={bool(pod['metadata'].get('deletionTimestamp'))}"
+            f"{f' {why}' if why else ''}{f' {marks}' if marks else ''}"
+        )
+    for deployment in world.list("deployments", namespace, f"kvgate.io/deployment={md}"):
+        status = deployment.get("status") or {}
+        lines.append(
+            f"deployment {deployment['metadata']['name']}: replicas "
+            f"{deployment['spec'].get('replicas')}, ready {status.get('readyReplicas', 0)}"
         )
     for event in events(world, namespace)[-15:]:
         lines.append(f"event {event.get('reason')}: {str(event.get('message'))[:300]}")

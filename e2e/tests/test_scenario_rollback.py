@@ -21,7 +21,14 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, is_ready
-from scenario_helpers import TrafficLoop, deadline_loop, events, known_answer, sample_md
+from scenario_helpers import (
+    TrafficLoop,
+    deadline_loop,
+    events,
+    known_answer,
+    md_story,
+    sample_md,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -57,28 +64,38 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
 ) -> None:
     ns = namespace
 
+    def story() -> str:
+        return md_story(world, MD, ns)
+
     with InvariantSampler(world.cluster, ns, name="rollback"):
         world.apply(sample_md(MD), namespace=ns)
-        first = deadline_loop("revision A to serve", lambda: serving(world, ns), 300)
+        first = deadline_loop("revision A to serve", lambda: serving(world, ns), 300, details=story)
         rev_a = first["status"]["servingRevision"]
         update = sample_md(MD)
         update["spec"]["decode"]["memFractionStatic"] = 0.84
         world.apply(update, namespace=ns)
         second = deadline_loop(
-            "revision B to serve", lambda: serving(world, ns, revision_not=rev_a), 300
+            "revision B to serve",
+            lambda: serving(world, ns, revision_not=rev_a),
+            300,
+            details=story,
         )
         rev_b = second["status"]["servingRevision"]
         deadline_loop(
             "revision A's objects to be deleted",
             lambda: revisions_running(world, ns) == {rev_b},
             120,
+            details=story,
         )
         assert history_of(world, ns) == [rev_b, rev_a]
 
         # Not kept: refused, named, nothing changes.
         world.kubectl("annotate", "md", MD, f"--namespace={ns}", "kvgate.io/rollback=0000000000")
         refused = deadline_loop(
-            "the RollbackRefused Event", lambda: events(world, ns, "RollbackRefused"), 60
+            "the RollbackRefused Event",
+            lambda: events(world, ns, "RollbackRefused"),
+            60,
+            details=story,
         )
         assert f"{rev_b}, {rev_a}" in refused[0]["message"], refused[0]["message"]
         deadline_loop(
@@ -88,6 +105,7 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
                 not in ((world.get_md(MD, ns) or {})["metadata"].get("annotations") or {})
             ),
             30,
+            details=story,
         )
         assert status_of(world, ns)["servingRevision"] == rev_b
 
@@ -95,13 +113,17 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
             started = time.monotonic()
             world.kubectl("annotate", "md", MD, f"--namespace={ns}", f"kvgate.io/rollback={rev_a}")
             back = deadline_loop(
-                "revision A to serve again", lambda: serving(world, ns, revision_not=rev_b), 300
+                "revision A to serve again",
+                lambda: serving(world, ns, revision_not=rev_b),
+                300,
+                details=story,
             )
             took = time.monotonic() - started
             deadline_loop(
                 "revision B's objects to be deleted",
                 lambda: revisions_running(world, ns) == {rev_a},
                 120,
+                details=story,
             )
         assert back["status"]["servingRevision"] == rev_a
         assert back["spec"]["decode"]["memFractionStatic"] == 0.85  # A's spec, restored
