@@ -42,6 +42,9 @@ class FakeApi:
         self.patches: list[dict[str, Any]] = []
         self.deletes: list[tuple[str, Any]] = []
         self.changed = asyncio.Event()
+        # Called with the pod as a patch left it, before the patch's response returns (what
+        # others write meanwhile, and the watch events the kubelet sees before that response).
+        self.before_response: Callable[[dict[str, Any]], None] | None = None
 
     async def patch(self, path: str, body: Any, content_type: str = "") -> Any:
         assert path.endswith("/status")
@@ -52,8 +55,13 @@ class FakeApi:
             conditions[cond["type"]] = cond
         status.update({k: v for k, v in body["status"].items() if k != "conditions"})
         status["conditions"] = list(conditions.values())
+        meta = self.pod["metadata"]
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+        response = copy.deepcopy(self.pod)
+        if self.before_response is not None:
+            self.before_response(response)
         self.changed.set()
-        return copy.deepcopy(self.pod)
+        return response
 
     async def delete(self, path: str, body: Any = None) -> Any:
         self.deletes.append((path, body))
@@ -208,6 +216,37 @@ async def test_probed_container_with_unset_gate_is_containers_ready_but_not_read
         await asyncio.wait_for(task, 20)
     assert host.done == ["uid-1"]
     assert host.addresses.released == [ipaddress.IPv4Address(host.addresses.host)]
+
+
+async def test_a_gate_set_while_a_status_patch_is_in_flight_still_makes_the_pod_ready(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """The operator sets the gate, and its watch event reaches the kubelet before the response to
+    the kubelet's own status patch (which carries the older resourceVersion). The worker must
+    keep the newer view and publish Ready=True, not recompute from the response, see the patch
+    it already wrote and wait forever (seen in e2e: gate True, ContainersReady True, Ready
+    False for 300 s)."""
+    host = FakeHost(web_pod(0), tmp_path, session)
+    port = free_port(host.addresses.host)
+    host.fake_api.pod = web_pod(port)
+    worker = PodWorker(host, host.fake_api.pod)
+
+    def operator_sets_the_gate(applied: dict[str, Any]) -> None:
+        if cond(applied, "ContainersReady").get("status") != "True":
+            return
+        host.fake_api.before_response = None
+        rv = str(int(applied["metadata"]["resourceVersion"]) + 1)
+        host.fake_api.pod = with_gate(applied, "True", rv)
+        worker.update(copy.deepcopy(host.fake_api.pod))
+
+    host.fake_api.before_response = operator_sets_the_gate
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+        assert cond(host.fake_api.pod, GATE)["status"] == "True"
+    finally:
+        worker.deleted(grace=2)
+        await asyncio.wait_for(task, 20)
 
 
 async def test_killed_container_restarts_with_last_state_and_deletion_is_finished(

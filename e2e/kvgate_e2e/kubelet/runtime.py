@@ -708,7 +708,14 @@ class PodWorker:
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.warning("pod %s: re-read after a status conflict failed: %s", self.key, exc)
             return
-        if isinstance(latest, dict) and latest.get("metadata", {}).get("uid") == self.uid:
+        if (
+            isinstance(latest, dict)
+            and latest.get("metadata", {}).get("uid") == self.uid
+            and not _older(
+                latest["metadata"].get("resourceVersion"),
+                self.pod["metadata"].get("resourceVersion"),
+            )
+        ):
             self.pod = latest
 
     async def _write_status(self, force: bool = False) -> None:
@@ -733,7 +740,18 @@ class PodWorker:
         try:
             result = await self.host.api.patch(path, conditional)
             self._last_patch = text
-            if isinstance(result, dict) and result.get("metadata", {}).get("uid") == self.uid:
+            # The response is the pod as this patch left it. A watch event may have brought a
+            # newer one while it was in flight (the operator set a gate): keep that one, or
+            # the next status would be computed from the older view, equal the patch just
+            # written, be skipped, and the gate's change would never reach Ready.
+            if (
+                isinstance(result, dict)
+                and result.get("metadata", {}).get("uid") == self.uid
+                and not _older(
+                    result["metadata"].get("resourceVersion"),
+                    self.pod["metadata"].get("resourceVersion"),
+                )
+            ):
                 self.pod = result
         except ApiError as exc:
             if exc.status == 404:
