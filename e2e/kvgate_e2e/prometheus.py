@@ -9,13 +9,12 @@ and log in the run directory; all of it is removed on the way out.
 
 What it scrapes comes from what the chart ships (``helm template`` with the monitors on):
 ``monitor_scrape_configs`` translates the ServiceMonitor (the operator's and the webhook's
-metrics Services) and the engines' PodMonitor into ``kubernetes_sd_configs`` jobs the way the
-Prometheus Operator does (select by label, keep the named port, label each series with its
-namespace, pod, service and container), so a test that reads a series through this server proves
-the chart's monitors select the right targets. The chart has no monitor for the routers (smg's
-Prometheus listener, port ``metrics`` 29000): ``ROUTER_POD_MONITOR`` is one in the engines'
-shape. Service discovery asks the world's API server with the admin client certificate of the
-world's in-namespace kubeconfig.
+metrics Services), the engines' PodMonitor and the routers' (smg's Prometheus listener, port
+``metrics`` 29000) into ``kubernetes_sd_configs`` jobs the way the Prometheus Operator does
+(select by label, keep the named port, label each series with its namespace, pod, service and
+container), so a test that reads a series through this server proves the chart's monitors select
+the right targets. Service discovery asks the world's API server with the admin client
+certificate of the world's in-namespace kubeconfig.
 
 Rules: the chart's PrometheusRule (``metrics.prometheusRule.enabled=true``), rendered with the
 values a test passes (short ``for:`` values), its ``spec.groups`` written as a rule file.
@@ -68,23 +67,6 @@ MONITORING_APIS = (
 FIRST_PORT = 19090  # the server's port on the control-plane address: the first free from here
 PORT_TRIES = 50
 INTERVAL_SECONDS = 1.0  # scrape and rule evaluation
-# smg's Prometheus listener on every router pod (the container port ``metrics``, 29000): the
-# chart ships no monitor for it; this one has the engines' PodMonitor's shape.
-ROUTER_POD_MONITOR: dict[str, Any] = {
-    "apiVersion": "monitoring.coreos.com/v1",
-    "kind": "PodMonitor",
-    "metadata": {"name": f"{RELEASE}-routers", "namespace": RELEASE_NAMESPACE},
-    "spec": {
-        "selector": {
-            "matchLabels": {
-                "app.kubernetes.io/managed-by": "kvgate",
-                "kvgate.io/component": "router",
-            }
-        },
-        "namespaceSelector": {"any": True},
-        "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics"}],
-    },
-}
 
 
 class PrometheusError(RuntimeError):
@@ -296,6 +278,8 @@ def chart_values_args(rule_values: Mapping[str, str], sets: Sequence[str] = ()) 
         "--set",
         "metrics.enginePodMonitor.enabled=true",
         "--set",
+        "metrics.routerPodMonitor.enabled=true",
+        "--set",
         "metrics.prometheusRule.enabled=true",
     ]
     for key, value in sorted(rule_values.items()):
@@ -388,7 +372,7 @@ class Prometheus:
         *,
         rule_values: Mapping[str, str] | None = None,
         interval: float = INTERVAL_SECONDS,
-        extra_monitors: Sequence[Mapping[str, Any]] = (ROUTER_POD_MONITOR,),
+        extra_monitors: Sequence[Mapping[str, Any]] = (),
         progress: IO[str] | None = None,
     ) -> None:
         self.cluster = cluster

@@ -36,8 +36,8 @@ Fixtures (use them in any e2e test module; mark the module ``pytestmark = pytest
 
 ``prometheus`` (module scope)
     A real Prometheus server (``kvgate_e2e.prometheus.Prometheus``) in the session world for the
-    module: the chart's ServiceMonitor (operator and webhook metrics) and engine PodMonitor as
-    kubernetes_sd scrape jobs, smg's routers too, scrape and rule evaluation every 1 s, and the
+    module: the chart's ServiceMonitor (operator and webhook metrics) and its engine and router
+    PodMonitors as kubernetes_sd scrape jobs, scrape and rule evaluation every 1 s, and the
     chart's PrometheusRule as its rules, rendered with the module's ``PROMETHEUS_RULE_VALUES``
     (values under ``metrics.prometheusRule``, e.g. ``{"headroomFor": "2s"}``; none: the
     chart's defaults). It changes nothing the other tests see (its own process and port), so it
@@ -97,7 +97,6 @@ from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_b
 from kvgate_e2e.lws import controller_binary
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.prometheus import (
-    ROUTER_POD_MONITOR,
     Prometheus,
     missing_server_reason,
     server_binary,
@@ -404,7 +403,7 @@ def prometheus(world: World, request: pytest.FixtureRequest) -> Iterator[Prometh
             pytest.fail(missing_server_reason())
         pytest.skip(missing_server_reason())
     values = dict(getattr(request.module, "PROMETHEUS_RULE_VALUES", {}))
-    extra = (ROUTER_POD_MONITOR, *getattr(request.module, "PROMETHEUS_EXTRA_MONITORS", ()))
+    extra = tuple(getattr(request.module, "PROMETHEUS_EXTRA_MONITORS", ()))
     started = time.monotonic()
     with Prometheus(world.cluster, rule_values=values, extra_monitors=extra) as server:
         print(f"\nMEASURED Prometheus up in {time.monotonic() - started:.1f}s")

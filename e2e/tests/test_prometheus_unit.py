@@ -13,7 +13,6 @@ import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries
 from kvgate_e2e.prometheus import (
-    ROUTER_POD_MONITOR,
     Alert,
     Series,
     alerts_of,
@@ -90,8 +89,9 @@ def test_watch_namespaces_limit_the_engine_job_to_them() -> None:
     assert sd["namespaces"] == {"names": ["team-a", "team-b"]}
 
 
-def test_the_router_monitor_keeps_smgs_metrics_port_on_router_pods() -> None:
-    (job,) = monitor_scrape_configs([ROUTER_POD_MONITOR], SD)
+@needs_helm
+def test_the_charts_router_monitor_keeps_smgs_metrics_port_on_router_pods() -> None:
+    job = _jobs()["podMonitor/kvgate-system/kvgate-routers/0"]
     keep = _keep_values(job)
     assert keep["__meta_kubernetes_pod_container_port_name"] == "metrics"
     assert (
@@ -143,7 +143,7 @@ def test_the_generated_config_and_the_charts_rules_load_in_promtool(tmp_path: Pa
     documents = render_chart({"headroomFor": "2s", "kvUsageFor": "2s"})
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": rule_groups(documents)}))
-    jobs = monitor_scrape_configs([*documents, ROUTER_POD_MONITOR], sd)
+    jobs = monitor_scrape_configs(documents, sd)
     config = tmp_path / "prometheus.yaml"
     config.write_text(yaml.safe_dump(server_config(jobs, rules, 1.0)))
     proc = subprocess.run(

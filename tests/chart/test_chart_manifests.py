@@ -22,6 +22,7 @@ VALUE_SETS: dict[str, tuple[str, ...]] = {
         "metrics.serviceMonitor.enabled=true",
         "metrics.prometheusRule.enabled=true",
         "metrics.enginePodMonitor.enabled=true",
+        "metrics.routerPodMonitor.enabled=true",
         "networkPolicy.enabled=true",
         "leaderWorkerSet.enabled=true",
         "engineNetworkPolicies.routerEgress.enabled=true",

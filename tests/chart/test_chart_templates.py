@@ -14,7 +14,9 @@ import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from factories.model_deployments import make_md
 from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered, render_notes
+from kvgate.build import builders
 from kvgate.cmd.cli import build_parser
 from kvgate.gen.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
 from kvgate.gen.rbac import Scope, granted, rules
@@ -24,6 +26,7 @@ FULLNAME = "kvgate"
 OPERATOR_CLUSTER_ROLE = f"{FULLNAME}-{NAMESPACE}"  # kvgate.clusterName
 CERT_MANAGER = ("cert-manager.io/v1/Certificate", "cert-manager.io/v1/Issuer")
 MONITORING = ("monitoring.coreos.com/v1/ServiceMonitor", "monitoring.coreos.com/v1/PrometheusRule")
+POD_MONITOR = ("monitoring.coreos.com/v1/PodMonitor",)
 
 # Exactly what the operator calls: the table the chart's rules are generated from (kvgate.gen.rbac);
 # (apiGroup, resource) -> verbs. tests/gen/test_rbac_generation.py checks the generated files.
@@ -443,6 +446,54 @@ def test_service_monitor_and_alerts_for_refused_rollouts_and_low_headroom(helm: 
     )
     assert alerts["KvgateEngineHeadroomLow"]["for"] == "5m"
     assert "{{ $labels.pod }}" in alerts["KvgateEngineHeadroomLow"]["annotations"]["description"]
+
+
+@pytest.mark.parametrize("watch", [(), ("team-a", "team-b")], ids=["cluster", "namespaced"])
+def test_pod_monitors_select_kvgates_engines_and_routers_on_their_metrics_ports(
+    helm: Helm, watch: tuple[str, ...]
+) -> None:
+    sets = ["metrics.enginePodMonitor.enabled=true", "metrics.routerPodMonitor.enabled=true"]
+    if watch:
+        sets.append(f"watchNamespaces={{{','.join(watch)}}}")
+    monitors = {
+        m["metadata"]["name"]: m
+        for m in helm.template(*sets, api_versions=POD_MONITOR).all("PodMonitor")
+    }
+    assert set(monitors) == {f"{FULLNAME}-engines", f"{FULLNAME}-routers"}
+    md = make_md()
+    pods = {
+        component: builders.deployment(md, "abc123", component, replicas=1)["spec"]["template"]
+        for component in ("prefill", "decode", "router")
+    }
+    for name, components in (("engines", {"prefill", "decode"}), ("routers", {"router"})):
+        monitor = monitors[f"{FULLNAME}-{name}"]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        selected = {
+            c for c, pod in pods.items() if selector.items() <= pod["metadata"]["labels"].items()
+        }
+        assert selected == components, (name, selected)
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        for component in components:
+            ports = [
+                p["name"]
+                for c in pods[component]["spec"]["containers"]
+                for p in c.get("ports") or []
+            ]
+            assert endpoint["port"] in ports, (component, ports)
+        assert endpoint["interval"] == "30s" and endpoint["path"] == "/metrics"
+        expected = {"matchNames": list(watch)} if watch else {"any": True}
+        assert monitor["spec"]["namespaceSelector"] == expected
+    router_endpoint = monitors[f"{FULLNAME}-routers"]["spec"]["podMetricsEndpoints"][0]
+    assert router_endpoint["port"] == "metrics"
+
+
+def test_router_pod_monitor_without_the_monitoring_api_fails_with_the_way_out(helm: Helm) -> None:
+    result = helm.template_result("metrics.routerPodMonitor.enabled=true")
+    assert result.returncode != 0
+    assert "metrics.routerPodMonitor.enabled is true but the cluster does not serve" in (
+        result.stderr
+    )
+    assert "set metrics.routerPodMonitor.enabled=false" in result.stderr
 
 
 def test_network_policy_opens_webhook_and_metrics_only(helm: Helm) -> None:
