@@ -708,15 +708,21 @@ class PodWorker:
         except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
             log.warning("pod %s: re-read after a status conflict failed: %s", self.key, exc)
             return
+        self._adopt(latest)
+
+    def _adopt(self, seen: object) -> None:
+        """Take ``seen`` (a patch's response, a re-read) as this pod's view unless a watch event
+        already brought a newer one: Ready is computed from the view, and an older one would
+        undo a gate the operator set meanwhile."""
         if (
-            isinstance(latest, dict)
-            and latest.get("metadata", {}).get("uid") == self.uid
+            isinstance(seen, dict)
+            and seen.get("metadata", {}).get("uid") == self.uid
             and not _older(
-                latest["metadata"].get("resourceVersion"),
+                seen["metadata"].get("resourceVersion"),
                 self.pod["metadata"].get("resourceVersion"),
             )
         ):
-            self.pod = latest
+            self.pod = seen
 
     async def _write_status(self, force: bool = False) -> None:
         if self._force:
@@ -744,15 +750,7 @@ class PodWorker:
             # newer one while it was in flight (the operator set a gate): keep that one, or
             # the next status would be computed from the older view, equal the patch just
             # written, be skipped, and the gate's change would never reach Ready.
-            if (
-                isinstance(result, dict)
-                and result.get("metadata", {}).get("uid") == self.uid
-                and not _older(
-                    result["metadata"].get("resourceVersion"),
-                    self.pod["metadata"].get("resourceVersion"),
-                )
-            ):
-                self.pod = result
+            self._adopt(result)
         except ApiError as exc:
             if exc.status == 404:
                 return
