@@ -217,3 +217,39 @@ def test_json_output_has_the_schema_version_and_an_error_object_for_input_errors
         "exit_code": 2,
         "error": {"input": path, "message": "is empty; pass a ModelDeployment YAML or JSON file"},
     }
+
+
+def _nested(levels: int) -> str:
+    return "a: " + "[" * levels + "]" * levels + "\n"
+
+
+def test_flow_collections_nested_past_the_bound_are_refused_naming_it_and_at_the_bound_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """5,000 nested lists (10 KB) cost PyYAML's scanner 1.7 s of CPU, 10 s on a loaded machine,
+    before they were refused: its cost grows with the square of the depth. The scan now stops at
+    the 101st level."""
+    deep = _write(tmp_path, _nested(5_000), "deep.yaml")
+    assert main(["validate", deep]) == 2
+    assert capsys.readouterr().err == (
+        f"kvgate validate: {deep}: document 1 opens more than 100 flow collections ([ or {{) "
+        "inside each other; kvgate reads at most that many (a ModelDeployment needs about 8): "
+        "flatten it\n"
+    )
+    over = _write(tmp_path, _nested(101), "over.yaml")
+    assert main(["validate", over]) == 2
+    assert "opens more than 100 flow collections" in capsys.readouterr().err
+    at_bound = _write(tmp_path, _nested(100), "at.yaml")
+    assert main(["validate", at_bound]) == 1  # read, and denied for what it holds
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "error: a: unknown field; remove it" in out
+
+
+def test_the_nesting_refusal_names_the_document_that_nests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = SAMPLE.read_text() + "---\n" + _nested(500)
+    path = _write(tmp_path, text)
+    assert main(["validate", path]) == 2
+    assert f"{path}: document 2 opens more than 100 flow collections" in capsys.readouterr().err

@@ -201,6 +201,21 @@ async def test_an_unreachable_api_server_is_exit_2_naming_the_server_and_the_kub
     assert "http://127.0.0.1:9" in document["error"]["message"]
 
 
+async def test_a_kubeconfig_nested_past_the_bound_is_exit_2_naming_the_file_unparsed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The loader's scanner costs the square of the depth (5,000 lists: 1.8 s of CPU); the file
+    is refused at its 101st level instead of parsed."""
+    config = tmp_path / "config"
+    config.write_text("clusters: " + "[" * 5_000 + "]" * 5_000 + "\n")
+    assert await _cli(["history", "llama", "--kubeconfig", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"kubeconfig {config} opens more than 100 flow collections ([ or {{) inside each other, "
+        "which no kubeconfig does; pass a kubeconfig file"
+    ) in err, err
+
+
 async def test_an_api_server_that_refuses_or_is_not_one_is_exit_2_saying_which(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

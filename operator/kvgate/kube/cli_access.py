@@ -17,6 +17,7 @@ from typing import Any
 
 from kvgate_engine.command_inputs import InputError
 
+from kvgate.admission.documents import MAX_FLOW_NESTING, flow_nesting_exceeded
 from kvgate.kube.k8s import SA_DIR, Credentials, in_cluster_credentials, kubeconfig_credentials
 
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -85,6 +86,12 @@ def _check_readable(paths: list[str], input_name: str) -> None:
             ) from None
         if not text.strip():
             raise AccessError(input_name, f"kubeconfig {path} is empty")
+        if flow_nesting_exceeded(text):
+            raise AccessError(
+                input_name,
+                f"kubeconfig {path} opens more than {MAX_FLOW_NESTING} flow collections ([ or {{) "
+                "inside each other, which no kubeconfig does; pass a kubeconfig file",
+            )
 
 
 def _unusable(input_name: str, shown: str, error: Exception) -> AccessError:
