@@ -133,9 +133,9 @@ def test_a_yaml_alias_bomb_is_refused_before_it_is_expanded(
     (it took a second and 90 MB to be denied as oversized; 10^9 took 21 s and 2 GB and was
     reported as a kvgate bug)."""
     path = _write(tmp_path, _billion_laughs(6))
-    started = time.perf_counter()
+    started = time.process_time()  # CPU: the load of a shared machine is not the claim
     assert main(["validate", path]) == 2
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     err = capsys.readouterr().err
     assert err == (
         f"kvgate validate: {path}: document 1 expands to more than 65,536 values through YAML "

@@ -479,11 +479,11 @@ def test_a_yaml_alias_bomb_given_to_f_is_refused_unexpanded(
     lines = ["x: &a0 [" + ",".join(["lol"] * 10) + "]"]
     lines += [f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
     path = write(tmp_path, "md.yaml", "\n".join(lines) + "\n" + SAMPLE.read_text())
-    started = time.perf_counter()
+    started = time.process_time()  # CPU: the load of a shared machine is not the claim
     code, out, err = run(capsys, "-f", path)
     assert (code, out) == (2, "")
     assert err.startswith(f"kvgate plan: -f: {path}: document 1 expands to more than 65,536 values")
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_a_file_whose_tensor_parallel_does_not_divide_the_heads_exits_2(

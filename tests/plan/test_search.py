@@ -103,9 +103,9 @@ def test_largest_safe_context_of_a_vast_pool_is_found_in_a_few_steps(headroom: f
     """Float division lands far off the gate's line for pools beyond 2^53 tokens; the answer is
     still exact, and found by bisection rather than by stepping one token at a time."""
     for pool in (2**53 + 1, 10**18, 10**30):
-        started = time.perf_counter()
+        started = time.process_time()  # CPU: the load of a shared machine is not the claim
         got = largest_safe_context(pool, headroom, 10**40)
-        assert time.perf_counter() - started < 0.1
+        assert time.process_time() - started < 0.1
         assert required_pool_tokens(got, headroom) <= pool
         # one more would not fit, or C has reached the pool (the input rule: C <= pool)
         assert got == pool or required_pool_tokens(got + 1, headroom) > pool
