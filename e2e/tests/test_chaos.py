@@ -433,6 +433,9 @@ def test_a_rollout_completes_when_the_api_server_restarts_in_the_middle_of_it(
         with sampler.api_outage():
             outage = world.cluster.restart_apiserver(down_seconds=3.0)
         print(f"MEASURED kube-apiserver down (stop -> /readyz) {outage:.1f}s")
-        md = deadline_loop("the rollout to serve", lambda: serving(world, name, ns), 300)
+        story = partial(md_story, world, name, ns)
+        md = deadline_loop(
+            "the rollout to serve", lambda: serving(world, name, ns), 300, details=story
+        )
         assert md["status"]["servingRevision"]
-        deadline_loop("a known answer", lambda: answers_known(world, name, ns), 60)
+        deadline_loop("a known answer", lambda: answers_known(world, name, ns), 60, details=story)
