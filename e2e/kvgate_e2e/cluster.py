@@ -82,6 +82,9 @@ from kvgate_e2e.polling import Deadline, poll_until
 
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
 _PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+# kubectl's words when its discovery did not list a resource type it was asked for.
+DISCOVERY_MISS = "the server doesn't have a resource type"
+KUBECTL_DISCOVERY_ATTEMPTS = 3
 
 
 DEFAULT_SERVICE_CIDR = ipaddress.IPv4Network("198.19.0.0/16")
@@ -438,9 +441,33 @@ class Cluster:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
     ) -> subprocess.CompletedProcess[str]:
-        """The built kubectl, inside the namespace, as the admin user."""
-        argv = [str(self.binaries.k8s), "kubectl", f"--kubeconfig={self.kubeconfig}", *args]
-        return self.run_in_netns(argv, input=input, check=check, timeout=timeout)
+        """The built kubectl, inside the namespace, as the admin user, with its discovery cache
+        in the run dir (not ~/.kube: every world has the same server address). A command that
+        fails because discovery lacked a resource type is run again, at most
+        ``KUBECTL_DISCOVERY_ATTEMPTS`` times, and each miss is printed: a make test on a loaded
+        machine saw `kubectl get md` fail so once, mid-run, with the CRD installed throughout."""
+        argv = [
+            str(self.binaries.k8s),
+            "kubectl",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.run_dir / 'kubectl-cache'}",
+            *args,
+        ]
+        for attempt in range(1, KUBECTL_DISCOVERY_ATTEMPTS + 1):
+            proc = self.run_in_netns(argv, input=input, check=False, timeout=timeout)
+            missed = proc.returncode != 0 and DISCOVERY_MISS in proc.stderr
+            if not missed or attempt == KUBECTL_DISCOVERY_ATTEMPTS:
+                break
+            print(
+                f"MEASURED kubectl discovery miss, attempt {attempt}: {proc.stderr.strip()[:200]}"
+            )
+            time.sleep(attempt)  # a backoff between attempts, not a wait for a condition
+        if check and proc.returncode != 0:
+            raise ClusterError(
+                f"`{' '.join(argv)}` exited {proc.returncode}\n"
+                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+            )
+        return proc
 
     def helm(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 300.0
