@@ -97,6 +97,15 @@ class ClusterError(RuntimeError):
     """The control plane failed to start or misbehaved; the message carries the log tail."""
 
 
+def _check_exit(argv: Sequence[str], proc: subprocess.CompletedProcess[str]) -> None:
+    """``ClusterError`` with the command, its exit status and its output if it failed."""
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"`{' '.join(argv)}` exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     """Knobs for one ``Cluster``; the defaults suit the e2e tier."""
@@ -431,11 +440,8 @@ class Cluster:
             env=self._env(env),
             check=False,
         )
-        if check and proc.returncode != 0:
-            raise ClusterError(
-                f"`{' '.join(argv)}` exited {proc.returncode}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-            )
+        if check:
+            _check_exit(argv, proc)
         return proc
 
     def kubectl(
@@ -462,11 +468,8 @@ class Cluster:
                 f"MEASURED kubectl discovery miss, attempt {attempt}: {proc.stderr.strip()[:200]}"
             )
             time.sleep(attempt)  # a backoff between attempts, not a wait for a condition
-        if check and proc.returncode != 0:
-            raise ClusterError(
-                f"`{' '.join(argv)}` exited {proc.returncode}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-            )
+        if check:
+            _check_exit(argv, proc)
         return proc
 
     def helm(
