@@ -450,8 +450,8 @@ class Cluster:
         """The built kubectl, inside the namespace, as the admin user, with its discovery cache
         in the run dir (not ~/.kube: every world has the same server address). A command that
         fails because discovery lacked a resource type is run again, at most
-        ``KUBECTL_DISCOVERY_ATTEMPTS`` times, and each miss is printed: a make test on a loaded
-        machine saw `kubectl get md` fail so once, mid-run, with the CRD installed throughout."""
+        ``KUBECTL_DISCOVERY_ATTEMPTS`` times, and each miss is printed: a loaded API server can
+        answer discovery without a CRD it serves."""
         argv = [
             str(self.binaries.k8s),
             "kubectl",
