@@ -92,6 +92,42 @@ def test_a_request_faster_than_the_drop_is_recorded_and_the_answers_still_compar
     assert verdict(answer(KNOWN), fast, answer(OTHER)).reason == REASON_FAILED
 
 
+def test_a_request_answered_before_its_drop_goes_again_dropped_at_half_its_own_answer() -> None:
+    full = AbortOutcome(ProbeAnswer(200, 64, seconds=0.81), None)
+    # CI: the probe took over 1.6 s, the request 0.81 s: next drop 0.405 s in.
+    assert abort_probe.sooner_drop(1.1, full, 1) == 0.405
+    # Never later than the drop that missed, never under the floor.
+    assert abort_probe.sooner_drop(0.3, full, 2) == 0.15
+    floor = abort_probe.MIN_ABORT_SECONDS
+    assert (
+        abort_probe.sooner_drop(0.08, AbortOutcome(ProbeAnswer(200, seconds=0.01), None), 1)
+        == floor
+    )
+    assert (
+        abort_probe.sooner_drop(floor, AbortOutcome(ProbeAnswer(200, seconds=0.01), None), 1)
+        is None
+    )
+    # Dropped, no answer, or the last try: no other try.
+    assert abort_probe.sooner_drop(1.0, DROPPED, 1) is None
+    assert (
+        abort_probe.sooner_drop(1.0, AbortOutcome(ProbeAnswer(None, seconds=5.0), None), 1) is None
+    )
+    assert abort_probe.sooner_drop(1.1, full, abort_probe.ABORT_ATTEMPTS) is None
+
+
+def test_the_dropped_requests_finding_names_the_tries_answered_before_their_drop() -> None:
+    landed = AbortOutcome(ProbeAnswer(200, seconds=0.4), 0.41, missed=((1.1, 0.81),))
+    message = verdict(answer(KNOWN), landed, answer(KNOWN)).message
+    assert (
+        "connection closed 0.41 s in, after its HTTP 200 head (try 1: answered in full in "
+        in message
+    )
+    assert "0.81 s, before its drop at 1.10 s)" in message
+    never = AbortOutcome(answer((1,) * 64), None, missed=((1.1, 0.05), (0.05, 0.04)))
+    message = verdict(answer(KNOWN), never, answer(KNOWN)).message
+    assert "answered in full before the drop in all 3 tries" in message, message
+
+
 def test_a_known_answer_refused_fails_without_calling_it_contamination() -> None:
     result = verdict(answer(None, 400), DROPPED, answer(None, 400))
     assert result.reason == REASON_FAILED

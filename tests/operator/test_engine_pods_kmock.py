@@ -231,6 +231,30 @@ async def test_the_watch_tracks_readiness_seeds_last_verified_and_deletion_forge
         assert _series_value(name, pod) is None
 
 
+async def test_a_watch_event_older_than_kvgates_own_write_does_not_undo_it(rt: Runtime) -> None:
+    """The answer to kvgate's own pod patch goes into the store at once (on_own_write); the
+    watch's events from before that write, still on their way, do not bring the old pod back."""
+    before = engine_pod(9)
+    before["metadata"]["resourceVersion"] = "41"
+    engine_pods.on_pod_event(rt, "ADDED", before)
+    marked = json.loads(json.dumps(before))
+    marked["metadata"]["resourceVersion"] = "43"
+    marked["metadata"]["annotations"] = {labels.DRAINED: "2026-12-06T00:00:00Z"}
+    engine_pods.on_own_write(rt, marked)
+    stale = json.loads(json.dumps(before))
+    stale["metadata"]["resourceVersion"] = "42"  # e.g. the kubelet's status write before it
+    engine_pods.on_pod_event(rt, "MODIFIED", stale)
+    assert rt.pods["pod-uid-1"]["metadata"]["annotations"] == {
+        labels.DRAINED: "2026-12-06T00:00:00Z"
+    }
+    engine_pods.on_pod_event(rt, "MODIFIED", marked)  # its own event: the same pod
+    newer = json.loads(json.dumps(marked))
+    newer["metadata"]["resourceVersion"] = "44"
+    newer["metadata"]["annotations"] = {}
+    engine_pods.on_pod_event(rt, "MODIFIED", newer)
+    assert not rt.pods["pod-uid-1"]["metadata"].get("annotations")
+
+
 @pytest.mark.usefixtures("revision_chain")
 async def test_a_pod_whose_status_patch_finds_it_gone_is_forgotten(
     kmock: kmock.KubernetesEmulator, rt: Runtime

@@ -26,11 +26,12 @@ from factories.kmock_world import (
 from factories.model_deployments import MD_UID, NOW, make_md
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
-from kvgate.controller import content_check, deployments, engine_pods
+from kvgate.controller import content_check, deployments, engine_pods, modeldeployment
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.informer import Reflector, Watched, per_namespace
 from kvgate.kube.k8s import ApiError
+from kvgate.rollout import scaling
 from kvgate.verify import pod_view
 from kvgate.verify.content_probe import REASON_PASSED, ContentVerdict
 
@@ -472,3 +473,56 @@ async def test_a_deployment_deleted_after_the_store_saw_it_is_not_an_error_of_th
     assert step is not None
     patches = requests(kmock, "PATCH", f"/deployments/llama-{rev}-decode")
     assert patches  # it was asked, and the 404 did not fail the pass
+
+
+@pytest.mark.usefixtures("revision_chain")
+async def test_a_drained_engine_is_announced_once_when_the_next_pass_comes_before_the_watch(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's autoscaling scenario saw three EngineDrained Events for two removed engines: a pass
+    woken (by its one-second drain timer, another pod) between kvgate's own ``drained`` patch
+    and that patch's watch event read the pod as still draining and announced it again. A pass
+    reads what kvgate itself wrote, whatever the watch has delivered."""
+    reconciler, rev = await _engines_verified_in_the_store(kmock, rt, monkeypatch)
+    step = await reconciler.reconcile()
+    assert step is not None and step.serving_revision == rev
+    mds = kmock.resource("kvgate.io", "v1alpha1", "modeldeployments")
+    kmock.objects[mds, NS, "llama"].patch(
+        {"status": requests(kmock, "PATCH", "/status")[-1].data["status"]}
+    )
+    # decode 2 -> 1: its Deployment still runs 2; the second engine left traffic 10 s ago and
+    # its engine reads idle.
+    deployments = kmock.resource("apps", "v1", "deployments")
+    kmock.objects[deployments, NS, f"llama-{rev}-decode"].patch({"spec": {"replicas": 2}})
+    pod = engine_pod(30000, role="decode")
+    name = pod["metadata"]["name"] = f"{pod['metadata']['name']}b"
+    pod["metadata"]["uid"] = "uid-decode-2"
+    pod["metadata"]["annotations"] = {
+        **(pod["metadata"].get("annotations") or {}),
+        labels.DRAINING_SINCE: (NOW - timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    pod["status"]["conditions"] = [
+        {"type": "Ready", "status": "False"},
+        {"type": labels.ENGINE_VERIFIED, "status": "False", "reason": "ScalingDown"},
+    ]
+    kmock.objects[kmock.resource("", "v1", "pods"), NS, name] = pod
+    rt.pods["uid-decode-2"] = pod_view.slim(pod)
+
+    async def idle(pods: list[Any]) -> dict[str, scaling.EngineLoad | None]:
+        return {
+            p["metadata"]["name"]: scaling.EngineLoad()
+            for p in pods
+            if p["metadata"]["name"] == name
+        }
+
+    monkeypatch.setattr(modeldeployment, "_drain_loads", idle)
+
+    await reconciler.reconcile()  # drained: the pod marked, the Event posted
+    await reconciler.reconcile()  # before the watch brings the marked pod back
+
+    drained = [r.data["message"] for r in requests(kmock, "POST", "/events")]
+    drained = [m for m in drained if "drained in" in m]
+    assert len(drained) == 1, drained
+    assert f"decode pod {name} drained in 10.0 s" in drained[0], drained
+    decode = kmock.objects[deployments, NS, f"llama-{rev}-decode"]
+    assert decode["spec"]["replicas"] == 1  # the second pass removes exactly that pod

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 from factories.model_deployments import spec_of
-from kvgate.controller.content_check import check_through
-from kvgate.verify import content_probe
+from kvgate.controller.content_check import Sender, abort_step, check_through
+from kvgate.verify import abort_probe, content_probe
 from kvgate.verify.content_probe import REASON_FAILED, REASON_PASSED, Expect
 from kvgate_engine.reference.engine import STALE_KV_AFTER_ABORT
 
@@ -134,3 +134,27 @@ async def test_honest_engines_give_the_known_answer_after_an_abort(
     known = verdict.findings[-4].answer.output_ids
     assert known is not None and len(known) == 8
     assert all(f.answer.output_ids == known for f in verdict.findings[-2:])
+
+
+async def test_a_drop_planned_after_the_answer_is_tried_again_sooner_and_finds_the_stale_kv(
+    engines: EngineLauncher,
+) -> None:
+    """CI's loaded machine: the longest probe took over twice as long as the dropped request,
+    whose full answer came before its drop, so nothing was aborted and this decode passed. The
+    request goes again, dropped at half its own answer's time, and the abort lands."""
+    prefill, decode = await pair(engines, {STALE_KV_AFTER_ABORT: "1"})
+    _, info = await engines.get_json(f"{decode.url}/server_info")
+    settings = SPEC.safety.content_probe
+    bounds = content_probe.bounds_of(SPEC)
+    plan = abort_probe.plan_abort(CONTEXT, info["max_total_num_tokens"], settings, bounds)
+    vocab = content_probe.vocab_size_of(SPEC.model.config)
+    async with pd_router(prefill, decode) as url, aiohttp.ClientSession() as session:
+        sender = Sender(url, SPEC.model.name, {}, vocab)
+        # As if the longest probe had taken 60 s: the first drop is planned 30 s in.
+        findings = await abort_step(session, sender, plan, 60.0, settings.timeout_seconds, FIELDS)
+    dropped = next(f for f in findings if f.request.expect is Expect.ABORT)
+    assert "try 1: answered in full in" in dropped.summary, dropped.summary
+    assert "before its drop at 30.00 s" in dropped.summary, dropped.summary
+    assert "connection closed" in dropped.summary, dropped.summary
+    after = [f for f in findings if f.request.expect is Expect.KNOWN_ANSWER][1:]
+    assert after and not all(f.passed for f in after), [f.summary for f in findings]

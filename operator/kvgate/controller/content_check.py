@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -356,16 +356,24 @@ async def abort_step(
     started = time.monotonic()
     before = await sender.probe(session, plan.known, timeout, stream=False)
     drop = abort_probe.drop_after(longest_seconds)
-    outcome = await send_dropped(
-        session,
-        sender.url,
-        sender.model,
-        plan.aborted,
-        drop_after=drop,
-        timeout=timeout,
-        headers=sender.headers,
-        vocab_size=sender.vocab_size,
-    )
+    missed: list[tuple[float, float]] = []
+    while True:
+        outcome = await send_dropped(
+            session,
+            sender.url,
+            sender.model,
+            plan.aborted,
+            drop_after=drop,
+            timeout=timeout,
+            headers=sender.headers,
+            vocab_size=sender.vocab_size,
+        )
+        sooner = abort_probe.sooner_drop(drop, outcome, len(missed) + 1)
+        if sooner is None:
+            break
+        missed.append((drop, outcome.answer.seconds))  # answered in full first: again, sooner
+        drop = sooner
+    outcome = replace(outcome, missed=tuple(missed))
     at_once = await sender.probe(session, plan.known, timeout, stream=False)
     settle = abort_probe.settle_seconds(drop)
     await asyncio.sleep(max(0.0, settle - at_once.seconds))
@@ -375,9 +383,11 @@ async def abort_step(
     for finding in findings:
         _logged(finding, fields)
     log.info(
-        "content check abort step: %.2f s (the drop %s s in, the known answer after it in %.2f s)",
+        "content check abort step: %.2f s (the drop %s s in, try %d; the known answer after it "
+        "in %.2f s)",
         time.monotonic() - started,
         "n/a" if outcome.dropped_after is None else f"{outcome.dropped_after:.2f}",
+        len(missed) + 1,
         at_once.seconds,
         extra=fields,
     )

@@ -95,6 +95,8 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         rt.wake_md(namespace, md_name)
         return
     previous = rt.pods.get(uid)
+    if previous is not None and older(pod, previous):
+        return  # the response to kvgate's own write got here first (on_own_write)
     rt.pods[uid] = pod
     _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
@@ -110,6 +112,30 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         or (fingerprint(previous) != fingerprint(pod))
     ):
         rt.wake_md(namespace, md_name)
+
+
+def _resource_version(pod: Pod) -> int | None:
+    try:
+        return int(pod.get("metadata", {}).get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
+
+
+def older(pod: Pod, than: Pod) -> bool:
+    """Whether ``pod`` is an earlier version of ``than`` (resourceVersions compared as integers,
+    as client-go's integer mutation cache does; never, when either is not an integer)."""
+    mine, theirs = _resource_version(pod), _resource_version(than)
+    return mine is not None and theirs is not None and mine < theirs
+
+
+def on_own_write(rt: Runtime, body: Pod) -> None:
+    """The API server's answer to kvgate's own write of an engine pod, taken as its watch event:
+    the next pass reads what kvgate wrote even when it runs before the watch delivers it (a
+    drained engine was announced twice: the pass after the ``drained`` mark read the pod
+    unmarked). The watch's event of the same version changes nothing; an older one it still
+    delivers is ignored (on_pod_event)."""
+    if rt.leading:
+        on_pod_event(rt, "MODIFIED", body)
 
 
 def take_over(rt: Runtime) -> None:

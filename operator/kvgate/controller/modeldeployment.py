@@ -33,7 +33,7 @@ from kvgate.api.models import (
 )
 from kvgate.api.revision import revision_of
 from kvgate.build import builders, model_source
-from kvgate.controller import content_check, step_check
+from kvgate.controller import content_check, engine_pods, step_check
 from kvgate.controller.router_workers import audit_loop
 from kvgate.controller.runtime import (
     MdKey,
@@ -588,7 +588,7 @@ class Reconciler:
                 )
             # Gone since the pass read it (the store can be a watch event behind): nothing to
             # patch; its deletion event wakes the pass that creates it again.
-            await api.patch(
+            written = await api.patch(
                 write.kind,
                 ns,
                 write.name,
@@ -597,6 +597,8 @@ class Reconciler:
                 missing_ok=True,
                 sub=write.subresource,
             )
+            if write.kind == "Pod" and written is not None:
+                engine_pods.on_own_write(self.rt, written)  # read by the next pass at once
         else:
             await api.delete(write.kind, ns, write.name)
         return None

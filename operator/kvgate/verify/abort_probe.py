@@ -23,8 +23,11 @@ revision's own router, one after another:
 
 Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
 the known answer without a per-model table. An answer that does not come decides nothing (the
-check reruns); a request answered in full before the drop is recorded as such and the answers
-after it are still compared (a rerun would be as fast).
+check reruns). A request answered in full before its drop aborted nothing: the one time the
+probe took is a noisy guess of how long it runs (on a loaded machine the probe took over twice
+as long as the request, and a decode that lands aborted transfers passed), so it is sent again,
+dropped at half the time its own full answer took (``sooner_drop``), up to ``ABORT_ATTEMPTS``
+tries. Answered in full every time, that is recorded and the answers after it are still compared.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ ABORT_FRACTION = 0.5  # of the longest in-range probe's measured answer time
 # disconnect on only when its next write fails (smg 1.13) must still be relaying tokens then.
 ABORT_NEW_TOKENS = 64
 MIN_ABORT_SECONDS = 0.05
+ABORT_ATTEMPTS = 3  # tries of the dropped request while each is answered in full first
 MIN_SETTLE_SECONDS = 2.0  # the least wait from the drop to the last known-answer request
 ABORT_OFFSET = 1  # the aborted prompt's ids start one place later: no id matches position-wise
 MAX_IDS_SHOWN = 12  # output ids quoted in a summary (an engine's answer is untrusted)
@@ -68,6 +72,20 @@ class AbortOutcome:
 
     answer: ProbeAnswer
     dropped_after: float | None
+    # Earlier tries answered in full before their drop: (the drop planned, the answer's seconds).
+    missed: tuple[tuple[float, float], ...] = ()
+
+
+def sooner_drop(drop: float, outcome: AbortOutcome, tries: int) -> float | None:
+    """The next try's drop when try number ``tries`` was answered in full before its ``drop``:
+    half the time that answer took (the same request on the same engines), and sooner than
+    ``drop``. None when it was dropped or got no answer, after ``ABORT_ATTEMPTS`` tries, or when
+    no sooner drop is left."""
+    answered_first = outcome.dropped_after is None and outcome.answer.http_status is not None
+    if not answered_first or tries >= ABORT_ATTEMPTS:
+        return None
+    sooner = max(MIN_ABORT_SECONDS, ABORT_FRACTION * min(drop, outcome.answer.seconds))
+    return sooner if sooner < drop else None
 
 
 def plan_abort(
@@ -155,17 +173,23 @@ def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
         return ProbeFinding(
             request, answer, False, f"{head}: {describe_answer(answer)}", undecided=True
         )
+    missed = "; ".join(
+        f"try {i}: answered in full in {took:.2f} s, before its drop at {drop:.2f} s"
+        for i, (drop, took) in enumerate(outcome.missed, 1)
+    )
+    earlier = f" ({missed})" if missed else ""
     if outcome.dropped_after is None:
-        # Faster than the drop: nothing to abort. The answers after it are still compared; a
-        # rerun would be as fast, and waiting for a drop that never lands would refuse a
-        # healthy revision at rollout.verifyTimeoutSeconds.
+        # Faster than every drop: nothing to abort. The answers after it are still compared;
+        # waiting for a drop that never lands would refuse a healthy fast revision at
+        # rollout.verifyTimeoutSeconds.
+        tries = f" in all {len(outcome.missed) + 1} tries" if outcome.missed else ""
         summary = (
-            f"{head}: answered in full before the drop ({describe_answer(answer)} in "
-            f"{answer.seconds:.2f} s), so nothing was aborted"
+            f"{head}: answered in full before the drop{tries} ({describe_answer(answer)} in "
+            f"{answer.seconds:.2f} s), so nothing was aborted{earlier}"
         )
         return ProbeFinding(request, answer, True, summary)
     got = f"after its HTTP {answer.http_status} head"
-    summary = f"{head}: connection closed {outcome.dropped_after:.2f} s in, {got}"
+    summary = f"{head}: connection closed {outcome.dropped_after:.2f} s in, {got}{earlier}"
     return ProbeFinding(request, answer, True, summary)
 
 
