@@ -86,6 +86,9 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         else:
             rt.pods[uid] = pod
         return
+    previous = rt.pods.get(uid)
+    if event_type != "DELETED" and previous is not None and older(pod, previous):
+        return  # the answer to kvgate's own write got here first (on_own_write)
     namespace, md_name = _md_of(pod)
     kv_canary_watch.on_pod_event(rt, event_type, pod)  # safety.kvCanary: follow its log
     if event_type == "DELETED":
@@ -94,9 +97,6 @@ def on_pod_event(rt: Runtime, event_type: str | None, body: Pod) -> None:
         group_verify.forget(uid)
         rt.wake_md(namespace, md_name)
         return
-    previous = rt.pods.get(uid)
-    if previous is not None and older(pod, previous):
-        return  # the response to kvgate's own write got here first (on_own_write)
     rt.pods[uid] = pod
     _track(rt, pod, first=previous is None)
     task = rt.verifiers.get(uid)
@@ -133,8 +133,10 @@ def on_own_write(rt: Runtime, body: Pod) -> None:
     the next pass reads what kvgate wrote even when it runs before the watch delivers it (a
     drained engine was announced twice: the pass after the ``drained`` mark read the pod
     unmarked). The watch's event of the same version changes nothing; an older one it still
-    delivers is ignored (on_pod_event)."""
-    if rt.leading:
+    delivers is ignored (on_pod_event). Only a pod the watch already delivered: the store holds
+    engine pods only."""
+    uid = (body.get("metadata") or {}).get("uid")
+    if rt.leading and uid in rt.pods:
         on_pod_event(rt, "MODIFIED", body)
 
 
