@@ -338,6 +338,8 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
                     return None
                 if gate["reason"] != attack.reason:
                     return None
+                if pod["metadata"]["name"] not in timeline.gate_failed:
+                    return None  # its watch is behind this read (a loaded machine): not yet timed
                 found[attack] = pod
             return found, []
 
