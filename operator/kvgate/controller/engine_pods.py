@@ -130,11 +130,11 @@ def older(pod: Pod, than: Pod) -> bool:
 
 def on_own_write(rt: Runtime, body: Pod) -> None:
     """The API server's answer to kvgate's own write of an engine pod, taken as its watch event:
-    the next pass reads what kvgate wrote even when it runs before the watch delivers it (a
-    drained engine was announced twice: the pass after the ``drained`` mark read the pod
-    unmarked). The watch's event of the same version changes nothing; an older one it still
-    delivers is ignored (on_pod_event). Only a pod the watch already delivered: the store holds
-    engine pods only."""
+    the next pass reads what kvgate wrote even when it runs before the watch delivers it
+    (otherwise a pass between a ``drained`` mark and its watch event reads the pod unmarked and
+    posts its EngineDrained again). The watch's event of the same version changes nothing; an
+    older one it still delivers is ignored (on_pod_event). Only a pod the watch already
+    delivered: the store holds engine pods only."""
     uid = (body.get("metadata") or {}).get("uid")
     if rt.leading and uid in rt.pods:
         on_pod_event(rt, "MODIFIED", body)

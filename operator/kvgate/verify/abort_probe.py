@@ -24,10 +24,11 @@ revision's own router, one after another:
 Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
 the known answer without a per-model table. An answer that does not come decides nothing (the
 check reruns). A request answered in full before its drop aborted nothing: the one time the
-probe took is a noisy guess of how long it runs (on a loaded machine the probe took over twice
-as long as the request, and a decode that lands aborted transfers passed), so it is sent again,
-dropped at half the time its own full answer took (``sooner_drop``), up to ``ABORT_ATTEMPTS``
-tries. Answered in full every time, that is recorded and the answers after it are still compared.
+probe took is a noisy guess of how long it runs (on a loaded machine the probe can take over
+twice as long as the request, and a decode that lands aborted transfers would pass). So it is
+sent again, dropped at half the time its own full answer took (``sooner_drop``), up to
+``ABORT_ATTEMPTS`` tries. Answered in full every time, that is recorded and the answers after it
+are still compared.
 """
 
 from __future__ import annotations
