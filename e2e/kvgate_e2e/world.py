@@ -383,7 +383,7 @@ class World:
 
         def webhook_answers() -> bool:
             proc = self.kubectl(
-                "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(probe), check=False
+                "apply", "--dry-run=server", "-f", "-", input=manifest_text(probe), check=False
             )
             return proc.returncode != 0 and "denied the request" in proc.stderr
 
@@ -434,7 +434,7 @@ class World:
 
     def apply(self, manifest: str | Mapping[str, Any], namespace: str | None = None) -> str:
         """``kubectl apply -f -`` of YAML text or one object; returns kubectl's output."""
-        text = manifest if isinstance(manifest, str) else yaml.safe_dump(dict(manifest))
+        text = manifest if isinstance(manifest, str) else manifest_text(manifest)
         ns = [f"--namespace={namespace}"] if namespace else []
         return str(self.kubectl("apply", *ns, "-f", "-", input=text).stdout)
 
@@ -560,6 +560,14 @@ class World:
 
 
 # ---------------------------------------------------------------------- plain helpers
+def manifest_text(obj: Mapping[str, Any]) -> str:
+    """One object as ``kubectl -f -`` reads it: JSON, never PyYAML's YAML. PyYAML (YAML 1.1)
+    leaves a string such as ``123e4567`` unquoted, and kubectl's YAML reader takes it for a
+    number: a router pod copied with its 12-hex-digit key fingerprint was refused as "cannot
+    unmarshal number into ... annotations of type string"."""
+    return json.dumps(obj)
+
+
 def http_json(
     url: str,
     body: Any = None,

@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import yaml
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import routes_to_ip
@@ -32,6 +31,7 @@ from kvgate_e2e.world import (
     is_ready,
     known_answer_body,
     load_sample,
+    manifest_text,
     output_ids,
 )
 
@@ -345,7 +345,7 @@ class Tenant:
         )
 
     def create(self, obj: dict[str, Any], *flags: str) -> Any:
-        return self.kubectl("create", *flags, "-f", "-", input=yaml.safe_dump(obj))
+        return self.kubectl("create", *flags, "-f", "-", input=manifest_text(obj))
 
 
 def make_tenant(world: World, namespace: str) -> Tenant:

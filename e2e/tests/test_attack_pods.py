@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from attack_helpers import (
     MD,
     assert_bound_and_type_checked,
@@ -27,7 +26,7 @@ from attack_helpers import (
     under_attack,
 )
 from kvgate_e2e.sampler import InvariantSampler
-from kvgate_e2e.world import World, is_ready, ready_endpoints
+from kvgate_e2e.world import World, is_ready, manifest_text, ready_endpoints
 from scenario_helpers import deadline_loop, make_tenant
 
 pytestmark = pytest.mark.e2e
@@ -221,11 +220,11 @@ def test_ephemeral_debug_container_in_an_engine_pod_is_denied_even_to_a_cluster_
     ]
     replace = ("replace", "--subresource=ephemeralcontainers", "-f", "-")
     with under_attack(world, namespace, "ephemeral-container"):
-        tenant = s.tenant.kubectl(*replace, input=yaml.safe_dump(pod))
+        tenant = s.tenant.kubectl(*replace, input=manifest_text(pod))
         assert tenant.returncode != 0 and "cannot update resource" in tenant.stderr, tenant.stderr
         print(f"DENIED (RBAC): {tenant.stderr.strip()}")
         admin = world.kubectl(
-            *replace, f"--namespace={namespace}", input=yaml.safe_dump(pod), check=False
+            *replace, f"--namespace={namespace}", input=manifest_text(pod), check=False
         )
         assert_denied(
             admin,
