@@ -563,8 +563,8 @@ class World:
 def manifest_text(obj: Mapping[str, Any]) -> str:
     """One object as ``kubectl -f -`` reads it: JSON, never PyYAML's YAML. PyYAML (YAML 1.1)
     leaves a string such as ``123e4567`` unquoted, and kubectl's YAML reader takes it for a
-    number: a router pod copied with its 12-hex-digit key fingerprint was refused as "cannot
-    unmarshal number into ... annotations of type string"."""
+    number: a copied router pod whose 12-hex-digit key fingerprint reads so is refused with
+    "cannot unmarshal number into ... annotations of type string"."""
     return json.dumps(obj)
 
 

@@ -87,9 +87,9 @@ FIRE_BOUND = FOR_SECONDS + 2 * INTERVAL + SLACK  # `for:` + one scrape + one eva
 # The load: each request reserves prompt + max_new_tokens = 15,000 of the decode's 17,500 pages
 # (86 %) for its whole decode; two clients, so one always waits for the other's pages.
 LOAD_PROMPT, LOAD_NEW_TOKENS, LOAD_CLIENTS = 2_000, 13_000, 2
-# A request may wait for the other's whole decode, then decode its own. On CI's loaded machine one
-# of two requests ended in an OSError (status 0) in a test that took 161 s, likely the client's
-# 120 s timeout then; the error and each request's seconds are now printed.
+# A request may wait for the other's whole decode, then decode its own: on a loaded 2-core machine
+# the two can take well over 120 s (alone, the longer takes ~20 s). A failed request's error and
+# every request's seconds are kept (Load.errors, Load.seconds) for the failure message.
 REQUEST_TIMEOUT = 300
 
 

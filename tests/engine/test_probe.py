@@ -660,8 +660,8 @@ async def test_slow_models_does_not_block_the_verdict_beyond_the_timeout(
 ) -> None:
     engine.json("/server_info", load("server_info_0.5.23_decode.json"))
     engine.slow("/v1/models")  # never answers while the test runs
-    # 2 s, not 0.2: the unit tier runs at nice 15 beside the e2e tier, and make test once saw
-    # this in-process stub's /server_info miss 0.2 s.
+    # 2 s, not 0.2: the unit tier runs at nice 15 beside the e2e tier, where this in-process
+    # stub's /server_info can take longer than 0.2 s to answer.
     verdict = await verify(engine.url, Requirement(CTX, role="decode"), timeout=2.0, retries=0)
     assert verdict.outcome is Outcome.SAFE  # max_req_input_len + 6 proves the context
     assert verdict.report is not None

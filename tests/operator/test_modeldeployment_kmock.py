@@ -479,10 +479,10 @@ async def test_a_deployment_deleted_after_the_store_saw_it_is_not_an_error_of_th
 async def test_a_drained_engine_is_announced_once_when_the_next_pass_comes_before_the_watch(
     kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CI's autoscaling scenario saw three EngineDrained Events for two removed engines: a pass
-    woken (by its one-second drain timer, another pod) between kvgate's own ``drained`` patch
-    and that patch's watch event read the pod as still draining and announced it again. A pass
-    reads what kvgate itself wrote, whatever the watch has delivered."""
+    """A pass woken (by its one-second drain timer, another pod) between kvgate's own
+    ``drained`` patch and that patch's watch event must not read the pod as still draining and
+    announce it again: a pass reads what kvgate itself wrote, whatever the watch has
+    delivered."""
     reconciler, rev = await _engines_verified_in_the_store(kmock, rt, monkeypatch)
     step = await reconciler.reconcile()
     assert step is not None and step.serving_revision == rev

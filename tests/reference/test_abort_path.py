@@ -139,9 +139,9 @@ async def test_honest_engines_give_the_known_answer_after_an_abort(
 async def test_a_drop_planned_after_the_answer_is_tried_again_sooner_and_finds_the_stale_kv(
     engines: EngineLauncher,
 ) -> None:
-    """CI's loaded machine: the longest probe took over twice as long as the dropped request,
-    whose full answer came before its drop, so nothing was aborted and this decode passed. The
-    request goes again, dropped at half its own answer's time, and the abort lands."""
+    """On a loaded machine the longest probe can take over twice as long as the dropped
+    request, whose full answer then comes before its drop: nothing is aborted. The request goes
+    again, dropped at half its own answer's time, and the abort lands."""
     prefill, decode = await pair(engines, {STALE_KV_AFTER_ABORT: "1"})
     _, info = await engines.get_json(f"{decode.url}/server_info")
     settings = SPEC.safety.content_probe
