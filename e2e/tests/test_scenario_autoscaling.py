@@ -293,13 +293,17 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
             details=running_story,
         )
         world.apply(hpa(ns), namespace=ns)
-        deadline_loop(
-            "the HPA to set the RoleScale to 3",
-            lambda: rolescale(world, ns)["spec"]["replicas"] == 3,
+        # The HPA controller writes the scale first and its own status after: wait for both.
+        scaled_at = deadline_loop(
+            "the HPA to set the RoleScale to 3 and record when",
+            lambda: (
+                rolescale(world, ns)["spec"]["replicas"] == 3
+                and world.get("hpa", SCALE, ns).get("status", {}).get("lastScaleTime")
+            ),
             120,
             details=lambda: json.dumps(world.get("hpa", SCALE, ns), default=str)[:3000],
         )
-        decided = parse_rfc3339(world.get("hpa", SCALE, ns)["status"]["lastScaleTime"])
+        decided = parse_rfc3339(scaled_at)
         wait_verified(world, ns, 3, 240, "3 verified decode engines after the HPA's scale-up")
         up_seconds = time.time() - decided
 

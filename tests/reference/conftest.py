@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-STARTUP_DEADLINE = 90.0  # torch import on a busy 2-core machine can take several seconds
+STARTUP_DEADLINE = 300.0  # niced beside the e2e tier, importing torch took over 90 s on CI
 STOP_DEADLINE = 15.0
 # Small timeouts so a broken handoff fails a test in seconds, not SGLang's 300 s.
 TEST_ENV = {

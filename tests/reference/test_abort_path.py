@@ -21,7 +21,7 @@ from factories.model_deployments import spec_of
 from kvgate.controller.content_check import Sender, abort_step, check_through
 from kvgate.verify import abort_probe, content_probe
 from kvgate.verify.content_probe import REASON_FAILED, REASON_PASSED, Expect
-from kvgate_engine.reference.engine import STALE_KV_AFTER_ABORT
+from kvgate_engine.reference.engine import DECODE_STEP_SECONDS, STALE_KV_AFTER_ABORT
 
 if TYPE_CHECKING:
     from conftest import EngineLauncher, RunningEngine
@@ -35,6 +35,7 @@ SPEC = spec_of(
     safety={"contentProbe": {"lengths": [100]}},
 )
 FIELDS = {"namespace": "t", "deployment": "tiny", "revision": "r1"}
+PACED_STEP_SECONDS = 0.2  # a decode step: 64 tokens take 12.8 s
 
 
 @contextlib.asynccontextmanager
@@ -141,8 +142,14 @@ async def test_a_drop_planned_after_the_answer_is_tried_again_sooner_and_finds_t
 ) -> None:
     """On a loaded machine the longest probe can take over twice as long as the dropped
     request, whose full answer then comes before its drop: nothing is aborted. The request goes
-    again, dropped at half its own answer's time, and the abort lands."""
-    prefill, decode = await pair(engines, {STALE_KV_AFTER_ABORT: "1"})
+    again, dropped at half its own answer's time, and the abort lands.
+
+    The decode is paced (DECODE_STEP_SECONDS): its 64 tokens take 12.8 s, most of the dropped
+    request's life, so half of try 1's time falls inside try 2 even when the machine's load
+    changes between the tries (CI: an unpaced try 2 was over before its drop, still being relayed
+    by this process's router, and nothing was aborted)."""
+    paced = {STALE_KV_AFTER_ABORT: "1", DECODE_STEP_SECONDS: str(PACED_STEP_SECONDS)}
+    prefill, decode = await pair(engines, paced)
     _, info = await engines.get_json(f"{decode.url}/server_info")
     settings = SPEC.safety.content_probe
     bounds = content_probe.bounds_of(SPEC)
@@ -150,11 +157,11 @@ async def test_a_drop_planned_after_the_answer_is_tried_again_sooner_and_finds_t
     vocab = content_probe.vocab_size_of(SPEC.model.config)
     async with pd_router(prefill, decode) as url, aiohttp.ClientSession() as session:
         sender = Sender(url, SPEC.model.name, {}, vocab)
-        # As if the longest probe had taken 60 s: the first drop is planned 30 s in.
-        findings = await abort_step(session, sender, plan, 60.0, settings.timeout_seconds, FIELDS)
+        # As if the longest probe had taken 120 s: the first drop is planned 60 s in.
+        findings = await abort_step(session, sender, plan, 120.0, settings.timeout_seconds, FIELDS)
     dropped = next(f for f in findings if f.request.expect is Expect.ABORT)
     assert "try 1: answered in full in" in dropped.summary, dropped.summary
-    assert "before its drop at 30.00 s" in dropped.summary, dropped.summary
+    assert "before its drop at 60.00 s" in dropped.summary, dropped.summary
     assert "connection closed" in dropped.summary, dropped.summary
     after = [f for f in findings if f.request.expect is Expect.KNOWN_ANSWER][1:]
     assert after and not all(f.passed for f in after), [f.summary for f in findings]
