@@ -115,13 +115,53 @@ def test_the_commands_the_quick_start_runs_are_kvgates() -> None:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_image_tags_the_image_with_the_charts_app_version() -> None:
+def test_make_image_names_the_image_with_the_charts_app_version() -> None:
+    """`make image` runs operator/image/build.py, which names the archive's image
+    IMAGE:<pyproject version>; tests/image/test_dockerfile.py holds that version to the chart's
+    appVersion, the tag the chart deploys by default."""
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     printed = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", str(ROOT), "-p", "-n", "image"],
+        [
+            "make",
+            "-s",
+            "--no-print-directory",
+            "-C",
+            str(ROOT),
+            "-n",
+            "image",
+            "IMAGE=registry.example.com/kvgate/kvgate-operator",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     ).stdout
-    assert f"APP_VERSION := {app_version}" in printed
-    assert "-t $(IMAGE):$(APP_VERSION)" in printed
+    assert "operator/image/build.py" in printed
+    assert "--image registry.example.com/kvgate/kvgate-operator" in printed
+    assert f'version = "{app_version}"' in (ROOT / "pyproject.toml").read_text()
+
+
+def shell_blocks(text: str) -> str:
+    """The ```sh blocks of a Markdown text, continuation lines joined, comments dropped."""
+    blocks = "\n".join(re.findall(r"```sh\n(.*?)```", text, flags=re.S))
+    joined = re.sub(r"\\\n\s*", "", blocks)
+    return "\n".join(line.split("#", 1)[0].strip() for line in joined.splitlines())
+
+
+def test_the_readmes_quick_start_builds_pushes_and_installs_as_the_quick_start_does() -> None:
+    """A newcomer following either gets the same image into the same registry and installs the
+    chart with that repository (never the default one, which no registry holds)."""
+    readme = shell_blocks((ROOT / "README.md").read_text())
+    guide = shell_blocks(DOC.read_text())
+    image_repo = "registry.example.com/kvgate/kvgate-operator"
+    for text in (readme, guide):
+        assert f"make image IMAGE={image_repo}" in text
+        assert "skopeo copy oci-archive:dist/kvgate-operator-" in text
+    make_line = next(line for line in readme.splitlines() if line.startswith("make image"))
+    push_line = next(line for line in readme.splitlines() if line.startswith("skopeo copy"))
+    assert make_line in guide.splitlines() and push_line in guide.splitlines()
+    install = next(line for line in readme.splitlines() if line.startswith("helm install"))
+    assert f"--set image.repository={image_repo}" in install
+    values = yaml.safe_load(re.search(r"```yaml\n(image:.*?)```", DOC.read_text(), re.S).group(1))  # type: ignore[union-attr]
+    assert values["image"]["repository"] == image_repo
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None and f"kvgate-operator-{version.group(1)}.oci.tar" in push_line
