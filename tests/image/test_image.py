@@ -24,6 +24,7 @@ import pytest
 from admission.conftest import mutated, review, sample
 from factories.fake_engine import FakeEngine, running
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
+from kvgate_e2e.model_hub import HubState, serving
 from kvgate_e2e.netns import TcpRelay, temporary_namespace
 
 from .conftest import Containerd, makefile_uv, require_image_tools
@@ -384,3 +385,52 @@ def test_the_webhook_in_its_container_denies_an_unsafe_spec_with_its_numbers(
                 out, _ = proc.communicate()
             print(f"webhook container output:\n{out[-3000:]}")
             containerd.ctr("containers", "delete", name, check=False, timeout=30)
+
+
+HUB_REPO = "kvgate-test/tiny-model"
+HUB_FILES = {
+    "config.json": json.dumps({"architectures": ["LlamaForCausalLM"], "vocab_size": 384}).encode(),
+    "model.safetensors": bytes(range(256)) * 4096,  # 1 MiB, served as an LFS file
+}
+
+
+def test_fetch_model_in_its_container_lands_the_snapshot_with_the_token_from_its_env(
+    containerd: Containerd, image: str, tmp_path: Path
+) -> None:
+    """The init container of `spec.model.source.download`: `kvgate fetch-model` as user 65532,
+    the token from its environment, into a volume (a bind mount the user may write)."""
+    root = tmp_path / "hub"
+    for rel, data in HUB_FILES.items():
+        (root / HUB_REPO / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / HUB_REPO / rel).write_bytes(data)
+    dest = tmp_path / "models"
+    dest.mkdir()
+    os.chown(dest, 65532, 65532)
+    token = "hf_container-token-never-logged"
+    with serving(HubState(root=root, token=token)) as hub:
+        done = run_once(
+            containerd,
+            image,
+            "kvgate",
+            "fetch-model",
+            "--repo",
+            HUB_REPO,
+            "--endpoint",
+            hub.url,
+            "--dest",
+            "/models/tiny",
+            "--token-env",
+            "HF_TOKEN",
+            extra=(
+                "--net-host",
+                "--env",
+                f"HF_TOKEN={token}",
+                "--mount",
+                f"type=bind,src={dest},dst=/models,options=rbind:rw",
+            ),
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rel, data in HUB_FILES.items():
+        assert (dest / "tiny" / rel).read_bytes() == data, rel
+        assert (dest / "tiny" / rel).stat().st_uid == 65532
+    assert token not in done.stdout + done.stderr
