@@ -87,15 +87,62 @@ class Containerd:
 
 
 CONTAINERD_START_DEADLINE_S = 60.0  # a containerd that has not opened its socket by then is broken
+STATE_PREFIX = "kvgate-ctrd-"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/<pid>/stat): with the pid, it
+    names one process, never a later one that reuses the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _remove(base: Path) -> None:
+    """Everything a containerd of these tests left under ``base``: its processes and the shims
+    it started (each names ``base`` on its command line), the overlay mounts of its snapshots,
+    the directory."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(base).encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), 9)
+        except (OSError, ValueError):
+            continue
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    for line in reversed(mounts):
+        fields = line.split()
+        if len(fields) > 1 and fields[1].startswith(str(base)):
+            subprocess.run(["umount", "-l", fields[1]], check=False)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def reap_stale_containerds(root: Path = Path("/tmp")) -> list[Path]:
+    """The state of runs that died without their teardown (a killed pytest): removed, unless
+    its owner still lives (a concurrent run)."""
+    reaped = []
+    for base in sorted(root.glob(f"{STATE_PREFIX}*")):
+        try:
+            pid, started = (base / "owner").read_text().split()
+        except (OSError, ValueError):
+            pid, started = "0", ""
+        if _start_time(int(pid)) == started:
+            continue
+        _remove(base)
+        reaped.append(base)
+    return reaped
 
 
 @pytest.fixture(scope="session")
 def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
     require_image_tools()
     # A short path: the socket's path must stay under the kernel's 108-byte limit.
-    base = Path(f"/tmp/kvgate-ctrd-{os.getpid()}")
-    shutil.rmtree(base, ignore_errors=True)
+    for stale in reap_stale_containerds():
+        print(f"reaped the containerd state of a dead run: {stale}")
+    base = Path(f"/tmp/{STATE_PREFIX}{os.getpid()}")
     base.mkdir(mode=0o700)
+    (base / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
     address = str(base / "c.sock")
     config = base / "config.toml"
     # The CRI plugin is off: these tests run containers through containerd's own API (ctr),
@@ -138,10 +185,4 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
             proc.kill()
             proc.wait()
         log.close()
-        # containerd's snapshots are overlay mounts under its root: unmount before removing.
-        mounts = Path("/proc/mounts").read_text().split("\n")
-        for line in reversed(mounts):
-            fields = line.split()
-            if len(fields) > 1 and fields[1].startswith(str(base)):
-                subprocess.run(["umount", "-l", fields[1]], check=False)
-        shutil.rmtree(base, ignore_errors=True)
+        _remove(base)  # the shims, the snapshots' mounts, the directory

@@ -1,0 +1,36 @@
+"""An image test killed mid-run leaves a containerd, its shims and its mounts behind; the next
+run removes them, and leaves a live run's alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import STATE_PREFIX, _start_time, reap_stale_containerds
+
+
+def test_a_dead_runs_containerd_state_and_processes_are_reaped(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = tmp_path / f"{STATE_PREFIX}{dead.stdout.strip()}"
+    stale.mkdir()
+    (stale / "owner").write_text(f"{dead.stdout.strip()} 12345")
+    # Stands for the containerd and the shims: a process naming the state dir on its command line.
+    leftover = subprocess.Popen(["sleep", "600", str(stale / "c.sock")])
+    live = tmp_path / f"{STATE_PREFIX}{os.getpid()}-live"
+    live.mkdir()
+    (live / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
+    try:
+        assert reap_stale_containerds(tmp_path) == [stale]
+        assert leftover.wait(timeout=10) == -9
+        assert not stale.exists()
+        assert live.exists(), "a live run's state is never touched"
+    finally:
+        leftover.kill()
+        leftover.wait()
