@@ -22,7 +22,9 @@ def test_a_dead_runs_containerd_state_and_processes_are_reaped(tmp_path: Path) -
     stale.mkdir()
     (stale / "owner").write_text(f"{dead.stdout.strip()} 12345")
     # Stands for the containerd and the shims: a process naming the state dir on its command line.
-    leftover = subprocess.Popen(["sleep", "600", str(stale / "c.sock")])
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", str(stale / "c.sock")]
+    )
     live = tmp_path / f"{STATE_PREFIX}{os.getpid()}-live"
     live.mkdir()
     (live / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
