@@ -3,6 +3,7 @@ the kvgate package), and a private containerd for the tests that run the image."
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -134,16 +135,15 @@ def reap_stale_containerds(root: Path = Path("/tmp")) -> list[Path]:
     return reaped
 
 
-@pytest.fixture(scope="session")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    require_image_tools()
-    # A short path: the socket's path must stay under the kernel's 108-byte limit.
+@contextlib.contextmanager
+def running_containerd() -> Iterator[Containerd]:
+    """A containerd of its own, stopped and removed on exit (with its shims and mounts)."""
     for stale in reap_stale_containerds():
         print(f"reaped the containerd state of a dead run: {stale}")
     base = Path(f"/tmp/{STATE_PREFIX}{os.getpid()}")
     base.mkdir(mode=0o700)
     (base / "owner").write_text(f"{os.getpid()} {_start_time(os.getpid())}")
-    address = str(base / "c.sock")
+    address = str(base / "c.sock")  # a short path: a socket's path has at most 107 bytes
     config = base / "config.toml"
     # The CRI plugin is off: these tests run containers through containerd's own API (ctr),
     # with no kubelet and no CNI.
@@ -165,7 +165,7 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
         deadline = time.monotonic() + CONTAINERD_START_DEADLINE_S
         while ctrd.ctr("version", check=False, timeout=10).returncode != 0:
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(
+                raise RuntimeError(
                     f"containerd did not start: {(base / 'containerd.log').read_text()[-2000:]}"
                 )
             time.sleep(0.2)
@@ -186,3 +186,10 @@ def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]
             proc.wait()
         log.close()
         _remove(base)  # the shims, the snapshots' mounts, the directory
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[Containerd]:
+    require_image_tools()
+    with running_containerd() as ctrd:
+        yield ctrd
