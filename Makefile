@@ -3,7 +3,10 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+# The runtime dependencies are the ones the image ships: operator/image/requirements.lock
+# constrains them here too, so the tests run what `make image` installs.
+RUNTIME_LOCK := operator/image/requirements.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256sum | cut -c1-12)
 
 .PHONY: test beside-e2e image image-lock image-test demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale dashboard-images crds venv clean
 
@@ -23,9 +26,9 @@ $(UV):
 	  $(PY) -m venv $$tmp; $$tmp/bin/pip install --quiet uv==$(UV_VERSION); \
 	  rm -rf $$dir; mv -T $$tmp $$dir; echo "uv $(UV_VERSION) installed in $$dir"
 
-$(STAMP): pyproject.toml $(UV)
+$(STAMP): pyproject.toml $(RUNTIME_LOCK) $(UV)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(UV) pip install --quiet --python $(BIN)/python -e '.[test,reference,plot]'
+	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[test,reference,plot]'
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 venv: $(STAMP)
@@ -136,7 +139,7 @@ bench-scale: e2e-deps
 # e2e/bench/render_dashboards.py draws every panel's query_range with matplotlib (the optional
 # `plot` extra, installed here). `make dashboard-images DASHBOARD_ARGS="--phase-seconds 120"`.
 dashboard-images: e2e-deps prometheus
-	$(UV) pip install --quiet --python $(BIN)/python -e '.[plot]'
+	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[plot]'
 	$(BIN)/python e2e/bench/render_dashboards.py $(DASHBOARD_ARGS)
 
 # Everything the tiers need, built and installed side by side (on a fresh machine the Go builds

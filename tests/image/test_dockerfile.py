@@ -212,3 +212,21 @@ def test_the_build_context_sends_no_local_environment() -> None:
     assert patterns[0] == "*", "the ignore file must exclude everything by default"
     allowed = [p for p in patterns if p.startswith("!")]
     assert not any(".venv" in p or ".git" in p or "e2e/.build" in p or "dist" in p for p in allowed)
+
+
+def test_the_tests_run_the_runtime_dependencies_the_image_ships(image_build: ModuleType) -> None:
+    """`make venv` installs with requirements.lock as constraints: a pin that moves reinstalls
+    the venv (the lock is part of its stamp), so the tests never run other versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    moved = {}
+    for name, pinned in image_build.lock_pins(image_build.REQUIREMENTS_LOCK).items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            installed = "missing"
+        if installed != pinned:
+            moved[name] = (pinned, installed)
+    assert moved == {}, (
+        "the venv's versions differ from operator/image/requirements.lock: make venv"
+    )
