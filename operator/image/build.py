@@ -495,43 +495,12 @@ def install_kvgate(rootfs: Path, uv: Path, house: Path, wheel: Path, epoch: int)
     root = str(rootfs)
     try:
         run(["chroot", root, "/usr/bin/python3.11", "-m", "venv", "--without-pip", VENV], env=env)
-        common = [
-            "--python",
-            f"{VENV}/bin/python",
-            "--offline",
-            "--no-index",
-            "--quiet",
-            "--find-links",
-            "/tmp/kvgate-build/wheels",
-        ]
-        run(
-            [
-                "chroot",
-                root,
-                "/tmp/kvgate-build/uv",
-                "pip",
-                "install",
-                *common,
-                "--no-deps",
-                "--require-hashes",
-                "-r",
-                "/tmp/kvgate-build/requirements.lock",
-            ],
-            env=env,
-        )
-        run(
-            [
-                "chroot",
-                root,
-                "/tmp/kvgate-build/uv",
-                "pip",
-                "install",
-                *common,
-                "--no-deps",
-                f"/tmp/kvgate-build/wheels/{wheel.name}",
-            ],
-            env=env,
-        )
+        install = ["chroot", root, "/tmp/kvgate-build/uv", "pip", "install", "--no-deps"]
+        install += ["--python", f"{VENV}/bin/python", "--offline", "--no-index", "--quiet"]
+        install += ["--find-links", "/tmp/kvgate-build/wheels"]
+        lock = "/tmp/kvgate-build/requirements.lock"
+        run([*install, "--require-hashes", "-r", lock], env=env)
+        run([*install, f"/tmp/kvgate-build/wheels/{wheel.name}"], env=env)
         forget_install_times(rootfs / VENV.lstrip("/"))
         # Bytecode checked by content, not by mtime: reproducible, and valid on a read-only root.
         run(
@@ -693,47 +662,21 @@ def _project_version() -> str:
 # ---------------------------------------------------------------- refreshing the locks
 
 
+def uv_compile(uv: Path, source: Path, out: Path, *options: str) -> None:
+    """A hashed lock of `source`'s requirements for CPython 3.11."""
+    argv = [str(uv), "pip", "compile", "--quiet", "--no-header", "--generate-hashes"]
+    argv += ["--python-version", "3.11", *options, str(source), "-o", str(out)]
+    run(argv, env={**os.environ, "UV_NATIVE_TLS": "1"}, cwd=REPO)
+
+
 def refresh_locks(uv: Path, cache: Path) -> None:
     """Resolve today's newest inputs into the three lock files (review the diff, then commit)."""
-    env = {**os.environ, "UV_NATIVE_TLS": "1"}
-    run(
-        [
-            str(uv),
-            "pip",
-            "compile",
-            "--quiet",
-            "--no-header",
-            "--generate-hashes",
-            "--python-version",
-            "3.11",
-            "--python-platform",
-            "x86_64-manylinux_2_36",
-            str(REPO / "pyproject.toml"),
-            "-o",
-            str(REQUIREMENTS_LOCK),
-        ],
-        env=env,
-        cwd=REPO,
-    )
+    platform = ("--python-platform", "x86_64-manylinux_2_36")
+    uv_compile(uv, REPO / "pyproject.toml", REQUIREMENTS_LOCK, *platform)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         wanted = Path(tmp) / "build.in"
         wanted.write_text("setuptools\nwheel\n")
-        run(
-            [
-                str(uv),
-                "pip",
-                "compile",
-                "--quiet",
-                "--no-header",
-                "--generate-hashes",
-                "--python-version",
-                "3.11",
-                str(wanted),
-                "-o",
-                str(BUILD_CONSTRAINTS_LOCK),
-            ],
-            env=env,
-        )
+        uv_compile(uv, wanted, BUILD_CONSTRAINTS_LOCK)
         old = read_debian_lock()
         rootfs = Path(tmp) / "rootfs"
         run(

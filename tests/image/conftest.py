@@ -86,6 +86,37 @@ class Containerd:
             timeout=timeout,
         )
 
+    @contextlib.contextmanager
+    def background(self, name: str, *run_args: str) -> Iterator[subprocess.Popen[str]]:
+        """`ctr run --rm <run_args>` as container `name`, left running; on exit killed, its
+        output printed, the container deleted."""
+        proc = subprocess.Popen(
+            [
+                "ctr",
+                "--address",
+                self.address,
+                "--namespace",
+                self.namespace,
+                "run",
+                "--rm",
+                *run_args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield proc
+        finally:
+            self.ctr("tasks", "kill", "-s", "SIGKILL", name, check=False, timeout=30)
+            try:
+                out, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            print(f"container {name} output:\n{out[-3000:]}")
+            self.ctr("containers", "delete", name, check=False, timeout=30)
+
 
 CONTAINERD_START_DEADLINE_S = 60.0  # a containerd that has not opened its socket by then is broken
 STATE_PREFIX = "kvgate-ctrd-"

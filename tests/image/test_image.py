@@ -227,53 +227,13 @@ def guard_container(containerd: Containerd, image: str) -> Iterator[tuple[FakeEn
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     name = f"guard-{os.getpid()}"
-    proc = subprocess.Popen(
-        [
-            "ctr",
-            "--address",
-            containerd.address,
-            "--namespace",
-            containerd.namespace,
-            "run",
-            "--rm",
-            *RESTRICTED,
-            "--net-host",
-            image,
-            name,
-            "kvgate",
-            "guard",
-            "--engine-host",
-            "127.0.0.1",
-            "--engine-port",
-            str(engine.port),
-            "--context-length",
-            "131072",
-            "--role",
-            "decode",
-            "--min-version",
-            "0.5.22",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--period",
-            str(GUARD_PERIOD_S),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    guard = ["kvgate", "guard", "--engine-host", "127.0.0.1", "--engine-port", str(engine.port)]
+    guard += ["--context-length", "131072", "--role", "decode", "--min-version", "0.5.22"]
+    guard += ["--host", "127.0.0.1", "--port", str(port), "--period", str(GUARD_PERIOD_S)]
     try:
-        yield engine, port
+        with containerd.background(name, *RESTRICTED, "--net-host", image, name, *guard):
+            yield engine, port
     finally:
-        containerd.ctr("tasks", "kill", "-s", "SIGKILL", name, check=False, timeout=30)
-        try:
-            out, _ = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        print(f"guard container output:\n{out[-3000:]}")
-        containerd.ctr("containers", "delete", name, check=False, timeout=30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.run_until_complete(server.__aexit__(None, None, None))
@@ -322,34 +282,22 @@ def test_the_webhook_in_its_container_denies_an_unsafe_spec_with_its_numbers(
     for path in [tls, *tls.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     name = f"webhook-{os.getpid()}"
-    with temporary_namespace() as netns:
-        proc = subprocess.Popen(
-            [
-                "ctr",
-                "--address",
-                containerd.address,
-                "--namespace",
-                containerd.namespace,
-                "run",
-                "--rm",
-                *RESTRICTED,
-                "--with-ns",
-                f"network:{netns.path}",
-                "--mount",
-                f"type=bind,src={tls},dst=/tls,options=rbind:ro",
-                image,
-                name,
-                "kvgate",
-                "webhook",
-                "--tls-dir",
-                "/tls",
-                "--port",
-                str(WEBHOOK_PORT),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+    mount = f"type=bind,src={tls},dst=/tls,options=rbind:ro"
+    webhook = ["kvgate", "webhook", "--tls-dir", "/tls", "--port", str(WEBHOOK_PORT)]
+    with (
+        temporary_namespace() as netns,
+        containerd.background(
+            name,
+            *RESTRICTED,
+            "--with-ns",
+            f"network:{netns.path}",
+            "--mount",
+            mount,
+            image,
+            name,
+            *webhook,
+        ) as proc,
+    ):
         relay = TcpRelay(lambda: netns.connect("127.0.0.1", WEBHOOK_PORT), name="webhook")
         try:
             start = time.monotonic()
@@ -377,14 +325,6 @@ def test_the_webhook_in_its_container_denies_an_unsafe_spec_with_its_numbers(
             ), message
         finally:
             relay.close()
-            containerd.ctr("tasks", "kill", "-s", "SIGKILL", name, check=False, timeout=30)
-            try:
-                out, _ = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
-            print(f"webhook container output:\n{out[-3000:]}")
-            containerd.ctr("containers", "delete", name, check=False, timeout=30)
 
 
 HUB_REPO = "kvgate-test/tiny-model"
