@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME_LOCK := operator/image/requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e image image-lock image-test demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale dashboard-images crds venv clean
+.PHONY: test beside-e2e image image-lock image-test container-runtime demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale dashboard-images crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -149,11 +149,11 @@ dashboard-images: e2e-deps prometheus
 # releases. Each is cached; a warm run costs seconds.
 # Debian's packages first, alone (two apt-get runs at once fail on apt's lock).
 deps: $(STAMP) system-packages
-	$(MAKE) -j4 --output-sync=line e2e-deps promtool prometheus prometheus-adapter real-engine-deps conformance-deps image
+	$(MAKE) -j4 --output-sync=line e2e-deps promtool prometheus prometheus-adapter real-engine-deps conformance-deps image container-runtime
 
 system-packages:
 	@missing=""; \
-	for pair in ip:iproute2 iptables:iptables gcc:gcc mmdebstrap:mmdebstrap containerd:containerd runc:runc; do \
+	for pair in ip:iproute2 iptables:iptables gcc:gcc mmdebstrap:mmdebstrap; do \
 	  command -v "$${pair%%:*}" >/dev/null || missing="$$missing $${pair##*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -212,10 +212,25 @@ image: $(UV) system-packages
 image-lock: $(UV) system-packages
 	$(PY) operator/image/build.py lock --uv $(UV)
 
-# The image built again (one digest) and run in real containers: containerd and runc from Debian,
-# started by the tests under their own root, state and socket (tests/image).
-image-test: image
-	KVGATE_REQUIRE_IMAGE=1 $(BIN)/pytest -q -s -m image tests/image
+# containerd and runc from Debian's packages, unpacked into the cache (never installed: on a
+# machine with systemd, installing the package would start containerd as a system service). The
+# image tests start this containerd themselves, with their own root, state and socket.
+CONTAINER_RUNTIME := $(KVGATE_CACHE)/container-runtime
+container-runtime:
+	@test -x $(CONTAINER_RUNTIME)/bin/containerd -a -x $(CONTAINER_RUNTIME)/bin/runc || { set -e; \
+	  tmp=$$(mktemp -d); cd $$tmp; \
+	  apt-get download containerd runc >/dev/null 2>&1 || { apt-get update -qq && apt-get download containerd runc; }; \
+	  for deb in *.deb; do dpkg-deb -x $$deb root; done; \
+	  mkdir -p root/bin && cp -a root/usr/bin/containerd root/usr/bin/containerd-shim-runc-v2 root/usr/bin/ctr root/usr/sbin/runc root/bin/; \
+	  ls *.deb > root/bin/VERSIONS; rm -rf $(CONTAINER_RUNTIME); mkdir -p $(KVGATE_CACHE); \
+	  mv root $(CONTAINER_RUNTIME); cd /; rm -rf $$tmp; \
+	  echo "containerd and runc unpacked into $(CONTAINER_RUNTIME): $$(tr '\n' ' ' < $(CONTAINER_RUNTIME)/bin/VERSIONS)"; }
+
+# The image built again (one digest) and run in real containers by that containerd and runc
+# (tests/image).
+image-test: image container-runtime
+	KVGATE_REQUIRE_IMAGE=1 KVGATE_CONTAINER_RUNTIME=$(CONTAINER_RUNTIME)/bin \
+	  $(BIN)/pytest -q -s -m image tests/image
 
 crds: $(STAMP)
 	$(BIN)/kvgate crd > crds/modeldeployment.yaml

@@ -47,17 +47,30 @@ def makefile_uv() -> Path:
     return cache / "tools" / f"uv-{version}" / "bin" / "uv"
 
 
+def runtime_bin() -> Path:
+    """containerd, its runc shim, ctr and runc, as `make container-runtime` unpacks them from
+    Debian's packages (never installed system-wide, never a system service)."""
+    default = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
+    return Path(os.environ.get("KVGATE_CONTAINER_RUNTIME", default / "container-runtime" / "bin"))
+
+
+RUNTIME_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")
+
+
 def require_image_tools() -> None:
     """Skip (or, under KVGATE_REQUIRE_IMAGE=1, as `make test` sets it, fail) without root and
     the tools: the build needs mmdebstrap and chroot, the runs a containerd and runc."""
-    missing = [
-        tool for tool in ("mmdebstrap", "containerd", "ctr", "runc") if not shutil.which(tool)
+    missing = [] if shutil.which("mmdebstrap") else ["mmdebstrap (make system-packages)"]
+    missing += [
+        f"{runtime_bin() / tool} (make container-runtime)"
+        for tool in RUNTIME_TOOLS
+        if not (runtime_bin() / tool).is_file()
     ]
     reason = ""
     if os.geteuid() != 0:
         reason = "needs root (mmdebstrap --mode=root, chroot, containerd)"
     elif missing:
-        reason = f"needs {', '.join(missing)} (make system-packages installs them)"
+        reason = f"needs {', '.join(missing)}"
     elif not makefile_uv().exists():
         reason = f"needs uv at {makefile_uv()} (make venv installs it)"
     if reason:
@@ -79,7 +92,14 @@ class Containerd:
         # 600 s: the deadline of one ctr call (an image import of ~80 MiB, a container run);
         # a run that needs longer is stuck, not slow.
         return subprocess.run(
-            ["ctr", "--address", self.address, "--namespace", self.namespace, *args],
+            [
+                str(runtime_bin() / "ctr"),
+                "--address",
+                self.address,
+                "--namespace",
+                self.namespace,
+                *args,
+            ],
             check=check,
             capture_output=True,
             text=True,
@@ -92,7 +112,7 @@ class Containerd:
         output printed, the container deleted."""
         proc = subprocess.Popen(
             [
-                "ctr",
+                str(runtime_bin() / "ctr"),
                 "--address",
                 self.address,
                 "--namespace",
@@ -189,7 +209,11 @@ def running_containerd() -> Iterator[Containerd]:
     )
     log = (base / "containerd.log").open("w")
     proc = subprocess.Popen(
-        ["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT
+        [str(runtime_bin() / "containerd"), "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        # containerd finds its shim, and the shim runc, on PATH: the unpacked ones first.
+        env={**os.environ, "PATH": f"{runtime_bin()}:{os.environ.get('PATH', '')}"},
     )
     ctrd = Containerd(address=address, namespace="kvgate-image-test")
     try:
