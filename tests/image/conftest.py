@@ -152,6 +152,23 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+# containerd 1.6 keeps its fifos, shim sockets and runc's state under this fixed path, whatever
+# its --state says.
+FIXED_STATE = Path("/run/containerd")
+
+
+def _remove_fixed_state(namespace: str, fixed: Path = FIXED_STATE) -> None:
+    """What containerd left under its fixed path for this run's namespace, and the path itself
+    once nothing else uses it (no other containerd runs, every folder empty)."""
+    shutil.rmtree(fixed / "runc" / namespace, ignore_errors=True)
+    others = subprocess.run(["pgrep", "-x", "containerd"], capture_output=True, text=True)
+    if others.stdout.strip():
+        return
+    for folder in (fixed / "runc", fixed / "fifo", fixed / "s", fixed):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
+
+
 def _remove(base: Path) -> None:
     """Everything a containerd of these tests left under ``base``: its processes and the shims
     it started (each names ``base`` on its command line), the overlay mounts of its snapshots,
@@ -168,6 +185,7 @@ def _remove(base: Path) -> None:
         if len(fields) > 1 and fields[1].startswith(str(base)):
             subprocess.run(["umount", "-l", fields[1]], check=False)
     shutil.rmtree(base, ignore_errors=True)
+    _remove_fixed_state(namespace=base.name)
 
 
 def reap_stale_containerds(root: Path = Path("/tmp")) -> list[Path]:
@@ -215,7 +233,9 @@ def running_containerd() -> Iterator[Containerd]:
         # containerd finds its shim, and the shim runc, on PATH: the unpacked ones first.
         env={**os.environ, "PATH": f"{runtime_bin()}:{os.environ.get('PATH', '')}"},
     )
-    ctrd = Containerd(address=address, namespace="kvgate-image-test")
+    # The run's containerd namespace is named as its state directory: runc's state for it, under
+    # containerd's fixed path, is then this run's alone.
+    ctrd = Containerd(address=address, namespace=base.name)
     try:
         deadline = time.monotonic() + CONTAINERD_START_DEADLINE_S
         while ctrd.ctr("version", check=False, timeout=10).returncode != 0:

@@ -36,3 +36,21 @@ def test_a_dead_runs_containerd_state_and_processes_are_reaped(tmp_path: Path) -
     finally:
         leftover.kill()
         leftover.wait()
+
+
+def test_a_runs_state_under_containerds_fixed_path_goes_with_it(tmp_path: Path) -> None:
+    """containerd 1.6 keeps runc's state per namespace under /run/containerd whatever its
+    --state says; the run's own namespace goes, and the shared folders once empty and unused."""
+    from .conftest import _remove_fixed_state
+
+    fixed = tmp_path / "run-containerd"
+    (fixed / "runc" / "kvgate-ctrd-1" / "task").mkdir(parents=True)
+    (fixed / "runc" / "another-run").mkdir(parents=True)
+    (fixed / "fifo").mkdir()
+    _remove_fixed_state("kvgate-ctrd-1", fixed)
+    assert not (fixed / "runc" / "kvgate-ctrd-1").exists()
+    assert (fixed / "runc" / "another-run").exists(), "another namespace's state stays"
+    (fixed / "runc" / "another-run").rmdir()
+    other = subprocess.run(["pgrep", "-x", "containerd"], capture_output=True, text=True)
+    _remove_fixed_state("kvgate-ctrd-1", fixed)
+    assert fixed.exists() == bool(other.stdout.strip())
