@@ -46,6 +46,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -676,7 +677,8 @@ def refresh_locks(uv: Path, cache: Path) -> None:
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         wanted = Path(tmp) / "build.in"
         wanted.write_text("setuptools\nwheel\n")
-        uv_compile(uv, wanted, BUILD_CONSTRAINTS_LOCK)
+        # No "via" comments: they would name this temporary file.
+        uv_compile(uv, wanted, BUILD_CONSTRAINTS_LOCK, "--no-annotate")
         old = read_debian_lock()
         rootfs = Path(tmp) / "rootfs"
         run(
@@ -698,17 +700,23 @@ def refresh_locks(uv: Path, cache: Path) -> None:
             capture_output=True,
             text=True,
         ).stdout.split()
-    stamp = int(datetime.datetime.now(datetime.UTC).timestamp())
+    DEBIAN_LOCK.write_text(debian_lock_text(old, listed, now=int(time.time())))
+
+
+def debian_lock_text(old: DebianLock, listed: list[str], now: int) -> str:
+    """The lock for the packages `listed`. The epoch moves only with the packages: a refresh
+    that changes nothing changes no byte of the lock, nor the Debian layer's digest."""
+    same = sorted(listed) == sorted(old.packages)
     lines = [
         "# The Debian packages of kvgate's image, each at one version (operator/image/build.py).",
         f"# Made by `make image-lock` from {', '.join(DEBIAN_ROOTS)} and Debian's essential set;",
-        "# epoch: the Debian layer's file times (the time the lock was made).",
+        "# epoch: the Debian layer's file times (when its package list last changed).",
         f"suite {old.suite}",
         *(f"source {s}" for s in old.sources),
-        f"epoch {stamp}",
+        f"epoch {old.epoch if same else now}",
         *(f"package {p}" for p in sorted(listed)),
     ]
-    DEBIAN_LOCK.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -230,3 +230,14 @@ def test_the_tests_run_the_runtime_dependencies_the_image_ships(image_build: Mod
     assert moved == {}, (
         "the venv's versions differ from operator/image/requirements.lock: make venv"
     )
+
+
+def test_a_lock_refresh_that_changes_no_package_changes_no_byte(image_build: ModuleType) -> None:
+    """`make image-lock` keeps the Debian lock's epoch (the layer's file times) unless the
+    package list moved, so the Debian layer keeps its digest across refreshes."""
+    lock = image_build.read_debian_lock()
+    same = image_build.debian_lock_text(lock, list(reversed(lock.packages)), now=lock.epoch + 99)
+    assert same == image_build.DEBIAN_LOCK.read_text()
+    moved = [p for p in lock.packages if not p.startswith("tar=")] + ["tar=1.35+dfsg-3"]
+    changed = image_build.debian_lock_text(lock, moved, now=lock.epoch + 99)
+    assert f"epoch {lock.epoch + 99}\n" in changed and "package tar=1.35+dfsg-3\n" in changed
