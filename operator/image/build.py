@@ -609,6 +609,7 @@ def build(out: Path, cache: Path, uv: Path, image: str, use_cache: bool = True) 
         and _ref_of(cached) == ref
     ):
         shutil.copyfile(cached, target)
+        os.utime(cached.parent)  # recently used: pruned last
         digest = (cached.parent / "digest").read_text().strip()
         print(f"image {ref} {digest} (cached: inputs {key} unchanged)")
         return Built(target, digest, ref)
@@ -641,8 +642,23 @@ def build(out: Path, cache: Path, uv: Path, image: str, use_cache: bool = True) 
     tmp_archive.rename(cached)
     (cached.parent / "digest").write_text(digest + "\n")
     shutil.copyfile(cached, target)
+    prune_archives(cached.parent.parent)
     print(f"image {ref} {digest} ({len(archive) / 2**20:.1f} MiB; built from inputs {key})")
     return Built(target, digest, ref)
+
+
+# Archives kept in the cache (76 MiB each): every commit is a new epoch, hence a new archive.
+KEEP_ARCHIVES = 3
+
+
+def prune_archives(archives: Path, keep: int = KEEP_ARCHIVES) -> list[Path]:
+    """All but the `keep` most recently built or used archives go; returns those removed."""
+    folders = sorted(
+        (d for d in archives.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime, reverse=True
+    )
+    for old in folders[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folders[keep:]
 
 
 def _ref_of(archive: Path) -> str:

@@ -241,3 +241,17 @@ def test_a_lock_refresh_that_changes_no_package_changes_no_byte(image_build: Mod
     moved = [p for p in lock.packages if not p.startswith("tar=")] + ["tar=1.35+dfsg-3"]
     changed = image_build.debian_lock_text(lock, moved, now=lock.epoch + 99)
     assert f"epoch {lock.epoch + 99}\n" in changed and "package tar=1.35+dfsg-3\n" in changed
+
+
+def test_the_archive_cache_keeps_the_three_most_recently_used(
+    image_build: ModuleType, tmp_path: Path
+) -> None:
+    """Each commit is a new epoch and so a new 76 MiB archive: the cache keeps three."""
+    import os
+
+    for age, key in enumerate(["newest", "second", "third", "fourth", "fifth"]):
+        (tmp_path / key).mkdir()
+        os.utime(tmp_path / key, (1_000_000 - age, 1_000_000 - age))
+    removed = image_build.prune_archives(tmp_path)
+    assert sorted(p.name for p in removed) == ["fifth", "fourth"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newest", "second", "third"]
