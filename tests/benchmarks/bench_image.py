@@ -23,7 +23,12 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))
 
-from image.conftest import load_build, makefile_uv, running_containerd  # noqa: E402
+from image.conftest import (  # noqa: E402
+    image_cache,
+    load_build,
+    makefile_uv,
+    running_containerd,
+)
 from image.test_image import RESTRICTED  # noqa: E402
 
 
@@ -39,7 +44,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="container starts per command")
     args = parser.parse_args()
     build = load_build()
-    cache = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "image"
+    cache = image_cache()
     uv = makefile_uv()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

@@ -36,6 +36,16 @@ def image_build() -> ModuleType:
     return load_build()
 
 
+def kvgate_cache() -> Path:
+    """The Makefile's $(KVGATE_CACHE): where uv, the image's caches and the runtime live."""
+    return Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
+
+
+def image_cache() -> Path:
+    """What `make image` caches (packages, wheels, archives), as build.py's --cache default."""
+    return kvgate_cache() / "image"
+
+
 def makefile_uv() -> Path:
     """The uv the Makefile installs (its version pinned there), as `make image` uses it."""
     version = next(
@@ -43,15 +53,14 @@ def makefile_uv() -> Path:
         for line in (REPO / "Makefile").read_text().splitlines()
         if line.startswith(UV_VERSION_LINE)
     )
-    cache = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
-    return cache / "tools" / f"uv-{version}" / "bin" / "uv"
+    return kvgate_cache() / "tools" / f"uv-{version}" / "bin" / "uv"
 
 
 def runtime_bin() -> Path:
     """containerd, its runc shim, ctr and runc, as `make container-runtime` unpacks them from
     Debian's packages (never installed system-wide, never a system service)."""
-    default = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate"))
-    return Path(os.environ.get("KVGATE_CONTAINER_RUNTIME", default / "container-runtime" / "bin"))
+    default = kvgate_cache() / "container-runtime" / "bin"
+    return Path(os.environ.get("KVGATE_CONTAINER_RUNTIME", default))
 
 
 RUNTIME_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc")

@@ -27,7 +27,7 @@ from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 from kvgate_e2e.model_hub import HubState, serving
 from kvgate_e2e.netns import TcpRelay, temporary_namespace
 
-from .conftest import Containerd, makefile_uv, require_image_tools
+from .conftest import Containerd, image_cache, makefile_uv, require_image_tools
 
 pytestmark = pytest.mark.image
 
@@ -64,7 +64,7 @@ def archive(image_build: ModuleType, tmp_path_factory: pytest.TempPathFactory) -
     """The archive `make image` made (from the build cache when the inputs are unchanged)."""
     require_image_tools()
     out = tmp_path_factory.mktemp("image-a")
-    cache = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "image"
+    cache = image_cache()
     built = image_build.build(out, cache, makefile_uv(), image_build.DEFAULT_IMAGE)
     return Path(built.archive)
 
@@ -91,7 +91,7 @@ def image_config(archive: Path) -> dict[str, object]:
 def test_two_builds_of_one_commit_give_one_digest(
     image_build: ModuleType, archive: Path, tmp_path: Path
 ) -> None:
-    cache = Path(os.environ.get("KVGATE_CACHE", Path.home() / ".cache" / "kvgate")) / "image"
+    cache = image_cache()
     again = image_build.build(
         tmp_path, cache, makefile_uv(), image_build.DEFAULT_IMAGE, use_cache=False
     )
