@@ -201,7 +201,8 @@ prometheus-adapter:
 # requirements.lock (uv, offline, hashes required), packed into an OCI archive,
 # dist/kvgate-operator-<appVersion>.oci.tar, named $(IMAGE):<appVersion> inside. Two builds of one
 # commit give one digest. Cached by the content of its inputs in $(KVGATE_CACHE)/image (the
-# Debian packages and wheels too): 76 MiB; ~3-8 min cold on the loaded 2-core machine, a second
+# Debian packages and wheels too): 76 MiB; 72 s without the archive cache on a quiet machine,
+# 8.5 min the first time (downloads) beside `make deps`, 0.1 s
 # with the inputs unchanged. Needs root. Push it with skopeo or load it with docker/podman
 # (docs/quickstart.md step 2). operator/Dockerfile builds the same image with BuildKit.
 IMAGE ?= ghcr.io/kvgate/kvgate-operator
