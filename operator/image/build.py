@@ -59,7 +59,7 @@ BUILD_CONSTRAINTS_LOCK = HERE / "build-constraints.lock"
 DEFAULT_IMAGE = "ghcr.io/kvgate/kvgate-operator"
 
 # What goes into kvgate's own wheel: the Dockerfile copies exactly these too.
-SOURCES = ("pyproject.toml", "README.md", "operator/kvgate", "engine/kvgate_engine")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "operator/kvgate", "engine/kvgate_engine")
 # The Debian packages the lock is made from (their dependencies join them in the lock).
 DEBIAN_ROOTS = ("python3.11", "ca-certificates")
 # Kept out of the Debian layer: documentation, manuals and translations (copyright files stay).

@@ -10,6 +10,7 @@ import fnmatch
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -255,3 +256,12 @@ def test_the_archive_cache_keeps_the_three_most_recently_used(
     removed = image_build.prune_archives(tmp_path)
     assert sorted(p.name for p in removed) == ["fifth", "fourth"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["newest", "second", "third"]
+
+
+def test_the_image_declares_the_packages_license_and_carries_its_text(
+    image_build: ModuleType,
+) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    labels = image_build.CONFIG["Labels"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    assert "LICENSE" in image_build.SOURCES  # the kvgate wheel in the image carries the text
