@@ -146,7 +146,7 @@ def test_a_failing_step_check_rolls_traffic_back_and_refuses_the_target_with_the
     assert step.refusal is not None and step.new_refusal
     assert step.refusal.reason == REFUSED_STEP_CHECK
     assert step.refusal.message == (
-        "step 2/2 (50 % of requests): 5 of 50 requests failed (10.0 % > "
+        "step 2/2 (50 % of requests): 5 of 50 answered requests failed (10.0 % > "
         "rollout.stepCheck.maxErrorPercent=1); all traffic went back to revision aaaaaaaaaa"
     )
     assert step.serving_revision == OLD and step.service_revision == OLD
@@ -213,7 +213,7 @@ def test_transfers_the_targets_decode_failed_behind_200s_refuse_it_naming_the_po
     )
     assert step.refusal is not None and step.refusal.reason == REFUSED_STEP_CHECK
     assert step.refusal.message == (
-        "step 1/2 (10 % of requests): 4 of 50 requests failed (8.0 % > "
+        "step 1/2 (10 % of requests): 4 of 50 answered requests failed (8.0 % > "
         "rollout.stepCheck.maxErrorPercent=1); 4 KV transfers failed on decode pod decode-0; "
         "all traffic went back to revision aaaaaaaaaa"
     )
@@ -237,7 +237,49 @@ def test_a_step_waits_for_the_minimum_requests_after_its_pause() -> None:
         )
     )
     assert step.step_record == record
-    assert step.step_waiting == "waiting for 20 requests (rollout.stepCheck.minRequests), 4 so far"
+    assert step.step_waiting == (
+        "waiting for 20 answered requests (rollout.stepCheck.minRequests), 4 so far"
+    )
+
+
+def test_a_flood_of_refused_requests_never_counts_toward_the_minimum_requests() -> None:
+    record = StepRecord(1, NOW, (), 1, 50)  # the last step: ending it promotes the target
+    step = plan(
+        progressive(
+            step=record,
+            counters=(RouterCounters("r", 284_228, 0, 284_224),),
+            now_after=120,
+            rollout={"stepCheck": {"minRequests": 20}},
+        )
+    )
+    assert not step.switched and step.serving_revision == OLD
+    assert step.step_record == record
+    assert step.step_waiting == (
+        "waiting for 20 answered requests (rollout.stepCheck.minRequests), 4 so far; "
+        "284,224 refused with a 4xx do not count"
+    )
+
+
+def test_a_failing_revision_behind_a_flood_of_refused_requests_is_refused_not_promoted() -> None:
+    # Issue 46 item 4 as measured: the last step's pause is over, the target's routers counted
+    # 284,286 requests (54 failed, 284,224 refused 4xx) and its decode 10 failed KV transfers.
+    step = plan(
+        progressive(
+            step=StepRecord(1, NOW, (), 1, 50),
+            counters=(RouterCounters("r", 284_286, 54, 284_224),),
+            engines=(EngineFailures("decode-0", "decode", 10, 0),),
+            now_after=61,
+            rollout={"stepCheck": {"minRequests": 50}},
+        )
+    )
+    assert not step.switched and step.serving_revision == OLD and step.service_revision == OLD
+    assert step.refusal is not None and step.refusal.reason == REFUSED_STEP_CHECK
+    assert step.refusal.message == (
+        "step 2/2 (50 % of requests): 54 of 62 answered requests failed (87.1 % > "
+        "rollout.stepCheck.maxErrorPercent=1; 284,224 refused with a 4xx are not counted); "
+        "10 KV transfers failed on decode pod decode-0; all traffic went back to revision "
+        "aaaaaaaaaa"
+    )
 
 
 def test_the_verification_timeout_does_not_refuse_a_target_in_its_steps() -> None:

@@ -90,7 +90,7 @@ def test_the_check_fails_above_the_error_share_and_names_the_numbers() -> None:
     )
     assert check.requests == 50 and check.errors == 2
     assert check.failure == (
-        "2 of 50 requests failed (4.0 % > rollout.stepCheck.maxErrorPercent=1)"
+        "2 of 50 answered requests failed (4.0 % > rollout.stepCheck.maxErrorPercent=1)"
     )
 
 
@@ -170,7 +170,8 @@ def test_streams_that_broke_after_a_200_head_count_as_failed() -> None:
     assert counters == RouterCounters("router-a", requests=17, errors=9, rejected=2)
     check = check_step([], [counters], max_error_percent=1.0, max_rejected_percent=100.0)
     assert check.failure == (
-        "9 of 17 requests failed (52.9 % > rollout.stepCheck.maxErrorPercent=1)"
+        "9 of 15 answered requests failed (60.0 % > rollout.stepCheck.maxErrorPercent=1; "
+        "2 refused with a 4xx are not counted)"
     )
 
 
@@ -248,7 +249,7 @@ def test_streams_the_engine_ended_with_an_in_band_error_fail_the_step_and_name_t
     )
     assert check.errors == 3
     assert check.failure == (
-        "3 of 60 requests failed (5.0 % > rollout.stepCheck.maxErrorPercent=1); "
+        "3 of 60 answered requests failed (5.0 % > rollout.stepCheck.maxErrorPercent=1); "
         "3 KV transfers failed on decode pod decode-x"
     )
     assert check.summary().endswith("; 3 KV transfers failed on decode pod decode-x")
@@ -277,6 +278,61 @@ def test_a_failure_both_engines_or_the_router_also_counted_is_counted_once() -> 
         engines=[EngineFailures("d1", "decode", 4, 3)],
     )
     assert more.errors == 7 and more.failure is not None
+
+
+# Issue 46 item 4, as measured: a tenant flooded the target's routers with invalid JSON (answered
+# 4xx) during a step of a revision whose decode failed its KV transfers.
+FLOODED = RouterCounters("router-b", requests=284_286, errors=54, rejected=284_224)
+FAILED_TRANSFERS = EngineFailures("decode-b", "decode", 10, 0)
+
+
+def test_a_flood_of_refused_requests_does_not_dilute_a_failing_revisions_step() -> None:
+    # 54 failed of 284,286 was 0.02 % and passed maxErrorPercent=1: the 284,224 refusals were in
+    # the denominator. Only the 62 answered requests are evidence, and 54 of them failed.
+    check = check_step(
+        [],
+        [FLOODED],
+        max_error_percent=1.0,
+        max_rejected_percent=100.0,
+        engines=[FAILED_TRANSFERS],
+    )
+    assert (check.requests, check.answered, check.errors) == (284_286, 62, 54)
+    assert check.failure == (
+        "54 of 62 answered requests failed (87.1 % > rollout.stepCheck.maxErrorPercent=1; "
+        "284,224 refused with a 4xx are not counted); 10 KV transfers failed on decode pod decode-b"
+    )
+
+
+@pytest.mark.parametrize("flood", [0, 1, 1_000, 284_224, 100_000_000])
+def test_refused_requests_change_no_verdict_on_the_answered_ones(flood: int) -> None:
+    # 1 failed of 100 answered holds at maxErrorPercent=1, 2 failed does not, whatever the
+    # number of 4xx beside them (with maxRejectedPercent at its default, report only).
+    def verdict(errors: int) -> str | None:
+        return check_step(
+            [RouterCounters("r", 50, 0, 50)],
+            [RouterCounters("r", 50 + 100 + flood, errors, 50 + flood)],
+            max_error_percent=1.0,
+            max_rejected_percent=100.0,
+        ).failure
+
+    assert verdict(1) is None
+    assert verdict(2) is not None and verdict(2).startswith("2 of 100 answered requests failed")
+
+
+def test_the_engines_failures_count_even_when_every_request_was_refused() -> None:
+    # Failures the engines counted beyond the requests the routers answered are failures
+    # hidden under 4xx heads: the answered requests are at least the failures.
+    check = check_step(
+        [],
+        [RouterCounters("r", 500, 0, 500)],
+        max_error_percent=1.0,
+        max_rejected_percent=100.0,
+        engines=[FAILED_TRANSFERS],
+    )
+    assert (check.answered, check.errors) == (10, 10)
+    assert check.failure is not None and check.failure.startswith(
+        "10 of 10 answered requests failed (100.0 %"
+    )
 
 
 def engine_pod(name: str, role: str, ip: str | None, ready: bool = True) -> dict[str, object]:

@@ -34,8 +34,8 @@ def test_a_step_is_recorded_and_the_next_pass_reads_it_back() -> None:
         "servingRouterReplicas": 3,
         "baseline": [{"pod": "router-x", "requests": 40, "errors": 1, "rejected": 2}],
         "engineBaseline": [{"pod": "decode-y", "role": "decode", "transfers": 2, "bootstraps": 1}],
-        "check": "20 requests, 1 failed (5xx, 499, broken streams, failed KV transfers: 5.0 %), "
-        "0 refused (4xx, 0.0 %); 1 KV transfer failed on decode pod decode-y",
+        "check": "20 requests: 0 refused (4xx, 0.0 %), 20 answered, of which 1 failed (5xx, 499, "
+        "broken streams, failed KV transfers: 5.0 %); 1 KV transfer failed on decode pod decode-y",
     }
     assert rollout_record(status).step == record
 

@@ -995,10 +995,11 @@ class StepCheckSpec(_Model):
         ge=0,
         le=100,
         description=(
-            "Largest share (percent) of the new revision's generation requests that may fail "
-            "during a step (a 5xx, a 499, a stream that broke after its 200 head, or a request "
-            "its PD engines failed: a KV transfer or bootstrap the engines counted, whatever the "
-            "client got); above it the rollout is rolled back at once."
+            "Largest share (percent) of the generation requests the new revision answered "
+            "during a step that may fail (a 5xx, a 499, a stream that broke after its 200 head, "
+            "or a request its PD engines failed: a KV transfer or bootstrap the engines counted, "
+            "whatever the client got); above it the rollout is rolled back at once. Requests "
+            "refused with a 4xx are not answered ones: no number of them dilutes the share."
         ),
     )
     max_rejected_percent: float = Field(
@@ -1007,7 +1008,8 @@ class StepCheckSpec(_Model):
         le=100,
         description=(
             "Largest share (percent) of generation requests the new revision may refuse with a "
-            "4xx (over-length prompts among them); 100 reports the share without acting on it."
+            "4xx (over-length prompts, invalid bodies); 100 reports the share without acting on "
+            "it. Refusals count only here: never toward maxErrorPercent's share or minRequests."
         ),
     )
     min_requests: int = Field(
@@ -1016,8 +1018,8 @@ class StepCheckSpec(_Model):
         le=1_000_000,
         description=(
             "Generation requests the new revision must answer during a step before the step "
-            "may end (its pause is over and the check judged enough traffic); 0 lets a step "
-            "without traffic end when its pause is over."
+            "may end (its pause is over and the check judged enough traffic); requests refused "
+            "with a 4xx do not count. 0 lets a step without traffic end when its pause is over."
         ),
     )
 

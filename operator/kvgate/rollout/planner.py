@@ -841,14 +841,16 @@ def _step_holding(seen: _Pass, serving: str, recorded: StepRecord, check: StepCh
     elapsed = (observed.now - recorded.started_at).total_seconds()
     if elapsed < pause:
         return _split_step(seen, serving, recorded, check, f"pause {elapsed:.0f}/{pause:,} s")
-    if check.requests < rollout.step_check.min_requests:
+    if check.answered < rollout.step_check.min_requests:
+        # Refusals are no evidence that the target serves (kvgate.rollout.progressive).
         return _split_step(
             seen,
             serving,
             recorded,
             check,
-            f"waiting for {rollout.step_check.min_requests:,} requests "
-            f"(rollout.stepCheck.minRequests), {check.requests:,} so far",
+            f"waiting for {rollout.step_check.min_requests:,} answered requests "
+            f"(rollout.stepCheck.minRequests), {check.answered:,} so far"
+            f"{check.not_counted('do not count')}",
         )
     if index + 1 < len(rollout.steps):
         return _start_split(seen, serving, index + 1, check)

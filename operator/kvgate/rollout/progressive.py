@@ -34,6 +34,17 @@ disconnect there too, which is no engine failure. One failed transfer may be cou
 of its engines, and a non-streamed one also reaches the router as a 5xx, so the engines' count
 is the larger of the prefill pods' and the decode pods' sums, and the failures the larger of
 the routers' and the engines' counts (a lower bound, never a double count).
+
+The failures are judged against the requests the target *answered*: every generation request
+except those refused with a 4xx other than 499. A refusal is no evidence either way: smg answers
+an invalid body (not JSON, a missing field) with a 4xx without calling an engine, and an engine
+refuses an over-length prompt before it spends anything on it, so any client that can reach the
+Service could send refusals by the hundred thousand. Counted in the denominator, 284,224 invalid
+JSON bodies made 54 failed requests (and 10 failed KV transfers) of a failing revision 0.02 % and
+promoted it (issue 46); counted toward ``minRequests``, they ended a step that no engine had
+served. So refusals count only toward their own share (``maxRejectedPercent``, of every
+request), which can fail a step but never pass one. The answered requests are at least the
+failures: an engine's failures beyond what the routers answered were hidden under 4xx heads.
 """
 
 from __future__ import annotations
@@ -85,15 +96,21 @@ class EngineFailures:
 class StepCheck:
     """The target's routers and engines since the step began, judged against rollout.stepCheck."""
 
-    requests: int
+    requests: int  # every generation request, refused ones included
     errors: int
-    rejected: int
+    rejected: int  # refused with a 4xx other than 499: no evidence of health, nor of failure
     failure: str | None  # why the check failed; None: it holds
     engine_failures: tuple[EngineFailures, ...] = ()  # the engines' counts since the step began
 
     @property
+    def answered(self) -> int:
+        """The requests the failures are judged against (and ``minRequests`` counts): every
+        request not refused with a 4xx, and at least the failures."""
+        return max(self.requests - self.rejected, self.errors)
+
+    @property
     def error_percent(self) -> float:
-        return 100.0 * self.errors / self.requests if self.requests else 0.0
+        return 100.0 * self.errors / self.answered if self.answered else 0.0
 
     @property
     def rejected_percent(self) -> float:
@@ -101,10 +118,15 @@ class StepCheck:
 
     def summary(self) -> str:
         return (
-            f"{self.requests:,} requests, {self.errors:,} failed (5xx, 499, broken streams, "
-            f"failed KV transfers: {self.error_percent:.1f} %), {self.rejected:,} refused (4xx, "
-            f"{self.rejected_percent:.1f} %){self.where()}"
+            f"{self.requests:,} requests: {self.rejected:,} refused (4xx, "
+            f"{self.rejected_percent:.1f} %), {self.answered:,} answered, of which "
+            f"{self.errors:,} failed (5xx, 499, broken streams, failed KV transfers: "
+            f"{self.error_percent:.1f} %){self.where()}"
         )
+
+    def not_counted(self, verb: str) -> str:
+        """``; 284,224 refused with a 4xx <verb> not counted`` (empty without refusals)."""
+        return f"; {self.rejected:,} refused with a 4xx {verb}" if self.rejected else ""
 
     def where(self) -> str:
         """``; 3 KV transfers failed on decode pod x`` (empty when no engine counted one)."""
@@ -263,18 +285,20 @@ def check_step(
     engines: Iterable[EngineFailures] = (),
 ) -> StepCheck:
     """Judge the target's answers since the step began: the routers' failures or, when larger,
-    the failed requests its engines counted (at most one per request the routers answered)."""
+    the failed requests its engines counted (at most one per request the routers counted),
+    against the requests it answered (refusals are no evidence: module docstring)."""
     requests, errors, rejected = since(baseline, now)
     failed = engine_failures_since(engine_baseline, engines)
     errors = max(errors, min(requests, engines_failed(failed)))
     check = StepCheck(requests, errors, rejected, None, failed)
-    if requests and check.error_percent > max_error_percent:
+    if check.answered and check.error_percent > max_error_percent:
         return StepCheck(
             requests,
             errors,
             rejected,
-            f"{errors:,} of {requests:,} requests failed ({check.error_percent:.1f} % > "
-            f"rollout.stepCheck.maxErrorPercent={max_error_percent:g}){check.where()}",
+            f"{errors:,} of {check.answered:,} answered requests failed "
+            f"({check.error_percent:.1f} % > rollout.stepCheck.maxErrorPercent="
+            f"{max_error_percent:g}{check.not_counted('are not counted')}){check.where()}",
             failed,
         )
     if requests and check.rejected_percent > max_rejected_percent:
