@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -47,6 +48,10 @@ class _PodGaugeTable(Collector):
 
     def forget(self, series: PodSeries) -> None:
         self._values.pop(series, None)
+
+    def forget_md(self, namespace: str, deployment: str) -> None:
+        for series in [s for s in self._values if s[:2] == (namespace, deployment)]:
+            del self._values[series]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rows = list(self._values.items())
@@ -366,15 +371,26 @@ def record_role(series: tuple[str, str, str], values: Mapping[str, int] | None) 
 
 
 def forget_md(namespace: str, deployment: str) -> None:
-    """Drop a deleted ModelDeployment's series: a stale drift would keep its alert firing."""
-    record_revisions(namespace, deployment, {})
+    """Drop every series of a deleted ModelDeployment, gauges, counters and histograms alike: a
+    stale drift would keep its alert firing, and counters kept for every name a ModelDeployment
+    ever had would grow /metrics without bound (name churn: ``pr-1233``, ``pr-1234``, ...).
+    Every registered metric with a ``namespace`` and a ``deployment`` label is per
+    ModelDeployment, so a metric added later is dropped too (tests/operator/
+    test_md_metrics_forgotten.py)."""
     _REVISION_SERIES.pop((namespace, deployment), None)
-    for role in ("prefill", "decode"):
-        _drop(POOL_ESTIMATED_TOKENS, (namespace, deployment, role))
-        _drop(POOL_ESTIMATE_DRIFT_RATIO, (namespace, deployment, role))
-        record_role((namespace, deployment, role), None)
-    _drop(CONTEXT_LENGTH_TOKENS, (namespace, deployment))
-    _drop(OWNERSHIP_CONFLICTS, (namespace, deployment))
+    _PER_POD.forget_md(namespace, deployment)
+    for metric in _per_md_metrics():
+        metric.remove_by_labels({"namespace": namespace, "deployment": deployment})
+
+
+def _per_md_metrics() -> list[MetricWrapperBase]:
+    """The registered metrics labelled by namespace and deployment."""
+    return [
+        collector
+        for collector in list(REGISTRY._collector_to_names)  # prometheus_client keeps them here
+        if isinstance(collector, MetricWrapperBase)
+        and {"namespace", "deployment"} <= set(collector._labelnames)
+    ]
 
 
 def _drop(gauge: Gauge, series: tuple[str, ...]) -> None:
