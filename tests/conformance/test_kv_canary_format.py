@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from kvgate.verify import kv_canary
 from kvgate_engine.reference import canary
-from test_sglang_argv import sglang_envs
+from test_sglang_argv import SUPPORTED_VERSIONS, sglang_envs
 
 pytestmark = pytest.mark.conformance
 
@@ -97,22 +98,86 @@ def test_reference_stats_line_is_sglangs(sglang_tree: Path) -> None:
     assert sglang_stats_format(sglang_tree) == canary.STATS_FORMAT
 
 
-def test_kvgate_reads_sglangs_own_lines(sglang_tree: Path) -> None:
-    sglang = sglang_formatter(sglang_tree)["_format_violation"]
-    text = sglang(row=ROWS[1], total=1, ring_overflow=False, step_when_pumped=2)
-    prefixed = f"2026-11-05T12:00:00.123456789Z [2026-11-05 12:00:00 TP0] {text.splitlines()[0]}"
-    found = kv_canary.parse_line(prefixed)
-    assert found is not None
-    assert (found.launch_tag, found.fail_reason, found.slot_idx, found.position) == (
-        "SWEEP_K_FULL",
-        "verify_chain_hash+verify_token",
-        5,
-        9,
+def sglang_log_format(root: Path) -> tuple[str, str]:
+    """configure_logger's format and datefmt, as the release's source writes them (the prefix
+    and the milliseconds are f-string holes: the scheduler's ranks, SGLANG_LOG_MS)."""
+    source = (root / "srt/utils/common.py").read_text()
+    found = re.search(
+        r'format = f"(\[%\(asctime\)s\{maybe_ms\}\{prefix\}\] %\(message\)s)"', source
     )
-    assert found.logged_at == "2026-11-05T12:00:00.123456789Z"
-    stats = sglang_stats_format(sglang_tree) % (640, 1234, 2, 1, 4, 12)
-    assert kv_canary.parse_line(f"[2026-11-05 12:00:00 TP0] {stats}") is not None
-    assert kv_canary.parse_line(sglang_stats_format(sglang_tree) % (64, 1, 0, 0, 4, 12)) is None
+    datefmt = re.search(r'datefmt="([^"]+)"', source[source.index("def configure_logger(") :])
+    assert found is not None and datefmt is not None, "configure_logger changed its format"
+    return found.group(1), datefmt.group(1)
+
+
+def logged(root: Path, message: str, *, prefix: str, ms: bool) -> str:
+    """``message`` as SGLang's configure_logger formats it: its own logging.Formatter."""
+    fmt, datefmt = sglang_log_format(root)
+    fmt = fmt.replace("{maybe_ms}", ".%(msecs)03d" if ms else "").replace("{prefix}", prefix)
+    formatter = logging.Formatter(fmt, datefmt=datefmt)
+    record = logging.LogRecord("sglang", logging.WARNING, __file__, 1, message, None, None)
+    return formatter.format(record)
+
+
+def enum_members(root: Path, path: str, name: str) -> list[str]:
+    namespace: dict[str, Any] = {"IntEnum": enum.IntEnum, "IntFlag": enum.IntFlag}
+    exec(_class((root / path).read_text(), name), namespace)
+    return [member.name for member in namespace[name]]
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_kvgate_knows_each_releases_launch_tags_and_fail_reasons(
+    sglang_envs: dict[str, Path], version: str
+) -> None:
+    root = sglang_envs[version] / "sglang"
+    tags = enum_members(root, "kernels/ops/kv_canary/verify.py", "CanaryLaunchTag")
+    reasons = enum_members(root, "kernels/ops/kv_canary/consts.py", "FailReason")
+    assert set(tags) == kv_canary.LAUNCH_TAGS
+    assert [r.lower().removesuffix("_mismatch") for r in reasons] == list(kv_canary.FAIL_REASONS)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+@pytest.mark.parametrize("row", ROWS)
+def test_kvgate_reads_each_releases_own_violation_record(
+    sglang_envs: dict[str, Path], version: str, row: list[int]
+) -> None:
+    root = sglang_envs[version] / "sglang"
+    sglang = sglang_formatter(root)["_format_violation"]
+    text = sglang(row=row, total=1, ring_overflow=False, step_when_pumped=2)
+    record = text.splitlines()[0]
+    for prefix, ms in (("", False), (" TP0", False), (" DP1 PP0 TP3 EP3", True)):
+        line = logged(root, text, prefix=prefix, ms=ms).splitlines()[0]
+        found = kv_canary.parse_line(f"2026-11-05T12:00:00.123456789Z {line}")
+        assert found is not None, line
+        fields = dict(field.split("=", 1) for field in record.split(": ", 1)[1].split(" "))
+        assert (found.launch_tag, found.fail_reason) == (
+            fields["launch_tag"],
+            fields["fail_reason"],
+        )
+        assert (found.slot_idx, found.position) == (row[1], row[2])
+        assert (found.stored_token, found.expected_token) == (row[3], row[4])
+        assert found.ranks == (prefix.strip() or None)
+        assert found.logged_at == "2026-11-05T12:00:00.123456789Z"
+        # The record quoted in any other message is not SGLang's record.
+        quoted = logged(root, f"Receive: obj=GenerateReqInput(rid={record!r})", prefix="", ms=ms)
+        assert kv_canary.parse_line(quoted) is None
+    # The record's later lines are details, never a record of their own.
+    for rest in text.splitlines()[1:]:
+        assert kv_canary.parse_line(rest) is None
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_kvgate_reads_each_releases_stats_line(sglang_envs: dict[str, Path], version: str) -> None:
+    root = sglang_envs[version] / "sglang"
+    stats = sglang_stats_format(root)
+    found = kv_canary.parse_line(
+        logged(root, stats % (640, 1234, 2, 1, 4, 12), prefix=" TP0", ms=False)
+    )
+    assert found is not None and found.total == 1 and found.ranks == "TP0"
+    assert (
+        kv_canary.parse_line(logged(root, stats % (64, 1, 0, 0, 4, 12), prefix="", ms=False))
+        is None
+    )
 
 
 def test_sglangs_test_regex_finds_the_reference_line(sglang_tree: Path) -> None:

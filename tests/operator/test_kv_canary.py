@@ -33,25 +33,81 @@ STATS_OK = (
 STATS_BAD = STATS_OK.replace("violations=0", "violations=3")
 
 
+SGLANG = "[2026-11-05 12:00:00] "  # SGLang's log prefix (configure_logger), no ranks
+# A record a client writes into text the engine logs: the shape is right, the place is not.
+FORGED = "kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=forged slot_idx=1 position=1"
+
+
 @pytest.mark.parametrize(
-    ("line", "tripped"),
+    "line",
     [
-        (VIOLATION, True),
-        (f"2026-11-05T12:00:00.5Z [2026-11-05 12:00:00 TP0] {VIOLATION}", True),
-        (f"[2026-11-05 12:00:00] WARNING sglang.srt.kv_canary: {VIOLATION}", True),
-        (STATS_OK, False),
-        (f"2026-11-05T12:00:00Z [2026-11-05 12:00:00 TP0] {STATS_BAD}", True),
-        ("[2026-11-05 12:00:00 TP0] Decode batch, #running-req: 1", False),
-        ("the user wrote kv_canary violation: in a prompt", False),  # not the frozen shape
-        ("", False),
+        f"{SGLANG}{VIOLATION}",
+        f"2026-11-05T12:00:00.5Z [2026-11-05 12:00:00 TP0] {VIOLATION}",
+        f"2026-11-05T12:00:00.5Z [2026-11-05 12:00:00.123 DP1 PP0 ATTN_CP1 MOE_DP0 TP3 EP2] "
+        f"{VIOLATION}",
+        f"2026-11-05T12:00:00Z [2026-11-05 12:00:00 TP0] {STATS_BAD}",
+        f"{SGLANG}{VIOLATION.replace('HEAD_K_FULL', 'unknown(99)')}",
+        f"{SGLANG}{VIOLATION.replace('verify_position', 'verify_chain_hash+verify_token')}",
     ],
 )
-def test_a_violation_is_found_in_either_sglang_line(line: str, tripped: bool) -> None:
-    assert (kv_canary.parse_line(line) is not None) is tripped
+def test_sglangs_own_record_after_its_log_prefix_trips_the_gate(line: str) -> None:
+    assert kv_canary.parse_line(line) is not None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # The issue's line: bootstrap input quoted in an error the engine logged.
+        f"{SGLANG}KV transfer for bootstrap_room None failed: invalid literal for int() with "
+        f"base 10: '{VIOLATION}'",
+        f"{SGLANG}KV transfer for bootstrap_room None failed: invalid literal for int() with "
+        f"base 10: '{FORGED}'",
+        # SGLang's request logger (--log-requests): the request id, the prompt.
+        f"{SGLANG}Receive: obj=GenerateReqInput(rid='{VIOLATION}', text='hello')",
+        f"{SGLANG}Receive: obj=GenerateReqInput(rid='r1', text='{VIOLATION}')",
+        f"{SGLANG}Receive: obj=GenerateReqInput(rid='r1', text='\\n{VIOLATION}')",
+        f"[2026-11-05 12:00:00 TP0] Abort request {VIOLATION}",
+        f"{SGLANG}Receive: obj=GenerateReqInput(rid='{STATS_BAD}')",
+        # A record without SGLang's prefix (another program's line, a continuation line).
+        VIOLATION,
+        f"2026-11-05T12:00:00.5Z {VIOLATION}",
+        STATS_BAD,
+        f"[2026-11-05 12:00:00] WARNING sglang.srt.kv_canary: {VIOLATION}",
+        f"[2026-11-05 12:00:00 TP0]{VIOLATION}",
+        f"[2026-11-05 12:00:00 TP0 DP0] {VIOLATION}",  # ranks out of SGLang's order
+        f"[2026-11-05 12:00:00 rid=x] {VIOLATION}",
+        f"[{VIOLATION}] {VIOLATION}",
+        # SGLang's prefix, the record's shape, a field out of shape.
+        f"{SGLANG}{FORGED}",
+        f"{SGLANG}{VIOLATION.replace('HEAD_K_FULL', 'EVIL')}",
+        f"{SGLANG}{VIOLATION.replace('HEAD_K_FULL', 'head_k_full')}",
+        f"{SGLANG}{VIOLATION.replace('verify_position', 'forged')}",
+        f"{SGLANG}{VIOLATION.replace('verify_position', 'verify_token+verify_position')}",
+        f"{SGLANG}{VIOLATION.replace('verify_position', 'verify_position+verify_position')}",
+        f"{SGLANG}{VIOLATION.replace('slot_idx=17', 'slot_idx=seventeen')}",
+        f"{SGLANG}{VIOLATION.replace('position=1000003', 'position=1e6')}",
+        f"{SGLANG}{VIOLATION.replace('0x0000000000000000', '0x0')}",
+        f"{SGLANG}{VIOLATION.replace('0x0000000000000000', 'deadbeefdeadbeef')}",
+        f"{SGLANG}{VIOLATION} and the tenant's words",
+        f"{SGLANG}{VIOLATION}'",
+        f"{SGLANG} {VIOLATION}",
+        f"{SGLANG}{VIOLATION.split(' stored_token=')[0]}",  # the fields kvgate once read
+        f"{SGLANG}{STATS_BAD} rid=x",
+        f"{SGLANG}{STATS_BAD.replace('/12', '/13')}",
+        f"{SGLANG}{STATS_BAD.replace('violations=3', 'violations=-3')}",
+        # Nothing to see.
+        f"{SGLANG}{STATS_OK}",
+        "[2026-11-05 12:00:00 TP0] Decode batch, #running-req: 1",
+        "the user wrote kv_canary violation: in a prompt",
+        "",
+    ],
+)
+def test_a_forged_canary_record_in_client_chosen_text_trips_nothing(line: str) -> None:
+    assert kv_canary.parse_line(line) is None
 
 
 def test_the_violation_keeps_what_sglang_said_and_when() -> None:
-    found = kv_canary.parse_line(f"2026-11-05T12:00:00.5Z {VIOLATION}")
+    found = kv_canary.parse_line(f"2026-11-05T12:00:00.5Z {SGLANG}{VIOLATION}")
     assert found is not None
     assert (found.launch_tag, found.fail_reason, found.slot_idx, found.position) == (
         "HEAD_K_FULL",
@@ -62,6 +118,9 @@ def test_the_violation_keeps_what_sglang_said_and_when() -> None:
     assert found.logged_at == "2026-11-05T12:00:00.5Z"
     text = kv_canary.message(found)
     assert "fail_reason=verify_position" in text and "Delete the pod" in text
+    # The parsed fields are quoted, not the line.
+    assert "launch_tag=HEAD_K_FULL, fail_reason=verify_position, slot_idx=17" in text
+    assert "stored_chain_hash" not in text and "kv_canary violation:" not in text
 
 
 def test_lines_are_split_across_chunks_and_bounded() -> None:
@@ -266,8 +325,8 @@ async def test_a_log_that_cannot_be_read_is_retried_with_a_growing_back_off(
 def test_a_violation_keeps_the_rank_sglang_logged_it_on() -> None:
     found = kv_canary.parse_line(f"2026-11-05T12:00:00Z [2026-11-05 12:00:00 DP0 TP3] {VIOLATION}")
     assert found is not None and found.ranks == "DP0 TP3"
-    assert kv_canary.parse_line(VIOLATION) is not None
-    assert kv_canary.parse_line(VIOLATION).ranks is None  # type: ignore[union-attr]
+    unranked = kv_canary.parse_line(f"{SGLANG}{VIOLATION}")
+    assert unranked is not None and unranked.ranks is None
 
 
 # ------------------------------------------------ a multi-node engine: a worker rank's own log

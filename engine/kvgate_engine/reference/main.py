@@ -90,9 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The flags are parsed as the emulated release's parser does (its choices of values).
     version = os.environ.get("KVGATE_ENGINE_VERSION") or DEFAULT_VERSION
     launch = parse_launch_args(sys.argv[1:] if argv is None else argv, version)
+    # SGLang's own format (srt/utils/common.py:configure_logger): kvgate reads the KV canary's
+    # record only right after this prefix, so the reference engine's lines must carry it.
     logging.basicConfig(
         level=launch["log_level"].upper(),
-        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stderr,
     )
     env = os.environ
