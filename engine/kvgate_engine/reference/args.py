@@ -123,6 +123,8 @@ def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     add("--skip-server-warmup", action="store_true")
     add("--allow-auto-truncate", action="store_true")
     add("--log-level", choices=LOG_LEVELS, default="info")
+    add("--log-requests", action="store_true")  # kvgate_engine.reference.request_log
+    add("--log-requests-level", type=int, choices=(0, 1, 2, 3), default=2)
     add("--random-seed", type=int, default=None)
     add("--device", default="cpu")
     add("--disable-cuda-graph", action="store_true")

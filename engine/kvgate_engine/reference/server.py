@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate_engine.reference import faults
+from kvgate_engine.reference import faults, request_log
 from kvgate_engine.reference.args import LaunchArgs
 from kvgate_engine.reference.engine import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -216,6 +216,9 @@ def parse_generate(body: object, state: ServerState) -> GenerateRequest:
         raise BadRequest(f"bootstrap_room {room} must be between 0 and 2^63-1")
     port = _scalar(body, "bootstrap_port", int)
     rid = _scalar(body, "rid", str) or new_rid()
+    if state.launch.values.get("log_requests"):
+        # SGLang logs the request with the rid it settled on (uuid when none was sent).
+        request_log.log_received({**body, "rid": rid}, state.launch["log_requests_level"])
     return GenerateRequest(
         rid=rid,
         input_ids=ids,
