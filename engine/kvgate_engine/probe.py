@@ -46,6 +46,7 @@ from typing import Any
 
 import aiohttp
 
+from kvgate_engine.redact import redact_server_info
 from kvgate_engine.report import EngineReport
 from kvgate_engine.untrusted import (
     BodyLimits,
@@ -247,7 +248,11 @@ def _model_card(models: object, problems: list[str]) -> Mapping[str, Any] | None
 
 
 def parse_report(server_info: object, models: object | None) -> EngineReport:
-    """Reduce an engine's ``/server_info`` and ``/v1/models`` payloads to an EngineReport. Pure."""
+    """Reduce an engine's ``/server_info`` and ``/v1/models`` payloads to an EngineReport. Pure.
+
+    The document is read only through ``read_server_info``: its secrets redacted, and only the
+    fields checked here kept."""
+    server_info = read_server_info(server_info)
     problems: list[str] = []
     if not isinstance(server_info, Mapping):
         return EngineReport(
@@ -422,6 +427,14 @@ def project_server_info(doc: object) -> object:
     return kept
 
 
+def read_server_info(doc: object) -> object:
+    """The one way kvgate reads a ``/server_info`` document, live (the probe, the guard, ``kvgate
+    verify --url``) or saved (``kvgate verify --server-info``): every secret it carries redacted
+    (``kvgate_engine.redact``: api_key, admin_api_key, ssl_keyfile_password, the flags in
+    launch_command, ...), then the fields ``parse_report`` checks kept. Pure."""
+    return project_server_info(redact_server_info(doc))
+
+
 def project_models(doc: object) -> object:
     """The part of a ``/v1/models`` document ``parse_report`` reads. Pure."""
     if not isinstance(doc, Mapping):
@@ -471,7 +484,7 @@ async def _server_info(
     retries: int,
     headers: Mapping[str, str],
 ) -> object:
-    limits, project = SERVER_INFO_LIMITS, project_server_info
+    limits, project = SERVER_INFO_LIMITS, read_server_info
     try:
         return await _get_json(
             session, f"{base}/server_info", timeout, retries, limits, project, headers

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -324,3 +324,44 @@ async def test_sigterm_stops_the_engine_cleanly(engines: EngineLauncher) -> None
     assert engines.stop(engine) == 0
     assert time.monotonic() - started < 10
     assert "SIGTERM" in engine.log()
+
+
+async def test_an_engine_started_with_keys_reports_them_and_guards_its_routes_as_sglang(
+    engines: EngineLauncher,
+) -> None:
+    from kvgate_engine.probe import fetch_report
+    from kvgate_engine.report import EngineReport
+
+    api_key, admin_key, password = "ref-api-5u7", "ref-admin-2k9", "ref-ssl-8p1"
+    engine = await engines.start(
+        *("--api-key", api_key, f"--admin-api-key={admin_key}"),
+        *("--ssl-keyfile-password", password, "--context-length", "2048"),
+    )
+    async with aiohttp.ClientSession() as session:
+
+        async def get(path: str, key: str | None) -> tuple[int, Any]:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with session.get(f"{engine.url}{path}", headers=headers) as response:
+                return response.status, await response.json(content_type=None)
+
+        # SGLang's NORMAL routes need the API key (the admin key does not open them) ...
+        for path in ("/server_info", "/get_server_info", "/v1/models", "/model_info"):
+            assert (await get(path, None)) == (401, {"error": "Unauthorized"}), path
+            assert (await get(path, admin_key))[0] == 401, path
+            assert (await get(path, api_key))[0] == 200, path
+        # ... and /health, /ready never do (Kubernetes probes carry no key).
+        assert (await get("/health", None))[0] == 200
+        _, info = await get("/server_info", api_key)
+
+    # What SGLang 0.5.23 reports (sglang/srt/utils/common.py build_server_info): the secrets in
+    # their fields, in the DP rank's state, and in launch_command.
+    for doc in (info, info["internal_states"][0]):
+        assert (doc["api_key"], doc["admin_api_key"]) == (api_key, admin_key)
+        assert doc["ssl_keyfile_password"] == password
+    assert f"--api-key {api_key}" in info["launch_command"]
+    assert f"--admin-api-key={admin_key}" in info["launch_command"]
+
+    report = await fetch_report(engine.url, api_key=api_key)
+    assert isinstance(report, EngineReport) and report.kv_pool_tokens is not None
+    for secret in (api_key, admin_key, password):
+        assert secret not in repr(report)

@@ -130,6 +130,14 @@ def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     add("--disable-cuda-graph", action="store_true")
     add("--disable-radix-cache", action="store_true")
     add("--watchdog-timeout", type=float, default=300.0)
+    # Secrets, as SGLang takes them (sglang/srt/arg_groups/fields/serving.py): /server_info
+    # reports them back, in their fields and in launch_command (server.py), as SGLang does.
+    # --api-key guards every route but /health*, /ready* and /metrics (server.auth_middleware).
+    # SGLang refuses --ssl-keyfile-password without --ssl-certfile and --ssl-keyfile; this engine
+    # serves no TLS, takes the password alone and only reports it.
+    add("--api-key", default=None)
+    add("--admin-api-key", default=None)
+    add("--ssl-keyfile-password", default=None)
     # Multi-node engines (kvgate_engine.reference.ranks): rank 0 serves, ranks >= 1 join it.
     add("--nnodes", type=int, default=1)
     add("--node-rank", type=int, default=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hmac
 import json
 import logging
 import shlex
@@ -454,10 +455,32 @@ async def handle_model_info(request: web.Request) -> web.Response:
     return web.json_response(model_info(request.app[STATE]))
 
 
+def bearer_allowed(path: str, authorization: str | None, api_key: str | None) -> bool:
+    """SGLang's rule for its ordinary routes (sglang/srt/utils/auth.py ``decide_request_auth``,
+    level NORMAL): with --api-key every route but /health*, /ready* and /metrics* needs
+    ``Authorization: Bearer <api key>``. Pure."""
+    if not api_key or path.startswith(("/health", "/ready", "/metrics")):
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), api_key.encode())
+
+
+def auth_middleware(api_key: str | None) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if bearer_allowed(request.path, request.headers.get("Authorization"), api_key):
+            return await handler(request)
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
+    return check
+
+
 def build_app(state: ServerState, hostile: Hostile | None = None) -> web.Application:
     """The app; with ``hostile`` (tests only, see ``hostile.py``) the three routes kvgate's probe
     reads answer as an attacker would, and every other route stays the honest engine's."""
-    app = web.Application(client_max_size=512 * 2**20)
+    app = web.Application(
+        client_max_size=512 * 2**20, middlewares=[auth_middleware(state.launch["api_key"])]
+    )
     app[STATE] = state
     server_info_handler: Handler = handle_server_info
     models_handler: Handler = handle_models
