@@ -12,6 +12,7 @@ from typing import Any
 from kvgate.api import labels
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.informer import Watched
+from kvgate.rollout import pass_priority, scaling
 from kvgate.verify import pod_view
 
 MANAGED_SELECTOR = f"{labels.MANAGED_BY}={labels.MANAGED_BY_VALUE}"
@@ -21,6 +22,21 @@ def wake_owner(rt: Runtime, body: dict[str, Any]) -> None:
     """Wake the pass of the ModelDeployment the object's kvgate.io/deployment label names."""
     meta = body.get("metadata", {})
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
+
+
+def on_role_scale_event(rt: Runtime, body: dict[str, Any]) -> None:
+    """A RoleScale changed: wake the ModelDeployment its name belongs to (``<md>-<role>``), when
+    kvgate knows one by that name: the pass reads it by that name, never by its labels. A count
+    kvgate has not acted on (``kubectl scale``, an autoscaler) asks for a pass that goes first
+    (kvgate.rollout.pass_priority), kvgate's own status writes only wake it."""
+    meta = body.get("metadata", {})
+    namespace, md_name = meta.get("namespace"), scaling.scale_owner(str(meta.get("name") or ""))
+    if not (namespace and md_name and (namespace, md_name) in rt.mds):
+        return
+    if pass_priority.scale_requested(body):
+        rt.request_pass(namespace, md_name)
+    else:
+        rt.wake_md(namespace, md_name)
 
 
 def on_deployment_event(rt: Runtime, event_type: str | None, body: dict[str, Any]) -> None:

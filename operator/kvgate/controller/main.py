@@ -34,6 +34,7 @@ from kvgate_engine import probe
 from kvgate_engine.verdict import Requirement, Verdict
 from prometheus_client import start_http_server
 
+from kvgate.admission.host_paths import HostPathPolicy
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api import labels, multinode
 from kvgate.api.models import GROUP, SCALE_PLURAL, VERSION
@@ -196,16 +197,12 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
         # kvgate.io/deployment label names the ModelDeployment.
         deployments.wake_owner(_rt(), dict(event["object"]))
 
-    @kopf.on.event(
-        GROUP,
-        VERSION,
-        SCALE_PLURAL,
-        labels={labels.MANAGED_BY: labels.MANAGED_BY_VALUE},
-        registry=registry,
-    )
+    @kopf.on.event(GROUP, VERSION, SCALE_PLURAL, registry=registry)
     async def role_scale_event(event: kopf.RawEvent, **_: Any) -> None:
-        # An autoscaler's (or kubectl scale's) new count is acted on at the next pass, now.
-        deployments.wake_owner(_rt(), dict(event["object"]))
+        # An autoscaler's (or kubectl scale's) new count is acted on at the next pass, now,
+        # ahead of the passes nobody asked for. Every RoleScale, labelled or not: its name says
+        # whose it is (the pass reads it by that name).
+        deployments.on_role_scale_event(_rt(), dict(event["object"]))
 
     # The router's ServiceAccount, Role and RoleBinding (kvgate.build.builders): deleted or edited,
     # they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_
@@ -258,6 +255,7 @@ def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorS
             min_engine_version_floor=settings.min_engine_version_floor,
             gpus_per_node=settings.gpus_per_node,
             gpu_reserved_gib_by_product=settings.gpu_reserved_gib_by_product,
+            host_paths=settings.host_paths or HostPathPolicy(),
         ),
     )
     kopf_settings.admission.managed = None

@@ -54,6 +54,8 @@ def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
     else:
         rt.mds[key] = body
         rt.wake_md(*key)
+        # A pass already waiting moves up if the user just asked for something (a rollback).
+        rt.pass_slots().reclassify(key, rt.pass_class(key))
     uid = str(body.get("metadata", {}).get("uid", ""))
     if event_type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
         stop_loop(rt, key, uid)

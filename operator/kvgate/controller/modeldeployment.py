@@ -50,7 +50,6 @@ from kvgate.rollout import (
     lws_availability,
     model_download,
     pass_decision,
-    pass_priority,
     pass_timing,
     pool_drift,
     rollback,
@@ -854,11 +853,10 @@ async def _reconcile_until_stopped(
     quiet = 0  # timer passes in a row that no change woke
     while not stopped():
         try:
-            # A settled ModelDeployment's pass waits behind the others' (a new leader's first
-            # passes: kvgate.rollout.pass_priority).
-            urgent = not pass_priority.settled_by_status(rt.mds.get(key) or {})
-            async with rt.pass_slots().slot(urgent=urgent):
+            # Passes asked for go first, then namespaces take turns (kvgate.rollout.pass_priority).
+            async with rt.pass_slots().slot(key, rt.pass_class(key)):
                 wake.clear()  # a change from here on calls for another pass
+                rt.pass_requests.discard(key)  # this pass reads what was asked for
                 step = await reconciler.reconcile()
         except asyncio.CancelledError:
             if not stray_cancellation():

@@ -19,11 +19,13 @@ from kvgate_engine.verdict import Requirement, Verdict
 from kvgate.api import labels
 from kvgate.api.models import API_VERSION, KIND
 from kvgate.controller import step_check
+from kvgate.controller.pass_slots import PassSlots
 from kvgate.kube import metrics
 from kvgate.kube.informer import Reflector, Watched, per_namespace
 from kvgate.kube.k8s import KubeApi
-from kvgate.kube.probe_slots import ProbeSlots
 from kvgate.kube.settings import OperatorSettings
+from kvgate.rollout import pass_priority
+from kvgate.rollout.pass_priority import PassClass
 from kvgate.verify import pod_view, router_auth
 
 log = logging.getLogger("kvgate.runtime")
@@ -285,12 +287,15 @@ class Runtime:
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.rollout.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
+    # ModelDeployments whose pass an event outside their own body asked for (a RoleScale's new
+    # count) since their last pass started: that pass goes first (kvgate.rollout.pass_priority)
+    pass_requests: set[MdKey] = field(default_factory=set)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     # State a single module keeps for this operator run, one instance per type: the module
     # defines it and reaches it through ``owned`` (see forget_md and forget_pod).
     _owned: dict[type[Any], Any] = field(default_factory=dict)
-    _pass_slots: ProbeSlots | None = None  # settings.max_concurrent_reconciles
+    _pass_slots: PassSlots | None = None  # settings.max_concurrent_reconciles
     _audit_pacer: Pacer | None = None  # settings.worker_audit_reads_per_second
     _reverify_pacer: Pacer | None = None  # settings.reverify_reads_per_second
     _pod_wakes: dict[str, Wake] = field(default_factory=dict)
@@ -389,13 +394,29 @@ class Runtime:
             state = self._owned[kind] = kind()
         return cast(S, state)
 
-    def pass_slots(self) -> ProbeSlots:
-        """At most ``max_concurrent_reconciles`` ModelDeployment passes at once, FIFO within
-        two queues: the passes of ModelDeployments whose own status says they are settled
-        wait behind the others (kvgate.rollout.pass_priority)."""
+    def pass_slots(self) -> PassSlots:
+        """At most ``max_concurrent_reconciles`` ModelDeployment passes at once; a free slot
+        goes to a pass asked for first, then to the namespaces in turn
+        (kvgate.rollout.pass_priority)."""
         if self._pass_slots is None:
-            self._pass_slots = ProbeSlots(self.settings.max_concurrent_reconciles)
+            self._pass_slots = PassSlots(self.settings.max_concurrent_reconciles)
         return self._pass_slots
+
+    def pass_class(self, key: MdKey) -> PassClass:
+        """The class of ``key``'s next pass: from its body as last seen, and whether an event
+        asked for it (``request_pass``)."""
+        body = self.mds.get(key) or {}
+        return pass_priority.pass_class(body, requested=key in self.pass_requests)
+
+    def request_pass(self, namespace: str | None, name: str | None) -> None:
+        """An event asked for a pass of this ModelDeployment (a RoleScale's new count): wake
+        its loop; the pass goes first, even if it already waits."""
+        if not (namespace and name):
+            return
+        key = (namespace, name)
+        self.pass_requests.add(key)
+        self.pass_slots().reclassify(key, PassClass.REQUESTED)
+        self.wake_md(namespace, name)
 
     def audit_pacer(self) -> Pacer:
         """The worker audit's router reads, at most ``worker_audit_reads_per_second``."""
@@ -466,6 +487,7 @@ class Runtime:
         metrics.forget_md(*key)  # a deleted ModelDeployment's series (no alert on a ghost)
         self.mds.pop(key, None)
         self.access_changed.discard(key)
+        self.pass_requests.discard(key)
         self._md_wakes.pop(key, None)
         for state in list(self._owned.values()):
             forget = getattr(state, "forget_md", None)
