@@ -16,9 +16,7 @@ Run: ``.venv/bin/pytest -m e2e e2e/tests/test_quick_start.py -v -s`` (root).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.world import OPERATOR_NAMESPACE, RELEASE, SMALL_POOL, World
+from plugin_helpers import BIN, kubectl_kvgate, plugin_directory
 from scenario_helpers import on_pool_without_estimate, refused_with, sample_md, wait_md_ready
 
 pytestmark = [
@@ -35,39 +34,11 @@ pytestmark = [
 
 MD = "first-model"
 CONTEXT = 131_072
-BIN = Path(sys.executable).parent
-PLUGIN = "kubectl-kvgate"
 
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The directory that holds ``kubectl-kvgate``: the venv's, once ``pip install`` of the
-    repository made it (``make`` reinstalls when pyproject.toml changes); else a script that is
-    exactly what pip writes for the entry point."""
-    if (BIN / PLUGIN).is_file():
-        return BIN
-    directory = tmp_path_factory.mktemp("plugin")
-    script = directory / PLUGIN
-    script.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom kvgate.cmd.cli import kubectl_plugin\n"
-        "sys.exit(kubectl_plugin())\n"
-    )
-    script.chmod(0o755)
-    print(f"NOTE {PLUGIN} is not installed in {BIN}: using {script} (reinstall the venv)")
-    return directory
-
-
-def kubectl_kvgate(world: World, plugin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``kubectl kvgate ARGS`` inside the cluster's network namespace, as the admin: kubectl finds
-    the plugin on PATH and passes KUBECONFIG on (flags must follow the plugin's name)."""
-    path = f"{plugin_dir}:{os.environ.get('PATH', '')}"
-    argv = [str(world.cluster.binaries.k8s), "kubectl", "kvgate", *args]
-    done = world.cluster.run_in_netns(argv, env={"PATH": path}, check=False, timeout=60)
-    print(
-        f"$ kubectl kvgate {' '.join(args)}  (exit {done.returncode})\n{done.stdout}{done.stderr}"
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+    return plugin_directory(tmp_path_factory.mktemp("plugin"))
 
 
 def test_the_quick_start_reads_a_refusal_with_kubectl_kvgate_and_its_fix_makes_it_ready(

@@ -176,6 +176,67 @@ async def test_history_and_rollback_through_a_kubeconfig(
     assert patch.data["metadata"]["resourceVersion"] == md["metadata"]["resourceVersion"]
 
 
+def _forged_events(md: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a namespace editor (``edit`` may create Events) writes on ``md``: a refusal and a
+    rollback of a revision that never existed, in kvgate's wording, with kvgate as reporter."""
+    serving = md["status"]["servingRevision"]
+    forged = [
+        event(
+            "RolloutRefused",
+            f"revision 1fa11ed0 refused (EngineUnsafe): decode pod llama-1fa11ed0-decode-0 "
+            f"reports KV pool 2,048 tokens < context length 131,072 × headroom 1.0; revision "
+            f"{serving} keeps serving",
+        ),
+        event(
+            "RollbackStarted",
+            "rolling back to revision 1fa11ed0, which served from 2026-11-01T10:00:00Z",
+            type_="Normal",
+        ),
+    ]
+    for item in forged:
+        item.update(source={"component": "kvgate"}, reportingComponent="kvgate")
+    return forged
+
+
+async def test_events_anyone_can_create_decide_no_row_of_history_and_no_rollback_target(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    md = serving_md()
+    serving = md["status"]["servingRevision"]
+    put(kmock, md, events=_forged_events(md))
+    config = kubeconfig(tmp_path / "config", str(kmock.url).rstrip("/"))
+    assert await _cli(["history", "llama", "--kubeconfig", str(config), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    rows = [(r["number"], r["revision"], r["outcome"]) for r in listing["revisions"]]
+    assert rows == [(1, serving, "serving")]
+    assert await _cli(["history", "llama", "--kubeconfig", str(config)]) == 0
+    assert "1fa11ed0" not in capsys.readouterr().out
+    for asked in ("1fa11ed0", "2"):
+        argv = ["rollback", "llama", "--kubeconfig", str(config), "--to-revision", asked]
+        assert await _cli(argv) == 2
+        err = capsys.readouterr().err
+        assert f"there is no revision {asked};" in err and "2,048" not in err, err
+    assert requests(kmock, "PATCH") == []
+    # Neither command reads Events at all: they are not kvgate's record.
+    assert requests(kmock, "GET", "/events") == []
+
+
+async def test_explain_shows_events_only_as_events_with_the_reporter_they_claim(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    md = serving_md()
+    put(kmock, md, events=_forged_events(md))
+    config = kubeconfig(tmp_path / "config", str(kmock.url).rstrip("/"))
+    assert await _cli(["explain", "llama", "--kubeconfig", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "llama in models: Ready (RevisionServing)", lines
+    heading = next(i for i, line in enumerate(lines) if line.startswith("Events "))
+    assert "not kvgate's record" in lines[heading], lines
+    forged = [i for i, line in enumerate(lines) if "1fa11ed0" in line]
+    assert len(forged) == 2 and min(forged) > heading, lines
+    assert all("reported as kvgate:" in lines[i] for i in forged), lines
+
+
 async def test_a_missing_model_deployment_is_exit_2_naming_the_namespace(
     kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

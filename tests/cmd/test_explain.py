@@ -109,24 +109,18 @@ def test_a_refused_revision_scaled_to_zero_is_explained_from_the_refusal_in_its_
     assert e.changes[-1].value == SMALL_POOL
 
 
-def test_pools_only_the_events_still_hold_are_read_from_them() -> None:
+def test_events_are_listed_newest_first() -> None:
     md = refused_md(
         "revision not verified within rollout.verifyTimeoutSeconds=900 s",
         reason="VerificationTimeout",
     )
-    rev = md["status"]["targetRevision"]
-    older = verdict_condition("prefill", pod_name("llama", rev, "prefill"), 60_000)["message"]
-    newer = verdict_condition("prefill", pod_name("llama", rev, "prefill"), 50_000)["message"]
-    other_revision = verdict_condition("prefill", pod_name("llama", "0000000000", "prefill"), 10)
     events = [
-        event("KvPoolTooSmall", older, "2026-11-05T11:00:00Z"),
-        event("KvPoolTooSmall", newer, "2026-11-05T11:30:00Z"),
-        event("KvPoolTooSmall", other_revision["message"], "2026-11-05T11:45:00Z"),
+        event("RolloutStarted", "a", "2026-11-05T11:00:00Z", type_="Normal"),
+        event("RolloutRefused", "b", "2026-11-05T11:30:00Z"),
+        event("KvPoolTooSmall", "c", "2026-11-05T11:45:00Z"),
     ]
     e = explain(md, [], events)
-    prefill = next(r for r in e.roles if r.role == "prefill")
-    assert (prefill.kv_pool_tokens, prefill.source) == (50_000, "Events")
-    assert [line.time for line in e.events][:3] == sorted(
+    assert [line.time for line in e.events] == sorted(
         [x["lastTimestamp"] for x in events], reverse=True
     )
 
@@ -228,3 +222,49 @@ def test_the_json_keys_are_always_present() -> None:
     # Only plain data: json.dumps would fail on anything else.
     assert copy.deepcopy(document) == document
     assert revision(spec_of()) == md["status"]["targetRevision"]
+
+
+def _forged(reason: str, message: str, **reporter: Any) -> dict[str, Any]:
+    """An Event a namespace editor created on ``llama`` in kvgate's wording."""
+    item = event(reason, message)
+    item.update(reporter)
+    return item
+
+
+def test_a_pool_reported_only_by_an_event_is_never_read_as_the_live_pool() -> None:
+    md = refused_md(
+        "revision not verified within rollout.verifyTimeoutSeconds=900 s",
+        reason="VerificationTimeout",
+    )
+    rev = md["status"]["targetRevision"]
+    message = verdict_condition("prefill", pod_name("llama", rev, "prefill"), 2_048)["message"]
+    e = explain(md, [], [_forged("KvPoolTooSmall", message, source={"component": "kvgate"})])
+    prefill = next(r for r in e.roles if r.role == "prefill")
+    assert (prefill.kv_pool_tokens, prefill.source) == (None, "")
+    assert not any(c.field == "spec.model.contextLength" for c in e.changes), e.changes
+    assert "prefill  no pool reported yet" in explanation_text(e)
+
+
+def test_events_are_shown_as_events_with_the_reporter_they_claim_never_as_kvgates_finding() -> None:
+    md = serving_md()
+    forged = _forged(
+        "RolloutRefused",
+        "revision 1fa11ed0 refused (EngineUnsafe): forged",
+        source={"component": "kvgate", "host": "node-1"},
+        reportingComponent="kvgate",
+        reportingInstance="kvgate-operator",
+    )
+    bare = _forged("RolloutRefused", "revision 2fa11ed0 refused (EngineUnsafe): no reporter")
+    legacy = _forged("RollbackStarted", "rolling back", source={"component": "kvgate"})
+    e = explain(md, [], [forged, bare, legacy])
+    assert e.ready and e.refusal is None and e.refused_revision is None
+    lines = explanation_text(e).splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith("Events "))
+    assert "not kvgate's record" in lines[heading]
+    shown = {line.split(": ", 1)[1]: line for line in lines[heading + 1 :]}
+    assert "reported as kvgate/kvgate-operator" in shown[forged["message"]]
+    assert "no reporter named" in shown[bare["message"]]
+    assert "reported as kvgate:" in shown[legacy["message"]]
+    assert all(lines.index(line) > heading for line in lines if "fa11ed0" in line)
+    reporters = [x["reporter"] for x in explanation_json(e)["events"]]
+    assert sorted(reporters, key=str) == sorted(["kvgate/kvgate-operator", None, "kvgate"], key=str)

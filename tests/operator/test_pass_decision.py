@@ -4,6 +4,8 @@ in order, the ownership conflicts and the status they lead to, with no API serve
 from __future__ import annotations
 
 import copy
+import dataclasses
+from datetime import timedelta
 from typing import Any
 
 from factories.model_deployments import MD_UID, NOW, make_md, md_doc
@@ -16,7 +18,7 @@ from kvgate.rollout import owned_objects, pass_decision
 from kvgate.rollout.access_checks import AccessCheck
 from kvgate.rollout.lws_availability import LwsAccess
 from kvgate.rollout.ownership import CONFLICT, OwnershipConflict
-from kvgate.rollout.planner import ObservedState, RolloutRecord
+from kvgate.rollout.planner import ObservedState, Refusal, RolloutRecord, WorkloadState
 from kvgate.rollout.workload_writes import Create, Delete, Patch
 
 KEY = "k" * 64
@@ -183,3 +185,37 @@ def test_turned_off_policies_read_this_pass_are_deleted_only_when_they_are_the_m
     decision = pass_decision.decide(_inputs(md, policies=policies))
     deletes = [w for wave in decision.waves for w in wave if isinstance(w, Delete)]
     assert deletes == [Delete("NetworkPolicy", own)]
+
+
+def test_the_targets_refusal_is_recorded_in_status_refusals_once_with_its_time() -> None:
+    """kvgate's own record of refusals (kvgate history lists it; it needs no Event)."""
+    md = make_md()
+    target = revision_of(md.spec)
+    refusal = Refusal(target, "VerificationTimeout", "not verified within 900 s")
+    inputs = _inputs(md)
+    observed = dataclasses.replace(
+        inputs.observed,
+        # The refused revision's Deployments still exist: its refusal stands.
+        workloads=tuple(
+            WorkloadState(target, role, 1, 0, verify_started_at=NOW)
+            for role in ("prefill", "decode", "router")
+        ),
+        recorded=RolloutRecord(target_revision=target, verify_started_at=NOW, refusal=refusal),
+    )
+    status = pass_decision.decide(dataclasses.replace(inputs, observed=observed)).status
+    assert status["refusals"] == [
+        {
+            "revision": target,
+            "reason": "VerificationTimeout",
+            "message": "not verified within 900 s",
+            "refusedAt": NOW.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    ]
+    later = dataclasses.replace(
+        inputs,
+        observed=dataclasses.replace(observed, now=NOW + timedelta(minutes=5)),
+        body={**inputs.body, "status": {"refusals": status["refusals"]}},
+    )
+    assert pass_decision.decide(later).status["refusals"] == status["refusals"]
+    nothing = pass_decision.decide(inputs).status
+    assert nothing["refusals"] == []

@@ -68,9 +68,13 @@ def _access(args: argparse.Namespace) -> ClusterAccess:
     )
 
 
-def _read(access: ClusterAccess, name: str, *, pods: bool) -> MdObjects:
+def _read(access: ClusterAccess, name: str, *, related: bool) -> MdObjects:
+    """The ModelDeployment, with its engine pods and Events when ``related`` (explain)."""
     try:
-        return run_against(access, lambda api: read_md(api, access.namespace, name, pods=pods))
+        return run_against(
+            access,
+            lambda api: read_md(api, access.namespace, name, pods=related, events=related),
+        )
     except MissingModelDeployment:
         raise InputError("NAME", describe_missing(access, access.namespace, name)) from None
 
@@ -78,7 +82,7 @@ def _read(access: ClusterAccess, name: str, *, pods: bool) -> MdObjects:
 def explain_main(args: argparse.Namespace) -> int:
     """0 Ready, 1 not Ready (why, with the numbers and the fix), 2 input or cluster error."""
     access = _access(args)
-    objects = _read(access, args.name, pods=True)
+    objects = _read(access, args.name, related=True)
     explanation = explain(objects.md, objects.pods, objects.events)
     code = EXIT_READY if explanation.ready else EXIT_NOT_READY
     if args.json:
@@ -91,8 +95,9 @@ def explain_main(args: argparse.Namespace) -> int:
 def history_main(args: argparse.Namespace) -> int:
     """0 with the revisions printed, 2 input or cluster error."""
     access = _access(args)
-    objects = _read(access, args.name, pods=False)
-    rows = history_rows(objects.md, objects.events)
+    # Only the status: Events are anyone's to write, so they decide no row (diagnose.history).
+    objects = _read(access, args.name, related=False)
+    rows = history_rows(objects.md)
     status = objects.md.get("status") or {}
     if args.json:
         print_json(
@@ -125,8 +130,8 @@ def rollback_main(args: argparse.Namespace) -> int:
     access = _access(args)
 
     async def ask(api: KubeApi) -> RollbackPlan:
-        objects = await read_md(api, access.namespace, args.name, pods=False)
-        plan = plan_rollback(objects.md, objects.events, args.to_revision)
+        objects = await read_md(api, access.namespace, args.name, pods=False, events=False)
+        plan = plan_rollback(objects.md, args.to_revision)
         if plan.revision is not None:
             version = (objects.md.get("metadata") or {}).get("resourceVersion")
             patch = rollback_request(plan.revision, version)

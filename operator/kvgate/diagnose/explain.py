@@ -3,8 +3,11 @@ smallest change that fixes it. Pure: the objects read from the API in, an Explan
 text or JSON from it.
 
 The numbers: the advertised context and headroom from the spec, the live pool of each role from
-what the operator wrote after reading the engines (the pods' gate conditions, else the refusal in
-the status, else the Events, else ``status.<role>.minVerifiedKvPoolTokens``). A gate message says
+what only the operator writes after reading the engines (the pods' gate conditions, else the
+refusal in the status, else ``status.<role>.minVerifiedKvPoolTokens``). Events are never read for
+a number or a finding: anyone who may create Events in the namespace (the built-in ``edit`` role)
+can write one with kvgate's reason, wording and reporter. They are listed last, as Events, with
+the reporter each one claims. A gate message says
 ``<role> pod <name> reports KV pool <N> tokens`` (``kvgate.verify.gate.verdict_message``); a test
 writes it with that function and reads it back here. The fix: the largest contextLength the live
 pools hold (the gate's own arithmetic, ``kvgate_engine.plan.largest_safe_context``), and, when the
@@ -41,6 +44,11 @@ from kvgate.api.refusals import Reason, reason
 
 ROLES = ("prefill", "decode")
 MAX_EVENTS = 8
+# Above the Events, so none reads as kvgate's finding: their writer and reporter are anyone's.
+EVENTS_HEADING = (
+    "Events on it (not kvgate's record: any client that may create Events writes them, "
+    "reporter included):"
+)
 # What a verdict message says about the pool (kvgate.verify.gate.verdict_message).
 POOL_REPORT = re.compile(
     r"\b(?P<role>prefill|decode|engine) pod (?P<pod>\S+) reports KV pool (?P<pool>[\d,]+) tokens"
@@ -107,11 +115,14 @@ class Change:
 
 @dataclass(frozen=True)
 class EventLine:
+    """One Event on the ModelDeployment, as its writer set it (any client may write one)."""
+
     type: str
     reason: str
     message: str
     count: int
     time: str
+    reporter: str | None  # the component (and instance) it names as its source, unverified
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,18 @@ def _event_time(event: Obj) -> str:
     return ""
 
 
+def event_reporter(event: Obj) -> str | None:
+    """``<component>[/<instance>]`` the Event names as its source (``reportingComponent`` and
+    ``reportingInstance``, else ``source.component`` and ``source.host``): what it claims, which
+    its writer chose."""
+    source = _map(event.get("source"))
+    component = _str(event.get("reportingComponent")) or _str(source.get("component"))
+    instance = _str(event.get("reportingInstance")) or _str(source.get("host"))
+    if component is None:
+        return instance
+    return f"{component}/{instance}" if instance else component
+
+
 def event_lines(events: Sequence[Obj], uid: str | None, name: str | None = None) -> list[EventLine]:
     """The ModelDeployment's Events, newest first (Events of other objects, and of an earlier
     object of the same name, by its uid, are left out)."""
@@ -229,6 +252,7 @@ def event_lines(events: Sequence[Obj], uid: str | None, name: str | None = None)
                 message=str(event.get("message") or ""),
                 count=_int(event.get("count")) or 1,
                 time=_event_time(event),
+                reporter=event_reporter(event),
             )
         )
     return sorted(lines, key=lambda line: line.time, reverse=True)
@@ -243,14 +267,14 @@ def _role_live(
     role: str,
     pods: Sequence[PodGate],
     *,
-    md_name: str,
     target: str | None,
     refusal_message: str,
-    events: Sequence[EventLine],
     status: Obj,
     context_length: int,
     required: int,
 ) -> RoleLive:
+    """A role's live pool from what only kvgate writes: the pods' gate conditions (pods/status),
+    else the refusal, else the verified minimum (the ModelDeployment's status)."""
     mine = tuple(p for p in pods if p.role == role)
     reported = [p.kv_pool_tokens for p in mine if p.kv_pool_tokens is not None]
     pool, source = (min(reported), "the pods' gate conditions") if reported else (None, "")
@@ -258,15 +282,6 @@ def _role_live(
         found = [n for r, _, n in pools_in(refusal_message) if r == role]
         if found:
             pool, source = min(found), "status.rollout.refusal"
-    if pool is None and target:
-        prefix = f"{md_name}-{target}-"
-        newest: dict[str, int] = {}
-        for line in events:  # newest first: the first report of a pod is its latest
-            for r, pod, n in pools_in(line.message):
-                if r == role and pod.startswith(prefix):
-                    newest.setdefault(pod, n)
-        if newest:
-            pool, source = min(newest.values()), "Events"
     if pool is None and target and status.get("servingRevision") == target:
         verified = _int(_map(status.get(role)).get("minVerifiedKvPoolTokens"))
         if verified is not None:
@@ -474,10 +489,8 @@ def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
             _role_live(
                 role,
                 target_pods,
-                md_name=name,
                 target=target,
                 refusal_message=refusal[1] if refusal else "",
-                events=lines,
                 status=status,
                 context_length=context,
                 required=required,
@@ -592,10 +605,13 @@ def explanation_text(e: Explanation) -> str:
         out.append(f"{row.name}: {row.means}; change: {row.change}")
     out += [f"note: {note}" for note in e.notes]
     if e.events:
-        out.append("recent events:")
+        out.append(EVENTS_HEADING)
         for line in e.events:
             count = f" (×{line.count})" if line.count > 1 else ""
-            out.append(f"  {line.time} {line.type} {line.reason}{count}: {line.message}")
+            reporter = f"reported as {line.reporter}" if line.reporter else "no reporter named"
+            out.append(
+                f"  {line.time} {line.type} {line.reason}{count}, {reporter}: {line.message}"
+            )
     return "\n".join(out)
 
 
@@ -657,6 +673,7 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
                 "message": x.message,
                 "count": x.count,
                 "time": x.time,
+                "reporter": x.reporter,
             }
             for x in e.events
         ],
@@ -672,6 +689,7 @@ __all__ = [
     "RoleLive",
     "estimated_changes",
     "event_lines",
+    "event_reporter",
     "explain",
     "explanation_json",
     "explanation_text",

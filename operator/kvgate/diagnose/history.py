@@ -1,12 +1,13 @@
 """``kvgate history`` and ``kvgate rollback``: a ModelDeployment's revisions, and which one a
 rollback asks for. Pure: the objects read from the API in, rows and a decision out.
 
-The revisions come from the operator's own record (docs/rollouts.md): ``status.history`` (the
-revisions that served, newest first, each with its spec: what ``kvgate.io/rollback`` can
-restore), ``status.targetRevision`` and ``servingRevision``, ``status.rollout.refusal`` and
-``status.refusedRevision``, and the ``RolloutRefused`` Events (which say ``revision <rev> refused
-(<reason>): ...``, ``kvgate.rollout.status.events_for``) for refusals of earlier revisions the
-status no longer holds; Events expire (one hour by default), the status does not.
+The revisions come only from the operator's own record, the ModelDeployment's status, which
+only kvgate writes (docs/rollouts.md): ``status.history`` (the revisions that served, newest
+first, each with its spec: what ``kvgate.io/rollback`` can restore), ``status.targetRevision``
+and ``servingRevision``, ``status.rollout.refusal``, ``status.refusals`` (the last ten refused
+revisions, ``kvgate.rollout.refusal_record``) and ``status.refusedRevision``. Never from Events:
+anyone who may create Events in the namespace can write a ``RolloutRefused`` in kvgate's wording,
+naming kvgate as its reporter, so an Event decides no row, no row number and no rollback target.
 
 A rollback writes one thing: the annotation ``kvgate.io/rollback=<revision>`` the operator acts
 on (``kvgate.rollout.rollback``), guarded by the resourceVersion read. Before writing, the same
@@ -16,18 +17,15 @@ refuse is refused here with exit 2 and nothing is written.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate.api.models import ModelDeploymentSpec
 from kvgate.api.revision import revision_of
-from kvgate.diagnose.explain import event_lines
+from kvgate.rollout.refusal_record import refusals_in
 from kvgate.rollout.rollback import ROLLBACK_ANNOTATION, decide_rollback, history_in
 
-# What a RolloutRefused Event says (kvgate.rollout.status.events_for).
-REFUSED_EVENT = re.compile(r"^revision (?P<revision>\S+) refused \((?P<reason>\w+)\): (?P<why>.*)$")
 # A --to-revision of at most this many digits may be a row number of `kvgate history`.
 ROW_NUMBER_DIGITS = 3
 
@@ -85,25 +83,11 @@ def spec_summary(spec: Obj) -> str:
     return "; ".join(parts)
 
 
-def _refusals_from_events(
-    events: Sequence[Obj], uid: str | None, name: str | None
-) -> dict[str, tuple[str, str, str]]:
-    """revision -> (reason, message, time) of its newest RolloutRefused Event."""
-    found: dict[str, tuple[str, str, str]] = {}
-    for line in event_lines(events, uid, name):  # newest first
-        if line.reason != "RolloutRefused":
-            continue
-        match = REFUSED_EVENT.match(line.message)
-        if match and match["revision"] not in found:
-            found[match["revision"]] = (match["reason"], match["why"], line.time)
-    return found
-
-
-def history_rows(md: Obj, events: Sequence[Obj]) -> list[Row]:
-    """Every revision kvgate has a record of, oldest first: those that served (status.history),
-    then the spec's own revision if it has not served, then revisions only a refusal names."""
+def history_rows(md: Obj) -> list[Row]:
+    """Every revision the ModelDeployment's status records, oldest first: those that served
+    (status.history), then the spec's own revision if it has not served, then the other refused
+    revisions (status.refusals, oldest first, and status.refusedRevision)."""
     status = _map(md.get("status"))
-    meta = _map(md.get("metadata"))
     serving = status.get("servingRevision") or None
     target = status.get("targetRevision") or None
     refused_revision = status.get("refusedRevision") or None
@@ -114,14 +98,13 @@ def history_rows(md: Obj, events: Sequence[Obj]) -> list[Row]:
         if refusal_raw.get("reason") and target
         else None
     )
-    from_events = _refusals_from_events(events, meta.get("uid") or None, meta.get("name") or None)
+    recorded = {r.revision: r for r in refusals_in(status)}
 
     def refusal_of(revision: str) -> tuple[str, str] | None:
         if revision == target and target_refusal is not None:
             return target_refusal
-        if revision in from_events:
-            reason, message, _ = from_events[revision]
-            return reason, message
+        if revision in recorded:
+            return recorded[revision].reason, recorded[revision].message
         return None
 
     def outcome(revision: str, restorable: bool) -> str:
@@ -167,10 +150,12 @@ def history_rows(md: Obj, events: Sequence[Obj]) -> list[Row]:
                 True,
             )
         )
-    others = [r for r in from_events if r not in seen]
+    # status.refusals is newest first; a refusedRevision it lacks (a status written before it
+    # existed) is the newest refusal.
+    others = [r for r in reversed(recorded) if r not in seen]
     if refused_revision and refused_revision not in seen and refused_revision not in others:
         others.append(refused_revision)
-    for revision in sorted(others, key=lambda r: from_events.get(r, ("", "", ""))[2]):
+    for revision in others:
         rows.append(Row(0, revision, "refused", None, refusal_of(revision), "", False, False))
     return [replace(row, number=number) for number, row in enumerate(rows, start=1)]
 
@@ -249,12 +234,12 @@ def _resolve(wanted: str, rows: Sequence[Row]) -> Row | str:
     return f"there is no revision {wanted}"
 
 
-def plan_rollback(md: Obj, events: Sequence[Obj], to_revision: str | None) -> RollbackPlan:
+def plan_rollback(md: Obj, to_revision: str | None) -> RollbackPlan:
     """Which revision ``kvgate rollback`` asks the operator for, or why it refuses. Without
     ``to_revision``: the newest revision that served and is not the spec's own (as ``kubectl
     rollout undo``)."""
     status = _map(md.get("status"))
-    rows = history_rows(md, events)
+    rows = history_rows(md)
     restorable = [row for row in rows if row.restorable]
     listing = ", ".join(row.revision for row in reversed(restorable)) or "none recorded yet"
     spec = md.get("spec")

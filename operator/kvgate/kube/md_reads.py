@@ -39,8 +39,11 @@ class MissingModelDeployment(Exception):
     """No ModelDeployment of that name in that namespace."""
 
 
-async def read_md(api: KubeApi, namespace: str, name: str, *, pods: bool = True) -> MdObjects:
-    """The ModelDeployment, its engine pods (``pods``) and its Events, read at once."""
+async def read_md(
+    api: KubeApi, namespace: str, name: str, *, pods: bool = True, events: bool = True
+) -> MdObjects:
+    """The ModelDeployment, its engine pods (``pods``) and its Events (``events``), read at
+    once."""
     md_read = api.get("ModelDeployment", namespace, name)
     pod_read: Awaitable[list[Body]] = (
         api.list(
@@ -51,19 +54,29 @@ async def read_md(api: KubeApi, namespace: str, name: str, *, pods: bool = True)
         if pods
         else _nothing()
     )
-    event_read = api.request(
-        "GET",
-        api.path("Event", namespace),
-        params={"fieldSelector": f"involvedObject.kind=ModelDeployment,involvedObject.name={name}"},
+    event_read: Awaitable[Body | None] = (
+        api.request(
+            "GET",
+            api.path("Event", namespace),
+            params={
+                "fieldSelector": f"involvedObject.kind=ModelDeployment,involvedObject.name={name}"
+            },
+        )
+        if events
+        else _none()
     )
-    md, pod_items, events = await asyncio.gather(md_read, pod_read, event_read)
+    md, pod_items, event_list = await asyncio.gather(md_read, pod_read, event_read)
     if md is None:
         raise MissingModelDeployment(name)
-    return MdObjects(md, pod_items, list((events or {}).get("items") or []))
+    return MdObjects(md, pod_items, list((event_list or {}).get("items") or []))
 
 
 async def _nothing() -> list[Body]:
     return []
+
+
+async def _none() -> Body | None:
+    return None
 
 
 async def request_rollback(api: KubeApi, namespace: str, name: str, patch: Body) -> Body | None:
@@ -81,8 +94,8 @@ def _api_problem(error: ApiError, access: ClusterAccess) -> str:
     if error.status == 403:
         return (
             f"the API server {server} refused it to the user of {access.source} (HTTP 403: "
-            f"{error.message}); kvgate explain and history need get on modeldeployments and "
-            "list on pods and events in the namespace, kvgate rollback also patch on "
+            f"{error.message}); kvgate history needs get on modeldeployments, kvgate explain "
+            "also list on pods and events in the namespace, kvgate rollback get and patch on "
             "modeldeployments"
         )
     if error.status == 409:

@@ -21,6 +21,7 @@ from kvgate.rollout import (
     lws_availability,
     owned_objects,
     pool_drift,
+    refusal_record,
     requirements,
     rollback,
     scaling,
@@ -35,6 +36,7 @@ from kvgate.rollout.status import Event, compute_status, events_for
 from kvgate.rollout.workload_writes import Delete, PlannedWrite
 from kvgate.verify import content_probe, router_auth
 from kvgate.verify.content_probe import ContentCheck, ContentVerdict
+from kvgate.verify.gate import rfc3339
 
 Body = dict[str, Any]
 Wave = tuple[PlannedWrite, ...]
@@ -349,6 +351,17 @@ def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
         spec=body.get("spec") or {},
         served_at=observed.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         limit=spec.rollout.revision_history_limit,
+    )
+    # Every refusal kvgate decided (the last ten), so kvgate history never needs an Event.
+    refusal = step.refusal
+    status["refusals"] = refusal_record.updated_refusals(
+        previous,
+        None
+        if refusal is None
+        else refusal_record.RefusedRevision(
+            refusal.revision, refusal.reason, refusal.message, rfc3339(observed.now)
+        ),
+        new=step.new_refusal,
     )
     # Each running revision's content check: a revision switches only after it passed.
     content = inputs.content.record if inputs.content is not None else None
