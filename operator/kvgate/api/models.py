@@ -1262,6 +1262,17 @@ class RefusalStatus(_Model):
     message: str = Field(default="", description="Why, with the numbers.")
 
 
+class RefusedRevisionRecord(_Model):
+    """One revision verification refused, as kvgate decided it (``kvgate history`` lists it)."""
+
+    revision: str = Field(min_length=1, max_length=63, description="Revision hash.")
+    reason: str = Field(
+        min_length=1, max_length=128, description="Why, as a CamelCase reason (EngineUnsafe...)."
+    )
+    message: str = Field(default="", description="Why, with the numbers.")
+    refused_at: str | None = Field(default=None, description="When kvgate refused it (RFC 3339).")
+
+
 class RouterCountersStatus(_Model):
     """One of the target's router pods' generation-path responses when the step began."""
 
@@ -1396,6 +1407,17 @@ class ModelDeploymentStatus(_Model):
     )
     refused_revision: str | None = Field(
         default=None, description="Last revision refused by verification, if any."
+    )
+    refusals: list[RefusedRevisionRecord] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The last 10 revisions refused by verification, newest first, each with "
+        "its reason and message: kvgate's record of refusals (Events expire, and any client "
+        "that may create Events can write one). Written by the operator.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["revision"],
+        },
     )
     traffic_split: str | None = Field(
         default=None,
