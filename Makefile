@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME_LOCK := operator/image/requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e image image-lock image-test container-runtime demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale dashboard-images crds venv clean
+.PHONY: test beside-e2e image image-lock image-test container-runtime demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale bench-fairness dashboard-images crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -133,6 +133,11 @@ chaos: e2e-deps
 # `make bench-scale SCALE_ARGS="--mds 1000 --engines 8"`; see e2e/bench/scale.py.
 bench-scale: e2e-deps
 	$(BIN)/python e2e/bench/scale.py $(SCALE_ARGS)
+
+# The fairness benchmark (not part of `make test`): 200 never-Ready ModelDeployments in one
+# namespace against another's rollback and scale request; see e2e/bench/fairness.py.
+bench-fairness: e2e-deps
+	$(BIN)/python e2e/bench/fairness.py $(FAIRNESS_ARGS)
 
 # Pictures of the chart's Grafana dashboards with real data, docs/images/dashboard-*.png (not part
 # of `make test`; its own world and Prometheus, ~4 min). No Grafana here:

@@ -12,7 +12,9 @@ machine. This stand-in kubelet registers one Node (pool ``bench`` by default, ca
   ``/server_info`` (and ``/get_server_info``), ``/v1/models``, ``/health``, from the engine
   container's own flags (``--context-length``, ``--disaggregation-mode``,
   ``--served-model-name``; the version from the image tag) with a KV pool of
-  ``--pool-factor`` x the context length; a router's ``/workers`` lists none;
+  ``--pool-factor`` x the context length (an engine container's env ``KVGATE_STANDIN_POOL_FACTOR``
+  overrides it for its pod: below 1, kvgate never verifies it); a router's ``/workers`` lists
+  none;
 * on deletion, stops at once (removes the pod with grace period 0).
 
 All of it is one asyncio process (one aiohttp application, one wildcard listening socket per
@@ -126,6 +128,9 @@ class StandIn:
         }
 
 
+POOL_FACTOR_ENV = "KVGATE_STANDIN_POOL_FACTOR"
+
+
 def stand_in_for(pod: Pod, ip: str, pool_factor: float) -> StandIn:
     """How the stand-in plays this pod (pure): ports, containers, the engine's report."""
     meta, spec = pod["metadata"], pod.get("spec", {})
@@ -147,7 +152,9 @@ def stand_in_for(pod: Pod, ip: str, pool_factor: float) -> StandIn:
         out.context_length = int(flag(argv, "--context-length") or 0)
         out.served_model = flag(argv, "--served-model-name") or "model"
         out.version = (parse_image(engine.get("image", "")).tag or "v0.5.23").lstrip("v")
-        out.pool_tokens = int(out.context_length * pool_factor)
+        env = {e.get("name"): e.get("value") for e in engine.get("env") or []}
+        factor = float(env.get(POOL_FACTOR_ENV) or pool_factor)
+        out.pool_tokens = int(out.context_length * factor)
     return out
 
 

@@ -45,6 +45,14 @@ def test_engine_reports_its_own_flags_and_a_pool_of_factor_times_context() -> No
     assert 30000 in s.ports and "engine" in s.containers
 
 
+def test_an_engine_env_pool_factor_overrides_the_nodes_for_its_pod() -> None:
+    """The fairness benchmark's never-verified engines: half their context."""
+    pod = engine_pod()
+    engine = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+    engine.setdefault("env", []).append({"name": "KVGATE_STANDIN_POOL_FACTOR", "value": "0.5"})
+    assert stand_in_for(pod, "198.18.128.9", 2.0).server_info()["max_total_num_tokens"] == 65_536
+
+
 def test_ready_only_when_every_readiness_gate_is_true() -> None:
     pod = engine_pod()
     s = stand_in_for(pod, "198.18.128.9", 2.0)

@@ -13,8 +13,9 @@ False 40.2 s after the kill and a ModelDeployment applied at the kill was reconc
    until the API server has accepted each (it then replays every change after that version), or,
    when that version is gone (410), until the reflector has listed again: a watch that hung or
    expired while standing by cannot leave the leader acting on a stale store;
-2. every ModelDeployment's loop starts (kvgate.controller.md_loops); a settled one's first pass
-   waits behind the passes of those that are new or in flight (kvgate.rollout.pass_priority);
+2. every ModelDeployment's loop starts (kvgate.controller.md_loops); a new or edited one's first
+   pass goes first, and within a namespace a settled one's waits behind those in flight
+   (kvgate.rollout.pass_priority);
 3. every engine pod's verifier starts (kvgate.controller.engine_pods.take_over): an engine whose
    pod shows it proved itself since it last started is not read again at first sight; the
    others (restarted, refused, changed) are read at once, first.

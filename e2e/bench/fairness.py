@@ -1,0 +1,366 @@
+"""Fairness benchmark: one namespace's never-Ready ModelDeployments against another namespace's
+rollback and scale request (run as root).
+
+    make bench-fairness FAIRNESS_ARGS="--rounds 5"
+    .venv/bin/python e2e/bench/fairness.py --never-ready 200 --rounds 5 [--json out.json]
+
+Not part of ``make test``: it takes the machine for ~10 minutes. Brings up the e2e world
+(kvgate installed by Helm with its defaults: 32 pass slots) and a stand-in node
+(``kvgate_e2e.standin``: one process plays every pod; an engine reports a KV pool of 2 x its
+context, or of half its context when its env says ``KVGATE_STANDIN_POOL_FACTOR=0.5``, so kvgate
+never verifies it). Every ModelDeployment has 1 prefill and 1 decode engine. Then:
+
+1. **victim**: ModelDeployment ``victim`` in namespace ``bench-victim`` (decode autoscaled from
+   1), rolled to a second revision, so ``status.history`` holds two;
+2. **idle**: ``--rounds`` rounds, each one rollback (``kubectl annotate md victim
+   kvgate.io/rollback=<the other revision>``) and one scale request (``kubectl scale rolescale
+   victim-decode``, alternately 2 and 1): seconds from the command to **acted** (the rollback
+   annotation gone, spec restored; the RoleScale's ``status.observedGeneration`` current) and to
+   **reconciled** (serving that revision and Ready; the RoleScale's ``status.replicas`` at the
+   count with nothing draining);
+3. **loaded**: ``--never-ready`` ModelDeployments whose engines never verify applied in
+   namespace ``bench-tenant`` (batches of 100, as fast as ``kubectl apply`` takes them), and the
+   same rounds run at once, the first while their first passes are still queued.
+   ``--churn-seconds S`` also annotates every one of them every S seconds (a watch event each:
+   a tenant whose ModelDeployments keep changing);
+4. the medians of both, and loaded / idle.
+
+Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
+``--operator-pythonpath DIR[:DIR]`` runs the operator from other sources (e.g. an older commit's
+``operator`` and ``engine`` folders, ``git archive``d), to measure a change against its parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvgate_e2e.polling import poll_until
+from kvgate_e2e.signals import interrupt_on_signals
+from kvgate_e2e.world import World, WorldConfig, load_sample
+from scale import CONTROL_PLANE, IP_RANGE, POOL, leader_cpu_seconds, say
+
+VICTIM_NS = "bench-victim"
+TENANT_NS = "bench-tenant"
+VICTIM = "victim"
+ROLLBACK = "kvgate.io/rollback"
+CONTROL_PORT = 18999
+POLL_SECONDS = 0.1
+NEVER_VERIFIED = [{"name": "KVGATE_STANDIN_POOL_FACTOR", "value": "0.5"}]
+
+
+def md_manifest(name: str, mem_fraction: float = 0.85, *, verifies: bool = True) -> dict[str, Any]:
+    """The llama-8b sample, 1 prefill + 1 decode engine on the stand-in node, no content check
+    (a stand-in generates nothing), a verify deadline beyond the run."""
+    md = copy.deepcopy(load_sample("llama-8b"))
+    md["metadata"] = {"name": name}
+    for role in ("prefill", "decode"):
+        md["spec"][role]["replicas"] = 1
+        md["spec"][role]["nodeSelector"] = {"kvgate.io/pool": POOL}
+        md["spec"][role]["memFractionStatic"] = mem_fraction
+    md["spec"]["rollout"]["verifyTimeoutSeconds"] = 3600
+    md["spec"].setdefault("safety", {})["contentProbe"] = {"enabled": False}
+    if not verifies:
+        md["spec"]["engine"]["env"] = NEVER_VERIFIED
+    return md
+
+
+def victim_manifest(mem_fraction: float) -> dict[str, Any]:
+    """The victim: its decode role autoscaled (a RoleScale), scale-down not waiting on /metrics
+    the stand-in does not serve."""
+    md = md_manifest(VICTIM, mem_fraction)
+    md["spec"]["decode"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "drainTimeoutSeconds": 1,
+    }
+    return md
+
+
+def start_standin(world: World) -> subprocess.Popen[str]:
+    cluster = world.cluster
+    node_ip = str(cluster.add_node_ip())
+    argv = [
+        sys.executable,
+        "-m",
+        "kvgate_e2e.standin",
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--node-ip={node_ip}",
+        f"--pool={POOL}",
+        f"--ip-range={IP_RANGE}",
+        f"--control={node_ip}:{CONTROL_PORT}",
+    ]
+    proc = subprocess.Popen(cluster.netns.exec_argv(argv), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if '"ready": true' not in line:
+        raise SystemExit(f"the stand-in node did not start: {line!r}")
+    return proc
+
+
+def ready(md: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (md.get("status") or {}).get("conditions") or []
+    )
+
+
+def serving(md: dict[str, Any] | None, revision: str | None = None) -> bool:
+    """The ModelDeployment serves its current spec (``revision`` if given), Ready."""
+    if md is None:
+        return False
+    status = md.get("status") or {}
+    target = status.get("targetRevision")
+    return bool(
+        status.get("observedGeneration") == md["metadata"].get("generation")
+        and target
+        and status.get("servingRevision") == target
+        and (revision is None or target == revision)
+        and ready(md)
+    )
+
+
+def wait(what: str, predicate: Any, timeout: float) -> float:
+    """Poll ``predicate`` every POLL_SECONDS until true; the monotonic time it was seen true."""
+    poll_until(what, predicate, timeout, period=POLL_SECONDS)
+    return time.monotonic()
+
+
+def rollback_round(world: World, to: str, timeout: float) -> dict[str, float]:
+    """Annotate the victim back to ``to``: seconds to the annotation's removal (kvgate's pass
+    acted on it) and to serving ``to``, Ready."""
+    start = time.monotonic()
+    world.kubectl("annotate", "md", VICTIM, f"{ROLLBACK}={to}", f"--namespace={VICTIM_NS}")
+
+    def victim() -> dict[str, Any] | None:
+        return world.get("modeldeployments.kvgate.io", VICTIM, VICTIM_NS)
+
+    def acted() -> bool:
+        md = victim()
+        return md is not None and ROLLBACK not in (md["metadata"].get("annotations") or {})
+
+    acted_at = wait(f"rollback to {to}: annotation removed", acted, timeout)
+    done_at = wait(f"rollback to {to}: serving", lambda: serving(victim(), to), timeout)
+    return {"acted_s": round(acted_at - start, 3), "reconciled_s": round(done_at - start, 3)}
+
+
+def scale_round(world: World, replicas: int, timeout: float) -> dict[str, float]:
+    """``kubectl scale`` the victim's decode RoleScale: seconds to its status observing the new
+    generation (kvgate's pass acted on it) and to ``replicas`` verified Ready, none draining."""
+    name = f"{VICTIM}-decode"
+    start = time.monotonic()
+    world.kubectl("scale", "rolescale", name, f"--replicas={replicas}", f"--namespace={VICTIM_NS}")
+
+    def role_scale() -> dict[str, Any]:
+        got = world.get("rolescales.kvgate.io", name, VICTIM_NS)
+        assert got is not None, f"RoleScale {name} is gone"
+        return got
+
+    def observed(rs: dict[str, Any]) -> bool:
+        status = rs.get("status") or {}
+        return bool(status.get("observedGeneration") == rs["metadata"].get("generation"))
+
+    def counted() -> bool:
+        rs = role_scale()
+        status = rs.get("status") or {}
+        return (
+            observed(rs)
+            and status.get("replicas") == rs["spec"]["replicas"] == replicas
+            and not status.get("draining")
+        )
+
+    acted_at = wait(f"scale to {replicas}: observed", lambda: observed(role_scale()), timeout)
+    done_at = wait(f"scale to {replicas}: counted", counted, timeout)
+    return {"acted_s": round(acted_at - start, 3), "reconciled_s": round(done_at - start, 3)}
+
+
+def rounds(
+    world: World, revisions: tuple[str, str], count: int, timeout: float, label: str
+) -> list[dict[str, Any]]:
+    out = []
+    for i in range(count):
+        to = revisions[i % 2]  # back to the first revision, then forward again, ...
+        rollback = rollback_round(world, to, timeout)
+        scale = scale_round(world, 2 if i % 2 == 0 else 1, timeout)
+        out.append({"rollback": rollback, "scale": scale})
+        say(
+            f"  {label} round {i + 1}: rollback acted {rollback['acted_s']} s, serving "
+            f"{rollback['reconciled_s']} s; scale acted {scale['acted_s']} s, counted "
+            f"{scale['reconciled_s']} s"
+        )
+    return out
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        f"{what}_{figure}": round(statistics.median(r[what][figure] for r in results), 3)
+        for what in ("rollback", "scale")
+        for figure in ("acted_s", "reconciled_s")
+    }
+
+
+class Churn:
+    """Annotate every tenant ModelDeployment every ``seconds`` (a watch event each)."""
+
+    def __init__(self, world: World, seconds: float) -> None:
+        self.world, self.seconds = world, seconds
+        self.stop = threading.Event()
+        self.rounds = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.wait(self.seconds):
+            self.rounds += 1
+            self.world.kubectl(
+                "annotate",
+                "md",
+                "--all",
+                f"--namespace={TENANT_NS}",
+                f"bench.kvgate.io/churn={self.rounds}",
+                "--overwrite",
+                check=False,
+            )
+
+
+def apply_tenant(world: World, count: int) -> None:
+    docs = [md_manifest(f"never-ready-{i:03d}", verifies=False) for i in range(count)]
+    for start in range(0, len(docs), 100):
+        world.cluster.kubectl(
+            "apply",
+            f"--namespace={TENANT_NS}",
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(docs[start : start + 100]),
+            timeout=600,
+        )
+
+
+def victim_revisions(world: World, timeout: float) -> tuple[str, str]:
+    """Apply the victim, wait for it to serve, roll it to a second revision; both revisions."""
+    revisions = []
+    for fraction in (0.85, 0.84):  # a different --mem-fraction-static: a new revision
+        world.apply(victim_manifest(fraction), VICTIM_NS)
+        wait(
+            f"victim serving at memFractionStatic {fraction}",
+            lambda: serving(world.get("modeldeployments.kvgate.io", VICTIM, VICTIM_NS)),
+            timeout,
+        )
+        md = world.get("modeldeployments.kvgate.io", VICTIM, VICTIM_NS)
+        assert md is not None
+        revisions.append(md["status"]["targetRevision"])
+    assert revisions[0] != revisions[1], revisions
+    return revisions[0], revisions[1]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(kv.split("=", 1) for kv in args.operator_env)
+    if args.operator_pythonpath:
+        env["PYTHONPATH"] = args.operator_pythonpath
+    result: dict[str, Any] = {
+        "never_ready": args.never_ready,
+        "rounds": args.rounds,
+        "churn_seconds": args.churn_seconds,
+        "operator_pythonpath": args.operator_pythonpath,
+    }
+    with World(WorldConfig(operator_env=env, cluster=CONTROL_PLANE)) as world:
+        standin = start_standin(world)
+        churn: Churn | None = None
+        try:
+            # Routers have no nodeSelector: with the GPU nodes cordoned every new pod lands on
+            # the stand-in node.
+            for node in world.list("nodes", ""):
+                if node["metadata"]["labels"].get("kvgate.io/pool") != POOL:
+                    world.kubectl("cordon", node["metadata"]["name"])
+            world.create_namespace(VICTIM_NS)
+            world.create_namespace(TENANT_NS)
+            revisions = victim_revisions(world, args.timeout)
+            say(f"victim revisions {revisions[0]} and {revisions[1]}")
+
+            idle = rounds(world, revisions, args.rounds, args.timeout, "idle")
+            result["idle"] = idle
+            result["idle_medians"] = medians(idle)
+            say(f"MEASURED idle medians: {result['idle_medians']}")
+
+            cpu0, t0 = leader_cpu_seconds(world), time.monotonic()
+            applied = time.monotonic()
+            apply_tenant(world, args.never_ready)
+            result["tenant_apply_s"] = round(time.monotonic() - applied, 1)
+            say(f"applied {args.never_ready} never-Ready ModelDeployments in {TENANT_NS}")
+            if args.churn_seconds:
+                churn = Churn(world, args.churn_seconds)
+                churn.thread.start()
+            loaded = rounds(world, revisions, args.rounds, args.timeout, "loaded")
+            result["loaded"] = loaded
+            result["loaded_medians"] = medians(loaded)
+            result["loaded_operator_cpu_cores"] = round(
+                (leader_cpu_seconds(world) - cpu0) / (time.monotonic() - t0), 2
+            )
+            if churn is not None:
+                result["churn_rounds"] = churn.rounds
+            tenant = world.list("modeldeployments.kvgate.io", TENANT_NS)
+            result["tenant_ready"] = sum(1 for md in tenant if ready(md))
+            result["tenant_observed"] = sum(
+                1
+                for md in tenant
+                if (md.get("status") or {}).get("observedGeneration")
+                == md["metadata"].get("generation")
+            )
+            result["loaded_over_idle"] = {
+                k: round(v / result["idle_medians"][k], 2)
+                for k, v in result["loaded_medians"].items()
+                if result["idle_medians"][k] > 0
+            }
+            say(f"MEASURED loaded medians: {result['loaded_medians']}")
+            say(f"MEASURED loaded / idle: {result['loaded_over_idle']}")
+            say(
+                f"MEASURED tenant: {result['tenant_ready']} Ready, {result['tenant_observed']} "
+                f"observed of {args.never_ready}; operator CPU while loaded "
+                f"{result['loaded_operator_cpu_cores']} cores"
+            )
+        finally:
+            if churn is not None:
+                churn.stop.set()
+                churn.thread.join(60)
+            standin.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                standin.wait(30)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--never-ready", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--churn-seconds",
+        type=float,
+        default=0.0,
+        help="annotate every never-Ready ModelDeployment every this many seconds (0: never)",
+    )
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--operator-pythonpath",
+        help="PYTHONPATH of the operator process (other kvgate sources to measure)",
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    interrupt_on_signals()  # Ctrl-C or SIGTERM: the world is removed on the way out
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
