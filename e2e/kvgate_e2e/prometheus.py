@@ -22,7 +22,7 @@ values a test passes (short ``for:`` values), its ``spec.groups`` written as a r
 Usage (a pytest fixture in ``e2e/tests/conftest.py`` gives one per module: ``prometheus``)::
 
     with Prometheus(world.cluster, rule_values={"kvUsageFor": "2s"}) as prom:
-        prom.query('up{job="kvgate-metrics"}')            # -> [Series(labels, value)]
+        prom.query('up{job="kvgate-system/kvgate-metrics"}')  # -> [Series(labels, value)]
         prom.alerts()                                       # -> [Alert(name, state, labels)]
         prom.wait_firing("KvgateEngineHeadroomLow", {"namespace": ns}, 60)  # -> Alert
         prom.wait_resolved("KvgateEngineHeadroomLow", {"namespace": ns}, 60)
@@ -139,6 +139,28 @@ def _copy(source: str, target: str) -> dict[str, Any]:
     return {"source_labels": [source], "target_label": target, "action": "replace"}
 
 
+_RELABEL_KEYS = {
+    "sourceLabels": "source_labels",
+    "separator": "separator",
+    "targetLabel": "target_label",
+    "regex": "regex",
+    "modulus": "modulus",
+    "replacement": "replacement",
+    "action": "action",
+}
+
+
+def relabel_config(relabeling: Mapping[str, Any]) -> dict[str, Any]:
+    """A monitor's RelabelConfig (camelCase, action in any case) as Prometheus writes it."""
+    unknown = set(relabeling) - set(_RELABEL_KEYS)
+    if unknown:
+        raise ValueError(f"relabeling fields this translation does not know: {sorted(unknown)}")
+    config = {_RELABEL_KEYS[key]: value for key, value in relabeling.items()}
+    if "action" in config:
+        config["action"] = str(config["action"]).lower()
+    return config
+
+
 def _job(
     name: str,
     role: str,
@@ -147,19 +169,26 @@ def _job(
     endpoint: Mapping[str, Any],
     sd: Mapping[str, Any],
 ) -> dict[str, Any]:
-    return {
+    """The scrape job; the endpoint's own relabelings come after the operator's (so they may
+    set ``job``), its metricRelabelings become ``metric_relabel_configs``."""
+    job: dict[str, Any] = {
         "job_name": name,
         "metrics_path": endpoint.get("path", "/metrics"),
         "honor_labels": bool(endpoint.get("honorLabels", False)),
         "kubernetes_sd_configs": [{**sd, "role": role, **namespaces}],
-        "relabel_configs": relabels,
+        "relabel_configs": relabels + [relabel_config(r) for r in endpoint.get("relabelings", [])],
     }
+    metric_relabels = [relabel_config(r) for r in endpoint.get("metricRelabelings", [])]
+    if metric_relabels:
+        job["metric_relabel_configs"] = metric_relabels
+    return job
 
 
 def service_monitor_jobs(monitor: Mapping[str, Any], sd: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One ``endpointslice`` job per endpoint of a ServiceMonitor, as the Prometheus Operator
-    writes it: Services selected by label, the named port kept, ``job`` the Service's name,
-    ``namespace``/``service``/``pod``/``container``/``endpoint`` from the target."""
+    writes it: Services selected by label, the named port kept, ``job`` the Service's name
+    (unless the endpoint's relabelings set it), ``namespace``/``service``/``pod``/``container``/
+    ``endpoint`` from the target."""
     meta, spec = monitor["metadata"], monitor["spec"]
     namespaces = _namespaces(spec.get("namespaceSelector") or {}, meta["namespace"])
     match = (spec.get("selector") or {}).get("matchLabels") or {}

@@ -60,8 +60,22 @@ def test_the_service_monitor_scrapes_both_metrics_services_of_the_release_with_t
     assert keep[label.format("app_kubernetes_io_instance")] == "true;kvgate"
     assert keep[label.format("app_kubernetes_io_service")] == "true;metrics"
     assert keep["__meta_kubernetes_endpointslice_port_name"] == "metrics"
-    # kvgate's per-pod series name the engine pod: the target's own labels must not win.
-    assert job["honor_labels"] is True
+    # No target chooses its own job: the job is the Service's namespace and name, set by
+    # Prometheus after the Prometheus Operator's own (the Service's name).
+    assert job["honor_labels"] is False
+    jobs_set = [r for r in job["relabel_configs"] if r.get("target_label") == "job"]
+    assert jobs_set[-1] == {
+        "source_labels": ["__meta_kubernetes_namespace", "__meta_kubernetes_service_name"],
+        "separator": "/",
+        "target_label": "job",
+    }
+    # kvgate's per-pod series name the engine pod: its namespace and pod come back from the
+    # exported_ labels Prometheus renamed them to; the operator's series keep the target's.
+    assert job["metric_relabel_configs"] == [
+        {"source_labels": ["exported_namespace"], "regex": "(.+)", "target_label": "namespace"},
+        {"source_labels": ["exported_pod"], "regex": "(.+)", "target_label": "pod"},
+        {"action": "labeldrop", "regex": "exported_(namespace|pod)"},
+    ]
 
 
 @needs_helm

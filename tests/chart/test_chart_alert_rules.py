@@ -403,7 +403,12 @@ def test_operator_down_fires_when_no_replica_of_this_release_leads(spec: dict[st
     assert isinstance(inner, promql.BinaryExpr) and str(inner.op) == "=="
     assert isinstance(inner.lhs, promql.VectorSelector)
     assert inner.lhs.name == "kvgate_leader"
-    assert [(m.name, m.value) for m in inner.lhs.matchers.matchers] == [("namespace", NAMESPACE)]
+    # The operator's own scrape job (the ServiceMonitor's <namespace>/<Service>) in this
+    # release's namespace: a kvgate_leader of any other job cannot hold the alert off.
+    assert [(m.name, m.value) for m in inner.lhs.matchers.matchers] == [
+        ("job", f"{NAMESPACE}/kvgate-metrics"),
+        ("namespace", NAMESPACE),
+    ]
     assert isinstance(inner.rhs, promql.NumberLiteral) and inner.rhs.val == 1
     assert rule["for"] == "5m"
     assert rule["labels"] == {"severity": "warning"}
@@ -422,10 +427,11 @@ def test_verification_stale_joins_age_interval_readiness_and_the_leader(
         "kvgate_leader",
     }
     assert shape.labels is not None and {"namespace", "deployment", "pod", "role"} <= shape.labels
+    job = '{job="kvgate-system/kvgate-metrics"}'
     assert " ".join(rule["expr"].split()) == (
-        "( time() - kvgate_engine_last_verified_timestamp_seconds > 3 * "
-        "kvgate_engine_reverify_interval_seconds ) and on (namespace, deployment, pod, role, "
-        "instance) (kvgate_engine_pod_ready == 1) and on (instance) (kvgate_leader == 1)"
+        f"( time() - kvgate_engine_last_verified_timestamp_seconds{job} > 3 * "
+        f"kvgate_engine_reverify_interval_seconds{job} ) and on (namespace, deployment, pod, role, "
+        f"instance) (kvgate_engine_pod_ready{job} == 1) and on (instance) (kvgate_leader{job} == 1)"
     )
     assert "{{ $labels.pod }}" in rule["annotations"]["description"]
     assert "{{ $value | humanizeDuration }}" in rule["annotations"]["description"]
@@ -453,11 +459,28 @@ def test_alert_durations_are_values(helm: Helm) -> None:
     assert bad.returncode != 0 and "operatorDownFor" in bad.stderr
 
 
-def test_the_service_monitor_keeps_the_engine_pods_labels(helm: Helm) -> None:
-    # Without honorLabels the Prometheus Operator's target labels (the operator's namespace and
-    # pod) replace the series' own, and the alerts would name the operator's pod.
-    monitor = helm.template(*ENABLED, api_versions=MONITORING).one("ServiceMonitor")
-    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+def test_the_service_monitor_keeps_the_engine_pods_labels_and_never_honors_a_targets(
+    helm: Helm,
+) -> None:
+    # honorLabels would let a target choose its own job; without it Prometheus renames the
+    # series' namespace and pod exported_*, and the monitor puts them back (the alerts name the
+    # engine pod, not the operator's). The job is <namespace>/<Service>.
+    (endpoint,) = helm.template(*ENABLED, api_versions=MONITORING).one("ServiceMonitor")["spec"][
+        "endpoints"
+    ]
+    assert endpoint.get("honorLabels", False) is False
+    assert endpoint["relabelings"] == [
+        {
+            "sourceLabels": ["__meta_kubernetes_namespace", "__meta_kubernetes_service_name"],
+            "separator": "/",
+            "targetLabel": "job",
+        }
+    ]
+    assert [r.get("targetLabel") for r in endpoint["metricRelabelings"]] == [
+        "namespace",
+        "pod",
+        None,
+    ]
 
 
 def test_every_exported_metric_is_documented() -> None:
@@ -567,3 +590,23 @@ def test_the_label_analysis_follows_prometheus_matching() -> None:
     }
     assert labels('absent(kvgate_leader{namespace="x", job=~"k.*"})') == {"namespace"}
     assert Path(promql.__file__).exists()  # the compiled parser, not a stand-in
+
+
+def test_the_rules_read_the_jobs_the_values_name(helm: Helm) -> None:
+    # For a Prometheus that scrapes the operator and the engines with its own scrape configs:
+    # the rules then read those jobs, and still no other.
+    spec = helm.template(
+        *ENABLED,
+        "metrics.prometheusRule.operatorJob=platform/kvgate",
+        "metrics.prometheusRule.engineJob=platform/engines",
+        api_versions=MONITORING,
+    ).one("PrometheusRule")["spec"]
+    exprs = " ".join(r["expr"] for g in spec["groups"] for r in g["rules"])
+    assert "kvgate-system/kvgate-" not in exprs
+    assert 'kvgate_leader{job="platform/kvgate", namespace="kvgate-system"}' in exprs
+    assert 'sglang:num_queue_reqs{job="platform/engines"}' in exprs
+    assert rule_problems(spec) == []
+    bad = helm.template_result(
+        *ENABLED, 'metrics.prometheusRule.operatorJob=a"b', api_versions=MONITORING
+    )
+    assert bad.returncode != 0 and "operatorJob" in bad.stderr

@@ -34,6 +34,10 @@ ENABLED = (
     "metrics.enginePodMonitor.enabled=true",
 )
 POOL = 100_000  # the verified KV pool of every pod in the series below
+# The jobs of the chart's monitors (release kvgate in kvgate-system): the ServiceMonitor's is
+# <namespace>/<Service>, the engine PodMonitor's <namespace>/<name>. The rules read no other job.
+OPERATOR_JOB = "kvgate-system/kvgate-metrics"
+ENGINE_JOB = "kvgate-system/kvgate-engines"
 
 
 def _promtool_path() -> Path:
@@ -81,7 +85,7 @@ def engine(pod: str) -> dict[str, str]:
         "pod": pod,
         "container": "engine",
         "endpoint": "http",
-        "job": "models/kvgate-engines",
+        "job": ENGINE_JOB,
         "instance": f"{pod}:30000",
         "model_name": "llama-3.1-8b",
     }
@@ -93,7 +97,8 @@ def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
 
 
 def pool(pod: str) -> dict[str, str]:
-    """kvgate's verified pool for the pod, from the operator's target (honorLabels)."""
+    """kvgate's verified pool for the pod, from the operator's target (the ServiceMonitor
+    puts the engine pod's namespace and pod back from exported_namespace and exported_pod)."""
     return series(
         "kvgate_engine_kv_pool_tokens",
         {
@@ -101,7 +106,7 @@ def pool(pod: str) -> dict[str, str]:
             "deployment": "llama",
             "pod": pod,
             "role": "decode",
-            "job": "kvgate-metrics",
+            "job": OPERATOR_JOB,
             "instance": "10.0.0.9:8080",
         },
         f"{POOL}x30",
@@ -226,7 +231,7 @@ def test_promtool_rejects_a_wrong_expectation(
 
 def operator_series(name: str, instance: str, values: str, **labels: str) -> dict[str, str]:
     """A series from an operator replica's metrics target."""
-    return series(name, {"job": "kvgate-metrics", "instance": instance, **labels}, values)
+    return series(name, {"job": OPERATOR_JOB, "instance": instance, **labels}, values)
 
 
 def drift(role: str, instance: str, values: str, deployment: str = "llama") -> dict[str, str]:

@@ -434,15 +434,17 @@ def test_service_monitor_and_alerts_for_refused_rollouts_and_low_headroom(helm: 
         ports = rendered.one("Service", name)["spec"]["ports"]
         assert [p["name"] for p in ports] == ["metrics"]
     alerts = {r["alert"]: r for r in rendered.one("PrometheusRule")["spec"]["groups"][0]["rules"]}
-    # A refusal counts from its series' first sample (a new series is scraped at 1).
+    # A refusal counts from its series' first sample (a new series is scraped at 1). Only the
+    # operator's own scrape job counts (the ServiceMonitor's <namespace>/<Service>).
+    job = '{job="kvgate-system/kvgate-metrics"}'
     assert " ".join(alerts["KvgateRolloutRefused"]["expr"].split()) == (
         "( sum by (namespace, deployment, reason) ( "
-        "increase(kvgate_rollouts_refused_total[15m]) ) > 0 ) or "
-        "( sum by (namespace, deployment, reason) ( kvgate_rollouts_refused_total unless "
-        "kvgate_rollouts_refused_total offset 15m ) > 0 )"
+        f"increase(kvgate_rollouts_refused_total{job}[15m]) ) > 0 ) or "
+        f"( sum by (namespace, deployment, reason) ( kvgate_rollouts_refused_total{job} unless "
+        f"kvgate_rollouts_refused_total{job} offset 15m ) > 0 )"
     )
     assert alerts["KvgateEngineHeadroomLow"]["expr"] == (
-        "min by (namespace, deployment, pod, role) (kvgate_engine_headroom_ratio) < 1.1"
+        f"min by (namespace, deployment, pod, role) (kvgate_engine_headroom_ratio{job}) < 1.1"
     )
     assert alerts["KvgateEngineHeadroomLow"]["for"] == "5m"
     assert "{{ $labels.pod }}" in alerts["KvgateEngineHeadroomLow"]["annotations"]["description"]
