@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -253,3 +254,124 @@ def test_the_nesting_refusal_names_the_document_that_nests(
     path = _write(tmp_path, text)
     assert main(["validate", path]) == 2
     assert f"{path}: document 2 opens more than 100 flow collections" in capsys.readouterr().err
+
+
+# What `validate` says must be what the cluster says (issue 47 item 2).
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "camel"),
+    [
+        ("spec.model.context_length", 131072, "contextLength"),
+        ("spec.prefill.mem_fraction_static", 0.3, "memFractionStatic"),
+        ("spec.engine.kv_cache_dtype", "fp8_e4m3", "kvCacheDtype"),
+    ],
+)
+def test_a_snake_case_key_is_denied_naming_the_camel_case_field_the_crd_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dotted: str, value: object, camel: str
+) -> None:
+    # The CRD is camelCase: the API server refuses (kubectl's strict field validation) or prunes
+    # a snake_case key and the engine runs the default. validate must not read it as the field.
+    doc = mutated({dotted: value})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
+    out = capsys.readouterr().out
+    assert f"error: {dotted}: unknown field; the API spells it {camel}" in out
+
+
+def test_validate_checks_against_the_charts_engine_version_floor_by_default_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart_values = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "charts/kvgate/values.yaml").read_text()
+    )
+    floor = chart_values["engineVersionFloor"]
+    path = _write(tmp_path, yaml.safe_dump(mutated({"spec.safety.minEngineVersion": "0.5.1"})))
+    assert main(["validate", path]) == 1  # a default install denies it
+    out = capsys.readouterr().out
+    assert f"engine version floor {floor} (the chart's default engineVersionFloor" in out
+    assert "spec.safety.minEngineVersion" in out
+    assert main(["validate", path, "--min-version-floor", "none"]) == 0
+    assert "no engine version floor (--min-version-floor none)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("toleration", "words"),
+    [
+        ({"key": "gpu", "operator": "Exist"}, "must be Exists or Equal (got 'Exist')"),
+        ({"key": "gpu", "operator": "Exists", "value": "x"}, "must be empty when operator"),
+        ({"operator": "Equal", "value": "x"}, "operator must be Exists when key is empty"),
+        ({"key": "gpu", "effect": "NoScedule"}, "must be NoSchedule, PreferNoSchedule or"),
+        (
+            {"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
+            "only with effect NoExecute",
+        ),
+    ],
+)
+def test_a_toleration_kubernetes_would_refuse_is_denied_with_its_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], toleration: dict[str, object], words: str
+) -> None:
+    doc = mutated({"spec.decode.tolerations": [toleration]})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
+    out = capsys.readouterr().out
+    assert "error: spec.decode.tolerations[0]" in out
+    assert words in out
+
+
+@pytest.mark.parametrize("quantity", ["64GB!", "1.5.2", "ten", "64 Gi", "-1Gi"])
+def test_a_quantity_kubernetes_cannot_parse_is_denied_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], quantity: str
+) -> None:
+    doc = mutated({"spec.decode.resources": {"limits": {"memory": quantity}}})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
+    out = capsys.readouterr().out
+    assert f"error: spec.decode.resources.limits.memory: {quantity!r} is not a Kubernetes" in out
+
+
+@pytest.mark.parametrize("quantity", ["64Gi", "500m", "1e3", "2", "0.5", "128974848", "129M"])
+def test_a_quantity_kubernetes_parses_is_allowed(tmp_path: Path, quantity: str) -> None:
+    doc = mutated({"spec.decode.resources": {"requests": {"memory": quantity}}})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 0
+
+
+def test_other_kinds_in_a_multi_document_file_are_skipped_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "weights"},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Ti"}}},
+    }
+    text = yaml.safe_dump(pvc) + "---\n" + yaml.safe_dump(mutated({}))
+    assert main(["validate", _write(tmp_path, text)]) == 0
+    out = capsys.readouterr().out
+    assert "PersistentVolumeClaim/weights: skipped (not a ModelDeployment" in out
+    assert "ModelDeployment/llama-8b: allowed" in out
+    assert main(["validate", _write(tmp_path, text), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in payload["documents"]] == ["ModelDeployment/llama-8b"]
+    assert payload["skipped"] == [
+        {"name": "PersistentVolumeClaim/weights", "kind": "PersistentVolumeClaim"}
+    ]
+
+
+def test_an_unknown_kv_cache_dtype_is_answered_with_values_a_supported_release_accepts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = mutated({"spec.engine.kvCacheDtype": "fp16"})
+    assert main(["validate", _write(tmp_path, yaml.safe_dump(doc))]) == 1
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "spec.engine.kvCacheDtype" in line)
+    offered = line.split("(got")[0]
+    assert "bfloat16" in offered
+    assert not re.search(r"\bfloat16\b", offered)  # denied for every supported release
+    assert "for a float16 model use auto" in line
+
+
+def test_a_file_of_other_kinds_only_exits_2_naming_what_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n")
+    assert main(["validate", path]) == 2
+    err = capsys.readouterr().err
+    assert "holds no ModelDeployment (skipped 1 document(s) of other kinds: Pod/p)" in err

@@ -252,9 +252,13 @@ def _cases() -> list[Case]:
     for name in BAD_MANIFEST_FILES:
         add(f"validate-{name}", ("validate", f"{{{name}}}"), two, f"{{{name}}}")
         add(f"plan-f-{name}", ("plan", "-f", f"{{{name}}}"), two, "-f")
-    # Documents of the wrong kind: admission's "no" for validate, an input error for plan -f.
+    # A file of other kinds only: nothing for validate to check (other kinds beside a
+    # ModelDeployment are skipped with a note), an input error for plan -f.
+    add("validate-pod.yaml", ("validate", "{pod.yaml}"), two, "{pod.yaml}")
+    add("plan-f-pod.yaml", ("plan", "-f", "{pod.yaml}"), two, "-f")
+    # Documents that are not objects of a kind, or broken ModelDeployments: admission's "no" for
+    # validate, an input error for plan -f.
     for name in (
-        "pod.yaml",
         "list.yaml",
         "scalar.yaml",
         "inf-md.yaml",

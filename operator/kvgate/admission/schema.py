@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping
@@ -152,6 +153,29 @@ def known_fields(loc: tuple[int | str, ...]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+# Enum values the schema keeps (so that admission can deny them with the release's own reason)
+# but that no supported release accepts: never suggested, with the way out instead.
+_ENUM_WITHHELD: dict[str, tuple[tuple[str, ...], str]] = {
+    "kvCacheDtype": (
+        ("float16",),
+        "pick one of them; for a float16 model use auto (no supported SGLang release accepts "
+        "float16)",
+    ),
+}
+
+
+def _wire_name(loc: tuple[int | str, ...]) -> str:
+    """The camelCase name the CRD gives the snake_case key at the end of `loc` (the model's
+    alias for a Python field name, else the key camelCased)."""
+    name = str(loc[-1])
+    model = _model_at(loc[:-1])
+    field = model.model_fields.get(name) if model is not None else None
+    if field is not None and field.alias:
+        return field.alias
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
 def _way_out(name: str, fallback: str) -> str:
     return FIELD_HINTS.get(name, fallback)
 
@@ -169,6 +193,12 @@ def translate(error: ErrorDetails) -> Problem:
         return Problem(path, f"required; {_way_out(name, 'add it')}")
     if kind == "extra_forbidden":
         known = known_fields(loc)
+        camel = _wire_name(loc)
+        if camel in known and camel != name:
+            # The models also read Python names; the CRD, and so the cluster, only camelCase.
+            return Problem(
+                path, f"unknown field; the API spells it {camel} (as the CRD does): rename it"
+            )
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         if close:
             way = f"did you mean {close[0]}? rename or remove it"
@@ -199,8 +229,11 @@ def translate(error: ErrorDetails) -> Problem:
         length = f"got {len(value):,}" if isinstance(value, str) else f"got {got}"
         return Problem(path, f"at most {show_value(bound)} characters ({length}); shorten it")
     if kind == "enum":
-        expected = str(ctx.get("expected", "")).replace("'", "")
-        return Problem(path, f"must be one of {expected} (got {got}); pick one of them")
+        values = re.split(r", | or ", str(ctx.get("expected", "")).replace("'", ""))
+        withheld, hint = _ENUM_WITHHELD.get(name, ((), "pick one of them"))
+        offered = [value for value in values if value not in withheld]
+        listed = ", ".join(offered[:-1]) + f" or {offered[-1]}" if len(offered) > 1 else offered[0]
+        return Problem(path, f"must be one of {listed} (got {got}); {hint}")
     if kind in ("string_too_short", "too_short"):
         return Problem(path, f"must not be empty; {_way_out(name, 'set a value')}")
     if kind == "finite_number":
@@ -212,6 +245,9 @@ def translate(error: ErrorDetails) -> Problem:
         return Problem(
             path, f"must be {expected} (got {got}); {_way_out(name, f'write {expected}')}"
         )
+    if kind == "value_error":
+        # The API models' own rules, whose messages give the numbers and the way out.
+        return Problem(path, str(error["msg"]).removeprefix("Value error, "))
     return Problem(path, f"{error['msg']} (got {got}); {_way_out(name, 'fix the value')}")
 
 
@@ -299,6 +335,9 @@ def parse_model(document: Mapping[str, Any]) -> tuple[ModelDeployment | None, li
     except (TypeError, ValueError) as error:
         return None, [Problem("", f"the document is not JSON-representable: {error}")]
     try:
-        return ModelDeployment.model_validate_json(text, strict=True), []
+        # by_name=False: the wire names only, as the CRD; a Python name is an unknown field.
+        return ModelDeployment.model_validate_json(
+            text, strict=True, by_alias=True, by_name=False
+        ), []
     except ValidationError as error:
         return None, [translate(e) for e in error.errors(include_url=False)]

@@ -7,6 +7,7 @@ are all generated from these pydantic models. Field descriptions are user docume
 from __future__ import annotations
 
 import math
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -17,7 +18,7 @@ from kvgate_engine.shape_limits import MAX_GPU_MEMORY_GIB as MAX_GPU_MEMORY_GIB
 from kvgate_engine.shape_limits import MAX_GPUS_PER_NODE as MAX_GPUS_PER_NODE
 from kvgate_engine.shape_limits import MAX_TENSOR_PARALLEL as MAX_TENSOR_PARALLEL
 from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION as DEFAULT_MIN_ENGINE_VERSION
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvgate.io"
@@ -742,6 +743,46 @@ class SafetySpec(_Model):
     )
 
 
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+# resource.Quantity as Kubernetes parses it (apimachinery's quantity grammar): a decimal number,
+# then a binary (Ki..Ei) or decimal (n, u, m, k, M, G, T, P, E) suffix or an exponent.
+QUANTITY_PATTERN = (
+    r"^(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))?$"
+)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def quantity_problem(value: int | str) -> str | None:
+    """Why Kubernetes would refuse `value` as a container's resource quantity, or None."""
+    text = str(value)
+    parsed = _QUANTITY.match(text)
+    if parsed is None:
+        return (
+            f"{text!r} is not a Kubernetes resource quantity; write a number with an optional "
+            "suffix (Ki, Mi, Gi, Ti, Pi, Ei, or m, k, M, G, T, P, E), no spaces, e.g. 64Gi"
+        )
+    if parsed["sign"] == "-" and float(parsed["number"]) != 0:
+        return (
+            f"{text!r} is not a Kubernetes resource quantity a container may ask for: it is "
+            "negative; write 0 or more, e.g. 64Gi"
+        )
+    return None
+
+
+def _kubernetes_quantity(value: int | str) -> int | str:
+    problem = quantity_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+Quantity = Annotated[
+    int | str, Field(json_schema_extra=INT_OR_STRING), AfterValidator(_kubernetes_quantity)
+]
+
+
 class Toleration(_Model):
     key: str | None = Field(
         default=None, max_length=QUALIFIED_NAME_MAX, description="Taint key to tolerate."
@@ -757,14 +798,46 @@ class Toleration(_Model):
         default=None, description="How long a NoExecute taint is tolerated."
     )
 
+    @model_validator(mode="after")
+    def _as_kubernetes_validates_it(self) -> Toleration:
+        """The rules of Kubernetes' own ValidateTolerations: a toleration it refuses would make
+        every engine pod of the role uncreatable, so it is refused here, with the way out."""
+        operator = self.operator or "Equal"  # "" and unset mean Equal
+        if operator not in TOLERATION_OPERATORS:
+            raise ValueError(
+                f"operator must be Exists or Equal (got {self.operator!r}), as Kubernetes "
+                "requires; write Exists to match any value of the key"
+            )
+        if not self.key and operator != "Exists":
+            raise ValueError(
+                "operator must be Exists when key is empty (a toleration of every taint); "
+                "set key, or operator: Exists"
+            )
+        if operator == "Exists" and self.value:
+            raise ValueError(
+                f"value must be empty when operator is Exists (got {self.value!r}); remove "
+                "value, or use operator: Equal"
+            )
+        if (self.effect or "") not in TAINT_EFFECTS:
+            raise ValueError(
+                f"effect must be NoSchedule, PreferNoSchedule or NoExecute (got "
+                f"{self.effect!r}), as Kubernetes requires; leave it out to tolerate every effect"
+            )
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(
+                f"tolerationSeconds is allowed only with effect NoExecute (effect is "
+                f"{self.effect!r}); set effect: NoExecute or remove tolerationSeconds"
+            )
+        return self
+
 
 class Resources(_Model):
-    limits: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+    limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=MAX_RESOURCES,
         description="Resource limits (nvidia.com/gpu is set by kvgate).",
     )
-    requests: dict[str, Annotated[int | str, Field(json_schema_extra=INT_OR_STRING)]] = Field(
+    requests: dict[str, Quantity] = Field(
         default_factory=dict, max_length=MAX_RESOURCES, description="Resource requests."
     )
 
