@@ -60,11 +60,17 @@ PROMETHEUS_RULE_VALUES = {
 def test_the_charts_service_monitor_scrapes_the_operator_and_the_webhook(
     world: World, prometheus: Prometheus
 ) -> None:
-    """Both metrics Services of the release are targets, up, with the Service as ``job``; the
-    operator's series keep their own labels (honorLabels) and the webhook's are there."""
+    """Both metrics Services of the release are targets, up, with ``<namespace>/<Service>`` as
+    ``job`` (what the rules read: no tenant's monitor produces it); the operator's series carry
+    the target's namespace and pod unless they name an engine pod's (the ServiceMonitor puts
+    those back from exported_*, test_alerts_fire's alerts name the engine pods), and the
+    webhook's are there."""
     leader = wait_scraped(prometheus, f'kvgate_leader{{namespace="{OPERATOR_NAMESPACE}"}} == 1')
-    assert leader[0].labels["job"] == "kvgate-metrics", leader
-    webhook = wait_scraped(prometheus, 'up{job="kvgate-webhook-metrics"} == 1')
+    assert leader[0].labels["job"] == f"{OPERATOR_NAMESPACE}/kvgate-metrics", leader
+    assert not any(k.startswith("exported_") for k in leader[0].labels), leader
+    webhook = wait_scraped(
+        prometheus, f'up{{job="{OPERATOR_NAMESPACE}/kvgate-webhook-metrics"}} == 1'
+    )
     assert webhook[0].labels["namespace"] == OPERATOR_NAMESPACE, webhook
 
 

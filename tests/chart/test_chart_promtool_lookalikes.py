@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from helm_runner import ROOT
+from test_chart_autoscaling_queries import doc_queries, expect, ttft
 from test_chart_promtool import (  # the fixtures and helpers of the chart's promtool tests
     ENGINE_LOAD,
     LEADER,
@@ -288,6 +289,32 @@ def test_the_genuine_operator_holds_operator_down_off(
         "input_series": [leader],
         "alert_rule_test": [
             {"eval_time": "10m", "alertname": "KvgateOperatorDown", "exp_alerts": []}
+        ],
+    }
+    _run(promtool, groups, tmp_path, test)
+
+
+def test_a_lookalike_series_from_another_job_moves_no_keda_trigger_of_the_docs(
+    promtool: Path, groups: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    # docs/autoscaling.md's KEDA queries, on the same genuine series as
+    # test_chart_autoscaling_queries.py, plus each series again from every look-alike job, and
+    # scraped series named like the records (an engine's first tokens taking 20-40 s).
+    genuine = recording_input()
+    genuine += ttft("llama-r1-decode-0", "1", 60) + ttft("llama-r1-decode-1", "1", 30)
+    hostile = lookalikes(recording_input()) + recorded_lookalikes()
+    for job in LOOKALIKE_JOBS:
+        for one in ttft("llama-r1-decode-0", "40", 600):
+            name, labels = _parse(one["series"])
+            hostile.append(series(name, {**labels, "job": job}, one["values"]))
+    queries = doc_queries()
+    test = {
+        "interval": "1m",
+        "input_series": genuine + hostile,
+        "promql_expr_test": [
+            expect(queries["queued-per-prefill"], 5),
+            expect(queries["ttft-p90"], 0.98),
+            expect(queries["kv-usage-decode"], 150_000 / 220_000),
         ],
     }
     _run(promtool, groups, tmp_path, test)
