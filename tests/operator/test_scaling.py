@@ -226,6 +226,31 @@ def test_someone_elses_role_scale_is_a_conflict_and_its_count_is_not_run() -> No
     assert _decode_intent(decision, rev).replicas == 1
 
 
+def test_someone_elses_role_scale_is_reported_with_its_way_out() -> None:
+    """Degraded says Conflict, names the RoleScale and says to delete it (which `edit` may)."""
+    md = _md()
+    rev = revision_of(md.spec)
+    decision = pass_decision.decide(
+        _inputs(md, decode_replicas=1, pods=(_pod("d0", rev),), scale=_scale(4, uid="other"))
+    )
+    outcome = pass_decision.conclude(decision, [])
+    assert [c.kind for c in outcome.conflicts] == ["RoleScale"]
+    degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "Conflict"
+    assert "RoleScale llama-decode" in degraded["message"]
+    assert "delete it and kvgate creates its own" in degraded["message"]
+
+
+def test_a_role_scales_name_says_whose_it_is_whatever_its_labels() -> None:
+    """The RoleScale watch wakes the ModelDeployment a RoleScale's name belongs to: the pass
+    reads it by that name, and a name, unlike a label, never changes."""
+    for md_name in ("llama", "llama-3-1-8b", "a-decode", "x"):
+        for role in Role.PREFILL, Role.DECODE:
+            assert scaling.scale_owner(scaling.scale_name(md_name, role)) == md_name
+    for name in ("llama", "llama-router", "-decode", "llama-decode-0", "llama_prefill", ""):
+        assert scaling.scale_owner(name) is None, name
+
+
 def test_ratio_bounds_move_prefill_to_the_nearest_count_beside_decode() -> None:
     spec = make_md(
         prefill__autoscaling={"minReplicas": 1, "maxReplicas": 8},

@@ -4,6 +4,8 @@ find it; owned kinds are filtered by kvgate's label on the server; pods are not.
 
 from __future__ import annotations
 
+from typing import Any
+
 import kopf
 import pytest
 from kopf._cogs.structs import references
@@ -157,3 +159,53 @@ def test_modeldeployments_are_the_operators_own_watch_not_kopfs() -> None:
     }
     assert "modeldeployments" not in kopf_plurals
     assert md_loops.MODEL_DEPLOYMENTS.cluster_path == "/apis/kvgate.io/v1alpha1/modeldeployments"
+
+
+def _role_scale_handler() -> Any:
+    registry = main.register_handlers()
+    (handler,) = [
+        h
+        for h in registry._watching.get_all_handlers()
+        if h.selector is not None and (h.selector.plural or h.selector.any_name) == "rolescales"
+    ]
+    return handler
+
+
+async def test_every_role_scale_is_watched_whatever_its_labels(
+    configured: kopf.OperatorSettings,
+) -> None:
+    """kvgate reads a RoleScale by its name (<md>-<role>): a count asked of one whose labels are
+    gone must still wake its ModelDeployment's pass at once, not at the steady resync."""
+    assert not _role_scale_handler().labels
+    resource = references.Resource(
+        group="kvgate.io",
+        version="v1alpha1",
+        plural="rolescales",
+        kind="RoleScale",
+        singular="rolescale",
+        namespaced=True,
+    )
+    assert configured.watching.label_selectors.collect(resource) == []
+
+
+async def test_a_role_scale_event_wakes_the_model_deployment_its_name_names() -> None:
+    api = KubeApi(Credentials(server="http://127.0.0.1:9"))
+    rt = Runtime(api=api, settings=OperatorSettings(webhook=False), verify=None)  # type: ignore[arg-type]
+    rt.mds[("team", "llama-3")] = {"metadata": {"name": "llama-3", "namespace": "team"}}
+    handler = _role_scale_handler()
+    main._runtime = rt
+    try:
+        for name in ("stranger-decode", "llama-3-router", "llama-3-decode"):
+            # No labels, and a count asked for (generation 2, status at 1).
+            unlabelled = {
+                "metadata": {"name": name, "namespace": "team", "generation": 2},
+                "status": {"observedGeneration": 1},
+            }
+            await handler.fn(event={"type": "MODIFIED", "object": unlabelled})
+            woken = ("team", "llama-3") in rt._md_wakes and rt.md_wake(("team", "llama-3"))
+            assert bool(woken and woken.is_set()) == (name == "llama-3-decode"), name
+    finally:
+        main._runtime = None
+        await api.close()
+    # Only ModelDeployments kvgate knows are woken: a RoleScale named for none keeps no wake.
+    assert set(rt._md_wakes) == {("team", "llama-3")}

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.api.models import ModelDeployment, Role
+from kvgate.api.models import SCALE_KIND, ModelDeployment, Role
 from kvgate.build import builders, network_policy
 from kvgate.build.network_policy import RouterEgress
 from kvgate.rollout import (
@@ -219,7 +219,8 @@ def conclude(decision: PassDecision, late: Sequence[OwnershipConflict]) -> PassO
     secret = [*of(("Secret",), known)] + [_secret_conflict(c) for c in of(("Secret",), late)]
     others = [c for c in late if c.kind not in (*ACCESS_KINDS, POLICY_KIND, "Secret")]
     service = of(("Service",), known)
-    conflicts = (*access, *secret, *others, *policies, *service)
+    scales = of((SCALE_KIND,), known)
+    conflicts = (*access, *secret, *scales, *others, *policies, *service)
     generation = int(inputs.body.get("metadata", {}).get("generation") or 0)
     now = inputs.observed.now
     status = with_conflicts(

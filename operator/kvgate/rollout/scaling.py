@@ -80,6 +80,14 @@ def scale_name(md_name: str, role: Role | str) -> str:
     return f"{md_name}-{Role(role).value}"
 
 
+def scale_owner(name: str) -> str | None:
+    """The ModelDeployment whose RoleScale is called ``name`` (scale_name's inverse); None for a
+    name kvgate gives no RoleScale. A pass reads its RoleScales by name, so the name, which never
+    changes, says whose a RoleScale is, whatever its labels."""
+    md_name, _, role = name.rpartition("-")
+    return md_name if md_name and role in {r.value for r in ENGINE_ROLES} else None
+
+
 # -- the count each role runs ----------------------------------------------------------------
 
 
