@@ -28,7 +28,12 @@ $(UV):
 
 $(STAMP): pyproject.toml $(RUNTIME_LOCK) $(UV)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[test,reference,plot]'
+	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[operator,test,reference,plot]'
+	@# The e2e harness is no part of the package: the venv finds it through a .pth file naming a
+	@# directory that holds only a link to e2e/kvgate_e2e.
+	@set -e; site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	  mkdir -p $(VENV)/e2e-harness; ln -sfn $(CURDIR)/e2e/kvgate_e2e $(VENV)/e2e-harness/kvgate_e2e; \
+	  echo $(CURDIR)/$(VENV)/e2e-harness > $$site/kvgate-e2e-harness.pth
 	@rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 venv: $(STAMP)
@@ -144,7 +149,7 @@ bench-fairness: e2e-deps
 # e2e/bench/render_dashboards.py draws every panel's query_range with matplotlib (the optional
 # `plot` extra, installed here). `make dashboard-images DASHBOARD_ARGS="--phase-seconds 120"`.
 dashboard-images: e2e-deps prometheus
-	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[plot]'
+	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[operator,plot]'
 	$(BIN)/python e2e/bench/render_dashboards.py $(DASHBOARD_ARGS)
 
 # Everything the tiers need, built and installed side by side (on a fresh machine the Go builds

@@ -689,7 +689,7 @@ def uv_compile(uv: Path, source: Path, out: Path, *options: str) -> None:
 def refresh_locks(uv: Path, cache: Path) -> None:
     """Resolve today's newest inputs into the three lock files (review the diff, then commit)."""
     platform = ("--python-platform", "x86_64-manylinux_2_36")
-    uv_compile(uv, REPO / "pyproject.toml", REQUIREMENTS_LOCK, *platform)
+    uv_compile(uv, REPO / "pyproject.toml", REQUIREMENTS_LOCK, *platform, "--extra", "operator")
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         wanted = Path(tmp) / "build.in"
         wanted.write_text("setuptools\nwheel\n")

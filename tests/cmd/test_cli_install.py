@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from kvgate.cmd.cli import main
+from kvgate.cmd.cli import OPERATOR_EXTRA, main
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {"kvgate": "kvgate.cmd.cli:main", "kubectl-kvgate": "kvgate.cmd.cli:kubectl_plugin"}
@@ -54,7 +54,7 @@ def test_the_kubectl_plugin_names_itself_as_kubectl_calls_it(
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository's Python packages installed with pip into a temporary target."""
     source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "tests", "bench", "controlplane")
     for folder, package in (
@@ -101,3 +101,69 @@ def test_pip_install_of_the_repository_gives_kvgate_and_kubectl_kvgate(installed
     (distribution,) = importlib.metadata.distributions(path=[str(installed)])
     points = {p.name: p.value for p in distribution.entry_points if p.group == "console_scripts"}
     assert points == SCRIPTS
+
+
+def test_the_install_holds_no_e2e_harness_and_the_operator_dependencies_are_an_extra(
+    installed: Path,
+) -> None:
+    assert sorted(p.name for p in installed.iterdir() if p.name.startswith("kvgate")) == [
+        "kvgate",
+        f"kvgate-{VERSION}.dist-info",
+        "kvgate_engine",
+    ]
+    (distribution,) = importlib.metadata.distributions(path=[str(installed)])
+    plain = {r.split(">")[0].split("=")[0] for r in distribution.requires or [] if ";" not in r}
+    extra = {r.split(">")[0] for r in distribution.requires or [] if 'extra == "operator"' in r}
+    assert plain.isdisjoint(OPERATOR_EXTRA)
+    assert extra == set(OPERATOR_EXTRA)
+
+
+# Runs the CLI as a plain `pip install` has it: the operator extra's modules cannot be imported.
+WITHOUT_OPERATOR_EXTRA = """
+import sys
+blocked = set(sys.argv[1].split(","))
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Absent())
+from kvgate.cmd.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _without_operator_extra(installed: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_OPERATOR_EXTRA, ",".join(sorted(OPERATOR_EXTRA)), *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(installed), "KUBECONFIG": "/nonexistent"},
+        timeout=120,
+    )
+
+
+def test_the_command_line_runs_without_the_operator_extra(installed: Path) -> None:
+    sample = str(ROOT / "crds" / "samples" / "llama-8b.yaml")
+    for argv, code in (
+        (("validate", sample), 0),
+        (("plan", "-f", sample), 0),
+        (("crd",), 0),
+        (("explain", "llama-8b"), 2),  # no cluster here: a cluster error, not a missing module
+        (("history", "llama-8b"), 2),
+    ):
+        done = _without_operator_extra(installed, *argv)
+        assert done.returncode == code, (argv, done.stderr[-2000:])
+        assert "operator's dependencies" not in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [("operator",), ("webhook", "--tls-dir", "/nonexistent")])
+def test_a_server_command_without_the_operator_extra_names_it_and_exits_2(
+    installed: Path, argv: tuple[str, ...]
+) -> None:
+    command = argv[0]
+    done = _without_operator_extra(installed, *argv)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"kvgate {command}: needs the operator's dependencies (no module named" in done.stderr
+    assert "pip install 'kvgate[operator]'" in done.stderr

@@ -219,7 +219,8 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         default=None,
         help=(
             "the cluster's engine version floor (the chart value engineVersionFloor), to get "
-            "the answers that cluster's webhook gives; default: no cluster floor"
+            "the answers that cluster's webhook gives; default: the chart's default, 0.5.22; "
+            "none: no cluster floor"
         ),
     )
     p.add_argument(
@@ -421,11 +422,30 @@ def _escape_unencodable_output() -> None:
     """Messages quote file names and use ×, − and ≥: a terminal (or a file name from argv) that
     cannot be written as-is gets backslash escapes instead of an exception."""
     for stream in (sys.stdout, sys.stderr):
+# The server-side commands' own dependencies: the `operator` extra (the image installs it). A
+# plain `pip install` gives the command line without them.
+OPERATOR_EXTRA = frozenset({"kopf", "kubernetes", "cryptography", "uvloop"})
+
+
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             # A closed or detached stream has nothing to protect.
             with contextlib.suppress(ValueError, OSError):
                 reconfigure(errors="backslashreplace")
+
+
+def _missing_extra(command: str, error: ModuleNotFoundError) -> int:
+    """Exit 2 naming the missing module and the way out, for a command whose dependencies are in
+    the `operator` extra; anything else missing is a broken install and is raised again."""
+    missing = (error.name or "").split(".")[0]
+    if missing not in OPERATOR_EXTRA:
+        raise error
+    print(
+        f"kvgate {command}: needs the operator's dependencies (no module named {missing!r}); "
+        "install them with pip install 'kvgate[operator]', or run the kvgate image",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 def _silence_stdout() -> None:
@@ -445,7 +465,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kvgate") -> int:
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     finally:
         _Parser.json_errors = False
-    run = _resolve(COMMANDS[args.command])
+    try:
+        run = _resolve(COMMANDS[args.command])
+    except ModuleNotFoundError as error:
+        return _missing_extra(args.command, error)
     if args.command not in ONE_SHOT:
         return run(args)
     as_json = bool(getattr(args, "json", False))
