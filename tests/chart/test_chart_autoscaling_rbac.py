@@ -1,8 +1,8 @@
 """What the chart grants around RoleScales (one per autoscaled role of a ModelDeployment), as
 `helm template` renders it: namespace editors may scale them (kubectl scale, the HPAs and KEDA
-ScaledObjects they create), viewers may read them, and nobody but kvgate creates or deletes them.
-The HPA controller (kube-controller-manager's system:controller:horizontal-pod-autoscaler) and
-KEDA's operator (its v2.18 chart's default rbac.scaledRefKinds) already hold */scale on every
+ScaledObjects they create) and delete them, viewers may read them, and nobody but kvgate creates
+them. The HPA controller (kube-controller-manager's system:controller:horizontal-pod-autoscaler)
+and KEDA's operator (its v2.18 chart's default rbac.scaledRefKinds) already hold */scale on every
 API group, so the chart grants them nothing."""
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def allows(role: dict[str, Any], resource: str, verb: str) -> bool:
     )
 
 
-def test_editors_may_scale_role_scales_but_not_create_or_delete_them(default: Rendered) -> None:
+def test_editors_may_scale_and_delete_role_scales_but_not_create_them(default: Rendered) -> None:
+    """Delete is the way out of a Conflict over a RoleScale kvgate does not own (kvgate never
+    adopts it); what an editor may change on the object is the admission policy's to say."""
     edit = default.one("ClusterRole", EDIT)
     labels = edit["metadata"]["labels"]
     assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
@@ -37,8 +39,10 @@ def test_editors_may_scale_role_scales_but_not_create_or_delete_them(default: Re
     for resource in ("rolescales", "rolescales/scale"):
         for verb in ("get", "list", "watch", "update", "patch"):
             assert allows(edit, resource, verb), (resource, verb)
-    for verb in ("create", "delete", "deletecollection"):
-        assert not allows(edit, "rolescales", verb), verb  # kvgate owns their lifecycle
+    assert allows(edit, "rolescales", "delete")
+    for verb in ("create", "deletecollection"):
+        assert not allows(edit, "rolescales", verb), verb  # kvgate creates them
+    assert not allows(edit, "rolescales/scale", "delete")
     assert not allows(edit, "rolescales/status", "update")  # status is kvgate's count
 
 

@@ -20,11 +20,19 @@ POLICIES = (
     "pod-metadata",
     "managed-objects",
     "secret-deletion",
+    "role-scales",
     "service-external-ips",
 )
 OPERATOR = f"system:serviceaccount:{NAMESPACE}:kvgate"
 EXTERNAL_IPS = f"{PREFIX}-service-external-ips"
 SECRET_DELETION = f"{PREFIX}-secret-deletion"
+ROLE_SCALES = f"{PREFIX}-role-scales"
+CONTROLLERS = (
+    '["system:serviceaccount:kube-system:deployment-controller",'
+    '"system:serviceaccount:kube-system:replicaset-controller",'
+    '"system:serviceaccount:kube-system:generic-garbage-collector",'
+    '"system:kube-controller-manager"]'
+)
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +287,52 @@ def test_secret_deleters_come_from_values(helm: Helm) -> None:
     ]
     assert '["system:openshift:controller:namespace-controller"]' in validation["expression"]
     assert "generic-garbage-collector" not in validation["expression"]
+
+
+def test_role_scales_are_kvgates_but_for_the_count_and_their_scale_subresource_is_not_matched(
+    default: Rendered,
+) -> None:
+    """Without their labels kvgate's watch once missed a RoleScale's new count; without their
+    owner reference they were a Conflict. Only the operator and the controllers may create one
+    or change more than spec.replicas; kubectl scale, an HPA and KEDA write rolescales/scale
+    (an autoscaling/v1 Scale, only the count), which the policy does not match, and a DELETE
+    (the way out of a Conflict) is not matched either."""
+    policy = default.one("ValidatingAdmissionPolicy", ROLE_SCALES)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["kvgate.io"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["rolescales"],
+        }
+    ]
+    assert "matchConditions" not in spec  # every RoleScale: kvgate's kind, labelled or not
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert variables["trusted"] == (
+        f'request.userInfo.username == "{OPERATOR}" || request.userInfo.username in '
+        + CONTROLLERS
+    )
+    changed = variables["changed"]
+    for field in ("labels", "ownerReferences", "finalizers"):
+        assert f"['metadata.{field}']" in changed, field
+        assert f"oldObject.metadata.{field}" in changed, field
+    for field in ("modelDeployment", "role", "minReplicas", "maxReplicas"):
+        assert f"object.spec.{field} != oldObject.spec.{field}" in changed, field
+    assert "spec.replicas" not in changed  # the count stays the autoscaler's
+    assert "annotations" not in changed
+    create, update = spec["validations"]
+    assert create["expression"] == "variables.trusted || request.operation != 'CREATE'"
+    # On CREATE oldObject is null: the short-circuit keeps variables.changed unevaluated.
+    assert update["expression"] == (
+        "variables.trusted || request.operation == 'CREATE' || size(variables.changed) == 0"
+    )
+    for phrase in ("variables.changed.join(', ')", "kubectl scale rolescale", "not by "):
+        assert phrase in update["messageExpression"], phrase
+    assert "spec.<role>.autoscaling" in create["messageExpression"]
+    binding = default.one("ValidatingAdmissionPolicyBinding", ROLE_SCALES)
+    assert binding["spec"] == {"policyName": ROLE_SCALES, "validationActions": ["Deny"]}
 
 
 def test_policies_can_be_turned_off(helm: Helm) -> None:
