@@ -80,6 +80,9 @@ TEST_NODE_SPECS: tuple[str, ...] = (
 )
 GATE = "kvgate.io/engine-verified"
 T = TypeVar("T")
+# The node directory under which the e2e release lets a ModelDeployment mount weights from a
+# hostPath (the chart value hostPaths.modelPrefixes; the chart's default allows none).
+MODEL_HOST_PATH_PREFIX = "/var/lib/kvgate-e2e/models"
 
 # Operator environment for the e2e world: re-verify every 2 s (the CR default is 30 s) so
 # "verification never ends" is observable within a test; reconcile faster while in flight.
@@ -127,6 +130,7 @@ def chart_values(config: WorldConfig) -> dict[str, Any]:
         # Probe quickly so the world starts fast; the chart's defaults suit a real cluster.
         "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 1},
         "logFormat": "text",
+        "hostPaths": {"modelPrefixes": [MODEL_HOST_PATH_PREFIX]},
     }
     if config.leaderworkerset:
         values["leaderWorkerSet"] = {"enabled": True}
@@ -784,6 +788,7 @@ __all__: Sequence[str] = [
     "BIG_POOL",
     "GATE",
     "KNOWN_PROMPT_IDS",
+    "MODEL_HOST_PATH_PREFIX",
     "OPERATOR_NAMESPACE",
     "SMALL_POOL",
     "PodTimeline",

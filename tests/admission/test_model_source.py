@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 from kvgate.admission import check_document
+from kvgate.admission.host_paths import HostPathPolicy
 from kvgate.admission.model_source import quantity_bytes
+from kvgate.admission.policy import ClusterPolicy
 
 from .conftest import mutated
 
@@ -196,9 +198,12 @@ def test_a_branch_and_a_token_over_http_are_warnings() -> None:
     assert "Secret hf-token travels unencrypted" in warned["spec.model.source.download.endpoint"]
 
 
-def test_a_host_path_is_allowed_with_a_pod_security_warning() -> None:
-    result = check_document(mutated({"spec.model.source": {"hostPath": {"path": "/mnt/models"}}}))
-    assert result.allowed
+def test_an_allowed_host_path_is_admitted_with_a_pod_security_warning() -> None:
+    policy = ClusterPolicy(host_paths=HostPathPolicy(model_prefixes=("/mnt/models",)))
+    result = check_document(
+        mutated({"spec.model.source": {"hostPath": {"path": "/mnt/models"}}}), policy
+    )
+    assert result.allowed, result.message
     warned = fields(result.warnings)["spec.model.source.hostPath"]
     assert "pod-security.kubernetes.io/enforce=privileged" in warned
 

@@ -52,6 +52,8 @@ NOT_REASONS: dict[str, str] = {
     "BearerToken": "the kubernetes client's api_key key",
     # condition types (the reasons are in the table)
     "EnginesVerified": "a ModelDeployment condition type",
+    "ReplicaFailure": "a Deployment and ReplicaSet condition type (its reason FailedCreate is "
+    "in the table)",
     # values that are not reasons
     "CannotTell": "kvgate verify's outcome (Safe, Unsafe, CannotTell), not a reason",
     "VerifiedEngines": "where the serving revision was read from (planner.Evidence), internal",

@@ -33,6 +33,7 @@ from kvgate.admission import names
 from kvgate.admission.engine_args import check_engine
 from kvgate.admission.engine_flags import check_engine_flag_values
 from kvgate.admission.gpu_reserve import GpuReserve, resolve_reserve, with_reserve
+from kvgate.admission.host_paths import check_host_paths
 from kvgate.admission.limits import size_message
 from kvgate.admission.model_source import check_model_source
 from kvgate.admission.plan_hint import pool_hint
@@ -757,6 +758,13 @@ def check_autoscaling(
     return denials, []
 
 
+def check_host_paths_allowed(
+    spec: ModelDeploymentSpec, policy: ClusterPolicy
+) -> tuple[list[Problem], list[Problem]]:
+    """The node directories the spec mounts against the cluster admin's allow-lists."""
+    return check_host_paths(spec, policy.host_paths), []
+
+
 CHECKS: tuple[Check, ...] = (
     check_finite,
     check_shape,
@@ -769,6 +777,7 @@ CHECKS: tuple[Check, ...] = (
     check_router_args,
     check_engine,
     check_model_source,
+    check_host_paths_allowed,
     check_autoscaling,
 )
 

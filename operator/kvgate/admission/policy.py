@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from kvgate_engine.shape_limits import MAX_GPUS_PER_NODE
 from packaging.version import InvalidVersion, Version
 
+from kvgate.admission.host_paths import HostPathPolicy
+
 FLOOR_SETTING = "engineVersionFloor"  # the chart value (env KVGATE_MIN_ENGINE_VERSION_FLOOR)
 GPUS_PER_NODE_SETTING = "gpusPerNode"  # the chart value (env KVGATE_GPUS_PER_NODE)
 GPUS_PER_NODE_ENV = "KVGATE_GPUS_PER_NODE"
@@ -21,11 +23,14 @@ class ClusterPolicy:
     beyond each spec's own). `gpus_per_node`: the GPUs each of the cluster's GPU nodes has, when
     the admin states it (None: only the hard limit, api.MAX_GPUS_PER_NODE).
     `gpu_reserved_gib_by_product`: the reserve per GPU measured on the cluster's GPUs, by
-    nvidia.com/gpu.product (kvgate.admission.gpu_reserve)."""
+    nvidia.com/gpu.product (kvgate.admission.gpu_reserve). `host_paths`: the node directories a
+    ModelDeployment may mount (kvgate.admission.host_paths; by default no model hostPath and only
+    /dev/infiniband for RDMA)."""
 
     min_engine_version_floor: str | None = None
     gpus_per_node: int | None = None
     gpu_reserved_gib_by_product: Mapping[str, float] = field(default_factory=dict)
+    host_paths: HostPathPolicy = field(default_factory=HostPathPolicy)
 
     def __post_init__(self) -> None:
         if self.min_engine_version_floor is not None:

@@ -10,7 +10,9 @@
 - Prometheus metrics on --metrics-port: /metrics (`kvgate.admission.metrics`).
 
 Environment: KVGATE_BIND_ADDRESS (default 0.0.0.0), KVGATE_MIN_ENGINE_VERSION_FLOOR (the chart
-value engineVersionFloor), KVGATE_LOG_LEVEL, KVGATE_LOG_FORMAT (json | text).
+value engineVersionFloor), KVGATE_MODEL_HOST_PATH_PREFIXES and KVGATE_RDMA_HOST_PATHS (JSON lists,
+the chart values hostPaths.modelPrefixes and hostPaths.rdmaDevices), KVGATE_LOG_LEVEL,
+KVGATE_LOG_FORMAT (json | text).
 
 On SIGTERM (or SIGINT) readiness fails at once while admissions are still answered for
 --shutdown-delay-seconds, long enough for the Service to drop the pod; then the server stops
@@ -38,6 +40,7 @@ from kvgate.admission import metrics
 from kvgate.admission.app import AdmissionServer
 from kvgate.admission.certificates import CertificateFilesError, ReloadingCertificate
 from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
+from kvgate.admission.host_paths import MODEL_PREFIXES_ENV, RDMA_DEVICES_ENV, host_path_policy
 from kvgate.admission.policy import (
     FLOOR_SETTING,
     GPUS_PER_NODE_ENV,
@@ -92,6 +95,7 @@ class WebhookSettings:
             raise SystemExit(str(error)) from None
         try:
             reserves = parse_reserves(_env(RESERVES_ENV))
+            host_paths = host_path_policy(_env(MODEL_PREFIXES_ENV), _env(RDMA_DEVICES_ENV))
         except ValueError as error:
             raise SystemExit(str(error)) from None
         try:
@@ -99,6 +103,7 @@ class WebhookSettings:
                 min_engine_version_floor=floor,
                 gpus_per_node=gpus_per_node,
                 gpu_reserved_gib_by_product=reserves,
+                host_paths=host_paths,
             )
         except ValueError as error:
             raise SystemExit(f"{FLOOR_ENV} (the chart value {FLOOR_SETTING}): {error}") from None

@@ -384,6 +384,18 @@ REASONS: tuple[Reason, ...] = (
         refusal=False,
     ),
     Reason(
+        "FailedCreate",
+        (ENGINES_VERIFIED, DEGRADED, EVENT),
+        "the API server refuses the pods of one of the revision's Deployments (a ResourceQuota, "
+        "a LimitRange, Pod Security or an admission webhook or policy of the namespace): the "
+        "ReplicaSet controller's ReplicaFailure condition, reason FailedCreate, whose message "
+        "kvgate quotes; the Ready and Progressing messages say it too. A target revision whose "
+        "pods never exist is refused at rollout.verifyTimeoutSeconds",
+        "fix what the quoted message names (raise or lift the quota, label the namespace for "
+        "the Pod Security level the pods need, or change the policy that refuses them); the "
+        "ReplicaSet controller retries on its own, with back-off",
+    ),
+    Reason(
         "KvPoolEstimateOptimistic",
         (EVENT,),
         "a role's verified engine holds a live KV pool more than estimator.optimisticDriftPercent "
@@ -583,6 +595,17 @@ ADMISSION_CHECKS: tuple[AdmissionCheck, ...] = (
         "a download emptyDir smaller than the weights (the pod would be evicted mid-download)",
         "set model.path under /models; raise the emptyDir sizeLimit to the size the message "
         "gives, or download to a persistentVolumeClaim",
+    ),
+    AdmissionCheck(
+        "check_host_paths_allowed",
+        "spec.model.source.hostPath.path, spec.engine.transfer.rdma.hostPath",
+        "a node directory the cluster admin does not allow: a model hostPath outside the chart "
+        "value hostPaths.modelPrefixes (empty by default: no hostPath source), one with '.' or "
+        "'..' segments, or an RDMA hostPath other than those in hostPaths.rdmaDevices (by "
+        "default /dev/infiniband)",
+        "use a persistentVolumeClaim, an image or a download for the weights, or ask the "
+        "cluster admin to list the nodes' weights directory in hostPaths.modelPrefixes; set "
+        "transfer.rdma.hostPath to /dev/infiniband, or use transfer.rdma.resourceName",
     ),
     AdmissionCheck(
         "check_autoscaling",

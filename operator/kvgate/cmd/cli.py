@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "guard": "kvgate.cmd.guard:main",
     "fetch-model": "kvgate.cmd.fetch_model:main",
 }
+PLUGIN_PROG = "kubectl kvgate"  # the server-side commands (operator, webhook, ...) are not its
 # The commands that run once and exit: their failures are messages and exit codes.
 ONE_SHOT = frozenset(
     {"crd", "validate", "estimate", "verify", "plan", "explain", "history", "rollback"}
@@ -56,6 +57,7 @@ CLUSTER_ERROR = (
     "kubeconfig), no such ModelDeployment"
 )
 EXIT_CODES_HELP = {
+    "crd": ("0  the CRD is printed", "2  a flag cannot be used (named)", INTERNAL),
     "validate": (
         "0  every document is allowed (warnings are printed)",
         "1  a document is denied (every problem printed, with its field and numbers)",
@@ -202,7 +204,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         dest="command", required=True, metavar="COMMAND"
     )
 
-    crd = sub.add_parser("crd", help="print a CRD generated from the API models")
+    crd = _one_shot(sub, "crd", "print a CRD generated from the API models")
     crd.add_argument(
         "--kind",
         choices=("ModelDeployment", "RoleScale"),
@@ -233,6 +235,17 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
             "pod asking for more is denied; default: unknown (only the 16-GPU ceiling)"
         ),
     )
+    p.add_argument(
+        "--model-host-path-prefix",
+        metavar="DIR",
+        action="append",
+        default=None,
+        help=(
+            "a node directory under which spec.model.source.hostPath may name the weights (an "
+            "entry of the chart value hostPaths.modelPrefixes; repeat for each); default: none, "
+            "as the chart's default, so every hostPath model source is denied"
+        ),
+    )
     _gpu_reserve_flag(p)
 
     p = _one_shot(
@@ -245,11 +258,29 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="the model's config.json")
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory of one GPU, GiB")
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel size")
-    p.add_argument("--mem-fraction-static", type=float, default=0.85)
-    p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=0.85,
+        help="the engine's --mem-fraction-static: the share of GPU memory for weights and KV "
+        "pool (default 0.85)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the engine's --kv-cache-dtype: auto (the model's dtype), bfloat16, fp8_e4m3, "
+        "fp8_e5m2, mxfp8 (default auto)",
+    )
+    p.add_argument(
+        "--page-size", type=int, default=1, help="the engine's --page-size, tokens (default 1)"
+    )
     p.add_argument("--weights-gib", type=float, default=None, help="weights of one replica, GiB")
-    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="the engine's --max-total-tokens: a cap on the pool (default: none)",
+    )
     p.add_argument(
         "--gpu-reserved-gib",
         type=float,
@@ -270,13 +301,14 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         help="an extra sglang.launch_server flag that changes sizing (repeat; e.g. "
         "--engine-arg=--speculative-algorithm --engine-arg=NEXTN)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = _one_shot(
         sub,
         "plan",
-        "which context a GPU shape safely holds, and the cheapest shape for a context",
-        "Which context a GPU shape safely holds, and the cheapest shape for a context. Lists "
+        "which context a GPU shape safely holds, and the fewest GPUs that hold a context",
+        "Which context a GPU shape safely holds, and the shapes with the fewest GPUs that hold "
+        "a context (ties: the larger margin, then the smaller GPU). Lists "
         "take commas or repeated values: --tp 1,2,4,8.",
     )
     p.add_argument("-f", "--file", default=None, help="plan an existing ModelDeployment YAML")
@@ -297,18 +329,39 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         "(default 1: kvgate's assumption, not SGLang's; measure yours, docs/planning.md)",
     )
     _gpu_reserve_flag(p)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the plan (needs [plot])")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="draw the plan (needs matplotlib: pip install '.[plot]' in a clone)",
+    )
 
     p = _one_shot(sub, "verify", "verify a live engine (or its saved /server_info)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="engine base URL, e.g. http://10.0.0.5:30000")
     src.add_argument("--server-info", help="a saved /server_info JSON file")
     p.add_argument("--models", help="a saved /v1/models JSON file (with --server-info)")
-    p.add_argument("--context-length", type=int, required=True)
-    p.add_argument("--headroom", type=float, default=1.0)
-    p.add_argument("--role", choices=["prefill", "decode"], default=None)
-    p.add_argument("--min-version", default=DEFAULT_MIN_ENGINE_VERSION)
+    p.add_argument(
+        "--context-length", type=int, required=True, help="the context the engine must hold"
+    )
+    p.add_argument(
+        "--headroom",
+        type=float,
+        default=1.0,
+        help="pool tokens required per context token, >= 1 (default 1.0)",
+    )
+    p.add_argument(
+        "--role",
+        choices=["prefill", "decode"],
+        default=None,
+        help="the engine's disaggregation role, checked against what it reports (default: any)",
+    )
+    p.add_argument(
+        "--min-version",
+        default=DEFAULT_MIN_ENGINE_VERSION,
+        help=f"the lowest engine version accepted, PEP 440 (default {DEFAULT_MIN_ENGINE_VERSION})",
+    )
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     p.add_argument(
         "--api-key",
@@ -316,7 +369,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         help=f"the engine's --api-key, sent as Authorization: Bearer (default: ${API_KEY_ENV}; "
         "the variable keeps the key out of the process list)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     _cluster_command(
         sub,
@@ -350,12 +403,21 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         "(default: the newest that served before the spec's own)",
     )
 
+    if prog == PLUGIN_PROG:
+        return parser  # kubectl kvgate: the commands a user runs, not the pods' own
     p = sub.add_parser("operator", help="run the operator")
     p.add_argument("--namespace", action="append", default=[], help="watch only these")
     p.add_argument("--standalone", action="store_true", help="no kopf peering (one replica)")
-    p.add_argument("--metrics-port", type=int, default=8080)
-    p.add_argument("--health-port", type=int, default=8081)
-    p.add_argument("--webhook-port", type=int, default=9443)
+    p.add_argument(
+        "--metrics-port", type=int, default=8080, help="Prometheus /metrics (default 8080)"
+    )
+    p.add_argument("--health-port", type=int, default=8081, help="/healthz (default 8081)")
+    p.add_argument(
+        "--webhook-port",
+        type=int,
+        default=9443,
+        help="HTTPS port of the webhook served in this process (default 9443)",
+    )
     p.add_argument("--tls-dir", default=None, help="directory with tls.crt and tls.key")
     p.add_argument("--no-webhook", action="store_true", help="do not serve the webhook")
     p.add_argument(
@@ -387,9 +449,13 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
     )
     p.add_argument("--engine-host", default="127.0.0.1", help="the engine's address (localhost)")
     p.add_argument("--engine-port", type=int, required=True, help="the engine's HTTP port")
-    p.add_argument("--context-length", type=int, required=True)
-    p.add_argument("--headroom", type=float, default=1.0)
-    p.add_argument("--role", choices=["prefill", "decode"], required=True)
+    p.add_argument(
+        "--context-length", type=int, required=True, help="the context the engine must hold"
+    )
+    p.add_argument(
+        "--headroom", type=float, default=1.0, help="pool tokens per context token (default 1)"
+    )
+    p.add_argument("--role", choices=["prefill", "decode"], required=True, help="the engine's role")
     p.add_argument("--min-version", required=True, help="lowest engine version (PEP 440)")
     p.add_argument("--host", default="0.0.0.0", help="address /ready and /healthz listen on")
     p.add_argument("--port", type=int, default=8471, help="port of /ready and /healthz")
@@ -411,27 +477,16 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
-    module_name, func_name = target.split(":")
-    module = importlib.import_module(module_name)
-    func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
-    return func
-
-
-def _escape_unencodable_output() -> None:
-    """Messages quote file names and use ×, − and ≥: a terminal (or a file name from argv) that
-    cannot be written as-is gets backslash escapes instead of an exception."""
-    for stream in (sys.stdout, sys.stderr):
 # The server-side commands' own dependencies: the `operator` extra (the image installs it). A
 # plain `pip install` gives the command line without them.
 OPERATOR_EXTRA = frozenset({"kopf", "kubernetes", "cryptography", "uvloop"})
 
 
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            # A closed or detached stream has nothing to protect.
-            with contextlib.suppress(ValueError, OSError):
-                reconfigure(errors="backslashreplace")
+def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
+    return func
 
 
 def _missing_extra(command: str, error: ModuleNotFoundError) -> int:
@@ -446,6 +501,17 @@ def _missing_extra(command: str, error: ModuleNotFoundError) -> int:
         file=sys.stderr,
     )
     return EXIT_USAGE
+
+
+def _escape_unencodable_output() -> None:
+    """Messages quote file names and use ×, − and ≥: a terminal (or a file name from argv) that
+    cannot be written as-is gets backslash escapes instead of an exception."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            # A closed or detached stream has nothing to protect.
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="backslashreplace")
 
 
 def _silence_stdout() -> None:
@@ -497,7 +563,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "kvgate") -> int:
 def kubectl_plugin() -> int:
     """``kubectl kvgate ...``: kubectl runs ``kubectl-kvgate`` from PATH with the words after
     ``kvgate`` (flags included), and the environment (KUBECONFIG) as it has it."""
-    return main(prog="kubectl kvgate")
+    return main(prog=PLUGIN_PROG)
 
 
 if __name__ == "__main__":  # pragma: no cover

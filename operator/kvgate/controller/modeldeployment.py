@@ -51,6 +51,7 @@ from kvgate.rollout import (
     model_download,
     pass_decision,
     pass_timing,
+    pod_creation,
     pool_drift,
     rollback,
     scaling,
@@ -90,6 +91,7 @@ def workload_state(body: Body) -> WorkloadState | None:
     revision, component = lab.get(labels.REVISION), lab.get(labels.ROLE)
     if not revision or not component:
         return None
+    not_created = pod_creation.replica_failure(body.get("status"))
     return WorkloadState(
         revision=revision,
         component=component,
@@ -98,6 +100,11 @@ def workload_state(body: Body) -> WorkloadState | None:
         verify_started_at=parse_time(ann.get(labels.VERIFY_STARTED_AT)),
         refused_reason=ann.get(labels.REFUSED_REASON),
         refused_message=ann.get(labels.REFUSED_MESSAGE),
+        creation_failure=(
+            pod_creation.CreationFailure(component, str(meta.get("name") or ""), not_created)
+            if not_created is not None
+            else None
+        ),
     )
 
 

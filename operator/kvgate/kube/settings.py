@@ -12,9 +12,13 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvgate.kube.leader import LeaderConfig
 from kvgate.kube.network_policy_settings import NetworkPolicySettings, network_policy_settings
+
+if TYPE_CHECKING:
+    from kvgate.admission.host_paths import HostPathPolicy
 
 # Every KVGATE_* variable: unset or empty means the default; any other value is parsed as written
 # (an explicit 0 is a value, never "unset") and one outside its range stops the operator with a
@@ -84,6 +88,15 @@ def _gpu_reserves() -> dict[str, float]:
 
     try:
         return parse_reserves(_env(RESERVES_ENV))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
+def _host_paths() -> HostPathPolicy:
+    from kvgate.admission.host_paths import MODEL_PREFIXES_ENV, RDMA_DEVICES_ENV, host_path_policy
+
+    try:
+        return host_path_policy(_env(MODEL_PREFIXES_ENV), _env(RDMA_DEVICES_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
@@ -281,6 +294,9 @@ class OperatorSettings:
     # nvidia.com/gpu.product (chart value estimator.gpuReservedGiBByProduct): admission and the
     # drift report estimate with it (kvgate.admission.gpu_reserve).
     gpu_reserved_gib_by_product: dict[str, float] = field(default_factory=dict)
+    # KVGATE_MODEL_HOST_PATH_PREFIXES, KVGATE_RDMA_HOST_PATHS: the node directories a
+    # ModelDeployment may mount (chart values hostPaths.*; kvgate.admission.host_paths).
+    host_paths: HostPathPolicy | None = None
     # KVGATE_OPTIMISTIC_DRIFT_PERCENT: a verified engine's live pool this far below the admission
     # estimate makes the estimate "optimistic" (status, Event, alert; kvgate.rollout.pool_drift).
     optimistic_drift_percent: float = 10.0
@@ -346,6 +362,7 @@ class OperatorSettings:
             min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
             gpus_per_node=_gpus_per_node(),
             gpu_reserved_gib_by_product=_gpu_reserves(),
+            host_paths=_host_paths(),
             optimistic_drift_percent=_optimistic_drift_percent(),
             router_key_seed=_router_key_seed(),
             worker_audit_seconds=_env_seconds("KVGATE_WORKER_AUDIT_SECONDS", 2.0),

@@ -39,6 +39,8 @@ from enum import StrEnum
 
 from kvgate.api import labels
 from kvgate.api.models import ModelDeploymentSpec, Role, RolloutStrategy
+from kvgate.rollout import pod_creation
+from kvgate.rollout.pod_creation import CreationFailure
 from kvgate.rollout.progressive import (
     EngineFailures,
     RouterCounters,
@@ -97,6 +99,8 @@ class WorkloadState:
     verify_started_at: datetime | None = None
     refused_reason: str | None = None
     refused_message: str | None = None
+    # Its ReplicaSet cannot create pods (the Deployment's ReplicaFailure condition).
+    creation_failure: CreationFailure | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,9 @@ class RolloutStep:
     progress: dict[str, RoleProgress] = field(default_factory=dict)  # target, per engine role
     serving_problems: tuple[PodState, ...] = ()  # serving pods that lost verification
     target_problems: tuple[PodState, ...] = ()  # target pods whose gate is False
+    # Deployments whose pods the API server refuses: the target's, and the serving revision's.
+    target_creation_failures: tuple[CreationFailure, ...] = ()
+    serving_creation_failures: tuple[CreationFailure, ...] = ()
     target_router_ready: bool = False
     serving_evidence: Evidence | None = None  # where the serving revision (before) was read
     service_repair: ServiceRepair | None = None
@@ -401,12 +408,22 @@ def _gate_failures(observed: ObservedState, revision: str | None) -> tuple[PodSt
     )
 
 
+def creation_failures(observed: ObservedState, revision: str | None) -> tuple[CreationFailure, ...]:
+    """The revision's Deployments whose ReplicaSets cannot create pods."""
+    return tuple(
+        w.creation_failure
+        for w in observed.workloads
+        if revision is not None and w.revision == revision and w.creation_failure is not None
+    )
+
+
 def _first_failure_text(observed: ObservedState, revision: str) -> str:
     """``; <the first failing pod's gate message>`` (what a timed-out revision's refusal names:
-    e.g. an engine whose report kvgate cannot read), or nothing when no pod has failed yet."""
+    e.g. an engine whose report kvgate cannot read), else the first Deployment that cannot
+    create its pods, or nothing when no pod has failed yet."""
     failures = _gate_failures(observed, revision)
     if not failures:
-        return ""
+        return pod_creation.first_note(creation_failures(observed, revision))
     first = failures[0]
     more = f" (and {len(failures) - 1:,} more pods not verified)" if len(failures) > 1 else ""
     return f"; {first.gate_message or first.gate_reason}{more}"
@@ -576,6 +593,8 @@ class _Pass:
             progress=self.progress,
             serving_problems=serving_problems,
             target_problems=_gate_failures(observed, target),
+            target_creation_failures=creation_failures(observed, target),
+            serving_creation_failures=creation_failures(observed, serving),
             target_router_ready=_router_ready(observed, target),
             serving_evidence=self.evidence,
             service_repair=_service_repair(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvgate.rollout import model_download
+from kvgate.rollout import model_download, pod_creation
 from kvgate.rollout.planner import (
     Evidence,
     PodState,
@@ -93,7 +93,7 @@ def _ready(step: RolloutStep) -> _Cond:
             "False",
             "NotEnoughVerifiedEngines",
             f"revision {rev} serves with too few verified engines: {_progress(step.progress)}, "
-            f"{router}",
+            f"{router}{_creation_note(step)}",
         )
     if step.step_record is not None:
         return _Cond(
@@ -106,8 +106,8 @@ def _ready(step: RolloutStep) -> _Cond:
     return _Cond(
         "False",
         "RolloutInProgress" if step.serving_revision else "AwaitingVerification",
-        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}; "
-        f"{_serving_note(step)}",
+        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}"
+        f"{_creation_note(step)}; {_serving_note(step)}",
     )
 
 
@@ -117,11 +117,24 @@ def _download_note(step: RolloutStep) -> str:
     return f"; {failing[0].gate_message}" if failing else ""
 
 
+def _creation_note(step: RolloutStep) -> str:
+    """``; <the first target Deployment whose pods the API server refuses>``, or nothing."""
+    return pod_creation.first_note(step.target_creation_failures)
+
+
+def _engine_creation_failure(step: RolloutStep) -> pod_creation.CreationFailure | None:
+    engines = [f for f in step.target_creation_failures if f.component in step.progress]
+    return engines[0] if engines else None
+
+
 def _engines_verified(step: RolloutStep) -> _Cond:
     all_verified = all(p.verified >= p.replicas for p in step.progress.values())
     problem = _first_problem(step.target_problems)
     if problem is not None:
         return _Cond("False", problem.gate_reason or "NotVerified", problem.gate_message or "")
+    not_created = _engine_creation_failure(step)
+    if not_created is not None:
+        return _Cond("False", pod_creation.REASON, not_created.describe())
     if all_verified:
         return _Cond("True", "AllEnginesVerified", _progress_all(step))
     return _Cond("False", "VerificationPending", _progress_all(step))
@@ -179,7 +192,8 @@ def _progressing(step: RolloutStep) -> _Cond:
     return _Cond(
         "True",
         "RolloutInProgress",
-        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}",
+        f"revision {rev} verifying: {_progress(step.progress)}{_download_note(step)}"
+        f"{_creation_note(step)}",
     )
 
 
@@ -197,6 +211,13 @@ def _degraded(step: RolloutStep) -> _Cond:
             "True",
             "EngineVerificationLost",
             f"{problem.gate_message or problem.gate_reason}; the pod takes no traffic",
+        )
+    not_created = pod_creation.first_note(step.serving_creation_failures)
+    if not_created and step.serving_revision is not None:
+        return _Cond(
+            "True",
+            pod_creation.REASON,
+            f"serving revision {step.serving_revision}: {not_created.removeprefix('; ')}",
         )
     return _Cond("False", "AsExpected", "")
 
@@ -406,6 +427,11 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
     was = _condition_reason(previous, "EnginesVerified")
     if engines.reason == model_download.REASON and was != model_download.REASON:
         events.append(Event("Warning", model_download.REASON, engines.message))
+    not_created = pod_creation.first_note(
+        (*step.target_creation_failures, *step.serving_creation_failures)
+    )
+    if not_created and not _said_not_created(previous):
+        events.append(Event("Warning", pod_creation.REASON, not_created.removeprefix("; ")))
     if step.step_record is not None and _step_began(step, previous):
         record = step.step_record
         events.append(
@@ -443,6 +469,15 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
             )
         )
     return events
+
+
+def _said_not_created(status: Mapping[str, Any]) -> bool:
+    """The previous status already said that a Deployment cannot create its pods (the Event
+    fires on the transition only)."""
+    return any(
+        isinstance(c, Mapping) and pod_creation.HEAD in str(c.get("message") or "")
+        for c in status.get("conditions") or []
+    )
 
 
 def _condition_reason(status: Mapping[str, Any], kind: str) -> str | None:

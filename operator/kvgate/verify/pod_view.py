@@ -176,6 +176,7 @@ WORKLOAD_METADATA_FIELDS = (
     "ownerReferences",
 )
 WORKLOAD_SPEC_FIELDS = ("replicas", "selector")
+WORKLOAD_CONDITION = "ReplicaFailure"  # the one Deployment condition kept
 WORKLOAD_STATUS_FIELDS = (
     "observedGeneration",
     "replicas",
@@ -209,5 +210,14 @@ def slim_workload(body: Mapping[str, Any]) -> dict[str, Any]:
         "spec": _pick(body.get("spec") or {}, WORKLOAD_SPEC_FIELDS),
         "status": _pick(body.get("status") or {}, WORKLOAD_STATUS_FIELDS),
     }
+    # Of the conditions, only ReplicaFailure: the pods its ReplicaSet cannot create, in the API
+    # server's words (kvgate.rollout.pod_creation); the others are timestamps kvgate never reads.
+    failures = [
+        dict(c)
+        for c in (body.get("status") or {}).get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") == WORKLOAD_CONDITION
+    ]
+    if failures:
+        out["status"]["conditions"] = failures
     compacted: dict[str, Any] = compact(out)
     return compacted
