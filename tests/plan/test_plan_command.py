@@ -81,7 +81,7 @@ def test_table_lists_every_shape_and_the_cheapest_that_hold_the_context(
     rows = [line for line in lines if line.lstrip().startswith(("80 ", "141 "))]
     assert len(rows) == 2 * 4 * 2  # GPU sizes × default TP 1,2,4,8 × default auto,fp8_e4m3
     assert any("no room" in row for row in rows)
-    assert "cheapest shapes that hold contextLength 131,072 × headroom 1.0" in out
+    assert "shapes with the fewest GPUs that hold contextLength 131,072 × headroom 1.0" in out
     assert "  1. 141 GiB × TP 2, fp8_e4m3, mem 0.85: 2 GPU(s) per engine" in out
 
 
@@ -587,7 +587,7 @@ def test_plot_without_matplotlib_exits_2_with_the_install_command(
     code, out, err = run(capsys, "--config", LLAMA_70B, "--plot", str(picture))
     assert code == 2
     assert out == ""
-    assert "kvgate plan: --plot: needs matplotlib" in err and "pip install 'kvgate[plot]'" in err
+    assert "kvgate plan: --plot: needs matplotlib" in err and "pip install '.[plot]' in a clone" in err
     assert not picture.exists()
 
 

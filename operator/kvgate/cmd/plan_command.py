@@ -226,8 +226,9 @@ def print_plan(plan: Plan, out: TextIO, reserve: GpuReserve | None = None) -> No
         return
     required = required_pool_tokens(request.context_length, request.headroom)
     print(
-        f"cheapest shapes that hold contextLength {request.context_length:,} × headroom "
-        f"{_h(request.headroom)} = {required:,} pool tokens (fewest GPUs, then most margin):",
+        f"shapes with the fewest GPUs that hold contextLength {request.context_length:,} × "
+        f"headroom {_h(request.headroom)} = {required:,} pool tokens (then most margin; GPU "
+        "prices are not known here):",
         file=out,
     )
     for rank, row in enumerate(plan.cheapest[:SHOWN_CHEAPEST], start=1):

@@ -1,6 +1,7 @@
 """The `kvgate plan --plot` picture: a bar per shape (its KV pool), a line at context × headroom.
 
-matplotlib is an optional extra (`pip install 'kvgate[plot]'`); it is imported only here, and
+matplotlib is an optional extra (`pip install '.[plot]'` in a clone: kvgate is not on PyPI); it
+is imported only here, and
 only when a picture is asked for.
 """
 
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-INSTALL_HINT = "pip install 'kvgate[plot]'"
+INSTALL_HINT = "pip install '.[plot]' in a clone of the kvgate repository (it is not on PyPI)"
 SAFE_COLOUR = "#2b7bba"
 UNSAFE_COLOUR = "#d62728"
 
