@@ -587,7 +587,9 @@ def test_plot_without_matplotlib_exits_2_with_the_install_command(
     code, out, err = run(capsys, "--config", LLAMA_70B, "--plot", str(picture))
     assert code == 2
     assert out == ""
-    assert "kvgate plan: --plot: needs matplotlib" in err and "pip install '.[plot]' in a clone" in err
+    assert (
+        "kvgate plan: --plot: needs matplotlib" in err and "pip install '.[plot]' in a clone" in err
+    )
     assert not picture.exists()
 
 
