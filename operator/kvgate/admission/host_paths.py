@@ -133,8 +133,8 @@ def model_host_path_problem(path: str, policy: HostPathPolicy) -> Problem | None
         )
     else:
         allowed = (
-            f"a directory the cluster admin allows: the chart value {MODEL_PREFIXES_SETTING} is "
-            "empty, so no hostPath source is allowed"
+            f"a directory the cluster admin allows (the chart value {MODEL_PREFIXES_SETTING} is "
+            "empty, so no hostPath source is allowed)"
         )
         ask = (
             f"ask the cluster admin to list the nodes' weights directory (e.g. /mnt/models) in "
