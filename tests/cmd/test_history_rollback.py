@@ -166,3 +166,12 @@ def test_a_refused_revision_a_status_of_an_earlier_kvgate_names_is_listed_last()
     assert rows[4].refusal is None
     plan = plan_rollback(md, "5")
     assert plan.problem is not None and "was refused (status.refusedRevision)" in plan.problem
+
+
+def test_the_specs_revision_verified_again_after_a_refusal_shows_no_old_refusal() -> None:
+    """A refused revision is retried once its Deployments are deleted: status.refusals still
+    holds the earlier refusal, the row says verifying, without it."""
+    md, (_, _, c, _) = _three_revisions()
+    md["status"]["rollout"] = {"verifyStartedAt": T0, "refusal": None}
+    row = next(r for r in history_rows(md) if r.revision == c)
+    assert (row.outcome, row.refusal) == ("verifying", None)

@@ -101,7 +101,7 @@ def history_rows(md: Obj) -> list[Row]:
     recorded = {r.revision: r for r in refusals_in(status)}
 
     def refusal_of(revision: str) -> tuple[str, str] | None:
-        if revision == target and target_refusal is not None:
+        if revision == target:  # an earlier refusal of a target verified again is not its own
             return target_refusal
         if revision in recorded:
             return recorded[revision].reason, recorded[revision].message
