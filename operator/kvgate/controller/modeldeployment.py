@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from kvgate.admission.host_paths import HostPathPolicy, check_host_paths
 from kvgate.api import labels
 from kvgate.api.models import (
     SCALE_KIND,
@@ -239,6 +240,12 @@ class Reconciler:
             spec = ModelDeploymentSpec.model_validate(body.get("spec", {}))
         except ValidationError as exc:
             await self._invalid(body, exc)
+            return None
+        not_allowed = check_host_paths(spec, self.rt.settings.host_paths or HostPathPolicy())
+        if not_allowed:
+            # Admission denies these; a spec stored without the webhook (failurePolicy Ignore) or
+            # admitted before the cluster's allow-lists still never becomes pods.
+            await self._report_invalid(body, "; ".join(str(p) for p in not_allowed))
             return None
         self.verify_timeout_seconds = spec.rollout.verify_timeout_seconds
         requested = rollback.decide_rollback(
@@ -662,6 +669,10 @@ class Reconciler:
         problems = "; ".join(
             f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
         )
+        await self._report_invalid(body, problems)
+
+    async def _report_invalid(self, body: Body, problems: str) -> None:
+        """Ready=False InvalidSpec naming ``problems``, and one Event; nothing is built."""
         status, event = invalid_spec_status(
             body.get("status"),
             problems,
