@@ -316,9 +316,11 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         "InvalidSpec",
         (READY, EVENT),
-        "the stored spec does not parse for this kvgate version (admitted before a rule "
-        "existed, or the webhook was bypassed)",
-        "fix the fields the message names (`kvgate validate` gives the same answer) and apply",
+        "the stored spec does not parse for this kvgate version, or mounts a host path the "
+        "cluster does not allow (chart values hostPaths.*), admitted before a rule existed or "
+        "with the webhook bypassed: kvgate builds nothing from it",
+        "fix the fields the message names (`kvgate validate` gives the same answer) and apply, "
+        "or ask the cluster admin to allow the host path",
     ),
     Reason(
         "Conflict",
