@@ -30,7 +30,12 @@ pytestmark = [
 APP = "queue"
 METRIC = "sglang_num_queue_reqs"
 APP_LABELS = {"e2e.kvgate.io/metrics-pipeline": APP}
-# Scraped like the engines: the chart's engine PodMonitor's shape, selecting these pods.
+# Scraped like the engines: the chart's engine PodMonitor's shape, selecting these pods, and its
+# job (the adapter rules read SGLang's series of that job only). And the same pods again by a
+# monitor of another job, as a tenant's own PodMonitor would: its series, with the same name,
+# namespace and pod, must not add to the custom metric.
+ENGINE_JOB = "kvgate-system/kvgate-engines"
+LOOKALIKE_JOB = "default/lookalike"
 PROMETHEUS_EXTRA_MONITORS = [
     {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -39,9 +44,25 @@ PROMETHEUS_EXTRA_MONITORS = [
         "spec": {
             "selector": {"matchLabels": APP_LABELS},
             "namespaceSelector": {"any": True},
+            "podMetricsEndpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "relabelings": [{"targetLabel": "job", "replacement": ENGINE_JOB}],
+                }
+            ],
+        },
+    },
+    {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "lookalike", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": APP_LABELS},
+            "namespaceSelector": {"any": True},
             "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}],
         },
-    }
+    },
 ]
 QUEUE_SERVER = r"""
 import http.server, os
@@ -183,7 +204,10 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
         "the first queue pod to be Ready", lambda: ready_pods(world, namespace), 90, period=0.5
     )[0]
     name = first["metadata"]["name"]
-    wait_scraped(prometheus, f'sglang:num_queue_reqs{{namespace="{namespace}",pod="{name}"}}')
+    for job in (ENGINE_JOB, LOOKALIKE_JOB):
+        wait_scraped(
+            prometheus, f'sglang:num_queue_reqs{{job="{job}",namespace="{namespace}",pod="{name}"}}'
+        )
 
     # The API server answers the custom metric for the pods, through the adapter (once its
     # relist has seen the series).
@@ -195,6 +219,10 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
 
     world.apply(hpa(namespace, target="2"))
     set_queue(world, first, 6)
+    both = f'sglang:num_queue_reqs{{namespace="{namespace}",pod="{name}"}} == 6'
+    # Both jobs scraped the 6 (one scrape interval, 1 s, apart at most).
+    poll_until(f"{both} from both jobs", lambda: len(prometheus.query(both)) == 2, 30, period=0.5)
+    # 6, not 12: the adapter sums the pod's series of the engine job only.
     seen = metrics_adapter.wait_pod_metrics(namespace, METRIC, lambda v: v.get(name) == 6.0, 30)
     assert seen == {name: 6.0}
     # 6 queued on 1 pod against an average target of 2: ceil(1 * 6 / 2) = 3 (the maximum).
