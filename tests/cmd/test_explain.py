@@ -8,6 +8,7 @@ from typing import Any
 
 from factories.cluster_objects import (
     CONTEXT,
+    T0,
     engine_pod,
     event,
     pod_name,
@@ -268,3 +269,20 @@ def test_events_are_shown_as_events_with_the_reporter_they_claim_never_as_kvgate
     assert all(lines.index(line) > heading for line in lines if "fa11ed0" in line)
     reporters = [x["reporter"] for x in explanation_json(e)["events"]]
     assert sorted(reporters, key=str) == sorted(["kvgate/kvgate-operator", None, "kvgate"], key=str)
+
+
+def test_an_events_newlines_and_terminal_escapes_never_print_as_lines_of_kvgates_own() -> None:
+    md = serving_md()
+    forged = _forged(
+        "RolloutRefused\nserving: nothing",
+        "ok\nrefusal: decode pod x reports KV pool 2,048 tokens\x1b[1A\x1b[2K\u202e",
+        source={"component": "kvgate\r"},
+    )
+    text = explanation_text(explain(md, [], [forged]))
+    lines = text.splitlines()
+    assert lines[-1] == (
+        f"  {T0} Warning RolloutRefused\\nserving: nothing, reported as kvgate\\r: "
+        "ok\\nrefusal: decode pod x reports KV pool 2,048 tokens\\x1b[1A\\x1b[2K\\u202e"
+    ), lines[-1]
+    assert lines[-2].startswith("Events on it (not kvgate's record")
+    assert "\x1b" not in text and "\u202e" not in text and "\r" not in text

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,9 @@ EVENTS_HEADING = (
     "Events on it (not kvgate's record: any client that may create Events writes them, "
     "reporter included):"
 )
+# Unicode categories never printed as they are from an Event: controls (newline, ESC), formats
+# (bidirectional overrides), line and paragraph separators.
+UNPRINTED = frozenset({"Cc", "Cf", "Zl", "Zp"})
 # What a verdict message says about the pool (kvgate.verify.gate.verdict_message).
 POOL_REPORT = re.compile(
     r"\b(?P<role>prefill|decode|engine) pod (?P<pod>\S+) reports KV pool (?P<pool>[\d,]+) tokens"
@@ -221,6 +225,15 @@ def _event_time(event: Obj) -> str:
     return ""
 
 
+def one_line(text: str) -> str:
+    """``text`` with every control, format and line-separator character escaped (``\\n``,
+    ``\\x1b``, ``\\u202e``): an Event's text is its writer's, and a newline, a terminal escape
+    or a bidirectional override in it must not print as a line of kvgate's own."""
+    return "".join(
+        char if unicodedata.category(char) not in UNPRINTED else ascii(char)[1:-1] for char in text
+    )
+
+
 def event_reporter(event: Obj) -> str | None:
     """``<component>[/<instance>]`` the Event names as its source (``reportingComponent`` and
     ``reportingInstance``, else ``source.component`` and ``source.host``): what it claims, which
@@ -229,8 +242,8 @@ def event_reporter(event: Obj) -> str | None:
     component = _str(event.get("reportingComponent")) or _str(source.get("component"))
     instance = _str(event.get("reportingInstance")) or _str(source.get("host"))
     if component is None:
-        return instance
-    return f"{component}/{instance}" if instance else component
+        return one_line(instance) if instance else None
+    return one_line(f"{component}/{instance}" if instance else component)
 
 
 def event_lines(events: Sequence[Obj], uid: str | None, name: str | None = None) -> list[EventLine]:
@@ -247,9 +260,9 @@ def event_lines(events: Sequence[Obj], uid: str | None, name: str | None = None)
             continue
         lines.append(
             EventLine(
-                type=str(event.get("type") or ""),
-                reason=str(event.get("reason") or ""),
-                message=str(event.get("message") or ""),
+                type=one_line(str(event.get("type") or "")),
+                reason=one_line(str(event.get("reason") or "")),
+                message=one_line(str(event.get("message") or "")),
                 count=_int(event.get("count")) or 1,
                 time=_event_time(event),
                 reporter=event_reporter(event),
@@ -693,6 +706,7 @@ __all__ = [
     "explain",
     "explanation_json",
     "explanation_text",
+    "one_line",
     "parse_spec",
     "pod_gate",
     "pools_in",
