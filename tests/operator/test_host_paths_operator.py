@@ -37,9 +37,8 @@ async def test_an_rdma_host_path_of_the_nodes_root_builds_nothing(
     assert [r for r in requests(kmock, "POST") if r.data.get("kind") == "Deployment"] == []
     (write,) = requests(kmock, "PATCH", "/status")
     (ready,) = write.data["status"]["conditions"]
-    assert "spec.engine.transfer.rdma.hostPath: / is not an RDMA device directory" in (
-        ready["message"]
-    )
+    said = ready["message"]
+    assert "spec.engine.transfer.rdma.hostPath: / is not an RDMA device directory" in said
 
 
 async def test_a_host_path_under_the_operators_allowed_prefix_is_built(
