@@ -88,6 +88,14 @@ ACCEPTED: list[tuple[str, str | None, str, Any]] = [
         "guard_resources",
         {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"memory": "268435456"}},
     ),
+    ("KVGATE_ENGINE_IMAGE_PULL_SECRETS", UNSET, "engine_pull_secrets", ()),
+    ("KVGATE_ENGINE_IMAGE_PULL_SECRETS", "[]", "engine_pull_secrets", ()),
+    (
+        "KVGATE_ENGINE_IMAGE_PULL_SECRETS",
+        '[{"name": "regcred"}, {"name": "mirror"}]',
+        "engine_pull_secrets",
+        ("regcred", "mirror"),
+    ),
     ("KVGATE_LOG_FORMAT", UNSET, "log_format", "json"),
     ("KVGATE_LOG_FORMAT", "text", "log_format", "text"),
     ("KVGATE_LOG_LEVEL", UNSET, "log_level", "INFO"),
@@ -209,6 +217,13 @@ REFUSED: list[tuple[str, str, str]] = [
             '{"limits": {"memory": true}}',
             '{"limits": {"": "1"}}',
         )
+    ),
+    (
+        "KVGATE_ENGINE_IMAGE_PULL_SECRETS",
+        '[{"name": "Reg Cred"}]',
+        "KVGATE_ENGINE_IMAGE_PULL_SECRETS='[{\"name\": \"Reg Cred\"}]' (the chart value "
+        "imagePullSecrets): must be a JSON list of Secret names or {\"name\": ...} objects, "
+        'e.g. [{"name": "regcred"}]; unset it for none',
     ),
     *(
         (

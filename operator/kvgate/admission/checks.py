@@ -37,6 +37,7 @@ from kvgate.admission.host_paths import check_host_paths
 from kvgate.admission.limits import size_message
 from kvgate.admission.model_source import check_model_source
 from kvgate.admission.plan_hint import pool_hint
+from kvgate.admission.pod_fit import check_pod_fit
 from kvgate.admission.policy import FLOOR_SETTING, ClusterPolicy
 from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
@@ -351,10 +352,13 @@ def check_max_total_tokens(
 
 
 def _allows_longer_context(spec: ModelDeploymentSpec) -> bool:
-    return any(
-        env.name == ALLOW_LONGER_CONTEXT_ENV and (env.value or "").lower() in ("1", "true")
-        for env in spec.engine.env
-    )
+    """Every role's engines run with the variable set: engine.env, then the role's extraEnv."""
+
+    def allowed(role_spec: RoleSpec) -> bool:
+        env = {e.name: e.value for e in [*spec.engine.env, *role_spec.extra_env]}
+        return (env.get(ALLOW_LONGER_CONTEXT_ENV) or "").lower() in ("1", "true")
+
+    return all(allowed(role_spec) for _, role_spec in _roles(spec))
 
 
 def check_context_length(
@@ -779,6 +783,7 @@ CHECKS: tuple[Check, ...] = (
     check_model_source,
     check_host_paths_allowed,
     check_autoscaling,
+    check_pod_fit,
 )
 
 

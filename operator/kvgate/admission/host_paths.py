@@ -175,4 +175,17 @@ def check_host_paths(spec: ModelDeploymentSpec, policy: HostPathPolicy) -> list[
         problem = rdma_host_path_problem(rdma.host_path, policy)
         if problem is not None:
             denials.append(problem)
+    for role in ("prefill", "decode"):
+        volumes = getattr(spec, role).extra_volumes
+        denials += [
+            Problem(
+                f"spec.{role}.extraVolumes[{index}].hostPath",
+                "a node directory is not an extra volume kvgate adds: the cluster admin allows "
+                f"node directories only as the model's weights ({MODEL_PREFIXES_SETTING}) and "
+                f"the RDMA devices ({RDMA_DEVICES_SETTING}); use model.source.hostPath, a "
+                "persistentVolumeClaim, a configMap or a secret",
+            )
+            for index, volume in enumerate(volumes)
+            if "hostPath" in volume
+        ]
     return denials

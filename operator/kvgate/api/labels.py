@@ -37,3 +37,18 @@ BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"  # smg reads the prefill boot
 ENGINE_VERIFIED: Final = f"{PREFIX}/engine-verified"
 
 FINALIZER: Final = f"{PREFIX}/finalizer"
+
+# Label and annotation keys a ModelDeployment's podLabels and podAnnotations may not set: what
+# kvgate, smg's discovery and the Deployment and LeaderWorkerSet controllers read or write on
+# engine pods (the gate, the routing, the drain and the pods' ownership depend on them).
+RESERVED_KEY_DOMAINS: Final = (PREFIX, "sglang.ai", "leaderworkerset.sigs.k8s.io")
+RESERVED_KEYS: Final = (MANAGED_BY, POD_DELETION_COST, "pod-template-hash")
+
+
+def reserved_key(key: str) -> bool:
+    """``key`` is one kvgate keeps for itself on engine pods (a domain of RESERVED_KEY_DOMAINS,
+    or a subdomain of one, or one of RESERVED_KEYS)."""
+    if key in RESERVED_KEYS:
+        return True
+    domain = key.split("/", 1)[0].lower() if "/" in key else ""
+    return any(domain == d or domain.endswith(f".{d}") for d in RESERVED_KEY_DOMAINS)

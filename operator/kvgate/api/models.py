@@ -75,6 +75,14 @@ MAX_REVERIFY_INTERVAL_SECONDS = 3_600  # re-verification never pauses longer tha
 # Kubernetes' own limits on what kvgate copies into pod specs.
 QUALIFIED_NAME_MAX = 317  # <DNS subdomain prefix (253)>/<name (63)>
 LABEL_VALUE_MAX = 63
+# Pod customization a platform team adds per role (kvgate.admission.pod_fit checks each).
+MAX_POD_METADATA = 64  # podLabels or podAnnotations entries
+MAX_PULL_SECRETS = 16
+MAX_TOPOLOGY_SPREAD = 8
+MAX_EXTRA_VOLUMES = 32  # extraVolumes, and extraVolumeMounts
+DEFAULT_ACCELERATOR_RESOURCE = "nvidia.com/gpu"
+# A DNS-1123 subdomain: the names of ServiceAccounts, PriorityClasses and Secrets.
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 # Marks a free-form object in the generated CRD (x-kubernetes-preserve-unknown-fields).
 PRESERVE_UNKNOWN: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
@@ -835,7 +843,11 @@ class Resources(_Model):
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=MAX_RESOURCES,
-        description="Resource limits (nvidia.com/gpu is set by kvgate).",
+        description=(
+            "Resource limits. On engines the role's acceleratorResource (nvidia.com/gpu by "
+            "default) is kvgate's: tensorParallel / nodes per pod, set by kvgate; another "
+            "count is denied at admission."
+        ),
     )
     requests: dict[str, Quantity] = Field(
         default_factory=dict, max_length=MAX_RESOURCES, description="Resource requests."
@@ -890,6 +902,52 @@ class RoleAutoscaling(_Model):
             "removed anyway (a Warning Event names what was still in flight)."
         ),
     )
+
+
+class LocalObjectReference(_Model):
+    """A Secret in the ModelDeployment's namespace, by name (a pod's imagePullSecrets entry)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=DNS_SUBDOMAIN_MAX,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The Secret's name (type kubernetes.io/dockerconfigjson).",
+    )
+
+
+class VolumeMount(_Model):
+    """Where one of the role's extraVolumes appears in the engine container."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        description="The name of one of this role's extraVolumes.",
+    )
+    mount_path: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        pattern=r"^/",
+        description=(
+            "Absolute path in the engine container; never at, inside or above a path kvgate "
+            f"mounts (/dev/shm, {MODEL_MOUNT_PATH}, {INFINIBAND_DEVICE_DIR})."
+        ),
+    )
+    read_only: bool = Field(default=False, description="Mount read-only.")
+    sub_path: str | None = Field(
+        default=None,
+        max_length=MAX_PATH_LENGTH,
+        pattern=SUB_PATH_PATTERN,
+        description="A path inside the volume to mount instead of its root (relative, no '..').",
+    )
+
+    @model_validator(mode="after")
+    def _no_parent_segments(self) -> VolumeMount:
+        if self.sub_path is not None and ".." in self.sub_path.split("/"):
+            raise ValueError(
+                f"subPath {self.sub_path} holds a '..' segment, which Kubernetes refuses in a "
+                "volume mount (the pods would never be created); name a path inside the volume"
+            )
+        return self
 
 
 class RoleSpec(_Model):
@@ -1006,6 +1064,91 @@ class RoleSpec(_Model):
         description="A Kubernetes Affinity for the engine pods.",
         json_schema_extra=PRESERVE_UNKNOWN,
     )
+    accelerator_resource: str = Field(
+        default=DEFAULT_ACCELERATOR_RESOURCE,
+        max_length=QUALIFIED_NAME_MAX,
+        pattern=RESOURCE_NAME_PATTERN,
+        description=(
+            "The device-plugin resource each engine pod requests tensorParallel / nodes of, as "
+            "its limit and request: nvidia.com/gpu (default), amd.com/gpu, or a MIG slice such "
+            "as nvidia.com/mig-3g.40gb. The estimate uses gpuMemoryGiB as the memory of one: "
+            "for a MIG slice, the slice's memory (40 for mig-3g.40gb)."
+        ),
+    )
+    pod_labels: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=MAX_POD_METADATA,
+        description=(
+            "Extra labels on the engine pods (cost centre, team, a mesh's opt-out). kvgate's "
+            "own (kvgate.io/*) and those the Deployment and LeaderWorkerSet controllers set "
+            "are denied."
+        ),
+    )
+    pod_annotations: dict[str, Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+        default_factory=dict,
+        max_length=MAX_POD_METADATA,
+        description="Extra annotations on the engine pods; kvgate.io/* ones are denied.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=DNS_SUBDOMAIN_MAX,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description=(
+            "The engine pods' ServiceAccount (it must exist in the namespace), e.g. for a "
+            "registry credential or a node pool's workload identity. Its API token is still "
+            "not mounted: the engine needs no API access."
+        ),
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=DNS_SUBDOMAIN_MAX,
+        pattern=DNS_SUBDOMAIN_PATTERN,
+        description="The engine pods' PriorityClass (it must exist).",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description=(
+            "Secrets for pulling the engine image, e.g. [{name: regcred}], in the "
+            "ModelDeployment's namespace. The operator adds the chart's imagePullSecrets "
+            "(the guard sidecar is kvgate's own image): those Secrets must exist here too."
+        ),
+    )
+    topology_spread_constraints: list[
+        Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE_UNKNOWN)]
+    ] = Field(
+        default_factory=list,
+        max_length=MAX_TOPOLOGY_SPREAD,
+        description=(
+            "Kubernetes TopologySpreadConstraints for the engine pods; select them with "
+            "kvgate.io/deployment and kvgate.io/role labels, e.g. to spread a role over zones."
+        ),
+    )
+    extra_volumes: list[Annotated[dict[str, Any], Field(json_schema_extra=PRESERVE_UNKNOWN)]] = (
+        Field(
+            default_factory=list,
+            max_length=MAX_EXTRA_VOLUMES,
+            description=(
+                "Kubernetes Volumes added to the engine pods (a CA bundle ConfigMap, a "
+                "compilation cache claim), mounted by extraVolumeMounts. Not hostPath (use "
+                "model.source.hostPath within the cluster's allowed directories), and not the "
+                "names of kvgate's own volumes (dshm, model, infiniband)."
+            ),
+        )
+    )
+    extra_volume_mounts: list[VolumeMount] = Field(
+        default_factory=list,
+        max_length=MAX_EXTRA_VOLUMES,
+        description="Mounts of extraVolumes in the engine container.",
+    )
+    extra_env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_ARGS,
+        description=(
+            "Environment variables for this role's engine containers only, after engine.env "
+            "(a name in both takes this role's value)."
+        ),
+    )
 
 
 class RouterSpec(_Model):
@@ -1026,6 +1169,33 @@ class RouterSpec(_Model):
             "Extra smg flags, appended last. Flags that add workers, change discovery, "
             "control-plane or API authentication, or where the router listens are denied."
         ),
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description=(
+            "CPU/memory requests and limits of the router pods (without them they run "
+            "BestEffort, and a namespace ResourceQuota on requests refuses them)."
+        ),
+    )
+    node_selector: dict[str, Annotated[str, Field(max_length=LABEL_VALUE_MAX)]] = Field(
+        default_factory=dict,
+        max_length=MAX_NODE_SELECTOR,
+        description="Node labels the router pods must match (e.g. a CPU node pool).",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=MAX_TOLERATIONS,
+        description="Tolerations for the router pods.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes Affinity for the router pods.",
+        json_schema_extra=PRESERVE_UNKNOWN,
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description="Secrets for pulling the router image (a private mirror of smg).",
     )
 
 

@@ -600,14 +600,16 @@ ADMISSION_CHECKS: tuple[AdmissionCheck, ...] = (
     ),
     AdmissionCheck(
         "check_host_paths_allowed",
-        "spec.model.source.hostPath.path, spec.engine.transfer.rdma.hostPath",
+        "spec.model.source.hostPath.path, spec.engine.transfer.rdma.hostPath, "
+        "spec.<role>.extraVolumes[i].hostPath",
         "a node directory the cluster admin does not allow: a model hostPath outside the chart "
         "value hostPaths.modelPrefixes (empty by default: no hostPath source), one with '.' or "
-        "'..' segments, or an RDMA hostPath other than those in hostPaths.rdmaDevices (by "
-        "default /dev/infiniband)",
+        "'..' segments, an RDMA hostPath other than those in hostPaths.rdmaDevices (by "
+        "default /dev/infiniband), or a hostPath among a role's extraVolumes",
         "use a persistentVolumeClaim, an image or a download for the weights, or ask the "
         "cluster admin to list the nodes' weights directory in hostPaths.modelPrefixes; set "
-        "transfer.rdma.hostPath to /dev/infiniband, or use transfer.rdma.resourceName",
+        "transfer.rdma.hostPath to /dev/infiniband, or use transfer.rdma.resourceName; give "
+        "extra files as a configMap, secret or persistentVolumeClaim volume",
     ),
     AdmissionCheck(
         "check_autoscaling",
@@ -616,6 +618,19 @@ ADMISSION_CHECKS: tuple[AdmissionCheck, ...] = (
         "role, or prefillPerDecode bounds no pair of counts within the roles' bounds satisfies "
         "(or set without both roles autoscaled)",
         "bounds a count can meet: the message gives the numbers",
+    ),
+    AdmissionCheck(
+        "check_pod_fit",
+        "spec.<role>.podLabels, podAnnotations, resources, extraVolumes, extraVolumeMounts, "
+        "extraEnv, spec.engine.transfer.rdma.resourceName, spec.router.resources",
+        "pod customization that touches what the gate depends on: a kvgate.io, sglang.ai or "
+        "leaderworkerset.sigs.k8s.io key (or another key kvgate or the controllers set), a "
+        "count of the role's acceleratorResource other than tensorParallel / nodes or a "
+        "second accelerator, kvgate's volume names or mount paths, KVGATE_ENGINE_API_KEY; or "
+        "what Kubernetes refuses in a pod (a malformed label key or value)",
+        "use another key; remove the accelerator from resources (kvgate sets it) or set "
+        "acceleratorResource; name and mount extra volumes elsewhere; the message names the "
+        "field",
     ),
 )
 

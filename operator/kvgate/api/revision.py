@@ -10,9 +10,42 @@ import hashlib
 import json
 from typing import Any
 
-from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeploymentSpec
+from kvgate.api.models import (
+    DEFAULT_ACCELERATOR_RESOURCE,
+    DEFAULT_GPU_RESERVED_GIB,
+    ModelDeploymentSpec,
+)
 
 REVISION_LENGTH = 10
+
+# Pod fields that came after the first revisions, with the value every earlier spec ran: at that
+# value they leave a revision as it was (no roll on upgrade); any other value is a new revision,
+# as nodeSelector and tolerations always were (they change the pods).
+_ENGINE_POD_DEFAULTS: dict[str, Any] = {
+    "acceleratorResource": DEFAULT_ACCELERATOR_RESOURCE,
+    "podLabels": {},
+    "podAnnotations": {},
+    "serviceAccountName": None,
+    "priorityClassName": None,
+    "imagePullSecrets": [],
+    "topologySpreadConstraints": [],
+    "extraVolumes": [],
+    "extraVolumeMounts": [],
+    "extraEnv": [],
+}
+_ROUTER_POD_DEFAULTS: dict[str, Any] = {
+    "resources": {"limits": {}, "requests": {}},
+    "nodeSelector": {},
+    "tolerations": [],
+    "affinity": None,
+    "imagePullSecrets": [],
+}
+
+
+def _drop_defaults(doc: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for key, default in defaults.items():
+        if key in doc and doc[key] == default:
+            del doc[key]
 
 
 def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
@@ -33,6 +66,9 @@ def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
     for role in ("prefill", "decode"):
         if doc[role].get("gpuReservedGiB") is None:
             doc[role]["gpuReservedGiB"] = DEFAULT_GPU_RESERVED_GIB
+    for role in ("prefill", "decode"):
+        _drop_defaults(doc[role], _ENGINE_POD_DEFAULTS)
+    _drop_defaults(doc["router"], _ROUTER_POD_DEFAULTS)
     # model.source came with model sources; a spec without one runs what it always ran.
     if doc["model"].get("source") is None:
         doc["model"].pop("source", None)

@@ -22,11 +22,14 @@ from kvgate_engine.launcher import API_KEY_ENV, engine_argv
 from kvgate.api import labels, multinode
 from kvgate.api.models import (
     INFINIBAND_DEVICE_DIR,
+    MODEL_MOUNT_PATH,
     EngineSpec,
+    LocalObjectReference,
     ModelDeployment,
     ModelDeploymentSpec,
     Role,
     RoleSpec,
+    Toleration,
 )
 from kvgate.build import model_source
 from kvgate.build.engine_launch import engine_launch
@@ -57,6 +60,14 @@ GUARD_RESOURCES: Body = {
 }
 
 
+# The engine pod's volumes and the engine container's mount paths that are kvgate's: a role's
+# extraVolumes and extraVolumeMounts never take these (kvgate.admission.pod_fit).
+SHM_VOLUME = "dshm"
+INFINIBAND_VOLUME = "infiniband"
+KVGATE_VOLUMES: tuple[str, ...] = (SHM_VOLUME, model_source.MODEL_VOLUME, INFINIBAND_VOLUME)
+KVGATE_MOUNT_PATHS: tuple[str, ...] = ("/dev/shm", MODEL_MOUNT_PATH, INFINIBAND_DEVICE_DIR)
+
+
 # kvgate's own image where the operator knows none (KVGATE_GUARD_IMAGE unset, i.e. outside the
 # chart): the chart's default, which the download init container (kvgate fetch-model) runs.
 DEFAULT_KVGATE_IMAGE = "ghcr.io/kvgate/kvgate-operator:0.1.0"
@@ -71,6 +82,9 @@ class Guard:
     # KVGATE_GUARD_RESOURCES (chart value guard.resources); None: GUARD_RESOURCES. Part of the
     # template hash, so a change rolls every revision's engine pods once.
     resources: Mapping[str, Any] | None = None
+    # KVGATE_ENGINE_IMAGE_PULL_SECRETS (the chart's imagePullSecrets): the guard and the model
+    # download run kvgate's own image, so every engine pod may need them to pull it.
+    pull_secrets: tuple[str, ...] = ()
 
 
 def component_name(md_name: str, revision: str, component: str) -> str:
@@ -148,9 +162,11 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _quantities(
-    values: dict[str, int | str], gpus: int, engine: EngineSpec
+    values: dict[str, int | str], gpus: int, accelerator: str, engine: EngineSpec
 ) -> dict[str, int | str]:
-    quantities: dict[str, int | str] = {**values, "nvidia.com/gpu": gpus}
+    """The user's quantities with kvgate's accelerator count (admission denies another count
+    for it; a spec that skipped admission still gets kvgate's) and the RDMA device."""
+    quantities: dict[str, int | str] = {**values, accelerator: gpus}
     rdma = engine.transfer.rdma
     if rdma is not None and rdma.resource_name is not None:
         quantities[rdma.resource_name] = rdma.count
@@ -282,13 +298,16 @@ def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard
     }
 
 
-def _engine_volumes(spec: ModelDeploymentSpec) -> tuple[list[Body], list[Body]]:
+def _engine_volumes(
+    spec: ModelDeploymentSpec, role_spec: RoleSpec
+) -> tuple[list[Body], list[Body]]:
     """The engine container's volume mounts and the pod's volumes, in the same order: /dev/shm,
-    the model's weights (spec.model.source), the host's InfiniBand devices (RDMA)."""
+    the model's weights (spec.model.source), the host's InfiniBand devices (RDMA), then the
+    role's extraVolumes and extraVolumeMounts."""
     transfer = spec.engine.transfer
-    mounts: list[Body] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[Body] = [{"name": SHM_VOLUME, "mountPath": KVGATE_MOUNT_PATHS[0]}]
     volumes: list[Body] = [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": transfer.shm_size}}
     ]
     weights = model_source.model_volume(spec.model)
     weights_mount = model_source.engine_mount(spec.model)
@@ -296,14 +315,57 @@ def _engine_volumes(spec: ModelDeploymentSpec) -> tuple[list[Body], list[Body]]:
         mounts.append(weights_mount)
         volumes.append(weights)
     if transfer.rdma is not None and transfer.rdma.host_path is not None:
-        mounts.append({"name": "infiniband", "mountPath": INFINIBAND_DEVICE_DIR})
+        mounts.append({"name": INFINIBAND_VOLUME, "mountPath": INFINIBAND_DEVICE_DIR})
         volumes.append(
             {
-                "name": "infiniband",
+                "name": INFINIBAND_VOLUME,
                 "hostPath": {"path": transfer.rdma.host_path, "type": "Directory"},
             }
         )
+    # Admission denies extra volumes that take kvgate's names or mount over its paths; one that
+    # skipped it never replaces kvgate's own.
+    own = {v["name"] for v in volumes}
+    extra = [copy.deepcopy(v) for v in role_spec.extra_volumes if v.get("name") not in own]
+    extra_names = {v.get("name") for v in extra}
+    volumes += extra
+    mounts += [
+        m.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+        | {"name": m.name, "mountPath": m.mount_path}
+        for m in role_spec.extra_volume_mounts
+        if m.name in extra_names
+    ]
     return mounts, volumes
+
+
+def user_pod_metadata(role_spec: RoleSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """The role's podLabels and podAnnotations without any key kvgate keeps for itself
+    (admission denies those; a spec that skipped it never sets them)."""
+    return (
+        {k: v for k, v in role_spec.pod_labels.items() if not labels.reserved_key(k)},
+        {k: v for k, v in role_spec.pod_annotations.items() if not labels.reserved_key(k)},
+    )
+
+
+def pull_secrets(given: list[LocalObjectReference], guard: Guard | None) -> list[Body]:
+    """The spec's imagePullSecrets, then the operator's (for kvgate's own image), each once."""
+    names = [ref.name for ref in given] + list(guard.pull_secrets if guard else ())
+    return [{"name": n} for n in dict.fromkeys(names)]
+
+
+def _engine_env(spec: ModelDeploymentSpec, role_spec: RoleSpec) -> list[Body]:
+    """engine.env, then the role's extraEnv (a name in both takes the role's value), HOME, and
+    the API key from its Secret (kvgate's, whatever the spec's env says)."""
+    role_env = [e.model_dump(by_alias=True, exclude_none=True) for e in role_spec.extra_env]
+    overridden = {e["name"] for e in role_env}
+    env: list[Body] = [
+        e.model_dump(by_alias=True, exclude_none=True)
+        for e in spec.engine.env
+        if e.name not in overridden
+    ] + role_env
+    env = [e for e in env if e["name"] != API_KEY_ENV]
+    if not any(e["name"] == "HOME" for e in env):
+        env.append({"name": "HOME", "value": "/tmp"})
+    return env + api_key_env(spec.engine)
 
 
 def _engine_init_containers(
@@ -331,13 +393,11 @@ def engine_pod_template(
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
     command, args = split_command(engine_argv(engine_launch(spec, role)))
-    env: list[Body] = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.engine.env]
-    if not any(e["name"] == "HOME" for e in env):
-        env.append({"name": "HOME", "value": "/tmp"})
-    env += api_key_env(spec.engine)
+    env = _engine_env(spec, role_spec)
     transfer = spec.engine.transfer
     ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
-    annotations = {labels.REQUIREMENT: requirement_annotation(md, role)}
+    user_labels, user_annotations = user_pod_metadata(role_spec)
+    annotations = {**user_annotations, labels.REQUIREMENT: requirement_annotation(md, role)}
     if role is Role.PREFILL:
         ports.append(
             {"name": "bootstrap", "containerPort": spec.engine.bootstrap_port, "protocol": "TCP"}
@@ -353,10 +413,16 @@ def engine_pod_template(
         "resources": {
             # tensorParallel / nodes: a multi-node engine's GPUs are spread over its pods.
             "limits": _quantities(
-                role_spec.resources.limits, multinode.gpus_per_pod(role_spec), spec.engine
+                role_spec.resources.limits,
+                multinode.gpus_per_pod(role_spec),
+                role_spec.accelerator_resource,
+                spec.engine,
             ),
             "requests": _quantities(
-                role_spec.resources.requests, multinode.gpus_per_pod(role_spec), spec.engine
+                role_spec.resources.requests,
+                multinode.gpus_per_pod(role_spec),
+                role_spec.accelerator_resource,
+                spec.engine,
             ),
         },
         "readinessProbe": {
@@ -367,7 +433,7 @@ def engine_pod_template(
         },
         "securityContext": _engine_security(spec.engine),
     }
-    container["volumeMounts"], volumes = _engine_volumes(spec)
+    container["volumeMounts"], volumes = _engine_volumes(spec, role_spec)
     init_containers = _engine_init_containers(md, role, revision, guard)
     pod_spec: Body = {
         "containers": [container],
@@ -386,21 +452,40 @@ def engine_pod_template(
         # reachable only with this dnsPolicy.
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if role_spec.node_selector:
-        pod_spec["nodeSelector"] = dict(role_spec.node_selector)
-    if role_spec.tolerations:
-        pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations
-        ]
-    if role_spec.affinity:
-        pod_spec["affinity"] = role_spec.affinity
+    _place(pod_spec, role_spec.node_selector, role_spec.tolerations, role_spec.affinity)
+    if role_spec.topology_spread_constraints:
+        pod_spec["topologySpreadConstraints"] = copy.deepcopy(role_spec.topology_spread_constraints)
+    if role_spec.service_account_name:
+        pod_spec["serviceAccountName"] = role_spec.service_account_name
+    if role_spec.priority_class_name:
+        pod_spec["priorityClassName"] = role_spec.priority_class_name
+    secrets = pull_secrets(role_spec.image_pull_secrets, guard)
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
     return {
         "metadata": {
-            "labels": object_labels(name, revision, role.value),
+            "labels": {**user_labels, **object_labels(name, revision, role.value)},
             "annotations": annotations,
         },
         "spec": pod_spec,
     }
+
+
+def _place(
+    pod_spec: Body,
+    node_selector: Mapping[str, str],
+    tolerations: list[Toleration],
+    affinity: Mapping[str, Any] | None,
+) -> None:
+    """A pod's nodeSelector, tolerations and affinity, each only when set."""
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in tolerations
+        ]
+    if affinity:
+        pod_spec["affinity"] = copy.deepcopy(dict(affinity))
 
 
 def router_argv(md: ModelDeployment, revision: str) -> list[str]:
@@ -491,19 +576,25 @@ def router_pod_template(
         },
         "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
     }
+    router_resources = spec.router.resources
+    if router_resources.limits or router_resources.requests:
+        container["resources"] = router_resources.model_dump(by_alias=True, exclude_defaults=True)
     template_meta: Body = {"labels": object_labels(name, revision, labels.ROLE_ROUTER)}
     if key_fingerprint:
         # A new key (new operator seed) changes the template, so the routers roll onto it.
         template_meta["annotations"] = {labels.ROUTER_KEY_FINGERPRINT: key_fingerprint}
-    return {
-        "metadata": template_meta,
-        "spec": {
-            "serviceAccountName": router_account_name(name),
-            "containers": [container],
-            "securityContext": _pod_security(),
-            "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        },
+    pod_spec: Body = {
+        "serviceAccountName": router_account_name(name),
+        "containers": [container],
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
+    router = spec.router
+    _place(pod_spec, router.node_selector, router.tolerations, router.affinity)
+    secrets = pull_secrets(router.image_pull_secrets, None)
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
+    return {"metadata": template_meta, "spec": pod_spec}
 
 
 def template_hash(body: Body) -> str:

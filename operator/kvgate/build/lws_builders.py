@@ -60,7 +60,11 @@ def worker_pod_template(
     leader's model volume, and its download init container when the weights are downloaded."""
     template = copy.deepcopy(builders.engine_pod_template(md, role, revision, guard))
     name = md.metadata.name or ""
-    template["metadata"] = {"labels": worker_labels(name, revision, role.value)}
+    role_spec = md.spec.prefill if role is Role.PREFILL else md.spec.decode
+    user_labels, user_annotations = builders.user_pod_metadata(role_spec)
+    template["metadata"] = {"labels": {**user_labels, **worker_labels(name, revision, role.value)}}
+    if user_annotations:
+        template["metadata"]["annotations"] = user_annotations
     pod_spec = template["spec"]
     pod_spec.pop("readinessGates", None)
     # The guard goes; a download of the weights stays: every rank loads them from its own node.

@@ -473,7 +473,10 @@ class Reconciler:
         if not settings.guard_image:
             return None
         return builders.Guard(
-            settings.guard_image, settings.min_engine_version_floor, settings.guard_resources
+            settings.guard_image,
+            settings.min_engine_version_floor,
+            settings.guard_resources,
+            settings.engine_pull_secrets,
         )
 
     async def _deployments(self, selector: dict[str, str]) -> list[Body]:

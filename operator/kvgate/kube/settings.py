@@ -214,6 +214,42 @@ def _guard_resources() -> dict[str, dict[str, str]] | None:
     return resources
 
 
+PULL_SECRETS_ENV = "KVGATE_ENGINE_IMAGE_PULL_SECRETS"
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def parse_pull_secrets(raw: str | None) -> tuple[str, ...]:
+    """KVGATE_ENGINE_IMAGE_PULL_SECRETS: the chart's imagePullSecrets as JSON, a list of
+    {"name": ...} (as the chart value is written) or of names; () when unset. Raises ValueError
+    naming the variable, the value and the form."""
+    if raw is None:
+        return ()
+    problem = (
+        f"{PULL_SECRETS_ENV}={raw!r} (the chart value imagePullSecrets): must be a JSON list of "
+        'Secret names or {"name": ...} objects, e.g. [{"name": "regcred"}]; unset it for none'
+    )
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ValueError(problem) from None
+    if not isinstance(value, list):
+        raise ValueError(problem)
+    names: list[str] = []
+    for entry in value:
+        name = entry.get("name") if isinstance(entry, dict) and set(entry) == {"name"} else entry
+        if not isinstance(name, str) or len(name) > 253 or not _SECRET_NAME.fullmatch(name):
+            raise ValueError(problem)
+        names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _pull_secrets() -> tuple[str, ...]:
+    try:
+        return parse_pull_secrets(_env(PULL_SECRETS_ENV))
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+
+
 def _router_key_seed() -> bytes:
     raw = _env("KVGATE_ROUTER_KEY_SEED")
     if raw is None:
@@ -330,6 +366,9 @@ class OperatorSettings:
     # KVGATE_GUARD_RESOURCES: the guard sidecar's requests and limits (chart value
     # guard.resources); None: kvgate.build.builders.GUARD_RESOURCES.
     guard_resources: dict[str, dict[str, str]] | None = None
+    # KVGATE_ENGINE_IMAGE_PULL_SECRETS: the chart's imagePullSecrets, added to every engine pod's
+    # own (the guard and the model download run the operator's image).
+    engine_pull_secrets: tuple[str, ...] = ()
     # --leader-elect: run kopf only while holding this Lease (kvgate.kube.leader); None = always run
     # (one replica, or tests).
     leader_election: LeaderConfig | None = None
@@ -371,6 +410,7 @@ class OperatorSettings:
             network_policy=network_policy_settings(os.environ),
             guard_image=_guard_image(),
             guard_resources=_guard_resources(),
+            engine_pull_secrets=_pull_secrets(),
             leader_election=leader_config(bool(getattr(args, "leader_elect", False))),
             log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
             log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
