@@ -221,8 +221,8 @@ REFUSED: list[tuple[str, str, str]] = [
     (
         "KVGATE_ENGINE_IMAGE_PULL_SECRETS",
         '[{"name": "Reg Cred"}]',
-        "KVGATE_ENGINE_IMAGE_PULL_SECRETS='[{\"name\": \"Reg Cred\"}]' (the chart value "
-        "imagePullSecrets): must be a JSON list of Secret names or {\"name\": ...} objects, "
+        'KVGATE_ENGINE_IMAGE_PULL_SECRETS=\'[{"name": "Reg Cred"}]\' (the chart value '
+        'imagePullSecrets): must be a JSON list of Secret names or {"name": ...} objects, '
         'e.g. [{"name": "regcred"}]; unset it for none',
     ),
     *(
