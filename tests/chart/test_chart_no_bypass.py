@@ -311,8 +311,7 @@ def test_role_scales_are_kvgates_but_for_the_count_and_their_scale_subresource_i
     assert "matchConditions" not in spec  # every RoleScale: kvgate's kind, labelled or not
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
     assert variables["trusted"] == (
-        f'request.userInfo.username == "{OPERATOR}" || request.userInfo.username in '
-        + CONTROLLERS
+        f'request.userInfo.username == "{OPERATOR}" || request.userInfo.username in ' + CONTROLLERS
     )
     changed = variables["changed"]
     for field in ("labels", "ownerReferences", "finalizers"):
