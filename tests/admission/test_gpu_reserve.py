@@ -1,7 +1,7 @@
 """The reserve per GPU the estimate takes (kvgate.admission.gpu_reserve): the spec's own, else
-the cluster's measured reserve for the GPU product the role's nodeSelector pins (chart value
-estimator.gpuReservedGiBByProduct), else kvgate's 1 GiB assumption; and admission, `kvgate
-validate` and `kvgate plan -f` each say which one they used."""
+the cluster's measured reserve for the GPU product the role's nodeSelector or required node
+affinity pins (chart value estimator.gpuReservedGiBByProduct), else kvgate's 1 GiB assumption;
+and admission, `kvgate validate` and `kvgate plan -f` each say which one they used."""
 
 from __future__ import annotations
 
@@ -142,3 +142,70 @@ def test_a_plan_search_says_which_reserve_each_shape_was_estimated_with(
     ) in capsys.readouterr().out
     main([*search, "--gpu-reserved-gib", "2.5"])
     assert ", gpuReservedGiB 2.5 from --gpu-reserved-gib (estimates;" in capsys.readouterr().out
+
+
+def _pinned_by_affinity(*terms: list[dict[str, object]]) -> dict[str, object]:
+    """The decode role of ``on_h100(38)`` placed by required node affinity, not nodeSelector."""
+    doc = on_h100(38)
+    del doc["spec"]["decode"]["nodeSelector"]  # type: ignore[index]
+    doc["spec"]["decode"]["affinity"] = {  # type: ignore[index]
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": term} for term in terms]
+            }
+        }
+    }
+    return doc
+
+
+def _product_in(*values: str) -> dict[str, object]:
+    return {"key": "nvidia.com/gpu.product", "operator": "In", "values": list(values)}
+
+
+def test_a_role_pinned_to_a_product_by_required_node_affinity_is_judged_with_its_reserve() -> None:
+    doc = _pinned_by_affinity([_product_in(H100)])
+    assert check_document(doc).allowed  # kvgate's 1 GiB
+    result = check_document(doc, MEASURED)
+    assert not result.allowed
+    assert (
+        "estimated with gpuReservedGiB 3 from the cluster's measured reserve for "
+        f"nvidia.com/gpu.product={H100}" in result.message
+    ), result.message
+    spec = ModelDeployment.model_validate(doc).spec
+    reserve = resolve_reserve("decode", spec.decode, MEASURED.gpu_reserved_gib_by_product)
+    assert reserve.gib == 3.0
+
+
+@pytest.mark.parametrize(
+    "terms",
+    [
+        pytest.param([[_product_in(H100, "NVIDIA-A100-SXM4-80GB")]], id="two-products"),
+        pytest.param([[_product_in(H100)], []], id="a-term-without-the-product"),
+        pytest.param(
+            [[_product_in(H100)], [_product_in("NVIDIA-A100-SXM4-80GB")]], id="terms-disagree"
+        ),
+        pytest.param(
+            [[{"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": [H100]}]],
+            id="not-in",
+        ),
+    ],
+)
+def test_node_affinity_that_leaves_the_product_open_takes_kvgates_assumption(
+    terms: list[list[dict[str, object]]],
+) -> None:
+    spec = ModelDeployment.model_validate(_pinned_by_affinity(*terms)).spec
+    reserve = resolve_reserve("decode", spec.decode, MEASURED.gpu_reserved_gib_by_product)
+    assert reserve.gib == 1.0, reserve
+
+
+def test_only_required_node_affinity_pins_a_product_never_a_preferred_one() -> None:
+    role = RoleSpec(
+        affinity={
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "preference": {"matchExpressions": [_product_in(H100)]}}
+                ]
+            }
+        }
+    )
+    assert resolve_reserve("decode", role, {H100: 3.0}).gib == 1.0

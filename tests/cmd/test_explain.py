@@ -286,3 +286,70 @@ def test_an_events_newlines_and_terminal_escapes_never_print_as_lines_of_kvgates
     ), lines[-1]
     assert lines[-2].startswith("Events on it (not kvgate's record")
     assert "\x1b" not in text and "\u202e" not in text and "\r" not in text
+
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+
+
+def _decode_on_h100() -> Any:
+    doc = spec_of()
+    doc["decode"]["nodeSelector"] = {"nvidia.com/gpu.product": H100}
+    spec = parse_spec({"spec": doc})
+    assert spec is not None
+    return spec
+
+
+def test_a_shape_change_is_estimated_with_the_measured_reserve_of_the_roles_gpu_product() -> None:
+    """Admission estimates a role on a measured product with that product's reserve; explain's
+    change is judged by the same estimate, and says which reserve it took."""
+    spec = _decode_on_h100()
+    assumed = estimated_changes(spec, "decode", SMALL_POOL)
+    measured = estimated_changes(spec, "decode", SMALL_POOL, {H100: 6.0})
+    assert assumed and measured
+    assert "gpuReservedGiB 1 from kvgate's assumption" in assumed[0].text, assumed[0].text
+    assert (
+        f"gpuReservedGiB 6 from the cluster's measured reserve for nvidia.com/gpu.product={H100}"
+        in measured[0].text
+    ), measured[0].text
+    by_field = {c.field: c.kv_pool_tokens for c in assumed}
+    assert any(
+        c.kv_pool_tokens is not None
+        and c.field in by_field
+        and c.kv_pool_tokens < (by_field[c.field] or 0)
+        for c in measured
+    ), (assumed, measured)
+
+
+def test_explain_takes_the_reserve_the_operator_wrote_in_the_status_and_a_flag_wins() -> None:
+    from kvgate.admission.gpu_reserve import measured_source
+
+    doc = spec_of()
+    doc["decode"]["nodeSelector"] = {"nvidia.com/gpu.product": H100}
+    md, pods = _refused_with_pods(doc)
+    md["status"]["decode"] = {
+        "poolEstimate": {
+            "estimatedKvPoolTokens": 100_000,
+            "gpuReservedGiB": 6.0,
+            "reserveSource": measured_source(H100),
+        }
+    }
+
+    def decode_change(e: Any) -> str:
+        return next(c.text for c in e.changes if c.field.startswith("spec.decode."))
+
+    assert "gpuReservedGiB 6 from the cluster's measured" in decode_change(explain(md, pods, []))
+    flagged = explain(md, pods, [], reserves_by_product={H100: 2.5})
+    assert "gpuReservedGiB 2.5 from the cluster's measured" in decode_change(flagged)
+
+
+def test_kvgate_explain_takes_gpu_reserve_and_refuses_a_bad_one_naming_the_flag(
+    capsys: Any,
+) -> None:
+    from kvgate.cmd.cli import build_parser, main
+
+    args = build_parser().parse_args(["explain", "llama", "--gpu-reserve", f"{H100}=2.5"])
+    assert args.gpu_reserve == [f"{H100}=2.5"]
+    code = main(["explain", "llama", "--gpu-reserve", "H100=lots", "--json"])
+    assert code == 2
+    out = capsys.readouterr().out
+    assert "--gpu-reserve" in out and "PRODUCT=GIB" in out, out

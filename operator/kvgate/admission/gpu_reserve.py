@@ -8,7 +8,9 @@ measure, so it takes a reserve off each GPU first. In order:
 1. ``spec.<role>.gpuReservedGiB``, when the spec sets it;
 2. the cluster's measured reserve for the role's GPU product (the chart value
    ``estimator.gpuReservedGiBByProduct``, keyed by the ``nvidia.com/gpu.product`` value the
-   role's ``nodeSelector`` pins), set from the drift kvgate reports between its estimate and the
+   role pins: its ``nodeSelector``, else its required node affinity when every
+   ``nodeSelectorTerms`` entry has ``nvidia.com/gpu.product In [one value]``, the same one), set
+   from the drift kvgate reports between its estimate and the
    live pools (docs/planning.md);
 3. kvgate's own assumption, 1 GiB (``DEFAULT_GPU_RESERVED_GIB``): not SGLang's, not measured.
 """
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, RoleSpec
 
@@ -40,9 +44,90 @@ class GpuReserve:
         return f"gpuReservedGiB {self.gib:g} from {self.source}"
 
 
+def _product_of_term(term: Any) -> str | None:
+    """The one product a nodeSelectorTerm requires (``In`` with a single value), else None."""
+    expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+    for expression in expressions if isinstance(expressions, list) else []:
+        if (
+            isinstance(expression, dict)
+            and expression.get("key") == GPU_PRODUCT_LABEL
+            and expression.get("operator") == "In"
+            and isinstance(expression.get("values"), list)
+            and len(expression["values"]) == 1
+            and isinstance(expression["values"][0], str)
+            and expression["values"][0]
+        ):
+            return str(expression["values"][0])
+    return None
+
+
+def affinity_product(affinity: Mapping[str, Any] | None) -> str | None:
+    """The GPU product a pod's required node affinity pins: every nodeSelectorTerm (they are
+    ORed) requires ``nvidia.com/gpu.product In [x]`` with the same single x. A preferred term, two
+    values, NotIn, or a term without the product leaves the product open (None)."""
+    node_affinity = (affinity or {}).get("nodeAffinity")
+    required = (
+        node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+        if isinstance(node_affinity, dict)
+        else None
+    )
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms:
+        return None
+    products = {_product_of_term(term) for term in terms}
+    if len(products) != 1 or None in products:
+        return None
+    return products.pop()
+
+
 def gpu_product(role_spec: RoleSpec) -> str | None:
-    """The GPU product the role's nodeSelector pins (None: the role names none)."""
-    return role_spec.node_selector.get(GPU_PRODUCT_LABEL) or None
+    """The GPU product the role pins: its nodeSelector's, else its required node affinity's
+    (None: the role's pods may land on any product)."""
+    return role_spec.node_selector.get(GPU_PRODUCT_LABEL) or affinity_product(role_spec.affinity)
+
+
+def measured_source(product: str) -> str:
+    """Where a reserve from the chart value came from (status.<role>.poolEstimate.reserveSource
+    says it; ``product_of_source`` reads it back)."""
+    return (
+        f"the cluster's measured reserve for {GPU_PRODUCT_LABEL}={product} "
+        f"(chart value {RESERVES_SETTING})"
+    )
+
+
+_MEASURED_SOURCE = re.compile(
+    rf"the cluster's measured reserve for {re.escape(GPU_PRODUCT_LABEL)}=(?P<product>\S+) "
+    rf"\(chart value {re.escape(RESERVES_SETTING)}\)"
+)
+
+
+def product_of_source(source: str) -> str | None:
+    """The GPU product a ``measured_source`` names (None: another source)."""
+    match = _MEASURED_SOURCE.fullmatch(source)
+    return match.group("product") if match else None
+
+
+def reserves_in_status(status: Mapping[str, Any] | None) -> dict[str, float]:
+    """The chart value's reserves the operator applied, as it wrote them in the status (written
+    only through the status subresource, by kvgate): status.<role>.poolEstimate's gpuReservedGiB
+    for each role whose reserveSource is the measured reserve of a product."""
+    table: dict[str, float] = {}
+    for role in ("prefill", "decode"):
+        role_status = (status or {}).get(role)
+        estimate = role_status.get("poolEstimate") if isinstance(role_status, dict) else None
+        if not isinstance(estimate, dict):
+            continue
+        product = product_of_source(str(estimate.get("reserveSource") or ""))
+        gib = estimate.get("gpuReservedGiB")
+        if (
+            product is not None
+            and isinstance(gib, int | float)
+            and not isinstance(gib, bool)
+            and math.isfinite(gib)
+            and 0 <= gib <= MAX_RESERVE_GIB
+        ):
+            table[product] = float(gib)
+    return table
 
 
 def resolve_reserve(
@@ -53,11 +138,7 @@ def resolve_reserve(
         return GpuReserve(role_spec.gpu_reserved_gi_b, f"spec.{role}.gpuReservedGiB")
     product = gpu_product(role_spec)
     if product is not None and product in reserves_by_product:
-        return GpuReserve(
-            reserves_by_product[product],
-            f"the cluster's measured reserve for {GPU_PRODUCT_LABEL}={product} "
-            f"(chart value {RESERVES_SETTING})",
-        )
+        return GpuReserve(reserves_by_product[product], measured_source(product))
     return GpuReserve(DEFAULT_GPU_RESERVED_GIB, DEFAULT_SOURCE)
 
 

@@ -371,7 +371,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    _cluster_command(
+    p = _cluster_command(
         sub,
         "explain",
         "why a ModelDeployment is or is not Ready, with the numbers and the fix",
@@ -379,6 +379,7 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         "role against contextLength × headroom, each engine pod's gate, the smallest change "
         "that fixes it, and its recent Events. Reads the cluster as kubectl does.",
     )
+    _gpu_reserve_flag(p)
     _cluster_command(
         sub,
         "history",

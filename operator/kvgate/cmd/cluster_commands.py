@@ -3,7 +3,7 @@ finds the cluster (``kvgate.kube.cli_access``). Each reads through ``kvgate.kube
 decides with ``kvgate.diagnose`` (pure) and prints; input errors, an unreachable or refusing API
 server and a ModelDeployment that does not exist are exit 2 (an InputError).
 
-    kvgate explain NAME [-n NS] [--kubeconfig FILE] [--context CTX] [--json]
+    kvgate explain NAME [-n NS] [--kubeconfig FILE] [--context CTX] [--gpu-reserve P=GIB] [--json]
     kvgate history NAME [-n NS] [--kubeconfig FILE] [--context CTX] [--json]
     kvgate rollback NAME [--to-revision REV] [-n NS] [--kubeconfig FILE] [--context CTX] [--json]
 """
@@ -16,6 +16,7 @@ import re
 from kvgate_engine.command_inputs import InputError
 from kvgate_engine.command_output import envelope, print_json
 
+from kvgate.admission.gpu_reserve import RESERVE_FLAG, parse_reserve_flags
 from kvgate.diagnose.explain import explain, explanation_json, explanation_text
 from kvgate.diagnose.history import (
     RollbackPlan,
@@ -80,10 +81,16 @@ def _read(access: ClusterAccess, name: str, *, related: bool) -> MdObjects:
 
 
 def explain_main(args: argparse.Namespace) -> int:
-    """0 Ready, 1 not Ready (why, with the numbers and the fix), 2 input or cluster error."""
+    """0 Ready, 1 not Ready (why, with the numbers and the fix), 2 input or cluster error.
+    A shape change is estimated with the reserve admission takes: ``--gpu-reserve`` for a GPU
+    product, else the operator's own (chart value, as it wrote it in the status)."""
+    try:
+        reserves = parse_reserve_flags(getattr(args, "gpu_reserve", None))
+    except ValueError as error:
+        raise InputError(RESERVE_FLAG, str(error)) from None
     access = _access(args)
     objects = _read(access, args.name, related=True)
-    explanation = explain(objects.md, objects.pods, objects.events)
+    explanation = explain(objects.md, objects.pods, objects.events, reserves)
     code = EXIT_READY if explanation.ready else EXIT_NOT_READY
     if args.json:
         print_json(envelope("explain", code, explanation_json(explanation)))

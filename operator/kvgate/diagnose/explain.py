@@ -15,7 +15,10 @@ spec gives ``model.config`` and ``gpuMemoryGiB``, the planner's smallest single 
 role's shape (``kvgate_engine.plan.fit_role``, as ``kvgate plan -f`` and admission use it; one on
 the GPUs the role has before one on another GPU model), judged against the live pool: when the
 engine reports less than the estimate for its shape, a change must hold the requirement at that
-same ratio.
+same ratio. The estimate takes the reserve per GPU admission takes
+(``kvgate.admission.gpu_reserve.resolve_reserve``): the spec's, else the measured reserve for the
+role's GPU product (``--gpu-reserve``, else what the operator wrote in
+``status.<role>.poolEstimate``), else kvgate's 1 GiB; the change says which.
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ from kvgate_engine.plan import (
 )
 from kvgate_engine.plan import required_pool_tokens as _required_pool_tokens
 
+from kvgate.admission.gpu_reserve import (
+    GpuReserve,
+    reserves_in_status,
+    resolve_reserve,
+    with_reserve,
+)
 from kvgate.admission.plan_hint import estimator_options
 from kvgate.api import labels
 from kvgate.api.models import ModelDeploymentSpec, RoleSpec
@@ -306,23 +315,31 @@ def _role_spec(spec: ModelDeploymentSpec, role: str) -> RoleSpec:
     return spec.prefill if role == "prefill" else spec.decode
 
 
-def _fix_text(fix: Fix, role: str, expected: int | None) -> str:
+def _fix_text(fix: Fix, role: str, expected: int | None, reserve: GpuReserve) -> str:
     value = f"{fix.value:g}" if isinstance(fix.value, float) else str(fix.value)
     if isinstance(fix.value, int):
         value = f"{fix.value:,}"
     about = "" if expected is None else f", about {expected:,} live at the ratio its engines show"
     return (
         f"set spec.{fix.spec_field(role)} to {value} (estimated pool {fix.kv_pool_tokens:,} "
-        f"tokens{about})"
+        f"tokens{about}; {reserve.describe()})"
     )
 
 
-def estimated_changes(spec: ModelDeploymentSpec, role: str, live_pool: int) -> list[Change]:
+def estimated_changes(
+    spec: ModelDeploymentSpec,
+    role: str,
+    live_pool: int,
+    reserves_by_product: Mapping[str, float] | None = None,
+) -> list[Change]:
     """The planner's single changes to a role's shape that hold the requirement, judged at the
     ratio of the live pool to the estimate for the current shape (never above 1: an estimate
-    lower than the engine's report is kept as it is). Empty when the spec gives the planner too
-    little (no model.config or gpuMemoryGiB) or the estimator cannot size the model."""
-    role_spec = _role_spec(spec, role)
+    lower than the engine's report is kept as it is), with the reserve per GPU admission takes
+    (``reserves_by_product``: the cluster's measured reserve by GPU product). Empty when the
+    spec gives the planner too little (no model.config or gpuMemoryGiB) or the estimator cannot
+    size the model."""
+    reserve = resolve_reserve(role, _role_spec(spec, role), reserves_by_product or {})
+    role_spec = with_reserve(_role_spec(spec, role), reserve)
     config = spec.model.config
     if config is None or role_spec.gpu_memory_gi_b is None:
         return []
@@ -378,7 +395,7 @@ def estimated_changes(spec: ModelDeploymentSpec, role: str, live_pool: int) -> l
                 f"spec.{fix.spec_field(role)}",
                 fix.value,
                 "estimate",
-                _fix_text(fix, role, expected),
+                _fix_text(fix, role, expected, reserve),
                 fix.kv_pool_tokens,
             )
         )
@@ -434,7 +451,11 @@ def _status_notes(
 
 
 def _fixes(
-    spec: ModelDeploymentSpec, roles: Sequence[RoleLive], required: int, headroom: float
+    spec: ModelDeploymentSpec,
+    roles: Sequence[RoleLive],
+    required: int,
+    headroom: float,
+    reserves_by_product: Mapping[str, float],
 ) -> tuple[list[Change], list[str]]:
     """The smallest change per role whose live pool is short (the planner's, by estimate), the
     contextLength the live pools hold, and a note for a short role no single change fixes."""
@@ -443,7 +464,7 @@ def _fixes(
     for live in roles:
         if live.holds is not False or not live.kv_pool_tokens:
             continue
-        found = estimated_changes(spec, live.role, live.kv_pool_tokens)
+        found = estimated_changes(spec, live.role, live.kv_pool_tokens, reserves_by_product)
         if found:
             changes.append(found[0])  # the smallest; `kvgate plan -f` lists the others
             continue
@@ -465,10 +486,18 @@ def _fixes(
     return changes, notes
 
 
-def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
-    """Why ``md`` is or is not Ready, from it, its engine pods and its Events."""
+def explain(
+    md: Obj,
+    pods: Sequence[Obj],
+    events: Sequence[Obj],
+    reserves_by_product: Mapping[str, float] | None = None,
+) -> Explanation:
+    """Why ``md`` is or is not Ready, from it, its engine pods and its Events. A shape change is
+    estimated with the measured reserves per GPU product the operator wrote in the status
+    (status.<role>.poolEstimate), overridden by ``reserves_by_product`` (``--gpu-reserve``)."""
     meta = _map(md.get("metadata"))
     status = _map(md.get("status"))
+    reserves = {**reserves_in_status(status), **(reserves_by_product or {})}
     name = str(meta.get("name") or "?")
     generation = _int(meta.get("generation"))
     ready_cond = _condition(status.get("conditions"), "Ready")
@@ -511,7 +540,7 @@ def explain(md: Obj, pods: Sequence[Obj], events: Sequence[Obj]) -> Explanation:
             for role in ROLES
         ]
         if not ready:
-            changes, shape_notes = _fixes(spec, roles, required, headroom)
+            changes, shape_notes = _fixes(spec, roles, required, headroom, reserves)
             notes.extend(shape_notes)
     elif status:
         notes.append("the spec does not parse for this kvgate version (kvgate validate says why)")
