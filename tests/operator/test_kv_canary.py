@@ -486,3 +486,34 @@ async def test_a_worker_seen_before_its_deployment_is_followed_on_its_leaders_ne
     finally:
         kv_canary_watch.on_worker_event(rt, "DELETED", worker)
         kv_canary_watch.on_pod_event(rt, "DELETED", leader)
+
+
+def test_a_deleted_worker_or_leader_pod_leaves_no_canary_series_behind() -> None:
+    """kvgate_kv_canary_violations_total is per pod: a pod that is gone drops its series, a
+    multi-node worker (followed from its own watch) as well as an engine pod, so /metrics does
+    not grow with every pod a ModelDeployment ever had."""
+    from kvgate.controller import engine_pods
+
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),
+        settings=OperatorSettings(),
+        verify=None,  # type: ignore[arg-type]
+    )
+    rt.leading = True
+    leader, worker = group_pods()
+    name = "kvgate_kv_canary_violations_total"
+
+    def value(pod_name: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(
+            name, {"namespace": NS, "deployment": "llama", "pod": pod_name, "role": "decode"}
+        )
+
+    for pod_name in (WORKER, LEADER):
+        metrics.KV_CANARY_VIOLATIONS.labels(NS, "llama", pod_name, "decode").inc()
+        assert value(pod_name) is not None
+    kv_canary_watch.on_worker_event(rt, "ADDED", worker)  # safety.kvCanary off: not followed
+    kv_canary_watch.on_worker_event(rt, "DELETED", worker)
+    assert value(WORKER) is None
+    assert value(LEADER) == 1.0  # the leader still runs
+    engine_pods.on_pod_event(rt, "DELETED", leader)
+    assert value(LEADER) is None

@@ -220,3 +220,87 @@ def test_the_drift_metrics_follow_the_status_and_go_with_the_model_deployment() 
     rt.forget_md(("drift-ns", "gone"))  # the ModelDeployment was deleted
     assert _series("kvgate_kv_pool_estimate_drift_ratio", "drift-ns", "gone") == {}
     assert _series("kvgate_kv_pool_estimated_tokens", "drift-ns", "gone") == {}
+
+
+def test_the_serving_revisions_drift_stays_reported_while_the_target_is_refused() -> None:
+    """A refused target has no verified engine (its pods are unverified or scaled to zero); the
+    serving revision's engines still serve, so their drift stays in the status and the gauge,
+    named as the serving revision's, until a target engine is verified."""
+    import dataclasses
+
+    from kvgate.rollout.planner import Refusal, WorkloadState
+
+    old_doc = md_doc()
+    old = revision_of(make_md().spec)
+    md = make_md(model__contextLength=65_536)  # the new spec: another revision, refused
+    target = revision_of(md.spec)
+    assert target != old
+    body = md_doc(model__contextLength=65_536)
+    body["status"] = {
+        "targetRevision": target,
+        "servingRevision": old,
+        "history": [{"revision": old, "servedAt": "2026-01-01T00:00:00Z", "spec": old_doc["spec"]}],
+    }
+    refusal = Refusal(target, "VerificationTimeout", "not verified within 900 s")
+    observed = ObservedState(
+        spec=md.spec,
+        target_revision=target,
+        workloads=(
+            *(WorkloadState(old, c, 1, 1, verify_started_at=NOW) for c in ("prefill", "decode")),
+            WorkloadState(old, "router", 1, 1, verify_started_at=NOW),
+            *(
+                WorkloadState(target, c, 0, 0, verify_started_at=NOW, refused_reason="x")
+                for c in ("prefill", "decode", "router")
+            ),
+        ),
+        pods=(
+            pod("p-old", "prefill", ESTIMATE, rev=old),
+            pod("d-old", "decode", 380_000, rev=old),
+            pod("d-new", "decode", None, verified=False, rev=target),
+        ),
+        service_revision=old,
+        now=NOW,
+        recorded=RolloutRecord(
+            target_revision=target,
+            serving_revision=old,
+            verify_started_at=NOW,
+            refusal=refusal,
+        ),
+    )
+    inputs = pass_decision.PassInputs(
+        body=body,
+        md=md,
+        observed=observed,
+        deployments=(),
+        service=None,
+        lws_access=LwsAccess.SERVED,
+        router_key="k" * 64,
+        guard=None,
+        access_current=None,
+        secret_current=None,
+        last_access=None,
+        policies=pass_decision.PolicyInputs(),
+    )
+    outcome = pass_decision.conclude(pass_decision.decide(inputs), ())
+    assert outcome.status.get("servingRevision") == old, outcome.status.get("servingRevision")
+    decode = outcome.status["decode"]["poolEstimate"]
+    assert decode["driftPercent"] == -11.1, decode
+    assert decode["pods"] == [{"pod": "d-old", "liveKvPoolTokens": 380_000, "driftPercent": -11.1}]
+    assert decode["message"].startswith(f"revision {old} (serving; target revision {target} "), (
+        decode["message"]
+    )
+    ModelDeploymentStatus.model_validate(outcome.status)
+    warnings = [e for e in outcome.events if e.reason == pool_drift.EVENT_REASON]
+    assert [w.message.split(":")[0] for w in warnings] == [
+        f"revision {old} (serving; target revision {target} has no verified decode engine)"
+    ]
+    metrics.record_pool_estimates("drift-ns", "refused", outcome.status)
+    ratios = _series("kvgate_kv_pool_estimate_drift_ratio", "drift-ns", "refused")
+    assert ratios == {"prefill": 0.0, "decode": pytest.approx(-0.111)}
+    # Once a target engine is verified, the target's own drift is the one reported.
+    verified = dataclasses.replace(
+        observed, pods=(*observed.pods[:2], pod("d-new", "decode", 300_000, rev=target))
+    )
+    later = pass_decision.decide(dataclasses.replace(inputs, observed=verified)).status
+    assert later["decode"]["poolEstimate"]["pods"][0]["pod"] == "d-new"
+    assert later["decode"]["poolEstimate"]["message"].startswith(f"revision {target}: decode: ")

@@ -148,6 +148,12 @@ def on_worker_event(rt: Runtime, event_type: str | None, pod: Pod) -> None:
         if task is not None:
             task.cancel()
         _tripped.pop(uid, None)
+        metrics.forget_pod(  # its kvgate_kv_canary_violations_total goes with it
+            str(meta.get("namespace", "")),
+            (meta.get("labels") or {}).get(labels.DEPLOYMENT, ""),
+            gate.pod_name(pod),
+            gate.pod_role(pod),
+        )
         return
     if (meta.get("labels") or {}).get(labels.MANAGED_BY) != labels.MANAGED_BY_VALUE:
         return

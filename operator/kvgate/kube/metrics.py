@@ -399,8 +399,14 @@ def _drop(gauge: Gauge, series: tuple[str, ...]) -> None:
 
 
 def forget_pod(namespace: str, deployment: str, pod: str, role: str) -> None:
-    """Drop a deleted pod's series (no stale pool numbers on dashboards)."""
+    """Drop a deleted pod's series, its gauges and its counters alike (no stale pool numbers on
+    dashboards; no series for every pod a ModelDeployment ever had). An engine pod's and a
+    multi-node worker pod's (kvgate.controller.kv_canary_watch) alike."""
     _PER_POD.forget((namespace, deployment, pod, role))
+    series = {"namespace": namespace, "deployment": deployment, "pod": pod, "role": role}
+    for metric in _per_md_metrics():
+        if "pod" in metric._labelnames:
+            metric.remove_by_labels({k: v for k, v in series.items() if k in metric._labelnames})
 
 
 class _Backlog(Collector):

@@ -328,10 +328,19 @@ def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
         previous=previous,
         now=observed.now,
     )
-    # The estimate admission judged each role by, against its verified engines' live pools.
-    target_pods = [p for p in observed.pods if p.revision == target]
+    # The estimate admission judged each role by, against its verified engines' live pools: the
+    # target's, else (none verified yet, or refused) the serving revision's.
+    serving_spec = pool_drift.recorded_spec(previous, step.serving_revision)
     for role in ("prefill", "decode"):
-        drift = pool_drift.role_drift(spec, role, target_pods, inputs.estimates)
+        drift = pool_drift.reported_drift(
+            role,
+            observed.pods,
+            inputs.estimates,
+            target=target,
+            target_spec=spec,
+            serving=step.serving_revision,
+            serving_spec=serving_spec,
+        )
         status[role]["poolEstimate"] = pool_drift.drift_status(
             drift, pool_drift.was_optimistic(previous, role)
         )

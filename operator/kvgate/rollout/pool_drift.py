@@ -9,21 +9,28 @@ from the free memory it measures (the CUDA context, NCCL buffers, the driver and
 are not free), and kvgate's 1 GiB default is its own assumption. The status says which reserve
 would have made the estimate equal the worst live pool, so the cluster can measure its GPUs
 (chart value estimator.gpuReservedGiBByProduct, docs/planning.md).
+
+Which revision is reported: the target's, once one of its engines of the role is verified;
+before that (a target being verified, refused, or scaled to zero after a refusal) the serving
+revision's, from its spec in status.history, so the engines that serve keep their drift
+reported; the message names the revision either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvgate_engine.estimator import GIB, Estimate
+from pydantic import ValidationError
 
 from kvgate.admission.checks import estimated_role_pool
 from kvgate.admission.gpu_reserve import GpuReserve
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api.models import ModelDeploymentSpec, RoleSpec
 from kvgate.rollout.planner import PodState
+from kvgate.rollout.rollback import history_in
 from kvgate.rollout.status import Event
 
 DEFAULT_OPTIMISTIC_DRIFT_PERCENT = 10.0
@@ -58,6 +65,8 @@ class RoleDrift:
     pods: tuple[PodDrift, ...]
     threshold_percent: float
     implied_reserve_gib: float | None = None  # the reserve that makes estimate == worst live
+    revision: str = ""  # the revision whose engines these are ("": not said)
+    serving_note: str = ""  # why the serving revision's, not the target's
 
     @property
     def worst(self) -> PodDrift | None:
@@ -70,8 +79,9 @@ class RoleDrift:
 
     def message(self) -> str:
         worst = self.worst
+        named = f"revision {self.revision}{self.serving_note}: " if self.revision else ""
         head = (
-            f"{self.role}: estimated KV pool {self.estimated_tokens:,} tokens "
+            f"{named}{self.role}: estimated KV pool {self.estimated_tokens:,} tokens "
             f"({self.reserve.describe()})"
         )
         if worst is None:
@@ -147,6 +157,45 @@ def role_drift(
     )
 
 
+def recorded_spec(
+    previous: Mapping[str, Any] | None, revision: str | None
+) -> ModelDeploymentSpec | None:
+    """The spec status.history recorded for ``revision`` (None: not recorded, or it no longer
+    parses)."""
+    for entry in history_in(previous):
+        if revision is not None and entry["revision"] == revision:
+            try:
+                return ModelDeploymentSpec.model_validate(entry["spec"])
+            except ValidationError:
+                return None
+    return None
+
+
+def reported_drift(
+    role: str,
+    pods: Sequence[PodState],
+    policy: EstimatePolicy,
+    *,
+    target: str,
+    target_spec: ModelDeploymentSpec,
+    serving: str | None,
+    serving_spec: ModelDeploymentSpec | None,
+) -> RoleDrift | None:
+    """The drift status.<role>.poolEstimate reports: the target revision's once one of its
+    engines of the role is verified; else the serving revision's (its recorded spec, its
+    engines) when it has one; else the target's with no engine to compare."""
+    on_target = role_drift(target_spec, role, [p for p in pods if p.revision == target], policy)
+    if on_target is not None and on_target.worst is not None:
+        return replace(on_target, revision=target)
+    if serving is not None and serving != target and serving_spec is not None:
+        served = [p for p in pods if p.revision == serving]
+        on_serving = role_drift(serving_spec, role, served, policy)
+        if on_serving is not None and on_serving.worst is not None:
+            note = f" (serving; target revision {target} has no verified {role} engine)"
+            return replace(on_serving, revision=serving, serving_note=note)
+    return None if on_target is None else replace(on_target, revision=target)
+
+
 def drift_status(drift: RoleDrift | None, previously_optimistic: bool) -> dict[str, Any] | None:
     """status.<role>.poolEstimate (camelCase); None (removes it) without an estimate. With no
     verified pod to compare (engines restarting) the last judgement stands, so a restart does
@@ -184,16 +233,14 @@ def was_optimistic(previous: Mapping[str, Any] | None, role: str) -> bool:
 def drift_events(
     status: Mapping[str, Any], previous: Mapping[str, Any] | None, target_revision: str
 ) -> list[Event]:
-    """A Warning for each role whose estimate turned optimistic in this pass."""
+    """A Warning for each role whose estimate turned optimistic in this pass (the message names
+    the revision it is about; one that does not is the target's)."""
     events = []
     for role in ("prefill", "decode"):
         estimate = (status.get(role) or {}).get("poolEstimate") or {}
         if estimate.get("optimistic") and not was_optimistic(previous, role):
-            events.append(
-                Event(
-                    "Warning",
-                    EVENT_REASON,
-                    f"revision {target_revision}: {estimate.get('message', '')}",
-                )
-            )
+            message = str(estimate.get("message", ""))
+            if not message.startswith("revision "):
+                message = f"revision {target_revision}: {message}"
+            events.append(Event("Warning", EVENT_REASON, message))
     return events
