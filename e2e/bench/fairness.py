@@ -12,7 +12,7 @@ never verifies it). Every ModelDeployment has 1 prefill and 1 decode engine. The
 
 1. **victim**: ModelDeployment ``victim`` in namespace ``bench-victim`` (decode autoscaled from
    1), rolled to a second revision, so ``status.history`` holds two;
-2. **idle**: ``--rounds`` rounds, each one rollback (``kubectl annotate md victim
+2. **idle**: ``--rounds`` rounds, each one rollback (``kubectl annotate kvmd victim
    kvgate.io/rollback=<the other revision>``) and one scale request (``kubectl scale rolescale
    victim-decode``, alternately 2 and 1): seconds from the command to **acted** (the rollback
    annotation gone, spec restored; the RoleScale's ``status.observedGeneration`` current) and to
@@ -143,7 +143,7 @@ def rollback_round(world: World, to: str, timeout: float) -> dict[str, float]:
     acted on it) and to serving ``to``, Ready; on the way, to every engine pod of ``to`` Running
     (the cluster's share) and verified (gate True)."""
     start = time.monotonic()
-    world.kubectl("annotate", "md", VICTIM, f"{ROLLBACK}={to}", f"--namespace={VICTIM_NS}")
+    world.kubectl("annotate", "kvmd", VICTIM, f"{ROLLBACK}={to}", f"--namespace={VICTIM_NS}")
     seen: dict[str, float] = {}
 
     def victim() -> dict[str, Any] | None:

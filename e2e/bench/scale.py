@@ -24,7 +24,7 @@ node (E/2 prefill + E/2 decode engines and one router each):
    kill refused and then re-admitted, and to a ModelDeployment applied just after the kill
    reconciled; the new leader's RSS (max) and the controller's container restarts. Before it,
    in the steady window, the standby's RSS and its own API requests a minute;
-5. **delete**: ``kubectl delete md --all``: seconds until none is left, and until their pods
+5. **delete**: ``kubectl delete kvmd --all``: seconds until none is left, and until their pods
    are gone.
 
 Prints one line per figure and a JSON summary (``--json FILE`` writes it too).

@@ -10,9 +10,9 @@
 4. and, on a third node pool whose node runs ``lmsysorg/sglang`` images as the **released SGLang
    0.5.23 on CPU** (``kvgate_e2e.real_engine``; installed by ``make real-engine-deps``), a
    ModelDeployment of a tiny Llama generated here (fixed seed): its real engines' pools are what
-   ``kubectl get md`` shows, and a request through its router is answered by them
+   ``kubectl get kvmd`` shows, and a request through its router is answered by them
    (``--reference-only`` skips it);
-5. prints ``kubectl get md`` with two Ready and one refused with its reason, the refusal's
+5. prints ``kubectl get kvmd`` with two Ready and one refused with its reason, the refusal's
    message with the numbers, a known-answer request through the Ready one's router and the real
    SGLang's own ``/server_info`` numbers and answer;
 6. keeps running until Ctrl-C (``--once``: exits after the summary). Everything it started is
@@ -224,8 +224,8 @@ def run_demo(world: World, real_model: Path | None = None) -> bool:
         )
         say(f"{REAL_MD} Ready {time.monotonic() - started:.1f}s after the apply")
 
-    heading(f"kubectl get md -n {NAMESPACE}")
-    say(world.kubectl("get", "md", f"--namespace={NAMESPACE}").stdout.rstrip())
+    heading(f"kubectl get kvmd -n {NAMESPACE}")
+    say(world.kubectl("get", "kvmd", f"--namespace={NAMESPACE}").stdout.rstrip())
 
     refusal = refusal_of(refused_md) or {}
     heading(f"why {REFUSED_MD} is refused (its Ready condition)")
@@ -328,7 +328,7 @@ def main(args: argparse.Namespace) -> int:
                 kubectl = f"{binaries.k8s} kubectl" if binaries else "kubectl"
                 say(
                     "\nthe cluster keeps running; try:\n"
-                    f"  {kubectl} --kubeconfig {world.cluster.host_kubeconfig} get md,pods -A\n"
+                    f"  {kubectl} --kubeconfig {world.cluster.host_kubeconfig} get kvmd,pods -A\n"
                     "press Ctrl-C to stop everything"
                 )
                 threading.Event().wait()

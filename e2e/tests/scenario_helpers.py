@@ -1,5 +1,5 @@
 """Shared pieces of the e2e scenarios 2, 3, 4 and 6: ModelDeployment manifests derived from the
-sample, reading what a user would read (``kubectl get md``, conditions, Events, smg's workers),
+sample, reading what a user would read (``kubectl get kvmd``, conditions, Events, smg's workers),
 streamed requests, and a background known-answer traffic loop. The per-test namespace and the
 wall-time line come from conftest's ``namespace`` fixture."""
 
@@ -80,8 +80,8 @@ def node_pool_capped(world: World, node: str, tokens: int) -> Iterator[None]:
 
 
 def get_md_table(world: World, namespace: str) -> str:
-    """``kubectl get md`` as a user sees it (printer columns)."""
-    return str(world.kubectl("get", "md", f"--namespace={namespace}").stdout)
+    """``kubectl get kvmd`` as a user sees it (printer columns)."""
+    return str(world.kubectl("get", "kvmd", f"--namespace={namespace}").stdout)
 
 
 def md_condition(world: World, name: str, namespace: str, kind: str) -> dict[str, Any] | None:

@@ -230,7 +230,7 @@ def lifecycle_with_kills(
     assert answers_known(world, name, ns)
 
     # delete: everything it owned goes
-    world.kubectl("delete", "md", name, f"--namespace={ns}", "--wait=false")
+    world.kubectl("delete", "kvmd", name, f"--namespace={ns}", "--wait=false")
     kill = kill_during(world, ns, name, rng, out, "delete")
     deadline_loop(
         "the ModelDeployment and everything it owned to be gone",

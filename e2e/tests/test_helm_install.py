@@ -299,7 +299,7 @@ def test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_dep
             "get", "validatingwebhookconfigurations", f"--selector={WEBHOOK_SELECTOR}", "-o", "name"
         ).stdout
         assert hooks.strip() == ""
-        print(world.kubectl("get", "md", f"--namespace={namespace}").stdout)
+        print(world.kubectl("get", "kvmd", f"--namespace={namespace}").stdout)
     finally:
         # Reinstall with the world's values: the kept CRD is adopted, the operator resumes
         # from cluster state.

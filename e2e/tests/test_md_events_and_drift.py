@@ -1,6 +1,6 @@
 """What a user sees of a ModelDeployment on the real API server:
 
-- ``kubectl describe md`` lists the Events the engine verifier posts about it (kubectl matches
+- ``kubectl describe kvmd`` lists the Events the engine verifier posts about it (kubectl matches
   Events to the object by ``involvedObject.uid``; an Event without it is not shown);
 - a revision Deployment whose pod template an older kvgate built (a key this build no longer
   writes, that build's hash) is brought back to exactly this build's template: the key is
@@ -58,7 +58,7 @@ def wait(world: World, what: str, probe: Callable[[], T | None], timeout: float)
 
 
 def describe_md(world: World, ns: str, name: str) -> str:
-    return str(world.kubectl("describe", "md", name, "-n", ns).stdout)
+    return str(world.kubectl("describe", "kvmd", name, "-n", ns).stdout)
 
 
 def events_section(described: str) -> str:
@@ -106,11 +106,11 @@ def test_kubectl_describe_md_shows_the_verifiers_refusal_with_its_numbers(
 
     section = wait(
         world,
-        "kubectl describe md to list the verifier's KvPoolTooSmall Event with its numbers",
+        "kubectl describe kvmd to list the verifier's KvPoolTooSmall Event with its numbers",
         described_refusal,
         240,
     )
-    print(f"kubectl describe md {name} (Events):{section}")
+    print(f"kubectl describe kvmd {name} (Events):{section}")
     row = next(line for line in section.splitlines() if "KvPoolTooSmall" in line)
     assert row.split()[0] == "Warning", row
     assert "PostedWithoutUid" not in section, section
@@ -316,7 +316,7 @@ def test_a_live_pool_below_the_estimate_shows_its_drift_metric_and_one_warning_f
     # Later passes judge the same drift again and post nothing more (a metadata change wakes
     # one; the operator's pass counter shows it ran).
     passes = _reconciles(world)
-    world.kubectl("annotate", "md", name, "-n", ns, "e2e.kvgate.io/nudge=1")
+    world.kubectl("annotate", "kvmd", name, "-n", ns, "e2e.kvgate.io/nudge=1")
     wait(world, "another reconcile pass", lambda: _reconciles(world) >= passes + 2 or None, 60)
     again = _optimistic_events(world, ns)
     assert len(again) == 1 and (again[0].get("count") or 1) == 1, again

@@ -10,7 +10,7 @@ and known-answer traffic through the router makes it decode: the engine logs SGL
   (the operator follows the engine's log through the pods/log API: apiserver -> the kubelet's
   containerLogs port), so the pod turns NotReady, leaves the EndpointSlice of a Service that
   selects the decode engines, and leaves smg's workers;
-- a Warning Event ``KvCanaryViolation`` on the ModelDeployment (``kubectl describe md``);
+- a Warning Event ``KvCanaryViolation`` on the ModelDeployment (``kubectl describe kvmd``);
 - ``kvgate_kv_canary_violations_total`` counts it on the leader's metrics;
 - the other engines keep serving: every request through the router that completes after the
   tripped pod left smg's workers succeeds with the known answer;
@@ -354,7 +354,7 @@ def assert_what_a_user_sees(world: World, ns: str, md: str, pod: str) -> None:
         30,
     )
     assert found[0]["type"] == "Warning", found
-    described = str(world.kubectl("describe", "md", md, f"--namespace={ns}").stdout)
+    described = str(world.kubectl("describe", "kvmd", md, f"--namespace={ns}").stdout)
     assert REASON in described and pod in described, described[-2000:]
     counted = deadline_loop(
         "kvgate_kv_canary_violations_total for the pod",

@@ -9,9 +9,9 @@ finalizer by hand. Now ModelDeployments carry no finalizer (kvgate.controller.md
 own goes through ownerReferences.
 
 1. 100 ModelDeployments (engines pinned to a pool with no node: Pending; no router, so only
-   the operator's objects exist), each reconciled, none with a finalizer; ``kubectl delete md
+   the operator's objects exist), each reconciled, none with a finalizer; ``kubectl delete kvmd
    --all``: all gone within 30 s, their Deployments garbage-collected within 90 s (measured).
-2. With the controller scaled to 0, ``kubectl delete md`` completes within 15 s and the garbage
+2. With the controller scaled to 0, ``kubectl delete kvmd`` completes within 15 s and the garbage
    collector removes its Deployments.
 3. A ModelDeployment created with the legacy ``kvgate.io/finalizer`` (as an earlier kvgate left
    it) loses it to the running operator within 30 s.
@@ -113,7 +113,7 @@ def test_deletion_completes_with_the_operator_down(world: World, namespace: str)
     )
     with operator_down(world):
         started = time.monotonic()
-        world.kubectl("delete", "md", "orphan", f"--namespace={ns}", "--wait=false")
+        world.kubectl("delete", "kvmd", "orphan", f"--namespace={ns}", "--wait=false")
         deadline_loop(
             "the ModelDeployment gone with no operator running",
             lambda: world.get_md("orphan", ns) is None,
@@ -138,5 +138,5 @@ def test_running_operator_removes_a_legacy_finalizer(world: World, namespace: st
         ),
         30,
     )
-    world.kubectl("delete", "md", "legacy", f"--namespace={ns}", "--wait=false")
+    world.kubectl("delete", "kvmd", "legacy", f"--namespace={ns}", "--wait=false")
     deadline_loop("the ModelDeployment gone", lambda: world.get_md("legacy", ns) is None, 15)

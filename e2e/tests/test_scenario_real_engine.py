@@ -16,7 +16,7 @@ One ModelDeployment (1 prefill, 1 decode, smg) is shared by the first three test
 the invariant sampler; CPU SGLang takes about a minute to start, so each start is paid once:
 
 1. the real engines load the weights from the claim (``/models``, read-only), are verified, pass
-   kvgate's content check at maximum length, ``kubectl get md`` shows their real pools (8,192),
+   kvgate's content check at maximum length, ``kubectl get kvmd`` shows their real pools (8,192),
    and a request through the router returns the recorded known answer;
 2. ``kvgate verify --url`` against each real engine gives the operator's verdict;
 3. the decode engine restarted with a smaller ``--max-total-tokens`` (the node's
@@ -349,7 +349,7 @@ def aborted_requests(url: str) -> float:
 
 
 def get_md_row(world: World, ns: str, name: str) -> dict[str, str]:
-    lines = world.kubectl("get", "md", f"--namespace={ns}").stdout.splitlines()
+    lines = world.kubectl("get", "kvmd", f"--namespace={ns}").stdout.splitlines()
     print("\n".join(lines))
     header = lines[0].split()
     rows = {r.split()[0]: dict(zip(header, r.split(), strict=False)) for r in lines[1:]}
@@ -588,7 +588,7 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
 ) -> None:
     world, ns = real.world, real.ns
     # Free the first pair's memory: one real PD pair at a time fits next to the control plane.
-    world.kubectl("delete", "md", "real", f"--namespace={ns}", "--wait=true")
+    world.kubectl("delete", "kvmd", "real", f"--namespace={ns}", "--wait=true")
     deadline_loop("the first pair gone", lambda: not engine_pods(world, ns, "real") or None, 120)
 
     denied = world.kubectl(

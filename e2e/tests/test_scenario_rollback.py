@@ -1,4 +1,4 @@
-"""Rollback in one command: ``kubectl annotate md <name> kvgate.io/rollback=<rev>``.
+"""Rollback in one command: ``kubectl annotate kvmd <name> kvgate.io/rollback=<rev>``.
 
 A ModelDeployment serves revision A, is updated to a safe revision B (A's objects are then
 deleted), and is rolled back to A with one annotation. kvgate restores A's spec from
@@ -90,7 +90,7 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
         assert history_of(world, ns) == [rev_b, rev_a]
 
         # Not kept: refused, named, nothing changes.
-        world.kubectl("annotate", "md", MD, f"--namespace={ns}", "kvgate.io/rollback=0000000000")
+        world.kubectl("annotate", "kvmd", MD, f"--namespace={ns}", "kvgate.io/rollback=0000000000")
         refused = deadline_loop(
             "the RollbackRefused Event",
             lambda: events(world, ns, "RollbackRefused"),
@@ -111,7 +111,9 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
 
         with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             started = time.monotonic()
-            world.kubectl("annotate", "md", MD, f"--namespace={ns}", f"kvgate.io/rollback={rev_a}")
+            world.kubectl(
+                "annotate", "kvmd", MD, f"--namespace={ns}", f"kvgate.io/rollback={rev_a}"
+            )
             back = deadline_loop(
                 "revision A to serve again",
                 lambda: serving(world, ns, revision_not=rev_b),

@@ -1,6 +1,6 @@
 """Scenarios 1, 5 and 7 of the e2e tier, as a user's session reads:
 
-1. a safe ModelDeployment becomes Ready, ``kubectl get md`` shows the context and the verified
+1. a safe ModelDeployment becomes Ready, ``kubectl get kvmd`` shows the context and the verified
    pools, and a known-answer request through the router returns the right tokens;
 5. ``kubectl apply`` of an unsafe ModelDeployment is denied by the webhook with its message, a
    safe one is admitted;
@@ -47,8 +47,8 @@ def safe_md(name: str, pool: str = BIG_POOL) -> dict[str, Any]:
 
 
 def get_md_table(world: World, namespace: str) -> dict[str, dict[str, str]]:
-    """``kubectl get md`` as {name: {COLUMN: value}} (the printer columns a user sees)."""
-    lines = world.kubectl("get", "md", f"--namespace={namespace}").stdout.splitlines()
+    """``kubectl get kvmd`` as {name: {COLUMN: value}} (the printer columns a user sees)."""
+    lines = world.kubectl("get", "kvmd", f"--namespace={namespace}").stdout.splitlines()
     header = lines[0].split()
     return {row.split()[0]: dict(zip(header, row.split(), strict=False)) for row in lines[1:]}
 
@@ -69,7 +69,7 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
         assert status[role]["minVerifiedKvPoolTokens"] >= CONTEXT
 
     table = get_md_table(world, namespace)
-    print(world.kubectl("get", "md", f"--namespace={namespace}").stdout)
+    print(world.kubectl("get", "kvmd", f"--namespace={namespace}").stdout)
     row = table["llama"]
     assert row["READY"] == "True"
     assert row["CONTEXT"] == str(CONTEXT)
@@ -152,7 +152,7 @@ def test_crd_is_established_renders_printer_columns_and_the_api_server_enforces_
     assert served["schema"] == expected["schema"]
 
     world.apply(safe_md("columns"), namespace)
-    header = world.kubectl("get", "md", f"--namespace={namespace}").stdout.splitlines()[0]
+    header = world.kubectl("get", "kvmd", f"--namespace={namespace}").stdout.splitlines()[0]
     assert header.split() == [
         "NAME",
         "READY",
@@ -162,9 +162,10 @@ def test_crd_is_established_renders_printer_columns_and_the_api_server_enforces_
         "SERVING",
         "TRAFFIC",
         "REASON",
+        "URL",
         "AGE",
     ]
-    wide = world.kubectl("get", "md", "-o", "wide", f"--namespace={namespace}").stdout
+    wide = world.kubectl("get", "kvmd", "-o", "wide", f"--namespace={namespace}").stdout
     assert wide.splitlines()[0].split()[-1] == "MESSAGE"
 
     bad = safe_md("low-headroom")

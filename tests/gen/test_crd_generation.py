@@ -75,6 +75,7 @@ def test_crd_has_status_subresource_printer_columns_and_cel_rules() -> None:
     assert columns["Context"] == ".spec.model.contextLength"
     assert columns["Prefill-Pool"] == ".status.prefill.minVerifiedKvPoolTokens"
     assert columns["Decode-Pool"] == ".status.decode.minVerifiedKvPoolTokens"
+    assert columns["URL"] == ".status.url"
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     rules = [r["rule"] for r in spec["safety"]["x-kubernetes-validations"]]
     assert "self.headroom >= 1.0" in rules
@@ -92,7 +93,15 @@ def test_crd_has_status_subresource_printer_columns_and_cel_rules() -> None:
 def test_committed_crd_is_valid_yaml_naming_the_group_and_short_name() -> None:
     doc = yaml.safe_load(COMMITTED.read_text())
     assert doc["metadata"]["name"] == "modeldeployments.kvgate.io"
-    assert doc["spec"]["names"]["shortNames"] == ["md"]
+    # Not `md`: Cluster API's MachineDeployment claims it on every CAPI management cluster.
+    assert doc["spec"]["names"]["shortNames"] == ["kvmd"]
+
+
+def test_both_kinds_are_in_the_kvgate_category_so_kubectl_get_kvgate_lists_them() -> None:
+    for path in (COMMITTED, ROOT / "crds" / "rolescale.yaml"):
+        names = yaml.safe_load(path.read_text())["spec"]["names"]
+        assert names["categories"] == ["kvgate"], path
+        assert "md" not in names["shortNames"], path
 
 
 def test_kvgate_crd_rolescale_output_matches_committed_file_byte_for_byte() -> None:

@@ -88,7 +88,7 @@ async def test_shrunken_pool_turns_the_gate_false_with_events_on_pod_and_deploym
         ("Pod", "EngineVerificationLost", "Warning"),
         ("ModelDeployment", "EngineVerificationLost", "Warning"),
     }
-    # kubectl describe md matches Events by uid: the ModelDeployment's Event carries it.
+    # kubectl describe kvmd matches Events by uid: the ModelDeployment's Event carries it.
     (md_event,) = [e for e in events if e["involvedObject"]["kind"] == "ModelDeployment"]
     assert md_event["involvedObject"]["uid"] == MD_UID
 

@@ -219,3 +219,49 @@ def test_the_targets_refusal_is_recorded_in_status_refusals_once_with_its_time()
     assert pass_decision.decide(later).status["refusals"] == status["refusals"]
     nothing = pass_decision.decide(inputs).status
     assert nothing["refusals"] == []
+
+
+def _serving(
+    inputs: pass_decision.PassInputs, *, service: dict[str, Any], foreign: bool = False
+) -> pass_decision.PassDecision:
+    """The pass of a ModelDeployment whose revision serves (recorded, its Deployments up)."""
+    target = inputs.observed.target_revision
+    observed = dataclasses.replace(
+        inputs.observed,
+        workloads=tuple(
+            WorkloadState(target, role, 1, 1, verify_started_at=NOW)
+            for role in ("prefill", "decode", "router")
+        ),
+        service_revision=target,
+        service_foreign=foreign,
+        recorded=RolloutRecord(
+            target_revision=target, serving_revision=target, verify_started_at=NOW
+        ),
+    )
+    return pass_decision.decide(dataclasses.replace(inputs, observed=observed, service=service))
+
+
+def test_the_status_names_the_services_in_cluster_url_once_a_revision_serves() -> None:
+    md = make_md(router__port=8080)
+    inputs = _inputs(md)
+    # Nothing serves yet: no Service, no URL (null, so a merge patch removes an old one).
+    assert "url" in pass_decision.decide(inputs).status
+    assert pass_decision.decide(inputs).status["url"] is None
+    own = builders.service(md, inputs.observed.target_revision)
+    status = _serving(inputs, service=own).status
+    assert status["url"] == "http://llama.models.svc:8080"
+
+
+def test_a_service_kvgate_does_not_own_is_never_given_as_the_url() -> None:
+    md = make_md()
+    inputs = _inputs(md)
+    theirs = _foreign(builders.service(md, inputs.observed.target_revision))
+    decision = _serving(inputs, service=theirs, foreign=True)
+    assert any(c.kind == "Service" for c in decision.conflicts)
+    assert decision.status["url"] is None
+    # A Service someone else created between the read and kvgate's create: no URL either.
+    md_name = md.metadata.name or ""
+    own = _serving(inputs, service=builders.service(md, inputs.observed.target_revision))
+    late = pass_decision.conclude(own, [OwnershipConflict("Service", md_name, None)])
+    assert pass_decision.conclude(own, []).status["url"] == builders.service_url(md)
+    assert late.status["url"] is None

@@ -26,7 +26,8 @@ VERSION = "v1alpha1"
 KIND = "ModelDeployment"
 PLURAL = "modeldeployments"
 SINGULAR = "modeldeployment"
-SHORT_NAMES = ["md"]
+# Not `md`: Cluster API's MachineDeployment has it on every CAPI management cluster.
+SHORT_NAMES = ["kvmd"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
 DEFAULT_ENGINE_PORT = 30000
@@ -1333,7 +1334,7 @@ class RolloutSpec(_Model):
         le=10,
         description=(
             "How many revisions that served keep their full spec in status.history, so "
-            "`kubectl annotate md <name> kvgate.io/rollback=<revision>` can bring one back "
+            "`kubectl annotate kvmd <name> kvgate.io/rollback=<revision>` can bring one back "
             "(re-created and verified before it takes traffic) without its objects running."
         ),
     )
@@ -1668,6 +1669,15 @@ class ModelDeploymentStatus(_Model):
         description=(
             "Each revision's share of the Service's ready routers, e.g. `4f2a=90%,9c1e=10%` "
             "(a progressive step) or `4f2a=100%`."
+        ),
+    )
+    url: str | None = Field(
+        default=None,
+        max_length=512,
+        description=(
+            "The in-cluster URL of the ModelDeployment's Service, `http://<name>.<namespace>.svc:"
+            "<spec.router.port>` (the router's OpenAI-compatible and SGLang APIs, e.g. "
+            "`/v1/chat/completions`, `/generate`); unset while no revision serves."
         ),
     )
     content_checks: list[ContentCheckStatus] = Field(

@@ -682,6 +682,12 @@ def service(md: ModelDeployment, serving_revision: str, *, split: bool = False) 
     }
 
 
+def service_url(md: ModelDeployment) -> str:
+    """The in-cluster URL of the Service ``service`` builds (``status.url``): cluster DNS
+    resolves ``<service>.<namespace>.svc`` from any pod, whatever the cluster's domain."""
+    return f"http://{md.metadata.name}.{md.metadata.namespace}.svc:{md.spec.router.port}"
+
+
 def split_selector(md_name: str) -> dict[str, str]:
     """Every router of the ModelDeployment: the planner runs routers only for the revisions in
     the traffic set while the Service selects this."""

@@ -56,7 +56,7 @@ def _access(args: argparse.Namespace) -> ClusterAccess:
         raise InputError(
             "NAME",
             f"{_shown(args.name)} is not a Kubernetes object name (lowercase letters, digits, "
-            "'-' and '.'); give the ModelDeployment's name as `kubectl get md` shows it",
+            "'-' and '.'); give the ModelDeployment's name as `kubectl get kvmd` shows it",
         )
     if args.namespace is not None and not NAMESPACE.fullmatch(args.namespace):
         raise InputError(

@@ -329,7 +329,7 @@ async def _announce(
         previous is None or previous.get("reason") != condition["reason"]
     ):
         log.warning("engine unsafe: %s", message, extra={**fields, "reason": condition["reason"]})
-        # On the MD too: `kubectl describe md` then shows the pool and the context in numbers
+        # On the MD too: `kubectl describe kvmd` then shows the pool and the context in numbers
         # (e.g. after a restart the lost-verification Event only says the engine went down).
         for ref in (_pod_ref(pod), rt.md_ref(*_md_of(pod))):
             await _post(rt, ref, "Warning", condition["reason"], message, now)

@@ -11,7 +11,7 @@ them, with or without the operator; the operator only stops the loop and forgets
 
 ModelDeployments created by an earlier kvgate still carry ``kvgate.io/finalizer``: the first
 watch event of each (the initial list when the operator starts, or the deletion itself) removes
-it (``release_legacy_finalizer``). With no kvgate running, ``kubectl patch md NAME --type=json
+it (``release_legacy_finalizer``). With no kvgate running, ``kubectl patch kvmd NAME --type=json
 -p '[{"op":"remove","path":"/metadata/finalizers"}]'`` releases such an object.
 """
 

@@ -144,6 +144,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
     },
+    {
+        "name": "URL",
+        "type": "string",
+        "description": "The Service's in-cluster URL (set once a revision serves)",
+        "jsonPath": ".status.url",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Message",

@@ -89,7 +89,7 @@ def _api_problem(error: ApiError, access: ClusterAccess) -> str:
     if error.status == 401:
         return (
             f"the API server {server} did not accept the credentials of {access.source} (HTTP "
-            f"401: {error.message}); renew them (does `kubectl get md` work?)"
+            f"401: {error.message}); renew them (does `kubectl get kvmd` work?)"
         )
     if error.status == 403:
         return (
@@ -154,7 +154,7 @@ def run_against(
 def describe_missing(access: ClusterAccess, namespace: str, name: str) -> str:
     return (
         f"there is no ModelDeployment {name} in namespace {namespace} (API server "
-        f"{access.credentials.server}, from {access.source}); `kubectl get md -n {namespace}` "
+        f"{access.credentials.server}, from {access.source}); `kubectl get kvmd -n {namespace}` "
         "lists them, -n picks another namespace (none at all: is kvgate's CRD installed?)"
     )
 

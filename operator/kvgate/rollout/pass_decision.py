@@ -192,7 +192,7 @@ def decide(inputs: PassInputs) -> PassDecision:
         step=step,
         waves=waves,
         conflicts=conflicts,
-        status=_status(inputs, step),
+        status=_status(inputs, step, service_url=_service_url(inputs, step, service_conflict)),
         lws_message=lws_availability.unavailable_message(inputs.observed.spec, inputs.lws_access),
         inputs=inputs,
         drains=drains,
@@ -226,6 +226,8 @@ def conclude(decision: PassDecision, late: Sequence[OwnershipConflict]) -> PassO
     status = with_conflicts(
         decision.status, conflicts, generation=generation, previous=previous, now=now
     )
+    if of(("Service",), late):
+        status = {**status, "url": None}  # the name is someone else's Service: not kvgate's URL
     status = lws_availability.with_lws_unavailable(
         status, decision.lws_message, generation=generation, previous=previous, now=now
     )
@@ -315,7 +317,17 @@ def _own(current: Mapping[str, Any] | None, uid: str | None) -> bool:
     return current is not None and conflict_for(current, uid) is None
 
 
-def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
+def _service_url(
+    inputs: PassInputs, step: RolloutStep, conflict: OwnershipConflict | None
+) -> str | None:
+    """``status.url``: the Service's once this pass keeps one selecting a serving revision;
+    never a Service kvgate does not own (a tenant's, under the same name)."""
+    if step.service_revision is None or conflict is not None or inputs.observed.service_foreign:
+        return None
+    return builders.service_url(inputs.md)
+
+
+def _status(inputs: PassInputs, step: RolloutStep, *, service_url: str | None) -> dict[str, Any]:
     """The rollout's status, the requirement and spec of every revision still running, and the
     content checks, before ownership conflicts are added."""
     observed, body = inputs.observed, inputs.body
@@ -328,6 +340,8 @@ def _status(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
         previous=previous,
         now=observed.now,
     )
+    # None, not absent: the status is written with a merge patch, where only null removes a key.
+    status["url"] = service_url
     # The estimate admission judged each role by, against its verified engines' live pools: the
     # target's, else (none verified yet, or refused) the serving revision's.
     serving_spec = pool_drift.recorded_spec(previous, step.serving_revision)

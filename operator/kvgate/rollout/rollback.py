@@ -2,7 +2,7 @@
 
 ``status.history`` keeps the full spec of the last ``spec.rollout.revisionHistoryLimit`` revisions
 that served (newest first), written only by the operator, so a rollback never depends on objects
-still running. ``kubectl annotate md <name> kvgate.io/rollback=<revision>`` asks for one of them
+still running. ``kubectl annotate kvmd <name> kvgate.io/rollback=<revision>`` asks for one of them
 back: the operator replaces the spec with the recorded one (as ``kubectl rollout undo`` replaces a
 Deployment's template) and removes the annotation. From there it is an ordinary rollout to that
 revision: its Deployments are reused if they still run, otherwise re-created, and its engines are
