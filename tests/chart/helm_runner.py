@@ -176,5 +176,5 @@ def render_notes(
         'data:\n  notes: {{ include "notes-under-test" . | toJson }}\n'
     )
     rendered = helm.template(*sets, chart=chart_copy, api_versions=api_versions)
-    text: str = rendered.one("ConfigMap")["data"]["notes"]
+    text: str = rendered.one("ConfigMap", "notes-under-test")["data"]["notes"]
     return text
