@@ -1,8 +1,10 @@
 """The README's quick start on the e2e cluster, as a user types it: the chart installed (the world
 installs it, ``helm install kvgate charts/kvgate --namespace kvgate-system``), ``kvgate validate``
 of a first ModelDeployment, ``kubectl apply``, and the refusal read with the kubectl plugin
-(``kubectl kvgate explain``), whose smallest change, applied, makes it Ready; then ``kubectl
-kvgate history`` and ``rollback`` on it.
+(``kubectl kvgate explain``), whose smallest change, applied, makes it Ready; a chat request and
+a ``/generate`` request through the Service its ``status.url`` names; then ``kubectl kvgate
+history`` and ``rollback`` on it. On the way, ``kubectl get kvmd`` (the short name) and
+``kubectl get kvgate`` (the category of both kinds).
 
 The first ModelDeployment is the sample on the 24 GiB pool without ``gpuMemoryGiB`` (admission
 cannot estimate it): the live engines report a pool below its 131,072-token context and the
@@ -19,13 +21,29 @@ import json
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.world import OPERATOR_NAMESPACE, RELEASE, SMALL_POOL, World
+from kvgate_e2e.world import (
+    KNOWN_PROMPT_IDS,
+    OPERATOR_NAMESPACE,
+    RELEASE,
+    SMALL_POOL,
+    World,
+    http_json,
+    known_answer_body,
+    output_ids,
+)
 from plugin_helpers import BIN, kubectl_kvgate, plugin_directory
-from scenario_helpers import on_pool_without_estimate, refused_with, sample_md, wait_md_ready
+from scenario_helpers import (
+    SERVED_MODEL,
+    on_pool_without_estimate,
+    refused_with,
+    sample_md,
+    wait_md_ready,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,6 +52,29 @@ pytestmark = [
 
 MD = "first-model"
 CONTEXT = 131_072
+# The quick start's request (docs/quickstart.md step 5).
+CHAT = {
+    "model": SERVED_MODEL,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "max_tokens": 8,
+}
+
+
+def url_in_status(world: World, md: str, namespace: str) -> str:
+    """``status.url`` of ``md``, as ``kubectl get kvmd`` shows it."""
+    recorded = world.get_md(md, namespace)
+    assert recorded is not None
+    return str(recorded["status"]["url"])
+
+
+def post_through_url(world: World, url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``body`` to ``url + path`` as a pod in the cluster would: cluster DNS answers
+    ``<service>.<namespace>.svc`` with the Service's ClusterIP (this world runs no DNS server,
+    so the test looks the Service up by the URL's name), and kube-proxy forwards to a router."""
+    parts = urlsplit(url)
+    service, namespace, svc = (parts.hostname or "").split(".")
+    assert svc == "svc" and parts.port is not None, url
+    return http_json(world.service_url(service, namespace, parts.port) + path, body, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +106,17 @@ def test_the_quick_start_reads_a_refusal_with_kubectl_kvgate_and_its_fix_makes_i
 
     # kubectl apply -f ...; it is refused: the live pools are below the context
     assert "created" in world.apply(md, namespace=ns)
+    # kubectl get kvmd: the short name (`md` is Cluster API's MachineDeployment); the kvgate
+    # category holds both kinds, so kubectl get kvgate lists ModelDeployments and RoleScales.
+    listed = str(world.kubectl("get", "kvmd", f"--namespace={ns}").stdout)
+    assert MD in listed and "URL" in listed.splitlines()[0].split(), listed
+    kinds = world.kubectl("api-resources", "--categories=kvgate", "-o", "name").stdout.split()
+    assert sorted(kinds) == ["modeldeployments.kvgate.io", "rolescales.kvgate.io"], kinds
+    category = world.kubectl("get", "kvgate", f"--namespace={ns}", "-o", "name").stdout.split()
+    assert category == [f"modeldeployment.kvgate.io/{MD}"], category
     refused_with(world, ns, MD, "KvPoolTooSmall")
+    # Nothing serves: no Service, no URL.
+    assert "url" not in (world.get_md(MD, ns) or {}).get("status", {})
 
     # kubectl kvgate explain: why, with the numbers, and the smallest change
     explained = kubectl_kvgate(world, plugin_dir, "explain", MD, "-n", ns)
@@ -104,6 +155,21 @@ def test_the_quick_start_reads_a_refusal_with_kubectl_kvgate_and_its_fix_makes_i
     wait_md_ready(world, MD, ns, 240, f"{MD} Ready at contextLength {fix['value']:,}")
     ready = kubectl_kvgate(world, plugin_dir, "explain", MD, "-n", ns)
     assert ready.returncode == 0 and f"{MD} in {ns}: Ready (RevisionServing)" in ready.stdout
+
+    # The answer: status.url (kubectl get kvmd's URL column) names the Service, and a chat
+    # request and a /generate request through it are answered by the verified engines.
+    url = url_in_status(world, MD, ns)
+    service = world.get("service", MD, ns)
+    assert service is not None
+    assert url == f"http://{MD}.{ns}.svc:{service['spec']['ports'][0]['port']}", url
+    assert url in str(world.kubectl("get", "kvmd", MD, f"--namespace={ns}").stdout)
+    code, chat = post_through_url(world, url, "/v1/chat/completions", CHAT)
+    assert code == 200, (code, chat)
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["content"], chat
+    assert chat["usage"]["completion_tokens"] == CHAT["max_tokens"], chat
+    code, generated = post_through_url(world, url, "/generate", known_answer_body(SERVED_MODEL))
+    assert code == 200 and output_ids(generated) == KNOWN_PROMPT_IDS[:4], (code, generated)
+    print(f"MEASURED {url}: chat answered {chat['choices'][0]['message']['content']!r}")
 
     # The refused revision cannot be rolled back to; history shows both.
     again = kubectl_kvgate(
