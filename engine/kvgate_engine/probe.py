@@ -27,6 +27,11 @@ Where the numbers come from (SGLang's own keys, stable across releases):
   it follows a ``--enable-pd-role-switch`` flip); ranks that disagree leave the role unknown. The
   top level (the start-up argument) only when no rank reports one.
 
+SGLang's document carries the engine's secrets (``api_key``, ``admin_api_key``,
+``ssl_keyfile_password``, and the same flags in ``launch_command``): it is read only through
+``read_server_info``, which redacts them (``kvgate_engine.redact``) and keeps the few fields
+checked here, live (``get_json``'s projection) and saved (``kvgate verify --server-info``) alike.
+
 The engine is whoever answers at the pod's address, so nothing it sends is echoed: problems show
 numbers, short plain tokens (``"both"``) and otherwise only the kind of value (``a string of 40
 characters``); ``version`` is kept only when it looks like a version, the model name only when it
