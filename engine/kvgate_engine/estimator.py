@@ -8,7 +8,9 @@ rule below names the SGLang file it comes from. :func:`layout_of` sorts a config
 - MLA: ``(kv_lora_rank + qk_rope_head_dim) × layers × dtype_bytes`` on every rank;
 - DSA (DeepSeek-V3.2, GLM-5): the latent as SGLang stores it (bf16; fp8 raw or with scales and
   a bf16 rope part) plus a uint8 indexer K cache per layer, page size forced to 64;
-- SWA (gpt-oss): full layers plus ``swa_full_tokens_ratio`` × the sliding layers per token;
+- SWA (gpt-oss; Llama 4's chunked attention, its chunk as the window): full layers plus
+  ``swa_full_tokens_ratio`` × the sliding layers per token; an SWA pool at or below one window
+  plus one page is refused, as SGLang refuses to start;
 - LINEAR (Qwen3-Next, Qwen3.5): the gated-delta-net state takes its share of memory first, the
   full-attention layers bound the pool.
 
@@ -134,6 +136,33 @@ class NoRoomForKvCache(EstimateError):
 
     def __init__(self, message: str, parameter: str = "weights_gib") -> None:
         super().__init__(message, parameter)
+
+
+class SlidingWindowPoolTooSmall(NoRoomForKvCache):
+    """The weights fit, but the sliding-window layers' pool cannot hold one request's window
+    and a page, so SGLang refuses to start (pool_configurator.py validate_swa_pool_size)."""
+
+    window_name = "sliding_window"
+
+    def __init__(self, swa_pool_tokens: int, window: int, page: int, ratio: float) -> None:
+        self.swa_pool_tokens = swa_pool_tokens
+        self.window = window
+        self.page = page
+        self.ratio = ratio
+        super().__init__(
+            f"the sliding-window pool ({swa_pool_tokens:,} tokens, swa-full-tokens-ratio "
+            f"{ratio:g} of the full pool) is at or below {self.window_name} {window:,} + page "
+            f"{page:,} = {window + page:,} tokens, so SGLang refuses to start the engine; give "
+            f"the KV pool more memory (GPU memory, mem-fraction-static or TP) or raise "
+            f"--swa-full-tokens-ratio",
+            "swa_pool",
+        )
+
+
+class ChunkedPoolTooSmall(SlidingWindowPoolTooSmall):
+    """Chunked attention (Llama 4): the window is one attention chunk."""
+
+    window_name = "one attention chunk (attention_chunk_size)"
 
 
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -490,7 +519,6 @@ SWA_SINK_ARCHITECTURES = frozenset(
 UNMODELLED_SWA_ARCHITECTURES = frozenset(
     {
         "BeamForCausalLM",
-        "Llama4ForConditionalGeneration",
         "DeepseekV4ForCausalLM",
         "Step3p5ForCausalLM",
         "Step3p7ForConditionalGeneration",
@@ -503,6 +531,18 @@ UNMODELLED_SWA_ARCHITECTURES = frozenset(
         "IQuestQ1ForCausalLM",
     }
 )
+# configs/model_config.py is_local_attention_model: chunked local attention, which SGLang sizes
+# as a hybrid SWA model (is_hybrid_swa_model) with attention_chunk_size as the window
+# (load_model_utils.py resolve_sliding_window_size) and every fourth layer full
+# (get_hybrid_layer_ids). Multimodal is off unless --enable-multimodal (ModelConfig's
+# mm_disabled_models), so no VLM cache is reserved.
+CHUNKED_ATTENTION_ARCHITECTURES = frozenset({"Llama4ForConditionalGeneration"})
+CHUNKED_FULL_LAYER_EVERY = 4
+# The page sizes trtllm_mha keeps; any other becomes 64 (arg_groups/overrides.py
+# _mla_backend_page_constraints). SGLang picks trtllm_mha for Llama 4 on SM100
+# (arg_groups/model_overrides/llama4.py).
+TRTLLM_MHA_PAGE_SIZES = frozenset({16, 32, 64, 128})
+TRTLLM_MHA_DEFAULT_PAGE = 64
 # arg_groups/model_overrides/gemma2_gemma3.py sets disable_hybrid_swa_memory: SGLang 0.5.23
 # stores every Gemma 2/3 layer in the full pool, sliding or not.
 FULL_POOL_SWA_ARCHITECTURES = frozenset(
@@ -556,6 +596,7 @@ SIZING_FLAGS: Mapping[str, str] = {
     "--swa-full-tokens-ratio": "--swa-full-tokens-ratio",
     "--mamba-full-memory-ratio": "--mamba-full-memory-ratio",
     "--disable-hybrid-swa-memory": "--disable-hybrid-swa-memory",
+    "--enable-multimodal": "--enable-multimodal",
     "--disable-radix-cache": "--disable-radix-cache",
     "--max-running-requests": "--max-running-requests",
     "--enable-dp-attention": "--enable-dp-attention",
@@ -571,6 +612,7 @@ SIZING_FLAGS: Mapping[str, str] = {
 SIZING_SWITCHES = frozenset(
     {
         "--disable-hybrid-swa-memory",
+        "--enable-multimodal",
         "--disable-radix-cache",
         "--enable-dp-attention",
         "--enable-unified-memory",
@@ -589,6 +631,7 @@ class SizingFlags:
     swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO
     mamba_full_memory_ratio: float = MAMBA_FULL_MEMORY_RATIO
     disable_hybrid_swa_memory: bool = False
+    enable_multimodal: bool = False
     disable_radix_cache: bool = False
     max_running_requests_set: bool = False
     max_running_requests: int | None = None  # its value, when it is a positive integer
@@ -618,6 +661,7 @@ class SizingFlags:
                 values, "--mamba-full-memory-ratio", MAMBA_FULL_MEMORY_RATIO
             ),
             disable_hybrid_swa_memory="--disable-hybrid-swa-memory" in values,
+            enable_multimodal="--enable-multimodal" in values,
             disable_radix_cache="--disable-radix-cache" in values,
             max_running_requests_set="--max-running-requests" in values,
             max_running_requests=_positive_int(values.get("--max-running-requests")),
@@ -702,7 +746,7 @@ def layout_of(config: Mapping[str, Any]) -> str:
         if arch in DSA_ARCHITECTURES and text.get("kv_lora_rank") is not None:
             return "DSA"
         raise EstimateError(f"{unmodelled} (sparse-attention indexer); verify a live engine")
-    if arch in SWA_SINK_ARCHITECTURES:
+    if arch in SWA_SINK_ARCHITECTURES or arch in CHUNKED_ATTENTION_ARCHITECTURES:
         return "SWA"
     layer_types = text.get("layer_types")
     if (
@@ -747,10 +791,13 @@ MLA_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 def forced_page_size(config: Mapping[str, Any]) -> int:
     """The page SGLang forces on CUDA for the config's layout, 1 for none: DSA 64 × index_kpool
     (arg_groups/model_overrides/deepseek_v2.py); the linear hybrids 64 on SM100 with trtllm_mha
-    (qwen3_5.py), taken whenever the GPU is not known, as the pool estimate does."""
+    (qwen3_5.py), and Llama 4 64 on SM100 with trtllm_mha unless the page is one it keeps
+    (llama4.py), taken whenever the GPU is not known, as the pool estimate does."""
     layout = layout_of(config)
     if layout == "DSA":
         return 64 * (_int(_text_config(config), "index_kpool") or 1)
+    if _architecture(config) in CHUNKED_ATTENTION_ARCHITECTURES:
+        return TRTLLM_MHA_DEFAULT_PAGE  # trtllm_mha on SM100 (llama4.py)
     return 64 if layout == "LINEAR" else 1
 
 
@@ -782,7 +829,18 @@ class _Cell:
     mamba_bytes_per_request: int = 0
     swa_ratio: float = 0.0
     sliding_window: int | None = None
+    chunked: bool = False  # the window is an attention chunk (Llama 4)
+    # Non-empty: the attention backend keeps these pages and turns any other into the default.
+    kept_pages: frozenset[int] = frozenset()
     draft_layers: int = 0
+
+    def page(self, requested: int) -> int:
+        """The page SGLang runs with for a requested ``--page-size``."""
+        if self.kept_pages and requested not in self.kept_pages:
+            return TRTLLM_MHA_DEFAULT_PAGE
+        # Rounding to a multiple of both the requested and the forced page is never above
+        # either.
+        return math.lcm(requested, self.forced_page)
 
 
 def _kv_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> tuple[int, str]:
@@ -952,6 +1010,35 @@ def _mla_cell(
     return _Cell(layout="MLA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
 
 
+def _chunked_attention_pages(gpu_major: int | None) -> frozenset[int]:
+    """The pages Llama 4's attention backend keeps: trtllm_mha's on SM100, or when the GPU is
+    not known (the smaller pool); no constraint on other GPUs (fa3, triton)."""
+    return TRTLLM_MHA_PAGE_SIZES if gpu_major is None or gpu_major == 10 else frozenset()
+
+
+def _swa_layer_split(config: Mapping[str, Any], layers: int) -> tuple[int, int | None, bool]:
+    """Sliding layers, the window, and whether it is an attention chunk
+    (configs/model_config.py get_hybrid_layer_ids; load_model_utils.py
+    resolve_sliding_window_size)."""
+    text = _text_config(config)
+    if _architecture(config) in CHUNKED_ATTENTION_ARCHITECTURES:
+        # Every fourth layer is full whatever no_rope_layers says; the window is the config's
+        # sliding window if it has one (SGLang's _get_sliding_window_size), else the chunk.
+        swa_layers = sum((layer + 1) % CHUNKED_FULL_LAYER_EVERY != 0 for layer in range(layers))
+        for key in ("sliding_window_size", "sliding_window", "window_size"):
+            if text.get(key) is not None:
+                return swa_layers, _int(text, key), False
+        return swa_layers, _require(text, "attention_chunk_size"), True
+    layer_types = text.get("layer_types")
+    if not isinstance(layer_types, list) or len(layer_types) != layers:
+        raise EstimateError(
+            f"config.json layer_types must list all {layers} layers to size the sliding-window "
+            f"pool of {_architecture(config)}"
+        )
+    swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
+    return swa_layers, _int(text, "sliding_window"), False
+
+
 def _swa_cell(
     config: Mapping[str, Any],
     layers: int,
@@ -959,20 +1046,23 @@ def _swa_cell(
     dtype: str,
     draft_layers: int,
     flags: SizingFlags,
+    gpu_major: int | None,
 ) -> _Cell:
-    """SWA (gpt-oss): the full layers plus the sliding layers' share of the pool
-    (pool_configurator.py HybridSWAPoolConfigurator); --disable-hybrid-swa-memory keeps every
-    layer in the full pool."""
-    text = _text_config(config)
+    """SWA (gpt-oss, Llama 4's chunked attention): the full layers plus the sliding layers'
+    share of the pool (pool_configurator.py HybridSWAPoolConfigurator);
+    --disable-hybrid-swa-memory keeps every layer in the full pool."""
+    chunked = _architecture(config) in CHUNKED_ATTENTION_ARCHITECTURES
+    pages = _chunked_attention_pages(gpu_major) if chunked else frozenset()
     if flags.disable_hybrid_swa_memory:
         cell = row.all_layers(layers)
-        return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
-    layer_types = text.get("layer_types")
-    if not isinstance(layer_types, list) or len(layer_types) != layers:
-        raise EstimateError(
-            f"config.json layer_types must list all {layers} layers to size the sliding-window "
-            f"pool of {_architecture(config)}"
+        return _Cell(
+            layout="MHA",
+            bytes=cell,
+            kv_cache_dtype=dtype,
+            kept_pages=pages,
+            draft_layers=draft_layers,
         )
+    swa_layers, window, is_chunk = _swa_layer_split(config, layers)
     if flags.disable_radix_cache and flags.max_running_requests_set:
         raise EstimateError(
             "--disable-radix-cache with --max-running-requests sizes the SWA pool from the "
@@ -980,7 +1070,6 @@ def _swa_cell(
             "does not model; verify a live engine",
             "engine_args",
         )
-    swa_layers = sum(kind == "sliding_attention" for kind in layer_types)
     full_layers = layers - swa_layers
     full_token = row.bytes_with_scales
     ratio = flags.swa_full_tokens_ratio
@@ -995,7 +1084,9 @@ def _swa_cell(
         bytes=cell,
         kv_cache_dtype=dtype,
         swa_ratio=ratio,
-        sliding_window=_int(text, "sliding_window"),
+        sliding_window=window,
+        chunked=is_chunk,
+        kept_pages=pages,
         draft_layers=draft_layers,
     )
 
@@ -1065,7 +1156,7 @@ def _cell(
             cell += int(cell * draft_layers / layers)
         return _Cell(layout="MHA", bytes=cell, kv_cache_dtype=dtype, draft_layers=draft_layers)
     if layout == "SWA":
-        return _swa_cell(config, layers, row, dtype, draft_layers, flags)
+        return _swa_cell(config, layers, row, dtype, draft_layers, flags, gpu_major)
     return _linear_cell(text, layers, row, dtype, attn_tp, gpu_major, draft_layers)
 
 
@@ -1372,16 +1463,23 @@ def _pool_tokens(
 
 
 def _swa_pool_tokens(tokens: int, cell: _Cell, page: int) -> int:
-    """The sliding-window layers' pool, which must hold one request's window and a page."""
+    """The sliding-window layers' pool, which must hold one request's window and a page
+    (pool_configurator.py _solve_pool_sizes and validate_swa_pool_size)."""
     swa_tokens = int(tokens * cell.swa_ratio) // page * page
     window = cell.sliding_window
     if window is not None and window + page >= swa_tokens:
-        raise NoRoomForKvCache(
-            f"the sliding-window pool ({swa_tokens:,} tokens) cannot hold one request's "
-            f"window {window:,} + page {page:,} (SGLang refuses to start); raise the memory "
-            f"or --swa-full-tokens-ratio"
-        )
+        too_small = ChunkedPoolTooSmall if cell.chunked else SlidingWindowPoolTooSmall
+        raise too_small(swa_tokens, window, page, cell.swa_ratio)
     return swa_tokens
+
+
+def _multimodal(config: Mapping[str, Any], flags: SizingFlags) -> bool:
+    """Whether SGLang runs the model's vision tower, which reserves the VLM cache: a multimodal
+    config, unless its architecture is one SGLang keeps text-only without --enable-multimodal
+    (configs/model_config.py mm_disabled_models)."""
+    if "vision_config" not in config:
+        return False
+    return flags.enable_multimodal or _architecture(config) not in CHUNKED_ATTENTION_ARCHITECTURES
 
 
 def estimate_pool(
@@ -1444,10 +1542,8 @@ def estimate_pool(
         weights_gib=_replica_weights_gib(config, weights_gib),
         tp=tp,
     )
-    # SGLang overrides the page size for some families; rounding to a multiple of both the
-    # requested and the forced page is never above either.
-    page = math.lcm(page_size, cell.forced_page)
-    multimodal_gib = VLM_CACHE_GIB if "vision_config" in config else 0.0
+    page = cell.page(page_size)  # SGLang overrides the page size for some families
+    multimodal_gib = VLM_CACHE_GIB if _multimodal(config, flags) else 0.0
     usable_gib = memory.budget_gib - memory.weights_per_rank - multimodal_gib
     mamba_state_gib = 0.0
     if cell.mamba_bytes_per_request and usable_gib > 0:

@@ -248,7 +248,7 @@ def test_reserved_memory_comes_off_before_the_fraction() -> None:
 @pytest.mark.parametrize(
     ("config", "args", "reason"),
     [
-        ({"architectures": ["Llama4ForConditionalGeneration"]}, [], "sliding-window pool"),
+        ({"architectures": ["Step3p5ForCausalLM"]}, [], "sliding-window pool"),
         ({"architectures": ["X"], "compress_ratios": [4]}, [], "compressed attention"),
         ({"architectures": ["FalconH1ForCausalLM"], "mamba_d_state": 16}, [], "mamba"),
         ({"architectures": ["X"], "index_topk": 2048, "kv_lora_rank": 512}, [], "indexer"),
