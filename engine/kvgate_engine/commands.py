@@ -286,9 +286,9 @@ def estimate_main(args: argparse.Namespace) -> int:
             engine_args=getattr(args, "engine_arg", None) or (),
         )
     except NoRoomForKvCache as exc:
-        return report_failure(
-            "estimate", EXIT_NO_ROOM, "--weights-gib", str(exc), as_json=args.json
-        )
+        # A sliding-window pool below one window and a page: the budget is what is short.
+        flag = "--mem-fraction-static" if exc.parameter == "swa_pool" else "--weights-gib"
+        return report_failure("estimate", EXIT_NO_ROOM, flag, str(exc), as_json=args.json)
     except EstimateError as exc:
         raise InputError(ESTIMATE_FLAGS.get(exc.parameter, "--config"), str(exc)) from None
     if args.json:
@@ -310,6 +310,8 @@ def estimate_main(args: argparse.Namespace) -> int:
             else ""
         )
     )
+    if estimate.swa_pool_tokens is not None:
+        print(f"  sliding-window layers' pool: {estimate.swa_pool_tokens:,} tokens")
     print(f"  model context length (derived from config.json): {estimate.context_length:,} tokens")
     for note in _notes(estimate):
         print(f"  note: {note}")

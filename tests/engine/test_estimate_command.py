@@ -352,3 +352,39 @@ def test_json_has_the_schema_version_and_errors_are_objects_naming_the_input(
             "pass the model's config.json",
         },
     }
+
+
+def _llama4_scout(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(model_config("llama-4-scout-17b-16e")))
+    return str(path)
+
+
+def test_llama4_is_estimated_with_its_chunked_pool(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """SGLang 0.5.19 and 0.5.23 size Scout on 8 × 80 GiB (H100) with 203 GiB of weights at
+    2,147,267 full and 1,717,813 chunked tokens (tests/fixtures/sglang_pools/llama4.json)."""
+    argv = ["--config", _llama4_scout(tmp_path), "--gpu-memory-gib", "80", "--tp", "8"]
+    argv += ["--weights-gib", "203", "--gpu-arch", "sm90"]
+    code, out, _ = run(capsys, *argv, "--json")
+    result = json.loads(out)
+    assert code == 0
+    assert (result["kv_pool_tokens"], result["swa_pool_tokens"]) == (2_147_267, 1_717_813)
+    code, out, _ = run(capsys, *argv)
+    assert code == 0 and "sliding-window layers' pool: 1,717,813 tokens" in out
+
+
+def test_llama4_whose_chunked_pool_sglang_refuses_exits_1_with_the_numbers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Scout on 4 × 80 GiB at mem-fraction-static 0.647: SGLang refuses its 7,463-token chunked
+    pool (≤ 8,192 + page 1); kvgate prints the numbers, not an estimate."""
+    code, out, err = run(
+        capsys,
+        *("--config", _llama4_scout(tmp_path), "--gpu-memory-gib", "80", "--tp", "4"),
+        *("--weights-gib", "203", "--mem-fraction-static", "0.647", "--gpu-arch", "sm90"),
+    )
+    assert code == 1 and out == ""
+    assert "--mem-fraction-static: the sliding-window pool (7,463 tokens" in err, err
+    assert "8,192 + page 1" in err and "--swa-full-tokens-ratio" in err, err

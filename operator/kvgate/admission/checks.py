@@ -16,6 +16,7 @@ from kvgate_engine.estimator import (
     Estimate,
     EstimateError,
     NoRoomForKvCache,
+    SlidingWindowPoolTooSmall,
     check_sizes,
     derive_context_length,
     estimate_pool,
@@ -492,6 +493,28 @@ def _no_room_denial(
     )
 
 
+def _sliding_window_denial(
+    spec: ModelDeploymentSpec,
+    role: str,
+    role_spec: RoleSpec,
+    error: SlidingWindowPoolTooSmall,
+    weights_gib: float,
+) -> Problem:
+    """The weights fit, but the sliding-window (or chunked) pool is at or below one window and
+    a page, which SGLang refuses to start with: the numbers, and the fields that enlarge it."""
+    return Problem(
+        f"spec.{role}",
+        f"{role} engines would not start: the estimated sliding-window pool "
+        f"{_n(error.swa_pool_tokens)} tokens (swa-full-tokens-ratio {error.ratio:g} of the "
+        f"full pool) is at or below {error.window_name} {_n(error.window)} + page "
+        f"{_n(error.page)} = {_n(error.window + error.page)} tokens, and SGLang refuses to "
+        f"start an engine whose pool cannot hold one request's window; raise "
+        f"{role}.memFractionStatic, {role}.gpuMemoryGiB or {role}.tensorParallel, or pass a "
+        f"higher --swa-full-tokens-ratio in spec.engine.args"
+        + pool_hint(spec, role, role_spec, weights_gib),
+    )
+
+
 def _pool_too_small_denial(
     spec: ModelDeploymentSpec,
     role: str,
@@ -557,6 +580,9 @@ def check_estimated_pool(
             estimate = _estimate_role(spec, role, role_spec, config, gpu_memory_gib, weights_gib)
             pool = estimate.kv_pool_tokens
             notes.update(estimate.notes)
+        except SlidingWindowPoolTooSmall as error:
+            denials.append(_sliding_window_denial(spec, role, role_spec, error, weights_gib))
+            continue
         except NoRoomForKvCache as error:
             if error.parameter == "engine_args":  # a state the engine flags size fills the GPU
                 denials.append(Problem("spec.engine.args", f"{role} engines: {error}"))
