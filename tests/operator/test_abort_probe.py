@@ -19,6 +19,8 @@ PLAN = plan_abort(131_072, 434_523, ContentProbeSpec())
 KNOWN = (11, 12, 13, 14, 15, 16, 17, 18)
 OTHER = (12, 13, 14, 15, 16, 17, 18, 19)
 DROPPED = AbortOutcome(ProbeAnswer(200, seconds=1.0), 1.0)
+# The revision's engines counted the drop as an abort and held no request 2.4 s after it.
+COUNTED = abort_probe.EngineEvidence(aborted_before=3, aborted_after=4, idle_after=2.4)
 
 
 def answer(ids: tuple[int, ...] | None, status: int | None = 200) -> ProbeAnswer:
@@ -26,10 +28,14 @@ def answer(ids: tuple[int, ...] | None, status: int | None = 200) -> ProbeAnswer
 
 
 def verdict(
-    before: ProbeAnswer, outcome: AbortOutcome, after: ProbeAnswer, later: ProbeAnswer | None = None
+    before: ProbeAnswer,
+    outcome: AbortOutcome,
+    after: ProbeAnswer,
+    later: ProbeAnswer | None = None,
+    engines: abort_probe.EngineEvidence = COUNTED,
 ) -> ContentVerdict:
     answers = [("right after the abort", after), ("1.00 s after the abort", later or after)]
-    return content_probe.verdict("r1", judge_abort(PLAN, before, outcome, answers))
+    return content_probe.verdict("r1", judge_abort(PLAN, before, outcome, answers, engines))
 
 
 def test_the_aborted_request_is_as_long_as_the_longest_in_range_probe_with_other_ids() -> None:
@@ -157,3 +163,62 @@ def test_the_last_known_answer_waits_at_least_two_seconds_after_the_drop() -> No
     broken abort path then passed."""
     assert abort_probe.settle_seconds(0.17) == abort_probe.MIN_SETTLE_SECONDS == 2.0
     assert abort_probe.settle_seconds(5.0) == 5.0
+
+
+def test_an_abort_the_engines_never_counted_is_undecided_never_passed() -> None:
+    """The connection was closed after the head, but no engine counted an abort: the engines
+    may have answered the request in full before the drop reached them, so no abort path ran.
+    The same answers after it prove nothing; the check reruns."""
+    uncounted = abort_probe.EngineEvidence(aborted_before=3, aborted_after=3, idle_after=2.4)
+    result = verdict(answer(KNOWN), DROPPED, answer(KNOWN), engines=uncounted)
+    assert result.reason == REASON_INCONCLUSIVE, result.message
+    assert "sglang:num_aborted_requests_total 3 before the drop and 3 after" in result.message
+    unread = abort_probe.EngineEvidence(aborted_before=None, aborted_after=None, idle_after=2.4)
+    result = verdict(answer(KNOWN), DROPPED, answer(KNOWN), engines=unread)
+    assert result.reason == REASON_INCONCLUSIVE, result.message
+    counted = verdict(answer(KNOWN), DROPPED, answer(KNOWN))
+    assert counted.passed and "the engines counted 1 abort" in counted.message, counted.message
+    # Wrong tokens are wrong whatever the counter says.
+    assert verdict(answer(KNOWN), DROPPED, answer(OTHER), engines=uncounted).reason == (
+        REASON_FAILED
+    )
+
+
+def test_engines_still_holding_a_request_at_the_deadline_leave_the_last_answer_undecided() -> None:
+    busy = abort_probe.EngineEvidence(
+        aborted_before=3, aborted_after=4, idle_after=None, busy="decode-0: 1 running, 0 queued"
+    )
+    result = verdict(answer(KNOWN), DROPPED, answer(KNOWN), engines=busy)
+    assert result.reason == REASON_INCONCLUSIVE, result.message
+    assert "decode-0: 1 running, 0 queued" in result.message
+    assert f"{abort_probe.IDLE_DEADLINE_SECONDS:g} s" in result.message
+    assert verdict(answer(KNOWN), DROPPED, answer(KNOWN), answer(OTHER), busy).reason == (
+        REASON_FAILED
+    )
+
+
+SGLANG_METRICS = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="decode",model_name="m",priority="",tp_rank="0"} 2.0
+sglang:num_running_reqs{engine_type="decode",model_name="m",priority="1",tp_rank="0"} 2.0
+sglang:num_running_reqs{engine_type="decode",model_name="m",priority="",tp_rank="1"} 1.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="decode",model_name="m",priority="",tp_rank="0"} 0.0
+# TYPE sglang:num_aborted_requests_total counter
+sglang:num_aborted_requests_total{engine_type="decode",model_name="m"} 4.0
+sglang:num_aborted_requests_created{engine_type="decode",model_name="m"} 1.7e9
+"""
+
+
+def test_the_engines_activity_is_read_from_sglangs_own_metrics() -> None:
+    """SGLang 0.5.23 (srt/observability/metrics_collector.py): num_running_reqs and
+    num_queue_reqs gauges per rank, the total under priority="" and a per-priority breakdown
+    beside it when priority scheduling is on (not counted twice); num_aborted_requests_total
+    counted by its tokenizer for each request it aborts (a client that went away)."""
+    activity = abort_probe.activity_from_metrics("decode-0", SGLANG_METRICS)
+    assert activity == abort_probe.EngineActivity("decode-0", 3, 0, 4)
+    assert abort_probe.activity_from_metrics("p", "sglang:num_queue_reqs 0.0\n") is None
+    idle = abort_probe.EngineActivity("p", 0, 0, 0)
+    assert abort_probe.busy_engines([idle, activity]) == "decode-0: 3 running, 0 queued"
+    assert abort_probe.busy_engines([idle]) == ""

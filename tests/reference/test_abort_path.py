@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 from factories.model_deployments import spec_of
-from kvgate.controller.content_check import Sender, abort_step, check_through
+from kvgate.controller.content_check import Sender, abort_step, check_through, metrics_reader
+from kvgate.controller.step_check import fetch_text
 from kvgate.verify import abort_probe, content_probe
 from kvgate.verify.content_probe import REASON_FAILED, REASON_PASSED, Expect
 from kvgate_engine.reference.engine import DECODE_STEP_SECONDS, STALE_KV_AFTER_ABORT
@@ -85,7 +86,7 @@ async def _drain(session: aiohttp.ClientSession, url: str, body: dict[str, Any])
 
 
 async def pair(engines: EngineLauncher, decode_env: dict[str, str]) -> tuple[RunningEngine, ...]:
-    flags = ("--model-path", "llama-3.1-8b", "--mem-fraction-static", "0.85")
+    flags = ("--model-path", "llama-3.1-8b", "--mem-fraction-static", "0.85", "--enable-metrics")
     flags += ("--context-length", str(CONTEXT))
     prefill = engines.spawn(*flags, role="prefill", env=GPU)
     decode = engines.spawn(*flags, role="decode", env={**GPU, **decode_env})
@@ -93,11 +94,17 @@ async def pair(engines: EngineLauncher, decode_env: dict[str, str]) -> tuple[Run
     return prefill, decode
 
 
+def reader(prefill: RunningEngine, decode: RunningEngine) -> Any:
+    """The two engines' /metrics, as the operator reads the revision's verified engines."""
+    return metrics_reader([("prefill-0", prefill.url), ("decode-0", decode.url)], fetch_text)
+
+
 async def content_check(engines: EngineLauncher, decode_env: dict[str, str]) -> Any:
     prefill, decode = await pair(engines, decode_env)
     _, info = await engines.get_json(f"{decode.url}/server_info")
+    pool = info["max_total_num_tokens"]
     async with pd_router(prefill, decode) as url:
-        return await check_through(url, "r1", SPEC, info["max_total_num_tokens"], {}, FIELDS)
+        return await check_through(url, "r1", SPEC, pool, {}, FIELDS, reader(prefill, decode))
 
 
 async def test_a_decode_that_lands_an_aborted_transfer_in_the_next_request_fails_the_check(
@@ -132,6 +139,9 @@ async def test_honest_engines_give_the_known_answer_after_an_abort(
     expects = [f.request.expect for f in verdict.findings]
     assert expects[-4:] == [Expect.KNOWN_ANSWER, Expect.ABORT] + [Expect.KNOWN_ANSWER] * 2
     assert "connection closed" in verdict.findings[-3].summary
+    # The engines counted the drop as an abort (SGLang's tokenizer counts a request whose client
+    # went away), and the last known answer went once they held no request.
+    assert "the engines counted" in verdict.findings[-3].summary, verdict.findings[-3].summary
     known = verdict.findings[-4].answer.output_ids
     assert known is not None and len(known) == 8
     assert all(f.answer.output_ids == known for f in verdict.findings[-2:])
@@ -158,7 +168,9 @@ async def test_a_drop_planned_after_the_answer_is_tried_again_sooner_and_finds_t
     async with pd_router(prefill, decode) as url, aiohttp.ClientSession() as session:
         sender = Sender(url, SPEC.model.name, {}, vocab)
         # As if the longest probe had taken 120 s: the first drop is planned 60 s in.
-        findings = await abort_step(session, sender, plan, 120.0, settings.timeout_seconds, FIELDS)
+        findings = await abort_step(
+            session, sender, plan, 120.0, settings.timeout_seconds, FIELDS, reader(prefill, decode)
+        )
     dropped = next(f for f in findings if f.request.expect is Expect.ABORT)
     assert "try 1: answered in full in" in dropped.summary, dropped.summary
     assert "before its drop at 60.00 s" in dropped.summary, dropped.summary

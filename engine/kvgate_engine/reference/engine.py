@@ -260,7 +260,10 @@ class ReferenceEngine:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate, then hand the outcome to ``request.deliver`` while the request still counts
         as running: a decode (or unified) request counts from its first decode step until its
-        answer's last bytes are written, with no gap between the two."""
+        answer's last bytes are written, with no gap between the two. A request whose client went
+        away (its handler cancelled, or a write to it failed) counts in num_aborted_requests, as
+        SGLang's tokenizer counts ``sglang:num_aborted_requests_total`` in ``abort_request``; a
+        request the engine refused (a GenerateError) does not, as in SGLang."""
         started = time.monotonic()
         self.counters.num_requests += 1
         self.counters.prompt_tokens += len(request.input_ids)
@@ -269,7 +272,6 @@ class ReferenceEngine:
             try:
                 output = await self._generate(request)
             except GenerateError as error:
-                self.counters.num_aborted_requests += 1
                 outcome = error
             else:
                 elapsed = time.monotonic() - started
@@ -280,6 +282,9 @@ class ReferenceEngine:
             if request.deliver is not None:
                 self._start_running(request)
                 await request.deliver(outcome)
+        except (asyncio.CancelledError, ConnectionError):  # the client went away: an abort
+            self.counters.num_aborted_requests += 1
+            raise
         finally:
             self._stop_running(request)
         if isinstance(outcome, GenerateError):

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,7 +30,7 @@ from kvgate.kube import metrics
 from kvgate.rollout.pass_decision import ContentOutcome
 from kvgate.rollout.planner import RolloutStep
 from kvgate.verify import abort_probe, content_probe, gate, pod_identity, router_auth
-from kvgate.verify.abort_probe import AbortOutcome
+from kvgate.verify.abort_probe import AbortOutcome, EngineActivity, EngineEvidence
 from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeFinding, ProbeRequest
 from kvgate.verify.pod_identity import EngineIdentity
 
@@ -245,6 +245,52 @@ async def revision_router(
     return None
 
 
+# The revision's engines' activity now (None: one of them could not be read).
+EngineReader = Callable[[], Awaitable[tuple[EngineActivity, ...] | None]]
+
+
+def metrics_reader(
+    engines: Sequence[tuple[str, str]], fetch: Callable[[str], Awaitable[str]]
+) -> EngineReader:
+    """Read each engine's /metrics (``engines``: pod name and engine URL) as EngineActivity."""
+
+    async def one(pod: str, url: str) -> EngineActivity | None:
+        try:
+            return abort_probe.activity_from_metrics(pod, await fetch(f"{url}/metrics"))
+        except (aiohttp.ClientError, TimeoutError, RuntimeError, OSError) as exc:
+            log.info("engine metrics unreadable: %s/metrics: %s", url, exc)
+            return None
+
+    async def read() -> tuple[EngineActivity, ...] | None:
+        if not engines:
+            return None
+        found = await asyncio.gather(*(one(pod, url) for pod, url in engines))
+        if any(a is None for a in found):
+            return None
+        return tuple(a for a in found if a is not None)
+
+    return read
+
+
+def revision_engines(
+    rt: Runtime, namespace: str, md_name: str, revision: str
+) -> list[tuple[str, str]]:
+    """The revision's verified engine pods (the ones its router may send to) and their URLs."""
+    found = []
+    for pod in list(rt.pods.values()):
+        meta = pod.get("metadata", {})
+        lab = meta.get("labels") or {}
+        if (
+            meta.get("namespace") == namespace
+            and lab.get(labels.DEPLOYMENT) == md_name
+            and lab.get(labels.REVISION) == revision
+            and gate.is_verified(pod)
+            and (url := gate.engine_url(pod))
+        ):
+            found.append((gate.pod_name(pod), url))
+    return sorted(found)
+
+
 async def run_content_check(
     rt: Runtime,
     namespace: str,
@@ -263,7 +309,8 @@ async def run_content_check(
     key = await engine_api_key(rt, router)
     headers = router_auth.bearer(key) if isinstance(key, str) else {}
     fields = {"namespace": namespace, "deployment": md_name, "revision": revision}
-    return await check_through(url, revision, spec, verified_pool_tokens, headers, fields)
+    engines = metrics_reader(revision_engines(rt, namespace, md_name, revision), rt.fetch_text)
+    return await check_through(url, revision, spec, verified_pool_tokens, headers, fields, engines)
 
 
 async def check_through(
@@ -273,9 +320,11 @@ async def check_through(
     verified_pool_tokens: int | None,
     headers: Mapping[str, str],
     fields: Mapping[str, str],
+    engines: EngineReader,
 ) -> ContentVerdict:
     """Send the content check's probes through the router at ``url``, then its abort step
-    (when every length probe passed), and judge them."""
+    (when every length probe passed; ``engines`` reads the revision's engines' activity), and
+    judge them."""
     settings = spec.safety.content_probe
     probes = content_probe.plan_probes(
         spec.model.context_length,
@@ -299,7 +348,7 @@ async def check_through(
             )
             longest = abort_probe.answer_seconds(findings)
             findings += await abort_step(
-                session, sender, plan, longest, settings.timeout_seconds, fields
+                session, sender, plan, longest, settings.timeout_seconds, fields, engines
             )
     return content_probe.verdict(revision, findings)
 
@@ -350,11 +399,13 @@ async def abort_step(
     longest_seconds: float | None,
     timeout: float,
     fields: Mapping[str, str],
+    engines: EngineReader,
 ) -> tuple[ProbeFinding, ...]:
     """The known answer, a request dropped mid-flight, the known answer again at once and once
-    the engines have surely taken the abort (kvgate.verify.abort_probe)."""
+    the engines hold no request, with the aborts they counted (kvgate.verify.abort_probe)."""
     started = time.monotonic()
     before = await sender.probe(session, plan.known, timeout, stream=False)
+    baseline = abort_probe.aborted_total(await engines())
     drop = abort_probe.drop_after(longest_seconds)
     missed: list[tuple[float, float]] = []
     while True:
@@ -374,12 +425,14 @@ async def abort_step(
         missed.append((drop, outcome.answer.seconds))  # answered in full first: again, sooner
         drop = sooner
     outcome = replace(outcome, missed=tuple(missed))
+    dropped_at = time.monotonic()
     at_once = await sender.probe(session, plan.known, timeout, stream=False)
     settle = abort_probe.settle_seconds(drop)
-    await asyncio.sleep(max(0.0, settle - at_once.seconds))
+    evidence = await _engines_idle(engines, dropped_at, settle, baseline)
     later = await sender.probe(session, plan.known, timeout, stream=False)
-    after = [("right after the abort", at_once), (f"{settle:.2f} s after the abort", later)]
-    findings = abort_probe.judge_abort(plan, before, outcome, after)
+    waited = time.monotonic() - dropped_at - later.seconds
+    after = [("right after the abort", at_once), (f"{waited:.2f} s after the abort", later)]
+    findings = abort_probe.judge_abort(plan, before, outcome, after, evidence)
     for finding in findings:
         _logged(finding, fields)
     log.info(
@@ -392,6 +445,29 @@ async def abort_step(
         extra=fields,
     )
     return findings
+
+
+async def _engines_idle(
+    engines: EngineReader, dropped_at: float, settle: float, baseline: int | None
+) -> EngineEvidence:
+    """Wait until ``settle`` seconds after the drop and until every engine of the revision
+    reports no running or queued request (at most IDLE_DEADLINE_SECONDS after the drop), and
+    what they reported then."""
+    deadline = dropped_at + abort_probe.IDLE_DEADLINE_SECONDS
+    await asyncio.sleep(max(0.0, dropped_at + settle - time.monotonic()))
+    busy = ""
+    while True:
+        activity = await engines()
+        now = time.monotonic()
+        if activity is not None:
+            busy = abort_probe.busy_engines(activity)
+            if not busy:
+                after = abort_probe.aborted_total(activity)
+                return EngineEvidence(baseline, after, now - dropped_at)
+        if now >= deadline:
+            after = abort_probe.aborted_total(activity)
+            return EngineEvidence(baseline, after, None, busy or "their /metrics unreadable")
+        await asyncio.sleep(min(abort_probe.IDLE_POLL_SECONDS, max(0.0, deadline - now)))
 
 
 def _verified_pool(step: RolloutStep) -> int | None:

@@ -16,10 +16,19 @@ revision's own router, one after another:
    that watches its client (the unit tests') the engines abort it mid prefill or mid transfer;
    smg 1.13 passes the disconnect on only when its next write to the client fails, so the
    engines abort it at its first streamed tokens, mid decode;
-3. the known-answer request again at once, and once more ``settle_seconds`` later (at least
-   MIN_SETTLE_SECONDS after the drop; by then the
-   engines have surely taken the abort: a router may pass it on only at its next write), each of
-   which must get the same output ids.
+3. the known-answer request again at once, and once more after the revision's engines hold no
+   request: ``settle_seconds`` after the drop at the least (SGLang's tokenizer aborts a streamed
+   request whose client went away 2 s after it noticed, ``create_abort_task``), then as soon as
+   every verified engine of the revision reports ``sglang:num_running_reqs`` and
+   ``sglang:num_queue_reqs`` 0 on its /metrics, within ``IDLE_DEADLINE_SECONDS``. Each must get
+   the same output ids.
+
+The engines' own count says whether the drop aborted anything: ``sglang:num_aborted_requests_total``
+summed over the revision's engines before the drop and once they are idle. A drop the engines
+never counted (the request was over on the engines before the router passed the disconnect on)
+exercised no abort path: the step is undecided and the check reruns, never passed on it. Engines
+that still hold a request at the deadline leave the last answer undecided too (one that differs
+still fails: wrong tokens are wrong whatever the engines report).
 
 Greedy decoding of one prompt on the same engines gives the same tokens, so the first answer is
 the known answer without a per-model table. An answer that does not come decides nothing (the
@@ -34,7 +43,7 @@ are still compared.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate_engine.request_limits import PLAIN, RequestBounds, longest_full_answer
 
@@ -55,8 +64,97 @@ ABORT_NEW_TOKENS = 64
 MIN_ABORT_SECONDS = 0.05
 ABORT_ATTEMPTS = 3  # tries of the dropped request while each is answered in full first
 MIN_SETTLE_SECONDS = 2.0  # the least wait from the drop to the last known-answer request
+# The longest wait, from the drop, for the engines to report no running or queued request: SGLang
+# republishes its gauges of an idle scheduler at least every 30 s (a running count that disagrees
+# with its running batch at once; metrics_reporter._maybe_log_idle_metrics), plus a read.
+IDLE_DEADLINE_SECONDS = 40.0
+IDLE_POLL_SECONDS = 0.25
+RUNNING_METRIC = "sglang:num_running_reqs"
+QUEUED_METRIC = "sglang:num_queue_reqs"
+ABORTED_METRIC = "sglang:num_aborted_requests_total"
 ABORT_OFFSET = 1  # the aborted prompt's ids start one place later: no id matches position-wise
 MAX_IDS_SHOWN = 12  # output ids quoted in a summary (an engine's answer is untrusted)
+
+
+@dataclass(frozen=True)
+class EngineActivity:
+    """One engine pod's requests in flight and aborts so far, from its /metrics."""
+
+    pod: str
+    running: int
+    queued: int
+    aborted: int
+
+
+@dataclass(frozen=True)
+class EngineEvidence:
+    """What the revision's engines reported around the drop: their aborts summed before it and
+    once idle (None: not read), and how long after the drop they held no request (None: not
+    within IDLE_DEADLINE_SECONDS; ``busy`` says what they last reported)."""
+
+    aborted_before: int | None
+    aborted_after: int | None
+    idle_after: float | None
+    busy: str = ""
+
+
+def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
+    """``name{labels} value`` of a Prometheus text line (None: a comment or unparsable)."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    name, _, rest = line.partition("{")
+    labels: dict[str, str] = {}
+    if rest:
+        body, _, tail = rest.rpartition("}")
+        for part in body.split(","):
+            key, _, value = part.partition("=")
+            if key:
+                labels[key.strip()] = value.strip().strip('"')
+    else:
+        name, _, tail = line.partition(" ")
+    try:
+        value = float(tail.split()[0])
+    except (IndexError, ValueError):
+        return None
+    if value != value or value < 0:  # NaN, or no count
+        return None
+    return name.strip(), labels, value
+
+
+def activity_from_metrics(pod: str, text: str) -> EngineActivity | None:
+    """An engine's running and queued requests (every rank; a per-priority breakdown beside
+    the total, ``priority`` not "", is not counted twice) and its aborted requests, from its
+    Prometheus text; None when it reports no running requests at all (nothing proves it idle)."""
+    sums = {RUNNING_METRIC: 0.0, QUEUED_METRIC: 0.0, ABORTED_METRIC: 0.0}
+    seen = False
+    for line in text.splitlines():
+        sample = _sample(line)
+        if sample is None or sample[0] not in sums:
+            continue
+        name, labels, value = sample
+        if name != ABORTED_METRIC and labels.get("priority", ""):
+            continue
+        sums[name] += value
+        seen = seen or name == RUNNING_METRIC
+    if not seen:
+        return None
+    return EngineActivity(
+        pod, *(round(sums[m]) for m in (RUNNING_METRIC, QUEUED_METRIC, ABORTED_METRIC))
+    )
+
+
+def busy_engines(activity: Sequence[EngineActivity]) -> str:
+    """The engines that hold a request, for a message ("" when none does)."""
+    return "; ".join(
+        f"{a.pod}: {a.running} running, {a.queued} queued"
+        for a in activity
+        if a.running or a.queued
+    )
+
+
+def aborted_total(activity: Sequence[EngineActivity] | None) -> int | None:
+    return None if activity is None else sum(a.aborted for a in activity)
 
 
 @dataclass(frozen=True)
@@ -167,7 +265,7 @@ def _before(request: ProbeRequest, answer: ProbeAnswer) -> ProbeFinding:
     return ProbeFinding(request, answer, False, summary, undecided=_no_answer(answer))
 
 
-def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
+def _dropped(request: ProbeRequest, outcome: AbortOutcome, engines: EngineEvidence) -> ProbeFinding:
     head = f"{request.prompt_tokens:,} tokens ({request.name})"
     answer = outcome.answer
     if outcome.dropped_after is None and answer.http_status is None:
@@ -191,6 +289,22 @@ def _dropped(request: ProbeRequest, outcome: AbortOutcome) -> ProbeFinding:
         return ProbeFinding(request, answer, True, summary)
     got = f"after its HTTP {answer.http_status} head"
     summary = f"{head}: connection closed {outcome.dropped_after:.2f} s in, {got}{earlier}"
+    before, after = engines.aborted_before, engines.aborted_after
+    if before is None or after is None:
+        summary += (
+            f"; the engines' {ABORTED_METRIC} could not be read, so nothing proves the drop "
+            "aborted a request on them"
+        )
+        return ProbeFinding(request, answer, False, summary, undecided=True)
+    if after <= before:
+        summary += (
+            f"; the engines counted no abort ({ABORTED_METRIC} {before:,} before the drop and "
+            f"{after:,} after): they had answered it before the drop reached them, so no abort "
+            "path ran"
+        )
+        return ProbeFinding(request, answer, False, summary, undecided=True)
+    count = after - before
+    summary += f"; the engines counted {count:,} abort{'s' if count != 1 else ''}"
     return ProbeFinding(request, answer, True, summary)
 
 
@@ -212,17 +326,33 @@ def _after(
     return ProbeFinding(request, answer, False, summary, undecided=_no_answer(answer))
 
 
+def _settled(finding: ProbeFinding, engines: EngineEvidence) -> ProbeFinding:
+    """The last known answer, sent once the engines were idle: undecided when they never were
+    (a pass then proves nothing; a failure stands)."""
+    if engines.idle_after is not None or not finding.passed:
+        return finding
+    summary = (
+        f"{finding.summary}, but the engines still held a request {IDLE_DEADLINE_SECONDS:g} s "
+        f"after the drop ({engines.busy or 'their load unreadable'}): not decided"
+    )
+    return replace(finding, passed=False, summary=summary, undecided=True)
+
+
 def judge_abort(
     plan: AbortPlan,
     before: ProbeAnswer,
     outcome: AbortOutcome,
     after: Sequence[tuple[str, ProbeAnswer]],
+    engines: EngineEvidence,
 ) -> tuple[ProbeFinding, ...]:
     """The abort step's findings: the known answer, the dropped request, and each known-answer
-    request after the drop (``after``: when it was sent, for people, and its answer), compared
-    only with a clean known answer. A dropped request that got no answer at all (not even its
-    head) decides nothing; one answered in full before the drop says so and passes."""
+    request after the drop (``after``: when it was sent, for people, and its answer; the last one
+    sent once the engines were idle), compared only with a clean known answer. A dropped request
+    that got no answer at all (not even its head), or whose drop the engines never counted as an
+    abort, decides nothing; one answered in full before the drop says so and passes."""
     known = _before(plan.known, before)
-    dropped = _dropped(plan.aborted, outcome)
+    dropped = _dropped(plan.aborted, outcome, engines)
     checked = [_after(plan.known, when, answer, known) for when, answer in after]
+    if checked:
+        checked[-1] = _settled(checked[-1], engines)
     return (known, dropped, *checked)
