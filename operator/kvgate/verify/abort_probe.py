@@ -108,9 +108,9 @@ def _sample(line: str) -> tuple[str, dict[str, str], float] | None:
     if rest:
         body, _, tail = rest.rpartition("}")
         for part in body.split(","):
-            key, _, value = part.partition("=")
+            key, _, text = part.partition("=")
             if key:
-                labels[key.strip()] = value.strip().strip('"')
+                labels[key.strip()] = text.strip().strip('"')
     else:
         name, _, tail = line.partition(" ")
     try:
