@@ -1042,8 +1042,9 @@ class RoleSpec(_Model):
             "GPU memory in GiB the engine never sees as free: the CUDA context, NCCL buffers "
             "and other tenants. The admission estimate applies memFractionStatic to "
             "gpuMemoryGiB minus this, as SGLang applies it to the free memory it measures. "
-            "Unset: the cluster's measured reserve for the GPU product the nodeSelector pins "
-            "(nvidia.com/gpu.product, chart value estimator.gpuReservedGiBByProduct), else "
+            "Unset: the cluster's measured reserve for the GPU product the nodeSelector or "
+            "the required node affinity (one value) pins (nvidia.com/gpu.product, chart value "
+            "estimator.gpuReservedGiBByProduct), else "
             "1 GiB, kvgate's own assumption (SGLang subtracts no fixed reserve)."
         ),
     )
