@@ -1,6 +1,8 @@
 """Record Llama 4's KV pools as SGLang itself sizes them (tests/fixtures/sglang_pools/llama4.json).
 
-Run it with a released SGLang on its own path, never with kvgate's package, e.g.::
+Run it with a released SGLang on its own path, never with kvgate's package (a release without an
+installed environment: its wheel's ``sglang`` package first on the PYTHONPATH of an installed
+release with the same transformers pin), e.g.::
 
     S=~/.cache/kvgate/sglang-cpu/0.5.23
     PYTHONPATH=$S/site LD_LIBRARY_PATH=$S/lib .venv/bin/python \
