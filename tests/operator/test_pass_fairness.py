@@ -323,6 +323,21 @@ async def test_a_pass_that_waited_moves_up_when_asked_for_and_a_cancelled_one_is
     assert slots._active == {} and slots._last_served == {}  # nothing kept for idle namespaces
 
 
+async def test_a_slot_handed_to_a_pass_cancelled_at_that_moment_goes_to_the_next() -> None:
+    slots = PassSlots(1)
+    granted: list[str] = []
+    await slots.acquire(("a", "running"), F)
+    doomed = asyncio.ensure_future(_take(slots, ("a", "doomed"), F, granted))
+    other = asyncio.ensure_future(_take(slots, ("a", "other"), F, granted))
+    await asyncio.sleep(0)
+    slots.release(("a", "running"))  # the slot goes to "doomed" (first come)...
+    assert slots.waiting[F] == 1
+    doomed.cancel()  # ...which is cancelled before it runs: it passes the slot on
+    await asyncio.gather(other)
+    assert doomed.cancelled() and granted == ["a/other"]
+    assert slots._active == {} and slots._free == 1
+
+
 async def _take(slots: PassSlots, key: tuple[str, str], c: PassClass, granted: list[str]) -> None:
     async with slots.slot(key, c):
         granted.append("/".join(key))
