@@ -21,7 +21,7 @@ never verifies it). Every ModelDeployment has 1 prefill and 1 decode engine. The
    cluster's share) and verified;
 3. **loaded**: ``--never-ready`` ModelDeployments whose engines never verify applied in
    namespace ``bench-tenant`` (batches of 100, as fast as ``kubectl apply`` and the webhook take
-   them: ~50 s a batch here), and the same rounds run from the moment the first batch is in,
+   them: 50-100 s a batch here), and the same rounds run from the moment the first batch is in,
    beside the rest of the applies and every first pass and first engine read they cause.
    ``--churn-seconds S`` also annotates every one of them every S seconds (a watch event each:
    a tenant whose ModelDeployments keep changing);
