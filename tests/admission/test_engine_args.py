@@ -152,6 +152,30 @@ DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
 ]
 
 
+SECRET_WITHOUT_API_KEY: list[tuple[list[str], int, str]] = [
+    (["--admin-api-key", "$(ADMIN_KEY)"], 0, "--admin-api-key"),
+    (["--tp-size", "1", "--admin-api=$(ADMIN_KEY)"], 2, "--admin-api-key"),
+    (["--ssl-keyfile-password", "$(SSL_PASSWORD)"], 0, "--ssl-keyfile-password"),
+    (["--ssl-keyfile-pass=$(SSL_PASSWORD)"], 0, "--ssl-keyfile-password"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "index", "flag"),
+    SECRET_WITHOUT_API_KEY,
+    ids=[" ".join(c[0]) for c in SECRET_WITHOUT_API_KEY],
+)
+def test_a_secret_flag_without_an_api_key_is_denied_since_server_info_would_serve_it(
+    args: list[str], index: int, flag: str
+) -> None:
+    result = check_document(mutated({"spec.engine.args": args}))
+    assert not result.allowed
+    message = next(p.message for p in result.denials if p.field == f"spec.engine.args[{index}]")
+    for words in (flag, "/server_info", "spec.engine.apiKeySecretRef", "/get_server_info"):
+        assert words in message, message
+    assert "$(" not in message
+
+
 @pytest.mark.parametrize(
     ("changes", "field", "words"), [c[1:] for c in DENIED], ids=[c[0] for c in DENIED]
 )
@@ -217,10 +241,22 @@ ALLOWED: list[tuple[str, dict[str, Any], str | None]] = [
         "spec.engine.transfer.rdma.hostPath",
     ),
     (
-        "an admin key from the environment",
-        {"spec.engine.args": ["--admin-api-key", "$(ADMIN_KEY)"]},
+        "an admin key from the environment, beside the API key",
+        {
+            "spec.engine.args": ["--admin-api-key", "$(ADMIN_KEY)"],
+            "spec.engine.apiKeySecretRef": {"name": "engine-keys", "key": "api"},
+        },
         None,
     ),
+    (
+        "an SSL key password from the environment, beside the API key",
+        {
+            "spec.engine.args": ["--ssl-keyfile-password=$(SSL_PASSWORD)"],
+            "spec.engine.apiKeySecretRef": {"name": "engine-keys", "key": "api"},
+        },
+        None,
+    ),
+    ("an SSL key file (a path, not a secret)", {"spec.engine.args": ["--ssl-keyfile", "/k"]}, None),
     ("an allowed flag that starts like a denied one", {"spec.engine.args": ["--dp-lm-head"]}, None),
     (
         "the switches kvgate passes, repeated (they cannot be turned off)",

@@ -239,6 +239,42 @@ def _written(use: FlagUse) -> str:
     return f"{use.written}={use.value}" if use.explicit else f"{use.written} {use.value}"
 
 
+# SGLang reports these in /server_info (their fields and launch_command; upstream
+# sgl-project/sglang#37457), which an engine without --api-key serves to anyone who reaches it:
+# an admin key alone guards only SGLang's admin routes, and smg forwards GET /get_server_info
+# from its clients to a worker.
+SECRETS_ONLY_WITH_API_KEY = ("--admin-api-key", "--ssl-keyfile-password")
+# Exact SGLang flags that are a prefix of one of them (argparse reads an exact flag first).
+_PLAIN_PREFIXES = frozenset({"--ssl-keyfile"})
+
+
+def check_secrets_need_api_key(spec: ModelDeploymentSpec) -> list[Problem]:
+    """A secret in engine.args without spec.engine.apiKeySecretRef: the engine would hand it to
+    anyone who asks its /server_info, through the router too."""
+    if spec.engine.api_key_secret_ref is not None:
+        return []
+    denials = []
+    for index, item in enumerate(spec.engine.args):
+        flag = item.partition("=")[0]
+        if len(flag) <= 2 or not flag.startswith("--") or flag in _PLAIN_PREFIXES:
+            continue
+        named = [secret for secret in SECRETS_ONLY_WITH_API_KEY if secret.startswith(flag)]
+        if not named:
+            continue
+        denials.append(
+            Problem(
+                f"spec.engine.args[{index}]",
+                f"{flag}: SGLang reports {' or '.join(named)} in /server_info (its value and the "
+                "command line, sgl-project/sglang#37457), and an engine without an API key "
+                "answers /server_info to anyone who reaches it, the router's GET "
+                "/get_server_info included; set spec.engine.apiKeySecretRef {name, key} too "
+                "(the engine then answers only with that key, and kvgate, its guard and the "
+                "router send it), or remove the flag",
+            )
+        )
+    return denials
+
+
 def check_engine_args(spec: ModelDeploymentSpec) -> list[Problem]:
     """Denials for engine.args flags that kvgate sets itself or cannot verify."""
     denials = []
@@ -352,4 +388,7 @@ def check_engine(
 ) -> tuple[list[Problem], list[Problem]]:
     """engine.args flags and the engine.transfer section (an admission Check)."""
     denials, warnings = check_transfer(spec)
-    return check_engine_args(spec) + denials, warnings
+    flags = check_engine_args(spec)
+    denied = {problem.field for problem in flags}  # a literal admin key is denied once
+    secrets = [p for p in check_secrets_need_api_key(spec) if p.field not in denied]
+    return flags + secrets + denials, warnings
