@@ -143,7 +143,7 @@ class _Walk:
 
     def __init__(self) -> None:
         self.values: set[str] = set()
-        self.commands: list[tuple[dict[Any, object], Any, object]] = []
+        self.commands: list[tuple[dict[Any, object], Any, str | list[Any]]] = []
 
     def secrets_in(self, value: object) -> None:
         if isinstance(value, str):
