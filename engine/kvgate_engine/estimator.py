@@ -1054,10 +1054,9 @@ def _swa_cell(
     chunked = _architecture(config) in CHUNKED_ATTENTION_ARCHITECTURES
     pages = _chunked_attention_pages(gpu_major) if chunked else frozenset()
     if flags.disable_hybrid_swa_memory:
-        cell = row.all_layers(layers)
         return _Cell(
             layout="MHA",
-            bytes=cell,
+            bytes=row.all_layers(layers),
             kv_cache_dtype=dtype,
             kept_pages=pages,
             draft_layers=draft_layers,
