@@ -13,6 +13,20 @@ Version-gated flags (the version is read from the image tag):
   (0.5.19: the oldest release we test, whose parser already accepts it, as the conformance test
   shows).
 
+Version-gated environment (:func:`engine_env`, on both roles):
+
+- ``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE`` set to ``true`` when
+  ``safety.deferredDecodeKvRelease`` (``false`` when not) and the image is
+  >= ``DEFERRED_KV_RELEASE_MIN_VERSION`` (0.5.19: ``sglang/srt/environ.py`` declares it in every
+  supported release, default ``EnvBool(False)`` in 0.5.19 and 0.5.20, ``EnvBool(True)`` from
+  0.5.21). With it, an aborted request's decode pages stay held until prefill acknowledges that
+  its in-flight KV write drained (``DecodeTransferQueue._deferred_releases``, ``decode.py``), or
+  the ``..._TIMEOUT`` (30 s) passes. Both roles read it: the prefill side
+  (``MooncakeKVManager.start_prefill_thread`` in ``mooncake/conn.py``, NIXL's ``conn.py``) holds
+  its ``ABORT_ACK`` until the write drained only when it is on; without it decode waits for the
+  timeout. From 0.5.21 it takes effect only on transfer backends that declare
+  ``supports_deferred_decode_kv_release`` (mooncake and nixl; mori from 0.5.22).
+
 The engine API key (``engine.apiKeySecretRef``) is passed as ``--api-key $(KVGATE_ENGINE_API_KEY)``:
 Kubernetes expands the reference from the container's environment, which the pod template fills
 from the Secret, so the key itself never appears in the Deployment.
@@ -36,6 +50,8 @@ from packaging.version import InvalidVersion, Version
 
 KV_CHECKSUM_MIN_VERSION = Version("0.5.21")
 KV_CANARY_MIN_VERSION = Version("0.5.19")
+DEFERRED_KV_RELEASE_MIN_VERSION = Version("0.5.19")
+DEFERRED_KV_RELEASE_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 # The container environment variable holding the engine API key (kvgate.build.builders fills it from
 # spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
@@ -65,6 +81,7 @@ class EngineLaunch:
     max_total_tokens: int | None = None
     kv_checksum: bool = False
     kv_canary: bool = False
+    deferred_decode_kv_release: bool = False
     # The user's engine.args, last so that they can override anything above.
     extra_args: tuple[str, ...] = ()
     # One engine over several pods (SGLang multi-node: --nnodes, --node-rank, --dist-init-addr).
@@ -175,3 +192,15 @@ def engine_argv(launch: EngineLaunch) -> list[str]:
         argv += ["--kv-canary", "log"]
     argv += launch.extra_args
     return argv
+
+
+def engine_env(launch: EngineLaunch) -> dict[str, str]:
+    """The SGLang environment variables kvgate sets on one engine container (name -> value).
+
+    Written whether on or off wherever the release reads the variable, so the engine does what
+    the spec says whatever the release's default is."""
+    version = image_version(launch.image)
+    env: dict[str, str] = {}
+    if _at_least(version, DEFERRED_KV_RELEASE_MIN_VERSION):
+        env[DEFERRED_KV_RELEASE_ENV] = "true" if launch.deferred_decode_kv_release else "false"
+    return env

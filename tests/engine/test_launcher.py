@@ -12,6 +12,7 @@ from factories.model_deployments import spec_of
 from kvgate.api.models import ModelDeploymentSpec, Role
 from kvgate.build.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
+from kvgate_engine.launcher import engine_env as launcher_env
 from kvgate_engine.launcher import image_version
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "launcher"
@@ -32,6 +33,8 @@ def test_argv_matches_golden_file(case: Path) -> None:
     golden = json.loads(case.read_text())
     spec = ModelDeploymentSpec.model_validate(golden["spec"])
     assert engine_argv(spec, Role(golden["role"])) == golden["argv"]
+    # The environment kvgate gives the engine container, beside the argv.
+    assert engine_env(spec, Role(golden["role"])) == golden["env"]
 
 
 def flag_value(argv: list[str], flag: str) -> str:
@@ -192,3 +195,39 @@ def test_api_key_is_an_environment_reference_never_the_key() -> None:
         argv = engine_argv(spec, role)
         assert flag_value(argv, "--api-key") == "$(KVGATE_ENGINE_API_KEY)"
     assert "--api-key" not in engine_argv(spec_of(), Role.DECODE)
+
+
+DEFERRED_RELEASE = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+
+
+def engine_env(spec: ModelDeploymentSpec, role: Role) -> dict[str, str]:
+    return launcher_env(engine_launch(spec, role))
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        # 0.5.19 and 0.5.20 read it with default False; 0.5.21-0.5.23 with default True.
+        ("lmsysorg/sglang:v0.5.23", {DEFERRED_RELEASE: "true"}),
+        ("lmsysorg/sglang:v0.5.22", {DEFERRED_RELEASE: "true"}),
+        ("lmsysorg/sglang:v0.5.21", {DEFERRED_RELEASE: "true"}),
+        ("lmsysorg/sglang:v0.5.20", {DEFERRED_RELEASE: "true"}),
+        ("lmsysorg/sglang:v0.5.19-cu129", {DEFERRED_RELEASE: "true"}),
+        ("lmsysorg/sglang:v0.5.18", {}),
+        ("lmsysorg/sglang:latest", {DEFERRED_RELEASE: "true"}),
+    ],
+)
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_deferred_decode_kv_release_is_on_by_default_where_the_release_reads_it(
+    image: str, expected: dict[str, str], role: Role
+) -> None:
+    # Both roles: the prefill side holds its ABORT_ACK until the transfer drained only when it
+    # reads the variable too (mooncake/conn.py MooncakeKVManager.start_prefill_thread).
+    assert engine_env(spec_of(engine={"image": image}), role) == expected
+
+
+def test_deferred_decode_kv_release_off_is_written_false_where_the_release_defaults_on() -> None:
+    off = spec_of(
+        engine={"image": "lmsysorg/sglang:v0.5.23"}, safety={"deferredDecodeKvRelease": False}
+    )
+    assert engine_env(off, Role.DECODE) == {DEFERRED_RELEASE: "false"}

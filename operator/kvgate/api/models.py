@@ -750,6 +750,14 @@ class SafetySpec(_Model):
             "whose version has them (>= 0.5.21)."
         ),
     )
+    deferred_decode_kv_release: bool = Field(
+        default=True,
+        description=(
+            "Set SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE on both roles (SGLang >= "
+            "0.5.19; off by default before 0.5.21): an aborted request's decode KV pages stay "
+            "held until prefill's transfer into them drained (or 30 s). false writes it false."
+        ),
+    )
 
 
 TOLERATION_OPERATORS = ("Exists", "Equal")

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate_engine.launcher import API_KEY_ENV, engine_argv
+from kvgate_engine.launcher import API_KEY_ENV, engine_argv, engine_env
 
 from kvgate.api import labels, multinode
 from kvgate.api.models import (
@@ -352,9 +352,12 @@ def pull_secrets(given: list[LocalObjectReference], guard: Guard | None) -> list
     return [{"name": n} for n in dict.fromkeys(names)]
 
 
-def _engine_env(spec: ModelDeploymentSpec, role_spec: RoleSpec) -> list[Body]:
-    """engine.env, then the role's extraEnv (a name in both takes the role's value), HOME, and
-    the API key from its Secret (kvgate's, whatever the spec's env says)."""
+def _engine_env(
+    spec: ModelDeploymentSpec, role_spec: RoleSpec, launch_env: dict[str, str]
+) -> list[Body]:
+    """engine.env, then the role's extraEnv (a name in both takes the role's value), HOME, the
+    launcher's SGLang settings (spec.safety's, whatever the spec's env says) and the API key from
+    its Secret (kvgate's, whatever the spec's env says)."""
     role_env = [e.model_dump(by_alias=True, exclude_none=True) for e in role_spec.extra_env]
     overridden = {e["name"] for e in role_env}
     env: list[Body] = [
@@ -362,9 +365,10 @@ def _engine_env(spec: ModelDeploymentSpec, role_spec: RoleSpec) -> list[Body]:
         for e in spec.engine.env
         if e.name not in overridden
     ] + role_env
-    env = [e for e in env if e["name"] != API_KEY_ENV]
+    env = [e for e in env if e["name"] != API_KEY_ENV and e["name"] not in launch_env]
     if not any(e["name"] == "HOME" for e in env):
         env.append({"name": "HOME", "value": "/tmp"})
+    env += [{"name": name, "value": value} for name, value in launch_env.items()]
     return env + api_key_env(spec.engine)
 
 
@@ -392,8 +396,9 @@ def engine_pod_template(
     spec = md.spec
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
-    command, args = split_command(engine_argv(engine_launch(spec, role)))
-    env = _engine_env(spec, role_spec)
+    launch = engine_launch(spec, role)
+    command, args = split_command(engine_argv(launch))
+    env = _engine_env(spec, role_spec, engine_env(launch))
     transfer = spec.engine.transfer
     ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
     user_labels, user_annotations = user_pod_metadata(role_spec)

@@ -38,6 +38,7 @@ def engine_launch(
         max_total_tokens=role_spec.max_total_tokens,
         kv_checksum=spec.safety.kv_checksum,
         kv_canary=spec.safety.kv_canary,
+        deferred_decode_kv_release=spec.safety.deferred_decode_kv_release,
         extra_args=tuple(engine.args),
         nnodes=role_spec.nodes,
         node_rank=node_rank if many else multinode.LEADER_RANK,
