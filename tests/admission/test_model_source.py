@@ -78,6 +78,73 @@ def test_a_path_is_free_without_a_source() -> None:
     assert check_document(mutated({"spec.model.path": "meta-llama/Llama-3.1-8B"})).allowed
 
 
+def test_a_path_under_models_without_a_source_is_admitted_with_a_warning_naming_the_ways_out() -> (
+    None
+):
+    result = check_document(mutated({}))  # the sample: /models/llama-3.1-8b, no source
+    assert result.allowed, result.message
+    warned = fields(result.warnings)["spec.model.path"]
+    assert "/models/llama-3.1-8b is under /models" in warned
+    assert "spec.model.source is not set" in warned
+    assert "lmsysorg/sglang:v0.5.23" in warned  # the only thing that could hold the weights
+    assert "rollout.verifyTimeoutSeconds (900 s)" in warned
+    for way_out in ("persistentVolumeClaim", "image", "download"):
+        assert way_out in warned
+    assert "hostPath" not in warned  # hostPaths.modelPrefixes is empty: hostPath is denied
+
+
+def test_the_warning_offers_a_host_path_only_under_the_clusters_allowed_prefixes() -> None:
+    policy = ClusterPolicy(host_paths=HostPathPolicy(model_prefixes=("/mnt/models",)))
+    warned = fields(check_document(mutated({}), policy).warnings)["spec.model.path"]
+    assert "hostPath (a node directory under /mnt/models)" in warned
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        PVC,
+        {"image": {"reference": "registry.example.com/models/llama:v1", "pullPolicy": "Always"}},
+        DOWNLOAD,
+    ],
+)
+def test_a_source_mounts_the_path_so_nothing_warns_about_it(source: dict[str, Any]) -> None:
+    result = check_document(mutated({"spec.model.source": source}))
+    assert result.allowed, result.message
+    assert "spec.model.path" not in fields(result.warnings)
+
+
+def test_a_path_outside_models_without_a_source_is_the_images_or_a_mounts_and_not_warned() -> None:
+    mount = {"name": "weights", "mountPath": "/weights"}
+    volume = {"name": "weights", "persistentVolumeClaim": {"claimName": "llama-weights"}}
+    for changes in (
+        {"spec.model.path": "/opt/llama-3.1-8b"},  # baked into a custom engine image
+        {
+            "spec.model.path": "/weights/llama-3.1-8b",
+            "spec.prefill.extraVolumes": [volume],
+            "spec.prefill.extraVolumeMounts": [mount],
+            "spec.decode.extraVolumes": [volume],
+            "spec.decode.extraVolumeMounts": [mount],
+        },
+    ):
+        result = check_document(mutated(changes))
+        assert result.allowed, result.message
+        assert "spec.model.path" not in fields(result.warnings)
+
+
+def test_a_hub_id_without_a_source_warns_that_the_engine_downloads_it_unpinned_and_unchecked() -> (
+    None
+):
+    result = check_document(mutated({"spec.model.path": "meta-llama/Llama-3.1-8B-Instruct"}))
+    assert result.allowed, result.message
+    warned = fields(result.warnings)["spec.model.path"]
+    assert "meta-llama/Llama-3.1-8B-Instruct is a hub id" in warned
+    assert "rollout.verifyTimeoutSeconds (900 s)" in warned
+    assert "not pinned to a commit" in warned and "no hash check" in warned
+    assert "spec.model.source.download" in warned
+    assert "repo: meta-llama/Llama-3.1-8B-Instruct" in warned
+    assert "spec.model.path to /models/Llama-3.1-8B-Instruct" in warned
+
+
 @pytest.mark.parametrize(
     ("source", "field", "words"),
     [

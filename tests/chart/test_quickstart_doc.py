@@ -165,3 +165,27 @@ def test_the_readmes_quick_start_builds_pushes_and_installs_as_the_quick_start_d
     assert values["image"]["repository"] == image_repo
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert version is not None and f"kvgate-operator-{version.group(1)}.oci.tar" in push_line
+
+
+def test_the_readmes_sample_loads_weights_and_is_the_quick_starts() -> None:
+    """The first ModelDeployment a newcomer meets sets spec.model.source: one without it is
+    admitted with a warning and never starts an engine on a stock SGLang image."""
+    readme = (ROOT / "README.md").read_text()
+    samples = re.findall(r"crds/samples/[\w.-]+\.yaml", readme)
+    assert samples, "the README names no sample"
+    assert samples[0] == "crds/samples/llama-8b-pvc.yaml", samples
+    commands = shell_blocks(readme).splitlines()
+    assert "kvgate validate crds/samples/llama-8b-pvc.yaml" in commands
+    assert "kubectl apply -f crds/samples/llama-8b-pvc.yaml" in commands
+    guide = shell_blocks(DOC.read_text()).splitlines()
+    assert "kvgate validate crds/samples/llama-8b-pvc.yaml" in guide
+    first = yaml.safe_load((ROOT / samples[0]).read_text())
+    assert first["spec"]["model"].get("source"), f"{samples[0]} sets no spec.model.source"
+    result = check_document(first)
+    assert result.allowed, result.message
+    assert not [w for w in result.warnings if w.field.startswith("spec.model")], result.warnings
+    shown = yaml.safe_load(
+        re.search(r"## A ModelDeployment\n.*?```yaml\n(.*?)```", readme, re.S).group(1)
+    )  # type: ignore[union-attr]
+    assert shown["spec"]["model"]["source"] == first["spec"]["model"]["source"]
+    assert shown["spec"]["model"]["path"] == first["spec"]["model"]["path"]

@@ -5,7 +5,11 @@ nothing there), and a download emptyDir smaller than the weights (the pod would 
 mid-download). Warned: a hub revision that is not a commit (two pods may load two models), a
 token sent over plain http, a hostPath (outside the baseline Pod Security level), a /dev/shm at
 or above a role's memory limit, and a download that may not finish within
-rollout.verifyTimeoutSeconds.
+rollout.verifyTimeoutSeconds. Without a source: a model.path under ``/models`` (nothing mounts
+it: kvgate mounts only a source there and no extraVolumeMount may, so only the engine image
+could hold the weights), and a hub id (the engine downloads it itself at start, unpinned and
+unchecked). A path elsewhere is the user's own choice (an image that carries the weights, or
+their extraVolumeMounts) and is not second-guessed.
 """
 
 from __future__ import annotations
@@ -189,15 +193,60 @@ def _shm_warnings(spec: ModelDeploymentSpec) -> list[Problem]:
     return warnings
 
 
+def _source_kinds(policy: ClusterPolicy) -> str:
+    """The sources a spec could set on this cluster (hostPath only under an allowed prefix)."""
+    prefixes = policy.host_paths.model_prefixes
+    kinds = ["persistentVolumeClaim (a claim holding the weights)"]
+    if prefixes:
+        kinds.append(f"hostPath (a node directory under {', '.join(prefixes)})")
+    kinds += [
+        "image (an OCI image of the weights)",
+        "download (from the hub at pod start, pinned to a commit and hash-checked)",
+    ]
+    return ", ".join(kinds[:-1]) + " or " + kinds[-1]
+
+
+def _unmounted_path_warning(spec: ModelDeploymentSpec, policy: ClusterPolicy) -> Problem | None:
+    """Without a source: a model.path nothing will fill, or one the engine downloads itself."""
+    path = spec.model.path
+    deadline = f"rollout.verifyTimeoutSeconds ({spec.rollout.verify_timeout_seconds:,} s)"
+    if path == MODEL_MOUNT_PATH or path.startswith(MODEL_MOUNT_PATH + "/"):
+        return Problem(
+            "spec.model.path",
+            f"{path} is under {MODEL_MOUNT_PATH}, where kvgate mounts the weights, but "
+            f"spec.model.source is not set: nothing is mounted there (a role's "
+            f"extraVolumeMounts may not mount at {MODEL_MOUNT_PATH}), so the engine finds "
+            f"weights only if its image {spec.engine.image} holds them; if it does not, no "
+            f"engine starts and the revision is refused after {deadline}. Set "
+            f"spec.model.source: {_source_kinds(policy)}",
+        )
+    if path.startswith("/"):
+        return None
+    name = posixpath.basename(path.rstrip("/")) or "model"
+    return Problem(
+        "spec.model.path",
+        f"{path} is a hub id (not an absolute path) and spec.model.source is not set: every "
+        "engine downloads it itself when it starts, inside "
+        f"{deadline}, not pinned to a commit (pods started at different times may load "
+        "different weights), with no hash check, and needs egress to the hub (and a token for "
+        "a gated model) from every engine pod. Set spec.model.source.download (repo: "
+        f"{path}, revision: the commit) and spec.model.path to {MODEL_MOUNT_PATH}/{name}",
+    )
+
+
 def check_model_source(
     spec: ModelDeploymentSpec, policy: ClusterPolicy
 ) -> tuple[list[Problem], list[Problem]]:
-    """spec.model.source against model.path, the weights' size and the verification deadline;
-    /dev/shm against each role's memory limit."""
+    """spec.model.source against model.path, the weights' size and the verification deadline
+    (without a source: a model.path nothing fills); /dev/shm against each role's memory
+    limit."""
     denials: list[Problem] = []
     warnings: list[Problem] = _shm_warnings(spec)
     source = spec.model.source
     if source is None:
+        unmounted = _unmounted_path_warning(spec, policy)
+        if unmounted is not None:
+            warnings.append(unmounted)
         return denials, warnings
     path = _path_problem(spec)
     if path is not None:
