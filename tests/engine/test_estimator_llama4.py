@@ -2,7 +2,7 @@
 
 tests/fixtures/sglang_pools/llama4.json holds, per shape, what SGLang 0.5.19 to 0.5.23 (the same
 on every shape) computed with their own ModelConfig, get_hybrid_layer_ids and
-HybridSWAPoolConfigurator (tests/conformance/record_llama4_pools.py says how). The configs are
+HybridSWAPoolConfigurator (tests/conformance/llama4_pools_probe.py says how). The configs are
 tests/fixtures/model_configs/llama-4-{scout-17b-16e,maverick-17b-128e}.json, written from the
 published Hugging Face config.json of meta-llama/Llama-4-Scout-17B-16E-Instruct and
 meta-llama/Llama-4-Maverick-17B-128E-Instruct.
