@@ -16,12 +16,20 @@ from kvgate.admission.app import serving
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
+# The README's sample: the same spec with its weights on a claim (spec.model.source).
+SAMPLE_WITH_WEIGHTS = SAMPLE.with_name("llama-8b-pvc.yaml")
 DELETE = object()
 
 
 def sample() -> dict[str, Any]:
     """The shipped safe sample: Llama-3.1-8B, 131,072 tokens, 80 GiB GPUs."""
     doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    return doc
+
+
+def sample_with_weights() -> dict[str, Any]:
+    """The sample with spec.model.source set: nothing in it draws a warning."""
+    doc: dict[str, Any] = yaml.safe_load(SAMPLE_WITH_WEIGHTS.read_text())
     return doc
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from kvgate.admission import check_document, check_update
 
-from .conftest import DELETE, mutated, sample
+from .conftest import DELETE, mutated, sample, sample_with_weights
 
 # (case id, changes to the safe sample, field that must be denied, words the message must hold)
 DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [
@@ -158,7 +158,7 @@ def test_unsafe_or_invalid_spec_is_denied_naming_field_and_numbers(
 
 
 def test_safe_sample_is_allowed_without_warnings() -> None:
-    result = check_document(sample())
+    result = check_document(sample_with_weights())
     assert result.allowed
     assert result.denials == ()
     assert result.warnings == ()
@@ -333,7 +333,9 @@ def test_a_tp_that_does_not_divide_the_heads_is_denied_once_without_an_estimate(
 
 
 def test_an_architecture_kvgate_does_not_model_is_estimated_with_a_warning() -> None:
-    result = check_document(mutated({"spec.model.config.architectures": ["FooForCausalLM"]}))
+    result = check_document(
+        mutated({"spec.model.config.architectures": ["FooForCausalLM"]}, sample_with_weights())
+    )
     assert result.allowed
     assert [str(w) for w in result.warnings] == [
         "spec.model.config: FooForCausalLM is not an architecture kvgate models; its KV pool "
@@ -343,6 +345,6 @@ def test_an_architecture_kvgate_does_not_model_is_estimated_with_a_warning() -> 
 
 
 def test_a_kv_dtype_sglang_refuses_is_denied_once_without_an_estimate() -> None:
-    result = check_document(mutated({"spec.engine.kvCacheDtype": "float16"}))
+    result = check_document(mutated({"spec.engine.kvCacheDtype": "float16"}, sample_with_weights()))
     assert [d.field for d in result.denials] == ["spec.engine.kvCacheDtype"]
     assert result.warnings == ()

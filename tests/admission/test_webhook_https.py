@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from kvgate.admission.answer import DENIAL_CODE
 
-from .conftest import LiveWebhook, mutated, review, sample
+from .conftest import LiveWebhook, mutated, review, sample, sample_with_weights
 
 
 async def post(
@@ -34,13 +34,25 @@ async def post(
 
 
 async def test_safe_model_deployment_is_allowed(live_webhook: LiveWebhook) -> None:
-    status, answer = await post(live_webhook, review(sample()))
+    status, answer = await post(live_webhook, review(sample_with_weights()))
     assert status == 200
     assert answer["apiVersion"] == "admission.k8s.io/v1"
     assert answer["kind"] == "AdmissionReview"
     assert answer["response"]["uid"] == "0c3e9b6c-4a7e-4a38-9f44-1f7a2b1d9e01"
     assert answer["response"]["allowed"] is True
     assert "warnings" not in answer["response"]
+
+
+async def test_a_model_path_nothing_mounts_is_allowed_with_a_warning_kubectl_prints(
+    live_webhook: LiveWebhook,
+) -> None:
+    status, answer = await post(live_webhook, review(sample()))  # /models/..., no source
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    warnings = [w for w in answer["response"]["warnings"] if w.startswith("spec.model.path: ")]
+    assert len(warnings) == 1, answer["response"]["warnings"]
+    assert "spec.model.source is not set: nothing is mounted there" in warnings[0]
+    assert "Set spec.model.source: persistentVolumeClaim" in warnings[0]
 
 
 async def test_unsafe_model_deployment_is_denied_with_code_and_numbers(
