@@ -265,3 +265,33 @@ def test_a_service_kvgate_does_not_own_is_never_given_as_the_url() -> None:
     late = pass_decision.conclude(own, [OwnershipConflict("Service", md_name, None)])
     assert pass_decision.conclude(own, []).status["url"] == builders.service_url(md)
     assert late.status["url"] is None
+
+
+def _defences(md: ModelDeployment, role: str) -> dict[str, dict[str, Any]]:
+    status = pass_decision.decide(_inputs(md)).status
+    return {d["name"]: d for d in status[role]["engineDefences"]}
+
+
+def test_the_status_says_each_engine_defence_is_on_where_the_release_has_it() -> None:
+    for role in ("prefill", "decode"):
+        defences = _defences(make_md(engine__image="lmsysorg/sglang:v0.5.23"), role)
+        assert {name: d["enabled"] for name, d in defences.items()} == {
+            "kvChecksum": True,
+            "deferredDecodeKvRelease": True,
+        }
+
+
+def test_a_release_without_kv_checksums_is_reported_off_with_the_release_that_has_them() -> None:
+    checksum = _defences(make_md(engine__image="lmsysorg/sglang:v0.5.20"), "decode")["kvChecksum"]
+    assert checksum["enabled"] is False
+    assert "SGLang 0.5.20" in checksum["message"]
+    assert "0.5.21" in checksum["message"] and "engine.image" in checksum["message"]
+
+
+def test_a_defence_turned_off_in_the_spec_is_reported_off_naming_the_field() -> None:
+    md = make_md(safety__kvChecksum=False, safety__deferredDecodeKvRelease=False)
+    defences = _defences(md, "prefill")
+    assert defences["kvChecksum"]["enabled"] is False
+    assert "spec.safety.kvChecksum is false" in defences["kvChecksum"]["message"]
+    assert defences["deferredDecodeKvRelease"]["enabled"] is False
+    assert "spec.safety.deferredDecodeKvRelease" in defences["deferredDecodeKvRelease"]["message"]

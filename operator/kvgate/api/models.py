@@ -1477,6 +1477,16 @@ class PoolEstimateStatus(_Model):
     message: str = Field(default="", description="The numbers and the way out.")
 
 
+class EngineDefenceStatus(_Model):
+    """One of SGLang's own KV defences on this role's engines (target revision)."""
+
+    name: str = Field(max_length=64, description="The spec.safety field that asks for it.")
+    enabled: bool = Field(description="Whether the engines run with it.")
+    message: str = Field(
+        default="", max_length=512, description="When off: why, and the way to turn it on."
+    )
+
+
 class RoleStatus(_Model):
     replicas: int = Field(
         default=0, ge=0, description="Engine pods of this role (target revision)."
@@ -1494,6 +1504,12 @@ class RoleStatus(_Model):
         default=None,
         description="The admission estimate for this role's shape against the live pools of "
         "its verified pods (absent: nothing to compare).",
+    )
+    engine_defences: list[EngineDefenceStatus] = Field(
+        default_factory=list,
+        max_length=8,
+        description="SGLang's own KV defences (KV-transfer checksums, deferred decode KV "
+        "release) on the target revision's engines: on, or off with the reason.",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvgate.api.models import SCALE_KIND, ModelDeployment, Role
 from kvgate.build import builders, network_policy
+from kvgate.build.engine_defences import engine_defences
 from kvgate.build.network_policy import RouterEgress
 from kvgate.rollout import (
     lws_availability,
@@ -358,6 +359,10 @@ def _status(inputs: PassInputs, step: RolloutStep, *, service_url: str | None) -
         status[role]["poolEstimate"] = pool_drift.drift_status(
             drift, pool_drift.was_optimistic(previous, role)
         )
+        status[role]["engineDefences"] = [
+            {"name": d.name, "enabled": d.enabled, "message": d.message}
+            for d in engine_defences(spec)
+        ]
     running = {w.revision for w in observed.workloads}
     # The requirement of every revision still running, so its pods are verified against what
     # kvgate rolled out once the spec has moved on (status: tenants cannot write it).
