@@ -11,7 +11,7 @@ import pytest
 import yaml
 from kvgate.cmd.cli import main
 
-from .conftest import SAMPLE, mutated
+from .conftest import SAMPLE, SAMPLE_WITH_WEIGHTS, mutated
 
 
 def _write(tmp_path: Path, text: str, name: str = "md.yaml") -> str:
@@ -23,6 +23,19 @@ def _write(tmp_path: Path, text: str, name: str = "md.yaml") -> str:
 def test_safe_sample_validates_with_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(SAMPLE)]) == 0
     assert "ModelDeployment/llama-8b: allowed" in capsys.readouterr().out
+
+
+def test_the_sample_without_a_source_is_allowed_with_a_warning_and_the_readmes_has_none(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["validate", str(SAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  warning: spec.model.path: /models/llama-3.1-8b is under /models, where kvgate mounts "
+        "the weights, but spec.model.source is not set" in out
+    )
+    assert main(["validate", str(SAMPLE_WITH_WEIGHTS)]) == 0
+    assert "warning:" not in capsys.readouterr().out
 
 
 def test_unsafe_file_exits_one_and_prints_every_problem(
