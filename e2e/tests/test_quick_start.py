@@ -92,7 +92,8 @@ def test_the_quick_start_reads_a_refusal_with_kubectl_kvgate_and_its_fix_makes_i
     )
     assert release["info"]["status"] == "deployed", release["info"]
 
-    # kvgate validate crds/samples/llama-8b.yaml, for the first ModelDeployment
+    # kvgate validate crds/samples/llama-8b-pvc.yaml, for the first ModelDeployment (here the
+    # world's sample on the reference engine, which reads no weights, so it needs no source)
     md = on_pool_without_estimate(sample_md(MD), SMALL_POOL)
     manifest = tmp_path / f"{MD}.yaml"
     manifest.write_text(yaml.safe_dump(md))
