@@ -169,6 +169,20 @@ def test_a_roles_env_follows_engine_env_and_wins_on_a_shared_name() -> None:
     assert prefill["NCCL_DEBUG"] == "INFO"
 
 
+def test_the_spec_safety_setting_replaces_an_env_entry_of_the_same_name_once() -> None:
+    name = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+    md = make_md(
+        engine__env=[{"name": name, "value": "false"}],
+        decode__extraEnv=[{"name": name, "value": "0"}],
+    )
+    for role in ("prefill", "decode"):
+        env = _pod(md, role)["spec"]["containers"][0]["env"]
+        assert [e for e in env if e["name"] == name] == [{"name": name, "value": "true"}]
+    off = make_md(safety__deferredDecodeKvRelease=False)
+    env = _pod(off, "decode")["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == name] == [{"name": name, "value": "false"}]
+
+
 def test_multi_node_workers_carry_the_roles_labels_and_annotations_but_not_the_engine_label() -> (
     None
 ):
@@ -200,6 +214,7 @@ def test_a_spec_without_the_new_fields_keeps_its_revision() -> None:
         {"decode__extraEnv": [{"name": "X", "value": "1"}]},
         {"router__resources": {"requests": {"cpu": "1"}}},
         {"router__nodeSelector": {"pool": "cpu"}},
+        {"safety__deferredDecodeKvRelease": False},
     ],
 )
 def test_a_pod_field_is_a_new_revision_as_node_selector_is(override: dict[str, Any]) -> None:

@@ -69,6 +69,11 @@ def revision_inputs(spec: ModelDeploymentSpec) -> dict[str, Any]:
     for role in ("prefill", "decode"):
         _drop_defaults(doc[role], _ENGINE_POD_DEFAULTS)
     _drop_defaults(doc["router"], _ROUTER_POD_DEFAULTS)
+    # safety.deferredDecodeKvRelease came after the first revisions; at its default it names no
+    # new revision (no roll on upgrade: the engine template's env changes under the same revision,
+    # its pods verified as any), and SGLang >= 0.5.21 already ran with it on by its own default.
+    if doc["safety"].get("deferredDecodeKvRelease") is True:
+        del doc["safety"]["deferredDecodeKvRelease"]
     # model.source came with model sources; a spec without one runs what it always ran.
     if doc["model"].get("source") is None:
         doc["model"].pop("source", None)
