@@ -131,6 +131,23 @@ def _write_corpus(directory: Path) -> dict[str, Path]:
         "inf-md.yaml": sample.replace("headroom: 1.0", "headroom: .inf"),
         "nan-md.yaml": sample.replace("gpuMemoryGiB: 80", "gpuMemoryGiB: .nan"),
         "huge-gpu-md.yaml": sample.replace("gpuMemoryGiB: 80", "gpuMemoryGiB: 1.0e+25"),
+        # What the cluster refuses or prunes, so validate must too (issue 47 item 2).
+        "snake-case-md.yaml": sample.replace("contextLength: 131072", "context_length: 131072"),
+        "toleration-md.yaml": sample.replace(
+            "    gpuMemoryGiB: 80\n  rollout:",
+            "    gpuMemoryGiB: 80\n    tolerations: [{key: gpu, operator: Exist}]\n  rollout:",
+        ),
+        "quantity-md.yaml": sample.replace(
+            "    gpuMemoryGiB: 80\n  rollout:",
+            "    gpuMemoryGiB: 80\n    resources: {limits: {memory: 64GB!}}\n  rollout:",
+        ),
+        "fp16-md.yaml": sample.replace("kvCacheDtype: auto", "kvCacheDtype: fp16"),
+        "old-floor-md.yaml": sample.replace(
+            'minEngineVersion: "0.5.22"', 'minEngineVersion: "0.5.1"'
+        ),
+        "pvc-and-md.yaml": "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: w}\n"
+        "spec: {accessModes: [ReadOnlyMany], resources: {requests: {storage: 1Ti}}}\n---\n"
+        + sample,
         "unicode-md.yaml": sample.replace("name: llama-8b", "name: ламa-∞-🙂").replace(
             "llama-3.1-8b            #", "модель-✓ #"
         ),
@@ -268,6 +285,16 @@ def _cases() -> list[Case]:
         add(f"validate-{name}", ("validate", f"{{{name}}}"), frozenset({1}))
         add(f"plan-f-{name}", ("plan", "-f", f"{{{name}}}"), two, "-f")
     add("validate-unicode-md", ("validate", "{unicode-md.yaml}"), frozenset({1}))
+    for name in (
+        "snake-case-md.yaml",
+        "toleration-md.yaml",
+        "quantity-md.yaml",
+        "fp16-md.yaml",
+        "old-floor-md.yaml",
+    ):
+        add(f"validate-{name}", ("validate", f"{{{name}}}"), frozenset({1}))
+    # Another kind beside a ModelDeployment (kustomize build output) is skipped, not denied.
+    add("validate-pvc-and-md", ("validate", "{pvc-and-md.yaml}"), frozenset({0}))
     add("plan-f-unicode-md", ("plan", "-f", "{unicode-md.yaml}"), frozenset({0, 1, 2}))
     add(
         "estimate-unicode-file-name",
