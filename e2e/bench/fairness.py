@@ -40,7 +40,6 @@ import copy
 import json
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -50,13 +49,12 @@ import yaml
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.signals import interrupt_on_signals
 from kvgate_e2e.world import World, WorldConfig, load_sample
-from scale import CONTROL_PLANE, IP_RANGE, POOL, gate, leader_cpu_seconds, say
+from scale import CONTROL_PLANE, POOL, gate, leader_cpu_seconds, say, start_standin
 
 VICTIM_NS = "bench-victim"
 TENANT_NS = "bench-tenant"
 VICTIM = "victim"
 ROLLBACK = "kvgate.io/rollback"
-CONTROL_PORT = 18999
 POLL_SECONDS = 0.1
 NEVER_VERIFIED = [{"name": "KVGATE_STANDIN_POOL_FACTOR", "value": "0.5"}]
 
@@ -87,27 +85,6 @@ def victim_manifest(mem_fraction: float) -> dict[str, Any]:
         "drainTimeoutSeconds": 1,
     }
     return md
-
-
-def start_standin(world: World) -> subprocess.Popen[str]:
-    cluster = world.cluster
-    node_ip = str(cluster.add_node_ip())
-    argv = [
-        sys.executable,
-        "-m",
-        "kvgate_e2e.standin",
-        f"--kubeconfig={cluster.kubeconfig}",
-        f"--node-ip={node_ip}",
-        f"--pool={POOL}",
-        f"--ip-range={IP_RANGE}",
-        f"--control={node_ip}:{CONTROL_PORT}",
-    ]
-    proc = subprocess.Popen(cluster.netns.exec_argv(argv), stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if '"ready": true' not in line:
-        raise SystemExit(f"the stand-in node did not start: {line!r}")
-    return proc
 
 
 def ready(md: dict[str, Any]) -> bool:
@@ -307,7 +284,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "operator_pythonpath": args.operator_pythonpath,
     }
     with World(WorldConfig(operator_env=env, cluster=CONTROL_PLANE)) as world:
-        standin = start_standin(world)
+        standin, _ = start_standin(world)  # the control port is forwarded and unused here
         churn: Churn | None = None
         try:
             # Routers have no nodeSelector: with the GPU nodes cordoned every new pod lands on
