@@ -34,7 +34,8 @@ from the Secret, so the key itself never appears in the Deployment.
 When the tag names no version (``latest``, a digest), both are passed when asked for: every
 release that can pass the live version gate (default floor ``DEFAULT_MIN_ENGINE_VERSION``)
 accepts both flags, and an engine that does not would exit at start-up with the flag named,
-rather than run silently without the protection the user asked for.
+rather than run silently without the protection the user asked for; the variable is set too
+(a release that does not declare it ignores it).
 
 The input is :class:`EngineLaunch`, plain values for one container: this package never imports
 the operator's API models (``kvgate.build.engine_launch`` maps a ModelDeployment role to it).
