@@ -229,7 +229,7 @@ class Churn:
             self.rounds += 1
             self.world.kubectl(
                 "annotate",
-                "md",
+                "kvmd",
                 "--all",
                 f"--namespace={TENANT_NS}",
                 f"bench.kvgate.io/churn={self.rounds}",

@@ -42,7 +42,7 @@ DISCOVERY = [
                 "modeldeployments",
                 "ModelDeployment",
                 singularName="modeldeployment",
-                shortNames=["md"],
+                shortNames=["kvmd"],
             )
         ],
     ),
@@ -61,7 +61,7 @@ DISCOVERY = [
         ("deployment", "/apis/apps/v1", "deployments"),
         ("deployments.apps", "/apis/apps/v1", "deployments"),
         ("crd", "/apis/apiextensions.k8s.io/v1", "customresourcedefinitions"),
-        ("md", "/apis/kvgate.io/v1alpha1", "modeldeployments"),
+        ("kvmd", "/apis/kvgate.io/v1alpha1", "modeldeployments"),
         ("modeldeployments.kvgate.io", "/apis/kvgate.io/v1alpha1", "modeldeployments"),
     ],
 )
@@ -95,7 +95,7 @@ def test_paths_name_the_namespace_only_for_namespaced_kinds(
 def test_list_items_carry_api_version_and_kind_and_no_managed_fields_as_kubectl_prints_them() -> (
     None
 ):
-    md = resource_names(DISCOVERY)["md"]
+    md = resource_names(DISCOVERY)["kvmd"]
     listed = [{"metadata": {"name": "m", "managedFields": [{"manager": "kubectl"}]}, "spec": {}}]
     assert as_listed(listed, md) == [
         {

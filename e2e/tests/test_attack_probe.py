@@ -406,7 +406,7 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
             assert any(re.search(s, verified["message"]) for s in says), verified
             patch = {"spec": {"rollout": {"verifyTimeoutSeconds": GIVE_UP_SECONDS}}}
             out = Tenant(world, ns).kubectl(
-                "patch", "md", md, "--type=merge", "-p", json.dumps(patch)
+                "patch", "kvmd", md, "--type=merge", "-p", json.dumps(patch)
             )
             assert out.returncode == 0, out.stderr
         for md in HOSTILE_MDS:

@@ -126,7 +126,7 @@ def failover(
         timeout = int(md["spec"]["rollout"].get("verifyTimeoutSeconds", 900))
         world.kubectl(
             "patch",
-            "md",
+            "kvmd",
             name,
             f"--namespace={ns}",
             "--type=merge",
