@@ -23,8 +23,9 @@ never verifies it). Every ModelDeployment has 1 prefill and 1 decode engine. The
    namespace ``bench-tenant`` (batches of 100, as fast as ``kubectl apply`` and the webhook take
    them: 50-100 s a batch here), and the same rounds run from the moment the first batch is in,
    beside the rest of the applies and every first pass and first engine read they cause.
-   ``--churn-seconds S`` also annotates every one of them every S seconds (a watch event each:
-   a tenant whose ModelDeployments keep changing);
+   ``--after-applies`` starts the rounds only once all are applied and observed (steady load,
+   no apply burst beside them). ``--churn-seconds S`` also annotates every one of them every S
+   seconds (a watch event each: a tenant whose ModelDeployments keep changing);
 4. the medians of both, and loaded / idle.
 
 Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
@@ -238,6 +239,15 @@ class Churn:
             )
 
 
+def observed(world: World) -> int:
+    """The tenant's ModelDeployments whose current generation kvgate has passed."""
+    return sum(
+        1
+        for md in world.list("modeldeployments.kvgate.io", TENANT_NS)
+        if (md.get("status") or {}).get("observedGeneration") == md["metadata"].get("generation")
+    )
+
+
 def apply_tenant(world: World, count: int, result: dict[str, Any]) -> None:
     """Apply the never-Ready ModelDeployments in batches of 100; the seconds the first batch and
     all of them took go into ``result``."""
@@ -314,6 +324,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.timeout,
                 period=0.2,
             )
+            if args.after_applies:
+                # Steady load: every never-Ready ModelDeployment applied and passed once, their
+                # engines failing verification again and again; no apply burst beside the rounds.
+                applying.join(args.timeout)
+                poll_until(
+                    "every never-Ready ModelDeployment observed by kvgate",
+                    lambda: observed(world) >= args.never_ready,
+                    args.timeout,
+                    period=1.0,
+                )
+                result["observed_after_s"] = round(time.monotonic() - t0, 1)
+                say(
+                    f"all {args.never_ready} observed {result['observed_after_s']} s after the "
+                    "first apply"
+                )
             if args.churn_seconds:
                 churn = Churn(world, args.churn_seconds)
                 churn.thread.start()
@@ -332,12 +357,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["churn_rounds"] = churn.rounds
             tenant = world.list("modeldeployments.kvgate.io", TENANT_NS)
             result["tenant_ready"] = sum(1 for md in tenant if ready(md))
-            result["tenant_observed"] = sum(
-                1
-                for md in tenant
-                if (md.get("status") or {}).get("observedGeneration")
-                == md["metadata"].get("generation")
-            )
+            result["tenant_observed"] = observed(world)
             result["loaded_over_idle"] = {
                 k: round(v / result["idle_medians"][k], 2)
                 for k, v in result["loaded_medians"].items()
@@ -369,6 +389,12 @@ def main() -> None:
         type=float,
         default=0.0,
         help="annotate every never-Ready ModelDeployment every this many seconds (0: never)",
+    )
+    parser.add_argument(
+        "--after-applies",
+        action="store_true",
+        help="run the loaded rounds once every never-Ready ModelDeployment is applied and "
+        "observed (steady load), not from the first batch on (beside the apply burst)",
     )
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE")
