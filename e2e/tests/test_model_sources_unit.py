@@ -18,6 +18,7 @@ from kvgate_e2e.kubelet.api import ApiError
 from kvgate_e2e.kubelet.mounts import (
     _MOUNT_SCRIPT,
     MountPoints,
+    container_mounts,
     in_mount_namespace,
     read_only_targets,
 )
@@ -182,3 +183,43 @@ def test_the_real_engine_md_reads_the_tiny_llama_from_its_claim(tmp_path: Path) 
     assert weights["persistentVolumeClaim"] == {"claimName": "tiny-llama", "readOnly": True}
     # Without a claim, the node's own path, as before.
     assert tiny_llama_md("real", tmp_path, "real")["spec"]["model"]["path"] == str(tmp_path)
+
+
+def test_a_missing_host_path_source_never_leaves_a_file_where_a_directory_belongs(
+    tmp_path: Path,
+) -> None:
+    """A hostPath DirectoryOrCreate volume whose directory does not exist yet is created, as the
+    kubelet does, and its mountPath made a directory: before, the kubelet touched a *file* at
+    the mountPath (``/models`` on the host), and every later pod mounting a directory there
+    failed with "mount point is not a directory". What it creates goes when it leaves."""
+    source, target = tmp_path / "node" / "models" / "llama", tmp_path / "container" / "models"
+    pod = {
+        "spec": {
+            "volumes": [
+                {"name": "model", "hostPath": {"path": str(source), "type": "DirectoryOrCreate"}}
+            ]
+        }
+    }
+    container = {"volumeMounts": [{"name": "model", "mountPath": str(target)}]}
+    points = MountPoints(tmp_path / "registry")
+    assert container_mounts(pod, container, tmp_path / "volumes", points) == [
+        (str(source), str(target))
+    ]
+    assert source.is_dir() and target.is_dir()
+    points.cleanup()
+    assert not source.exists() and not target.exists()
+
+
+def test_a_host_path_directory_that_is_missing_fails_the_container_not_the_node(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "nothing-here"
+    pod = {
+        "spec": {
+            "volumes": [{"name": "model", "hostPath": {"path": str(missing), "type": "Directory"}}]
+        }
+    }
+    container = {"volumeMounts": [{"name": "model", "mountPath": str(tmp_path / "models")}]}
+    with pytest.raises(PodSpecError, match="is not a directory on the node"):
+        container_mounts(pod, container, tmp_path / "volumes", MountPoints(tmp_path / "registry"))
+    assert not (tmp_path / "models").exists()

@@ -97,6 +97,16 @@ class MountPoints:
                     item.mkdir(exist_ok=True)
                     created.write(f"{item}\n")
 
+    def ensure_file(self, path: Path) -> None:
+        """A missing file mount point (a file volume's mountPath), created and listed so that
+        the last kubelet to leave removes it, as it removes the directories."""
+        self.ensure(path.parent)
+        with self._lock:
+            if not path.exists():
+                path.touch()
+                with (self._registry / "created").open("a") as created:
+                    created.write(f"{path}\n")
+
     def cleanup(self) -> None:
         with self._lock:
             if not self._me.exists():
@@ -111,7 +121,10 @@ class MountPoints:
             paths = created.read_text().split() if created.exists() else []
             for item in sorted(set(paths), key=len, reverse=True):
                 with contextlib.suppress(OSError):
-                    Path(item).rmdir()
+                    if Path(item).is_dir():
+                        Path(item).rmdir()
+                    else:
+                        Path(item).unlink()
             created.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 self._registry.rmdir()
@@ -133,6 +146,13 @@ def container_mounts(
             raise PodSpecError(f"volumeMount {mount['name']!r} names no volume of the pod")
         if "hostPath" in volume:
             src = Path(volume["hostPath"]["path"])
+            kind = volume["hostPath"].get("type") or ""
+            if kind == "DirectoryOrCreate" and not src.exists():
+                mount_points.ensure(src)  # as the kubelet creates it (and removed at the end)
+            elif kind == "Directory" and not src.is_dir():
+                raise PodSpecError(
+                    f"hostPath {src} is not a directory on the node (type Directory)"
+                )
         else:
             src = volumes_dir / mount["name"]
         if mount.get("subPath"):
@@ -141,9 +161,7 @@ def container_mounts(
         if src.is_dir():
             mount_points.ensure(dst)
         else:
-            mount_points.ensure(dst.parent)
-            if not dst.exists():
-                dst.touch()
+            mount_points.ensure_file(dst)
         pairs.append((str(src), str(dst)))
     return order_mounts(pairs)
 
