@@ -242,16 +242,19 @@ class TrafficLoop:
 
         self.send = send
         self.pause = pause
-        self.results: list[tuple[float, bool, str]] = []
+        self.results: list[tuple[float, bool, str]] = []  # (done, ok, detail)
+        self.started: list[float] = []  # when each of ``results`` was sent, in the same order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 ok, detail = self.send()
             except Exception as exc:  # a refused connection is a failed request
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
+            self.started.append(started)
             self.results.append((time.monotonic(), ok, detail))
             self._stop.wait(self.pause)
 
