@@ -763,18 +763,19 @@ class SafetySpec(_Model):
 TOLERATION_OPERATORS = ("Exists", "Equal")
 TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 # resource.Quantity as Kubernetes parses it (apimachinery's quantity grammar): a decimal number,
-# then a binary (Ki..Ei) or decimal (n, u, m, k, M, G, T, P, E) suffix or an exponent.
-QUANTITY_PATTERN = (
+# then a binary (Ki..Ei) or decimal (n, u, m, k, M, G, T, P, E) suffix or an exponent. Wider than
+# QUANTITY_PATTERN, the size form kvgate reads in bytes (kvgate.admission.model_source).
+KUBERNETES_QUANTITY_PATTERN = (
     r"^(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
     r"(?:[KMGTPE]i|[numkMGTPE]|[eE][+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))?$"
 )
-_QUANTITY = re.compile(QUANTITY_PATTERN)
+_KUBERNETES_QUANTITY = re.compile(KUBERNETES_QUANTITY_PATTERN)
 
 
 def quantity_problem(value: int | str) -> str | None:
     """Why Kubernetes would refuse `value` as a container's resource quantity, or None."""
     text = str(value)
-    parsed = _QUANTITY.match(text)
+    parsed = _KUBERNETES_QUANTITY.match(text)
     if parsed is None:
         return (
             f"{text!r} is not a Kubernetes resource quantity; write a number with an optional "
