@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from kvgate.admission.result import Problem
@@ -172,8 +173,7 @@ def _wire_name(loc: tuple[int | str, ...]) -> str:
     field = model.model_fields.get(name) if model is not None else None
     if field is not None and field.alias:
         return field.alias
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+    return to_camel(name)  # the API models' own alias generator
 
 
 def _way_out(name: str, fallback: str) -> str:
