@@ -233,6 +233,12 @@ def routed(world: World, namespace: str, md: str, ip: str) -> bool:
     return routes_to_ip(router_workers(world, namespace, md), ip)
 
 
+def service_revision(world: World, ns: str, md_name: str) -> str | None:
+    """The revision the ModelDeployment's Service selects (None: no Service)."""
+    svc = world.get("service", md_name, ns)
+    return None if svc is None else (svc["spec"].get("selector") or {}).get("kvgate.io/revision")
+
+
 class TrafficLoop:
     """Known-answer requests in a loop from a background thread, each result recorded:
     ``with TrafficLoop(send) as traffic: ...``; ``send()`` returns (ok, detail)."""

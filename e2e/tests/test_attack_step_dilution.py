@@ -35,6 +35,7 @@ from scenario_helpers import (
     known_answer,
     make_tenant,
     md_story,
+    service_revision,
 )
 from test_scenario_progressive import PAUSE_SECONDS, ROUTERS, progressive_md, serving, status_of
 
@@ -233,13 +234,7 @@ def test_a_flood_of_invalid_json_does_not_promote_a_revision_whose_decode_fails_
         )
         deadline_loop(
             "the Service to select revision A only",
-            lambda: (
-                (world.get("service", name, ns) or {})
-                .get("spec", {})
-                .get("selector", {})
-                .get("kvgate.io/revision")
-                == rev_a
-            ),
+            lambda: service_revision(world, ns, name) == rev_a,
             30,
         )
         failures_at_rollback = len(traffic.failures)

@@ -48,6 +48,7 @@ from scenario_helpers import (
     known_answer,
     on_pool_without_estimate,
     sample_md,
+    service_revision,
     wait_known_answer,
 )
 
@@ -85,11 +86,6 @@ def engine_uids(world: World, ns: str, md_name: str, revision: str) -> set[str]:
         for p in engine_pods(world, ns, md_name)
         if p["metadata"]["labels"]["kvgate.io/revision"] == revision
     }
-
-
-def service_revision(world: World, ns: str, md_name: str) -> str | None:
-    svc = world.get("service", md_name, ns)
-    return None if svc is None else (svc["spec"].get("selector") or {}).get("kvgate.io/revision")
 
 
 def deployments_of(world: World, ns: str, md_name: str, revision: str) -> list[dict[str, Any]]:

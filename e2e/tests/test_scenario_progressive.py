@@ -36,6 +36,7 @@ from scenario_helpers import (
     known_answer,
     md_story,
     sample_md,
+    service_revision,
     stream_generate,
 )
 
@@ -314,13 +315,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
         refused_after = refused_at - injected
         deadline_loop(
             "the Service to select revision A only",
-            lambda: (
-                (world.get("service", name, ns) or {})
-                .get("spec", {})
-                .get("selector", {})
-                .get("kvgate.io/revision")
-                == rev_a
-            ),
+            lambda: service_revision(world, ns, name) == rev_a,
             30,
         )
         back_after = time.monotonic() - injected
