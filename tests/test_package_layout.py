@@ -19,7 +19,7 @@ ENGINE_PACKAGE = Path(kvgate_engine.__file__).parent
 # A function reads as one screenful of steps; the CLI's argument table is the one exception.
 MAX_FUNCTION_LINES = 100
 LONG_BY_DESIGN = {("kvgate/cmd/cli.py", "build_parser")}
-PURE = ("api", "gen", "build", "rollout", "verify", "diagnose")
+PURE = ("api", "gen", "objects", "rollout", "verify", "diagnose")
 IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.controller")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from kvgate.api.models import MODEL_MOUNT_PATH as KVGATE_MOUNT_PATH
 from kvgate.api.models import ModelDeployment, Role
-from kvgate.build import builders
+from kvgate.objects import builders
 from kvgate_e2e.kubelet.api import ApiError
 from kvgate_e2e.kubelet.mounts import (
     _MOUNT_SCRIPT,

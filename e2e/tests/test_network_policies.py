@@ -1,5 +1,5 @@
 """Network isolation of the engines on the real API server: the per-revision NetworkPolicies
-(``kvgate.build.network_policy``) exist for a Ready ModelDeployment, match the builder, admit the
+(``kvgate.objects.network_policy``) exist for a Ready ModelDeployment, match the builder, admit the
 running
 operator pod, and are accepted by the API server; the chart's own NetworkPolicy renders and is
 accepted too.
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.api.models import ModelDeployment
-from kvgate.build.network_policy import RouterEgress, network_policies, policy_names
+from kvgate.objects.network_policy import RouterEgress, network_policies, policy_names
 from kvgate_e2e.world import CHART, OPERATOR_NAMESPACE, RELEASE, World, chart_values
 from scenario_helpers import sample_md, wait_md_ready
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvgate.api.models import ModelDeployment
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
+from kvgate.objects import builders
 from kvgate_e2e.standin import flag, needs_write, pod_status, stages, stand_in_for
 from kvgate_e2e.world import load_sample
 

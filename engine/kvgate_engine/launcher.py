@@ -38,7 +38,7 @@ rather than run silently without the protection the user asked for; the variable
 (a release that does not declare it ignores it).
 
 The input is :class:`EngineLaunch`, plain values for one container: this package never imports
-the operator's API models (``kvgate.build.engine_launch`` maps a ModelDeployment role to it).
+the operator's API models (``kvgate.objects.engine_launch`` maps a ModelDeployment role to it).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ KV_CHECKSUM_MIN_VERSION = Version("0.5.21")
 KV_CANARY_MIN_VERSION = Version("0.5.19")
 DEFERRED_KV_RELEASE_MIN_VERSION = Version("0.5.19")
 DEFERRED_KV_RELEASE_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
-# The container environment variable holding the engine API key (kvgate.build.builders fills it from
-# spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
+# The container environment variable holding the engine API key (kvgate.objects.builders fills
+# it from spec.engine.apiKeySecretRef; the guard sidecar reads the same name).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
 EngineRole = Literal["prefill", "decode"]

@@ -30,8 +30,8 @@ from kvgate.api.models import (
     ModelDeployment,
 )
 from kvgate.api.revision import REVISION_LENGTH
-from kvgate.build import builders, network_policy
 from kvgate.cmd.cli import main
+from kvgate.objects import builders, network_policy
 
 from .conftest import DELETE, SAMPLE, LiveWebhook, live, mutated, review, sample
 from .test_webhook_https import post

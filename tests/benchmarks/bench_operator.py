@@ -29,13 +29,13 @@ import kopf  # noqa: F401  (counted in the memory figure, as in the real process
 from factories.fake_engine import FakeEngine, running
 from factories.model_deployments import make_md, md_doc
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller import engine_pods
 from kvgate.controller.main import make_verify
 from kvgate.controller.modeldeployment import pod_state, workload_state
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import builders
 from kvgate.rollout.planner import ObservedState, plan
 from kvgate.rollout.status import compute_status
 from kvgate.verify import gate

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from factories.model_deployments import make_md
 from helm_runner import Helm
-from kvgate.build import builders
 from kvgate.cmd.cli import build_parser
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import builders
 
 ENV = "KVGATE_ENGINE_IMAGE_PULL_SECRETS"
 APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)

@@ -11,9 +11,9 @@ import yaml
 from factories.model_deployments import make_md
 from helm_runner import CHART, Helm
 from kvgate.api.models import Role
-from kvgate.build import builders
 from kvgate.cmd.cli import build_parser
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import builders
 
 ENV = "KVGATE_GUARD_IMAGE"
 APIS = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)

@@ -16,10 +16,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from factories.model_deployments import make_md
 from helm_runner import CHART, KUBE_VERSION, ROOT, Helm, Rendered, render_notes
-from kvgate.build import builders
 from kvgate.cmd.cli import build_parser
 from kvgate.gen.chartgen import TEMPLATE_NAME, chart_crd_template, escape_template_delimiters
 from kvgate.gen.rbac import Scope, granted, rules
+from kvgate.objects import builders
 
 NAMESPACE = "kvgate-system"
 FULLNAME = "kvgate"

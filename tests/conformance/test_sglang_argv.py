@@ -21,7 +21,7 @@ import pytest
 from factories.model_configs import model_config
 from factories.release_answers import CONFORMANCE_CACHE, ask_release, model_directory
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
 
 pytestmark = pytest.mark.conformance

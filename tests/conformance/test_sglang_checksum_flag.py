@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_defences import engine_defences
+from kvgate.objects.engine_defences import engine_defences
 from test_sglang_argv import (
     SUPPORTED_VERSIONS,
     engine_argv,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from factories.release_answers import ask_release
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import DEFERRED_KV_RELEASE_ENV, engine_env
 from test_sglang_argv import SUPPORTED_VERSIONS, sglang_envs
 

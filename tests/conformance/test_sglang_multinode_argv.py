@@ -18,7 +18,7 @@ import pytest
 from factories.release_answers import ask_release
 from kvgate.api import multinode
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv
 from test_sglang_argv import UNKNOWN_FLAG, model_dir, sglang_envs
 

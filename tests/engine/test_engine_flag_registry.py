@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kvgate.admission.engine_flags import API_ENGINE_FLAGS
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv
 from kvgate_engine.sglang_choices import (
     DISAGGREGATION_MODE,

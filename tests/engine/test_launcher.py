@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from factories.model_deployments import spec_of
 from kvgate.api.models import ModelDeploymentSpec, Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import engine_argv as launcher_argv
 from kvgate_engine.launcher import engine_env as launcher_env
 from kvgate_engine.launcher import image_version

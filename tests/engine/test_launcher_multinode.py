@@ -9,7 +9,7 @@ import pytest
 from factories.model_deployments import spec_of
 from kvgate.api import multinode
 from kvgate.api.models import Role
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects.engine_launch import engine_launch
 from kvgate_engine.launcher import EngineLaunch, engine_argv
 
 TOPOLOGY = ("--nnodes", "--node-rank", "--dist-init-addr")

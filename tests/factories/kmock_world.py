@@ -12,10 +12,10 @@ from typing import Any
 import kmock
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller import content_check
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
+from kvgate.objects import builders
 
 from factories.model_deployments import make_md, md_doc
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 from kvgate.api.models import ModelDeployment
-from kvgate.build import builders
 from kvgate.gen import rbacgen
 from kvgate.gen.rbac import RULES, Scope, granted, rules
 from kvgate.kube.k8s import KubeApi
+from kvgate.objects import builders
 
 ROOT = Path(__file__).resolve().parents[2]
 

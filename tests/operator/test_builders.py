@@ -11,7 +11,7 @@ from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
+from kvgate.objects import builders
 
 REV = "7c9d0e1f2a"
 

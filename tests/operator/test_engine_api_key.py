@@ -20,12 +20,12 @@ from factories.kmock_world import (
 from factories.model_deployments import NOW, md_doc
 from kvgate.api.models import ModelDeployment
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller import engine_pods
 from kvgate.controller.main import make_verify
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import builders
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED
 
 NS = "models"

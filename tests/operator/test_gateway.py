@@ -23,11 +23,11 @@ from factories.kmock_world import NS, engine_pod, requests
 from factories.model_deployments import NOW, make_md
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller import engine_pods
 from kvgate.controller.gateway_watch import GatewayWatch, read_workers
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
+from kvgate.objects import builders
 from kvgate.verify.gateway import (
     GATEWAY_HONOURED_NOT_READY,
     GATEWAY_IGNORED_NOT_READY,

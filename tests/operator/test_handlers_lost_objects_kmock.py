@@ -15,9 +15,9 @@ from factories.kmock_world import NS, requests
 from factories.model_deployments import make_md, md_doc
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
+from kvgate.objects import builders
 
 OLD_SPEC: dict[str, Any] = {}
 NEW_SPEC: dict[str, Any] = {"model__contextLength": 65_536}

@@ -10,7 +10,7 @@ from factories.golden import check_golden
 from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
 from kvgate.api.models import Role
-from kvgate.build import builders, lws_builders
+from kvgate.objects import builders, lws_builders
 
 REV = "7c9d0e1f2a"
 GUARD = builders.Guard(image="kvgate:test")

@@ -13,8 +13,8 @@ from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_inputs, revision_of
-from kvgate.build import builders, lws_builders, model_source
 from kvgate.cmd import cli
+from kvgate.objects import builders, lws_builders, model_source
 
 REV = "7c9d0e1f2a"
 GUARD = builders.Guard("ghcr.io/kvgate/kvgate-operator:0.2.0", cluster_floor="0.5.23")

@@ -14,10 +14,10 @@ from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
-from kvgate.build import lws_builders
 from kvgate.controller import engine_pods, group_verify, modeldeployment
 from kvgate.controller.modeldeployment import Reconciler
 from kvgate.controller.runtime import Runtime
+from kvgate.objects import lws_builders
 
 MULTI = {"decode__nodes": 2, "decode__tensorParallel": 2, "model__contextLength": 131_072}
 LWS_RESOURCE = {

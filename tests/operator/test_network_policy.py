@@ -15,8 +15,8 @@ import yaml
 from factories.golden import check_golden
 from factories.model_deployments import MD_UID, make_md
 from kvgate.api import labels
-from kvgate.build import network_policy
-from kvgate.build.network_policy import RouterEgress, network_policies
+from kvgate.objects import network_policy
+from kvgate.objects.network_policy import RouterEgress, network_policies
 
 REV, OLD = "7c9d0e1f2a", "1a2b3c4d5e"
 OPERATOR_NS = "kvgate-system"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from factories.model_deployments import make_md
 from kvgate.api import labels, multinode
-from kvgate.build.network_policy import network_policies
+from kvgate.objects.network_policy import network_policies
 
 REV, OLD = "7c9d0e1f2a", "1a2b3c4d5e"
 OPERATOR = {"namespace": "kvgate-system", "labels": {"app.kubernetes.io/name": "kvgate"}}

@@ -4,8 +4,8 @@ operator's identity (which every engine policy must admit) is missing."""
 from __future__ import annotations
 
 import pytest
-from kvgate.build.network_policy import DEFAULT_API_SERVER_EGRESS, RouterEgress
 from kvgate.kube.network_policy_settings import NetworkPolicySettings, network_policy_settings
+from kvgate.objects.network_policy import DEFAULT_API_SERVER_EGRESS, RouterEgress
 
 LABELS = '{"app.kubernetes.io/name": "kvgate", "app.kubernetes.io/instance": "kvgate"}'
 CHART_ENV = {"KVGATE_OPERATOR_NAMESPACE": "kvgate-system", "KVGATE_OPERATOR_POD_LABELS": LABELS}

@@ -13,7 +13,7 @@ from kvgate.api.content_types import MERGE_PATCH
 from kvgate.api.labels import ROLE_ROUTER
 from kvgate.api.models import ModelDeployment
 from kvgate.api.revision import revision_of
-from kvgate.build import builders, network_policy
+from kvgate.objects import builders, network_policy
 from kvgate.rollout import owned_objects, pass_decision
 from kvgate.rollout.access_checks import AccessCheck
 from kvgate.rollout.lws_availability import LwsAccess

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from factories.model_deployments import NOW, make_md
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller.modeldeployment import workload_state
+from kvgate.objects import builders
 from kvgate.rollout import pod_creation
 from kvgate.rollout.planner import PodState, plan
 from kvgate.rollout.pod_creation import CreationFailure

@@ -11,8 +11,8 @@ from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.models import Role
 from kvgate.api.revision import revision_of
-from kvgate.build import builders, lws_builders
 from kvgate.kube.settings import parse_pull_secrets
+from kvgate.objects import builders, lws_builders
 
 REV = "7c9d0e1f2a"
 GUARD = builders.Guard(

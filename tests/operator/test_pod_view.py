@@ -16,12 +16,12 @@ from typing import Any
 from factories.model_deployments import make_md
 from kvgate.api import labels
 from kvgate.api.revision import revision_of
-from kvgate.build import builders
 from kvgate.controller import engine_pods, router_workers
 from kvgate.controller.modeldeployment import workload_state
 from kvgate.controller.runtime import PodStore, Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import builders
 from kvgate.rollout import workload_writes
 from kvgate.verify import gate, pod_view
 
@@ -204,7 +204,7 @@ def test_sibling_pods_share_one_copy_of_their_labels_owner_annotations_and_conta
 
 
 def _deployment(**spec_and_meta: Any) -> dict[str, Any]:
-    """A revision Deployment as the API server returns it (kvgate.build.builders' body, plus what
+    """A revision Deployment as the API server returns it (kvgate.objects.builders' body, plus what
     the
     server adds: managedFields, other annotations, status)."""
     md = make_md(model__contextLength=131_072)

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from factories.model_deployments import make_md
-from kvgate.build import builders
 from kvgate.controller import main
 from kvgate.controller.runtime import Runtime
 from kvgate.gen import rbac
+from kvgate.objects import builders
 
 MD = make_md()
 ROUTER_ACCESS = {

@@ -12,7 +12,7 @@ import jsonpatch  # type: ignore[import-untyped]
 import pytest
 from factories.model_deployments import NOW, make_md
 from kvgate.api import labels
-from kvgate.build import builders
+from kvgate.objects import builders
 from kvgate.rollout.planner import Refusal, RolloutStep, WorkloadIntent
 from kvgate.rollout.workload_writes import (
     BuildInputs,

@@ -92,7 +92,7 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch"]
-# per-revision NetworkPolicies (kvgate.build.network_policy): created with a revision, patched
+# per-revision NetworkPolicies (kvgate.objects.network_policy): created with a revision, patched
 # back when they drift, deleted (after a get proves them kvgate's) with a superseded revision or
 # when turned off; watched (kopf, kvgate-labelled) so a deleted or edited one is put back at once
 - apiGroups: ["networking.k8s.io"]
@@ -103,7 +103,7 @@ kvgate.clusterRules: cluster-scoped reads kopf needs, always a ClusterRole.
   resources: ["events"]
   verbs: ["create"]
 {{- if .Values.leaderWorkerSet.enabled }}
-# multi-node engines (spec.<role>.nodes > 1, kvgate.build.lws_builders): one LeaderWorkerSet per
+# multi-node engines (spec.<role>.nodes > 1, kvgate.objects.lws_builders): one LeaderWorkerSet per
 # revision and role, listed every pass, created, scaled, annotated, drift patched back, superseded
 # ones deleted; get: a leader's controller chain (not watched: its leader pods' events wake the
 # ModelDeployment)

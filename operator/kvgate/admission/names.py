@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from kvgate.api import labels
 from kvgate.api.revision import REVISION_LENGTH
-from kvgate.build import builders, network_policy
+from kvgate.objects import builders, network_policy
 
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1035_LABEL_MAX = 63

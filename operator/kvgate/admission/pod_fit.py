@@ -19,7 +19,7 @@ from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
 from kvgate.api import labels, multinode
 from kvgate.api.models import ModelDeploymentSpec, Resources, Role, RoleSpec
-from kvgate.build.builders import KVGATE_MOUNT_PATHS, KVGATE_VOLUMES
+from kvgate.objects.builders import KVGATE_MOUNT_PATHS, KVGATE_VOLUMES
 
 # A Kubernetes qualified name (label and annotation keys): [<DNS subdomain>/]<name>.
 _NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"

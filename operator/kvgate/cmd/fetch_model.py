@@ -1,6 +1,6 @@
 """`kvgate fetch-model`: download a model snapshot from a Hugging Face Hub into a directory.
 
-The init container of spec.model.source.download runs it (kvgate.build.model_source) before the
+The init container of spec.model.source.download runs it (kvgate.objects.model_source) before the
 engine starts; the work is kvgate.modelfetch. It prints what it does, one line per file, and at
 the end the size, the time and the rate (the figure to size rollout.verifyTimeoutSeconds with);
 never the token.

@@ -15,7 +15,7 @@ pod's own localhost every ``--period`` seconds with the same code the operator u
   died).
 
 The requirement comes from the guard's own arguments, written into the pod template by the
-operator from the ModelDeployment (``kvgate.build.builders.guard_container``), never from anything
+operator from the ModelDeployment (``kvgate.objects.builders.guard_container``), never from anything
 the
 engine says about itself. The gate stays the operator's: it proves, explains, emits Events and
 metrics; the guard only says "this engine still meets this revision's requirement" and fails
@@ -25,7 +25,7 @@ are all "not ready".
 Kept lean because it runs beside every engine: no kopf, no Kubernetes client, no metrics library;
 aiohttp (already the probe's client) serves the two endpoints. Existing revisions keep the guard
 image they were created with across operator upgrades (see
-``kvgate.build.builders.template_hash``), so
+``kvgate.objects.builders.template_hash``), so
 the argument contract below only ever grows: never rename or drop a flag.
 
 An engine started with ``--api-key`` (``spec.engine.apiKeySecretRef``) is read with
@@ -64,7 +64,8 @@ FRESH_PERIODS = 2
 MAX_REASON_CHARS = 600
 MIN_PERIOD_SECONDS = 0.1
 MAX_PERIOD_SECONDS = 3600.0  # an engine read at least once an hour; longer is a typo
-# The engine API key, from the Secret named by spec.engine.apiKeySecretRef (kvgate.build.builders).
+# The engine API key, from the Secret named by spec.engine.apiKeySecretRef
+# (kvgate.objects.builders).
 API_KEY_ENV = "KVGATE_ENGINE_API_KEY"
 
 

@@ -204,8 +204,8 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
         # whose it is (the pass reads it by that name).
         deployments.on_role_scale_event(_rt(), dict(event["object"]))
 
-    # The router's ServiceAccount, Role and RoleBinding (kvgate.build.builders): deleted or edited,
-    # they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_
+    # The router's ServiceAccount, Role and RoleBinding (kvgate.objects.builders): deleted or
+    # edited, they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_
     # SECONDS); a settled ModelDeployment costs no reads for them. Same wake as a Deployment's.
     for group, version, plural in ROUTER_ACCESS_RESOURCES:
 

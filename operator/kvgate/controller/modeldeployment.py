@@ -33,7 +33,6 @@ from kvgate.api.models import (
     RolloutStrategy,
 )
 from kvgate.api.revision import revision_of
-from kvgate.build import builders, model_source
 from kvgate.controller import content_check, engine_pods, step_check
 from kvgate.controller.router_workers import audit_loop
 from kvgate.controller.runtime import (
@@ -46,6 +45,7 @@ from kvgate.controller.runtime import (
 )
 from kvgate.kube import metrics
 from kvgate.kube.k8s import JSON_PATCH, ApiError
+from kvgate.objects import builders, model_source
 from kvgate.rollout import (
     access_checks,
     lws_availability,

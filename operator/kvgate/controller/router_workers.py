@@ -21,11 +21,11 @@ import aiohttp
 
 from kvgate.api import labels
 from kvgate.api.models import API_VERSION, KIND
-from kvgate.build import builders
 from kvgate.controller.gateway_watch import UNREADABLE, read_workers, router_url
 from kvgate.controller.identity import resolve_identity
 from kvgate.controller.runtime import MdKey, Runtime
 from kvgate.kube import metrics
+from kvgate.objects import builders
 from kvgate.verify import gate, pod_identity, pod_view, router_auth, worker_audit
 from kvgate.verify.pod_identity import EngineIdentity
 from kvgate.verify.worker_audit import KnownEngine

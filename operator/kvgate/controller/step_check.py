@@ -19,7 +19,7 @@ import aiohttp
 from kvgate_engine.untrusted import read_bounded
 
 from kvgate.api import labels
-from kvgate.build import builders
+from kvgate.objects import builders
 from kvgate.rollout.progressive import (
     EngineFailures,
     RouterCounters,

@@ -7,7 +7,7 @@ watches). ``python -m kvgate.gen.rbacgen`` renders this table into the chart's r
 either drifts from it. Adding a call to the client means adding its verb here, nowhere else.
 
 Not in this table: the leader-election Lease Role (chart ``rbac.yaml``, limited to one Lease by
-name) and the per-ModelDeployment router Role the operator creates (``kvgate.build.builders``).
+name) and the per-ModelDeployment router Role the operator creates (``kvgate.objects.builders``).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ RULES: tuple[Rule, ...] = (
         "networking.k8s.io",
         ("networkpolicies",),
         ("get", "list", "watch", "create", "patch", "delete"),
-        "per-revision NetworkPolicies (kvgate.build.network_policy): created with a revision, "
+        "per-revision NetworkPolicies (kvgate.objects.network_policy): created with a revision, "
         "patched "
         "back when they drift, deleted (after a get proves them kvgate's) with a superseded "
         "revision or when turned off; watched (kopf, kvgate-labelled) so a deleted or edited one "
@@ -197,7 +197,7 @@ RULES: tuple[Rule, ...] = (
         "leaderworkerset.x-k8s.io",
         ("leaderworkersets",),
         ("get", "list", "create", "patch", "delete"),
-        "multi-node engines (spec.<role>.nodes > 1, kvgate.build.lws_builders): one "
+        "multi-node engines (spec.<role>.nodes > 1, kvgate.objects.lws_builders): one "
         "LeaderWorkerSet "
         "per revision and role, listed every pass, created, scaled, annotated, drift patched "
         "back, superseded ones deleted; get: a leader's controller chain (not watched: its "

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.build.network_policy import DEFAULT_API_SERVER_EGRESS, RouterEgress
+from kvgate.objects.network_policy import DEFAULT_API_SERVER_EGRESS, RouterEgress
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 

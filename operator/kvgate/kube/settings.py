@@ -183,7 +183,7 @@ _GUARD_RESOURCES_EXAMPLE = (
 
 def _guard_resources() -> dict[str, dict[str, str]] | None:
     """KVGATE_GUARD_RESOURCES: the guard sidecar's ResourceRequirements as JSON (the chart value
-    guard.resources); None when unset (kvgate.build.builders.GUARD_RESOURCES). Checked here, not
+    guard.resources); None when unset (kvgate.objects.builders.GUARD_RESOURCES). Checked here, not
     by the first engine Deployment the API server would refuse."""
     raw = _env("KVGATE_GUARD_RESOURCES")
     if raw is None:
@@ -357,14 +357,14 @@ class OperatorSettings:
     # wait (kvgate_reverify_wait_seconds shows the wait; docs/design/scale.md).
     reverify_reads_per_second: float = 100.0
     # KVGATE_NETWORK_POLICIES (+ KVGATE_OPERATOR_NAMESPACE/_POD_LABELS, KVGATE_ROUTER_EGRESS_*):
-    # per-revision NetworkPolicies (kvgate.build.network_policy); None = off.
+    # per-revision NetworkPolicies (kvgate.objects.network_policy); None = off.
     network_policy: NetworkPolicySettings | None = None
     # KVGATE_GUARD_IMAGE: the image of the guard sidecar every engine pod carries (kvgate.cmd.guard;
     # the chart sets the operator's own image). Unset (kvgate run outside its chart): engine pods
     # get no guard, and only the gate decides, which goes stale while the operator is down.
     guard_image: str | None = None
     # KVGATE_GUARD_RESOURCES: the guard sidecar's requests and limits (chart value
-    # guard.resources); None: kvgate.build.builders.GUARD_RESOURCES.
+    # guard.resources); None: kvgate.objects.builders.GUARD_RESOURCES.
     guard_resources: dict[str, dict[str, str]] | None = None
     # KVGATE_ENGINE_IMAGE_PULL_SECRETS: the chart's imagePullSecrets, added to every engine pod's
     # own (the guard and the model download run the operator's image).

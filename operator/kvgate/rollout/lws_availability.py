@@ -1,8 +1,8 @@
 """A multi-node ModelDeployment on a cluster that cannot run LeaderWorkerSets (pure).
 
-Engines with ``nodes`` > 1 run as LeaderWorkerSets (kvgate.build.lws_builders). When the API server
-does not serve ``leaderworkerset.x-k8s.io/v1`` (LeaderWorkerSet not installed) or kvgate may not
-use it (chart value ``leaderWorkerSet.enabled`` off), kvgate creates nothing for those roles and
+Engines with ``nodes`` > 1 run as LeaderWorkerSets (kvgate.objects.lws_builders). When the API
+server does not serve ``leaderworkerset.x-k8s.io/v1`` (LeaderWorkerSet not installed) or kvgate may
+not use it (chart value ``leaderWorkerSet.enabled`` off), kvgate creates nothing for those roles and
 says so: ``Degraded=True`` with reason ``LeaderWorkerSetUnavailable``, a message naming the
 roles, their nodes and the ways out, and a Warning Event when that first appears. A revision
 that already serves is left serving (its own objects are untouched); the multi-node revision

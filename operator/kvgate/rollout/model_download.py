@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.build.model_source import FETCH_CONTAINER
+from kvgate.objects.model_source import FETCH_CONTAINER
 
 REASON = "ModelDownloadFailing"
 MAX_LINE_CHARS = 600  # the fetcher's lines name the cause and the fix: keep both

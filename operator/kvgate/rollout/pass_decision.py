@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.models import SCALE_KIND, ModelDeployment, Role
-from kvgate.build import builders, network_policy
-from kvgate.build.engine_defences import engine_defences
-from kvgate.build.network_policy import RouterEgress
+from kvgate.objects import builders, network_policy
+from kvgate.objects.engine_defences import engine_defences
+from kvgate.objects.network_policy import RouterEgress
 from kvgate.rollout import (
     lws_availability,
     owned_objects,

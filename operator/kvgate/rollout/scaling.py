@@ -47,7 +47,7 @@ from kvgate.api.models import (
     Role,
     RoleAutoscaling,
 )
-from kvgate.build.builders import owner_reference
+from kvgate.objects.builders import owner_reference
 from kvgate.rollout.ownership import OwnershipConflict, conflict_for
 from kvgate.rollout.planner import (
     ObservedState,

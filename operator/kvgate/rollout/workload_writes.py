@@ -17,7 +17,7 @@ from typing import Any
 from kvgate.api import labels, multinode
 from kvgate.api.content_types import JSON_PATCH, MERGE_PATCH
 from kvgate.api.models import ModelDeployment, Role
-from kvgate.build import builders, lws_builders
+from kvgate.objects import builders, lws_builders
 from kvgate.rollout.planner import RolloutStep
 from kvgate.verify import gate
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api import labels, multinode
-from kvgate.build.builders import component_name
+from kvgate.objects.builders import component_name
 from kvgate.rollout.ownership import controller_of, is_controlled_by
 from kvgate.verify.pod_identity import ENGINE_ROLES, EngineIdentity, Unproven
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvgate.api import labels
 from kvgate.api.models import Role
-from kvgate.build.builders import component_name
+from kvgate.objects.builders import component_name
 from kvgate.rollout.ownership import controller_of, is_controlled_by
 
 NOT_OWNED = "NotOwnedByModelDeployment"

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvgate.api import labels
-from kvgate.build.model_source import FETCH_CONTAINER
+from kvgate.objects.model_source import FETCH_CONTAINER
 
 Pod = dict[str, Any]
 

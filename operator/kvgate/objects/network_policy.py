@@ -48,7 +48,7 @@ from typing import Any
 
 from kvgate.api import labels, multinode
 from kvgate.api.models import ModelDeployment
-from kvgate.build import builders
+from kvgate.objects import builders
 
 Body = dict[str, Any]
 

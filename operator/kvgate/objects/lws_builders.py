@@ -1,7 +1,7 @@
 """Pure builders for multi-node engines: one LeaderWorkerSet per revision and role (plain dicts).
 
 A role with ``nodes`` > 1 runs as ``<md>-<rev>-<role>``, a LeaderWorkerSet of ``replicas`` groups
-of ``nodes`` pods; a role with ``nodes`` == 1 keeps its Deployment (kvgate.build.builders).
+of ``nodes`` pods; a role with ``nodes`` == 1 keeps its Deployment (kvgate.objects.builders).
 
 - The **leader** (rank 0) is the pod kvgate's single-node engine pod already is: it serves HTTP
   and, for prefill, the KV bootstrap server; it carries the readiness gate and the guard sidecar,
@@ -27,8 +27,8 @@ from kvgate_engine.launcher import engine_argv
 
 from kvgate.api import labels, multinode
 from kvgate.api.models import ModelDeployment, Role
-from kvgate.build import builders
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects import builders
+from kvgate.objects.engine_launch import engine_launch
 
 Body = dict[str, Any]
 

@@ -31,8 +31,8 @@ from kvgate.api.models import (
     RoleSpec,
     Toleration,
 )
-from kvgate.build import model_source
-from kvgate.build.engine_launch import engine_launch
+from kvgate.objects import model_source
+from kvgate.objects.engine_launch import engine_launch
 from kvgate.rollout import requirements
 from kvgate.verify import router_auth
 
