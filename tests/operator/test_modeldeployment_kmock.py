@@ -526,3 +526,48 @@ async def test_a_drained_engine_is_announced_once_when_the_next_pass_comes_befor
     assert f"decode pod {name} drained in 10.0 s" in drained[0], drained
     decode = kmock.objects[deployments, NS, f"llama-{rev}-decode"]
     assert decode["spec"]["replicas"] == 1  # the second pass removes exactly that pod
+
+
+async def test_a_refusal_whose_status_write_failed_is_still_counted_and_announced_once(
+    kmock: kmock.KubernetesEmulator, rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass that decides a refusal writes the revision's Deployments (scaled down, annotated
+    with the reason) before its status. When the status write fails, the next pass finds the
+    refusal standing on the Deployments: the refusal must still reach
+    kvgate_rollouts_refused_total and the RolloutRefused Event, once (the KvgateRolloutRefused
+    alert never fired in CI when a pass was cut there)."""
+    from kvgate.kube import metrics
+
+    put_md(kmock, rollout__verifyTimeoutSeconds=60)
+    await Reconciler(rt, NS, "llama").reconcile()
+    stored = kmock.objects[kmock.resource("kvgate.io", "v1alpha1", "modeldeployments"), NS, "llama"]
+    stored.patch({"status": requests(kmock, "PATCH", "/status")[-1].data["status"]})
+    counted = metrics.ROLLOUTS_REFUSED.labels(NS, "llama", "VerificationTimeout")
+    before = counted._value.get()
+    later = Runtime(
+        api=rt.api,
+        settings=rt.settings,
+        verify=rt.verify,
+        clock=lambda: NOW + timedelta(seconds=61),
+    )
+    patch_status = rt.api.patch_md_status
+
+    async def status_write_fails(*_: Any) -> None:
+        path = f"/apis/kvgate.io/v1alpha1/namespaces/{NS}/modeldeployments/llama/status"
+        raise ApiError(500, "PATCH", path, "etcdserver: request timed out")
+
+    monkeypatch.setattr(rt.api, "patch_md_status", status_write_fails)
+    with pytest.raises(ApiError):
+        await Reconciler(later, NS, "llama").reconcile()
+    monkeypatch.setattr(rt.api, "patch_md_status", patch_status)
+    for _ in range(2):  # the retry, then a pass over the recorded refusal
+        step = await Reconciler(later, NS, "llama").reconcile()
+        assert step is not None and step.refusal is not None
+        status = requests(kmock, "PATCH", "/status")[-1].data["status"]
+        stored.patch({"status": status})
+    assert status["refusedRevision"] == revision_of(make_md().spec)
+    assert counted._value.get() - before == 1
+    warnings = [
+        r.data for r in requests(kmock, "POST", "/events") if r.data["reason"] == "RolloutRefused"
+    ]
+    assert len(warnings) == 1, [w["message"] for w in warnings]

@@ -187,6 +187,14 @@ def test_no_status_is_no_record() -> None:
     )
 
 
+# The status a pass wrote once NEW was refused: the refusal is recorded, not announced again.
+REFUSED_RECORDED = {
+    "targetRevision": NEW,
+    "servingRevision": OLD,
+    "rollout": {"refusal": {"reason": "EngineUnsafe", "message": SMALL_POOL}},
+}
+
+
 def _refused_keeping(old: str, repair: ServiceRepair, **kw: Any) -> RolloutStep:
     return step(
         serving_revision=old,
@@ -201,7 +209,7 @@ def _refused_keeping(old: str, repair: ServiceRepair, **kw: Any) -> RolloutStep:
 
 def test_recreated_service_is_announced_with_the_revision_it_selects_and_why() -> None:
     s = _refused_keeping(OLD, ServiceRepair(True, OLD, None, Evidence.STATUS))
-    (event,) = events_for(s, {"targetRevision": NEW, "servingRevision": OLD})
+    (event,) = events_for(s, REFUSED_RECORDED)
     assert (event.type, event.reason) == ("Warning", "ServiceRecreated")
     assert event.message == (
         f"the Service was missing: recreated it selecting revision {OLD}'s routers (the last "
@@ -212,7 +220,7 @@ def test_recreated_service_is_announced_with_the_revision_it_selects_and_why() -
 
 def test_restored_selector_names_what_it_selected() -> None:
     s = _refused_keeping(OLD, ServiceRepair(False, OLD, NEW, Evidence.VERIFIED_ENGINES))
-    (event,) = events_for(s, {"targetRevision": NEW, "servingRevision": OLD})
+    (event,) = events_for(s, REFUSED_RECORDED)
     assert event.reason == "ServiceSelectorRestored"
     assert event.message.startswith(
         f"the Service selected revision {NEW}, not the serving revision: restored its "
@@ -229,3 +237,18 @@ def test_recreated_router_of_the_serving_revision_is_announced() -> None:
         f"the router Deployment of serving revision {NEW} was missing: recreated; its traffic "
         "resumes once the new pods are Ready (the Service keeps selecting that revision)"
     )
+
+
+def test_a_refusal_is_announced_until_a_status_records_it_and_never_after() -> None:
+    """Standing on the Deployments (the deciding pass's status write was lost): announced; once
+    the status records it: silent."""
+    refused = step(
+        serving_revision=OLD,
+        previous_serving_revision=OLD,
+        service_revision=OLD,
+        refusal=Refusal(NEW, "EngineUnsafe", SMALL_POOL),
+    )
+    assert not refused.new_refusal
+    unrecorded = {"targetRevision": NEW, "servingRevision": OLD}
+    assert [e.reason for e in events_for(refused, unrecorded)] == ["RolloutRefused"]
+    assert [e.reason for e in events_for(refused, REFUSED_RECORDED)] == []

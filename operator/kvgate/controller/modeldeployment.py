@@ -67,7 +67,7 @@ from kvgate.rollout.planner import (
     WorkloadState,
 )
 from kvgate.rollout.progressive import EngineFailures, RouterCounters
-from kvgate.rollout.status import invalid_spec_status, rollout_record
+from kvgate.rollout.status import invalid_spec_status, refusal_is_new, rollout_record
 from kvgate.verify import content_probe, gate, router_auth
 
 log = logging.getLogger("kvgate.modeldeployment")
@@ -655,18 +655,19 @@ class Reconciler:
         previous = body.get("status") or None
         if _strip_none(previous or {}) != _strip_none(outcome.status):
             await self.rt.api.patch_md_status(ns, name, outcome.status)
-        if inputs.content is not None:
-            content_check.recorded(self.rt, ns, name, step.target_revision)
-        for event in outcome.events:
-            await self._event(body, event.type, event.reason, event.message)
-        content_check.keep_due(self.rt, inputs.md, step)
-        if step.new_refusal and step.refusal is not None:
+        if step.refusal is not None and refusal_is_new(step, previous):
+            # Counted once it is written (a pass cut before this write counts it on the next).
             metrics.ROLLOUTS_REFUSED.labels(ns, name, step.refusal.reason).inc()
             log.warning(
                 "rollout refused: %s",
                 step.refusal.message,
                 extra={"namespace": ns, "deployment": name, "revision": step.target_revision},
             )
+        if inputs.content is not None:
+            content_check.recorded(self.rt, ns, name, step.target_revision)
+        for event in outcome.events:
+            await self._event(body, event.type, event.reason, event.message)
+        content_check.keep_due(self.rt, inputs.md, step)
 
     async def _invalid(self, body: Body, exc: ValidationError) -> None:
         problems = "; ".join(

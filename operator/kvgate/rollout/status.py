@@ -398,11 +398,24 @@ def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
     )
 
 
+def refusal_is_new(step: RolloutStep, previous: Mapping[str, Any] | None) -> bool:
+    """The step's refusal is not in the status a previous pass wrote: it is counted, logged and
+    announced now. Decided from the written status, not from ``step.new_refusal``: the pass
+    that decides a refusal writes the revision's Deployments before its status, so when that
+    status write fails the next pass finds the refusal standing on the Deployments, and would
+    otherwise never count or announce it."""
+    if step.refusal is None:
+        return False
+    recorded = rollout_record(previous).refusal
+    return recorded is None or recorded.revision != step.refusal.revision
+
+
 def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Event]:
     """Events on transitions only: a rollout starts, a revision starts serving, one is refused."""
+    new_refusal = refusal_is_new(step, previous)
     previous = previous or {}
     events: list[Event] = []
-    if step.new_refusal and step.refusal is not None:
+    if step.refusal is not None and new_refusal:
         events.append(
             Event(
                 "Warning",
