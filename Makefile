@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME_LOCK := operator/image/requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256sum | cut -c1-12)
 
-.PHONY: test beside-e2e image image-lock image-test container-runtime demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale bench-fairness dashboard-images crds venv clean
+.PHONY: test test-loaded beside-e2e image image-lock image-test container-runtime demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale bench-fairness dashboard-images crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -113,11 +113,23 @@ real-engine-%: $(STAMP)
 # lifecycle, 4 leader kills); `make chaos` runs the long loops.
 # --durations: the 30 slowest steps in the log; the summary's "MEASURED seconds per file" table
 # gives each file's seconds, the time it waited for its turn and its wall span.
+# E2E_TESTS: the files (or directories) to run, e.g. E2E_TESTS="e2e/tests/test_chaos.py".
 E2E_WORKERS ?= 3
-e2e: e2e-deps real-engine-deps prometheus prometheus-adapter
-	KVGATE_REQUIRE_E2E=1 KVGATE_E2E_SHARED_WORLD=1 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2 \
+E2E_TESTS ?= e2e/tests
+E2E_PYTEST = KVGATE_REQUIRE_E2E=1 KVGATE_E2E_SHARED_WORLD=1 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2 \
 	  KVGATE_E2E_CANARY_ROUNDS=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile \
-	  --no-loadscope-reorder --durations=30 e2e/tests
+	  --no-loadscope-reorder --durations=30 $(E2E_TESTS)
+e2e: e2e-deps real-engine-deps prometheus prometheus-adapter
+	$(E2E_PYTEST)
+
+# The e2e tier (or E2E_TESTS) with CPU burners beside it that make a fixed CPU-bound loop
+# LOAD_FACTOR times slower (kvgate_e2e/cpu_load.py: it prints the loop's seconds alone and loaded,
+# samples it during the run, and stops the burners when the run ends, fails or is interrupted):
+# every bound in the tier must hold on a machine at half speed.
+LOAD_FACTOR ?= 2
+test-loaded: e2e-deps real-engine-deps prometheus prometheus-adapter
+	$(BIN)/python -m kvgate_e2e.cpu_load --factor $(LOAD_FACTOR) -- \
+	  env $(E2E_PYTEST)
 
 e2e-real: e2e-deps real-engine-deps
 	KVGATE_REQUIRE_E2E=1 $(BIN)/pytest -q -s -m real_engine e2e/tests
