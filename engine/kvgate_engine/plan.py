@@ -35,7 +35,7 @@ from kvgate_engine.estimator import (
     tensor_parallel_mismatch,
     unmodelled_architecture_note,
 )
-from kvgate_engine.verdict import requirement_problem
+from kvgate_engine.verdict import Requirement, requirement_problem
 
 DEFAULT_GPU_MEMORY_GIB: tuple[float, ...] = (24, 48, 80, 141, 192)
 DEFAULT_TP: tuple[int, ...] = (1, 2, 4, 8)
@@ -153,8 +153,9 @@ class Plan:
 
 
 def required_pool_tokens(context_length: int, headroom: float) -> int:
-    """ceil(context_length × headroom): the smallest pool that holds the context (as the gate)."""
-    return math.ceil(context_length * headroom)
+    """ceil(context_length × headroom): the smallest pool that holds the context, by the gate's
+    own rule (kvgate_engine.verdict.Requirement); OverflowError when it is not a finite number."""
+    return Requirement(context_length=context_length, headroom=headroom).required_pool_tokens
 
 
 def _holds(context: int, headroom: float, kv_pool_tokens: int) -> bool:

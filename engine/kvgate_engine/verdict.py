@@ -105,8 +105,15 @@ class Requirement:
 
     @property
     def required_pool_tokens(self) -> int:
-        """ceil(context_length x headroom), the smallest acceptable KV pool."""
-        return math.ceil(self.context_length * self.headroom)
+        """ceil(context_length x headroom), the smallest acceptable KV pool (the module's
+        required_pool_tokens); OverflowError when the product is not a finite number."""
+        required = required_pool_tokens(self.context_length, self.headroom)
+        if required is None:
+            raise OverflowError(
+                f"context length {self.context_length} x headroom {self.headroom:g} is not a "
+                "finite number"
+            )
+        return required
 
 
 @dataclass(frozen=True)
