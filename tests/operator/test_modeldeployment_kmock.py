@@ -571,3 +571,35 @@ async def test_a_refusal_whose_status_write_failed_is_still_counted_and_announce
         r.data for r in requests(kmock, "POST", "/events") if r.data["reason"] == "RolloutRefused"
     ]
     assert len(warnings) == 1, [w["message"] for w in warnings]
+
+
+async def test_after_a_restart_the_role_scale_of_a_role_no_longer_autoscaled_is_deleted(
+    kmock: kmock.KubernetesEmulator, rt: Runtime
+) -> None:
+    """docs/autoscaling.md: without ``spec.<role>.autoscaling`` there is no RoleScale. A role
+    whose autoscaling was removed while the operator was down (or before its first pass) still
+    has one in the API; the restarted operator, which only ever saw it through its watch, must
+    delete it, not leave it for an autoscaler to keep scaling nothing."""
+    kmock.resources["kvgate.io/v1alpha1/rolescales"] = {
+        "namespaced": True,
+        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+        "kind": "RoleScale",
+        "subresources": ["status", "scale"],
+    }
+    role_scales = kmock.resource("kvgate.io", "v1alpha1", "rolescales")
+    put_md(kmock, decode__autoscaling={"minReplicas": 1, "maxReplicas": 4})
+    await Reconciler(rt, NS, "llama").reconcile()
+    role_scale = kmock.objects[role_scales, NS, "llama-decode"]  # created by the first run
+    assert role_scale["metadata"]["ownerReferences"][0]["uid"] == MD_UID
+
+    put_md(kmock)  # autoscaling removed while no operator runs
+    restarted = Runtime(api=rt.api, settings=rt.settings, verify=rt.verify, clock=rt.clock)
+    # The restarted operator's watch lists every RoleScale before or after the first pass.
+    deployments.on_role_scale_event(restarted, dict(role_scale))
+    await Reconciler(restarted, NS, "llama").reconcile()
+
+    deleted = [
+        str(r.url.path) for r in requests(kmock, "DELETE") if "rolescales" in str(r.url.path)
+    ]
+    assert deleted == [f"/apis/kvgate.io/v1alpha1/namespaces/{NS}/rolescales/llama-decode"]
+    assert await rt.api.get("RoleScale", NS, "llama-decode") is None

@@ -7,6 +7,7 @@ minute while 1,000 ModelDeployments started)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.api import labels
@@ -24,13 +25,35 @@ def wake_owner(rt: Runtime, body: dict[str, Any]) -> None:
     rt.wake_md(meta.get("namespace"), meta.get("labels", {}).get(labels.DEPLOYMENT))
 
 
-def on_role_scale_event(rt: Runtime, body: dict[str, Any]) -> None:
-    """A RoleScale changed: wake the ModelDeployment its name belongs to (``<md>-<role>``), when
-    kvgate knows one by that name: the pass reads it by that name, never by its labels. A count
-    kvgate has not acted on (``kubectl scale``, an autoscaler) asks for a pass that goes first
+@dataclass
+class RoleScaleNames:
+    """Every RoleScale the operator's watch of them has listed or seen created and not yet seen
+    deleted, by (namespace, name): a pass reads the RoleScale of a role that is not autoscaled
+    only when one is there, to delete it. Derived from the watch alone, so a restarted operator
+    (whose watch lists them all) finds the RoleScale of a role that lost its autoscaling while
+    it was down."""
+
+    names: set[tuple[str, str]] = field(default_factory=set)
+
+    def exists(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self.names
+
+
+def on_role_scale_event(rt: Runtime, body: dict[str, Any], event_type: str | None = None) -> None:
+    """A RoleScale listed (``event_type`` None), added, changed or deleted: keep RoleScaleNames,
+    then wake the ModelDeployment its name belongs to (``<md>-<role>``), when kvgate knows one
+    by that name: the pass reads it by that name, never by its labels. A count kvgate has not
+    acted on (``kubectl scale``, an autoscaler) asks for a pass that goes first
     (kvgate.rollout.pass_priority), kvgate's own status writes only wake it."""
     meta = body.get("metadata", {})
-    namespace, md_name = meta.get("namespace"), scaling.scale_owner(str(meta.get("name") or ""))
+    namespace, name = meta.get("namespace"), str(meta.get("name") or "")
+    if namespace and name:
+        names = rt.owned(RoleScaleNames).names
+        if event_type == "DELETED":
+            names.discard((namespace, name))
+        else:
+            names.add((namespace, name))
+    md_name = scaling.scale_owner(name)
     if not (namespace and md_name and (namespace, md_name) in rt.mds):
         return
     if pass_priority.scale_requested(body):

@@ -202,7 +202,7 @@ def _register_watches(registry: kopf.OperatorRegistry) -> None:
         # An autoscaler's (or kubectl scale's) new count is acted on at the next pass, now,
         # ahead of the passes nobody asked for. Every RoleScale, labelled or not: its name says
         # whose it is (the pass reads it by that name).
-        deployments.on_role_scale_event(_rt(), dict(event["object"]))
+        deployments.on_role_scale_event(_rt(), dict(event["object"]), event.get("type"))
 
     # The router's ServiceAccount, Role and RoleBinding (kvgate.objects.builders): deleted or
     # edited, they are put back on the next pass, not at the steady resync (KVGATE_STEADY_RECONCILE_

@@ -1,10 +1,10 @@
 """ModelDeployments: gather cluster state -> plan the rollout step -> apply it -> write status.
 
 Runs as one loop per ModelDeployment (kvgate.controller.md_loops), woken by changes to the CR,
-its engine pods, its Deployments and the other objects it owns, and on a timer. Nothing is kept
-in memory between passes except the engines' last pool sizes (for status only) and when the
-router access objects and NetworkPolicies were last read (kvgate.rollout.access_checks): a restarted
-operator resumes from cluster state.
+its engine pods, its Deployments and the other objects it owns, and on a timer. What it keeps
+between passes (Reconciler.__init__ lists it) is timer input, caches of reads and metrics'
+memory; which RoleScales exist comes from the operator's watch of them (RoleScaleNames): a
+restarted operator resumes from cluster state and decides the same.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from kvgate.api.models import (
 )
 from kvgate.api.revision import revision_of
 from kvgate.controller import content_check, engine_pods, step_check
+from kvgate.controller.deployments import RoleScaleNames
 from kvgate.controller.router_workers import audit_loop
 from kvgate.controller.runtime import (
     MdKey,
@@ -214,15 +215,22 @@ class Reconciler:
 
     def __init__(self, rt: Runtime, namespace: str, name: str) -> None:
         self.rt, self.namespace, self.name = rt, namespace, name
-        self.conflicted = False  # the last pass reported an ownership conflict
-        self.network_policies_cleared = False
-        self.access_check: access_checks.AccessCheck | None = None  # kvgate.rollout.access_checks
+        # What a pass keeps for the next one. None of it changes what a pass decides: each is a
+        # timer input set by the pass just before, a cache whose loss costs one more read, or a
+        # metric's memory. A restarted operator starts them empty and decides the same.
+        # The last pass's outcome, for the timer to the next one (set by every pass):
+        self.conflicted = False  # it reported an ownership conflict
         self.verify_timeout_seconds: float | None = None  # of the last spec that parsed
-        self.scaled_roles: set[Role] = set()  # roles autoscaled at the last pass
+        self.draining = False  # it left an engine draining for a scale-down
+        # Caches of reads: lost, the next pass reads again (kvgate.rollout.access_checks: with
+        # no check held, one is due) and decides from what it read.
+        self.access_check: access_checks.AccessCheck | None = None
+        self.network_policies_cleared = False  # policies turned off: the own ones are gone
+        # Only for kvgate_role_scale_up_verified_seconds: a scale-up under way at a restart is
+        # not timed; nothing is decided from these.
         self.effective: dict[Role, int] = {}  # each autoscaled role's count at the last pass
         # role -> (the raised count, when it was seen): until that many verified engines serve
         self.scale_ups: dict[Role, tuple[int, float]] = {}
-        self.draining = False  # the last pass left an engine draining for a scale-down
 
     async def reconcile(self) -> RolloutStep | None:
         started = time.perf_counter()
@@ -396,14 +404,15 @@ class Reconciler:
         )
 
     async def _scales(self, spec: ModelDeploymentSpec) -> dict[Role, Body | None]:
-        """The RoleScale of each autoscaled role, and of each role that was autoscaled at this
-        replica's last pass (to delete it)."""
+        """The RoleScale of each autoscaled role, and of each other role whose RoleScale the
+        operator's watch shows (to delete it: RoleScaleNames)."""
+        watched = self.rt.owned(RoleScaleNames)
         roles = [
             role
             for role in scaling.ENGINE_ROLES
-            if scaling.autoscaling_of(spec, role) is not None or role in self.scaled_roles
+            if scaling.autoscaling_of(spec, role) is not None
+            or watched.exists(self.namespace, scaling.scale_name(self.name, role))
         ]
-        self.scaled_roles = {r for r in roles if scaling.autoscaling_of(spec, r) is not None}
         found = await asyncio.gather(
             *(
                 self.rt.api.get(SCALE_KIND, self.namespace, scaling.scale_name(self.name, role))
