@@ -41,11 +41,13 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol, Self
+from typing import IO, Any, Self
 
 import yaml
 
+from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.polling import Deadline, poll_until
+from kvgate_e2e.server_process import ServerProcess
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = E2E_DIR / "controlplane" / "build-lws.sh"
@@ -62,28 +64,6 @@ CRD_NAMES = (
 
 class LwsError(RuntimeError):
     """The LeaderWorkerSet controller is not built, or did not come up."""
-
-
-class LwsCluster(Protocol):
-    """What the controller needs from ``kvgate_e2e.cluster.Cluster``."""
-
-    @property
-    def run_dir(self) -> Path: ...
-
-    @property
-    def log_dir(self) -> Path: ...
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
-    ) -> subprocess.CompletedProcess[str]: ...
-
-    def popen_in_netns(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen[Any]: ...
-
-    def add_pod_ip(self) -> ipaddress.IPv4Address: ...
-
-    def release_pod_ip(self, addr: ipaddress.IPv4Address) -> None: ...
 
 
 # ---------------------------------------------------------------------------- build artifacts
@@ -255,11 +235,12 @@ PROBE_LWS: dict[str, Any] = {
 class LwsController:
     """CRDs + webhook configurations + the controller process; a context manager."""
 
-    def __init__(self, cluster: LwsCluster, *, progress: IO[str] | None = None) -> None:
+    def __init__(self, cluster: ClusterLike, *, progress: IO[str] | None = None) -> None:
         self.cluster = cluster
         self._progress = progress
-        self._proc: subprocess.Popen[Any] | None = None
-        self._log: IO[bytes] | None = None
+        self._server = ServerProcess(
+            "lws-controller", self.log_path, error=LwsError, stop_seconds=10.0
+        )
         self._address: ipaddress.IPv4Address | None = None
 
     @property
@@ -316,16 +297,12 @@ class LwsController:
         cfg_path = self.cluster.run_dir / "lws-config.yaml"
         cert_dir = self.cluster.run_dir / "lws-certs"
         cfg_path.write_text(yaml.safe_dump(controller_config(str(self._address), cert_dir)))
-        self._log = self.log_path.open("ab")
-        self._proc = self.cluster.popen_in_netns(
+        self._server.start(
+            self.cluster,
             [str(binary), f"--config={cfg_path}", "--zap-log-level=info"],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
             cwd=self.cluster.run_dir,
-            start_new_session=True,
         )
-        self._say(f"LeaderWorkerSet controller started (pid {self._proc.pid}) at {self._address}")
+        self._say(f"LeaderWorkerSet controller started (pid {self._server.pid}) at {self._address}")
         # Ready when the API server admits a LeaderWorkerSet through both webhooks (failurePolicy
         # Fail: until the rotator has injected its CA and the server serves, this is refused).
         probe = yaml.safe_dump(PROBE_LWS)
@@ -361,8 +338,7 @@ class LwsController:
         return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
     def _alive(self) -> bool:
-        if self._proc is not None and self._proc.poll() is not None:
-            raise LwsError(f"the LWS controller exited {self._proc.returncode}\n{self.log_tail()}")
+        self._server.check_running()
         return True
 
     def _dry_run_ok(self, probe: str) -> bool:
@@ -373,10 +349,7 @@ class LwsController:
         return proc.returncode == 0 and json.loads(proc.stdout).get("kind") == "LeaderWorkerSet"
 
     def log_tail(self, lines: int = 40) -> str:
-        if not self.log_path.exists():
-            return "(no LWS controller log)"
-        text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        return "--- lws-controller log (tail) ---\n" + "\n".join(text)
+        return self._server.log_tail(lines)
 
     def uninstall(self) -> None:
         """Stop the controller and delete what ``start`` applied: the webhook configurations
@@ -397,18 +370,7 @@ class LwsController:
         self._say("LeaderWorkerSet uninstalled")
 
     def stop(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait(5)
-            self._proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._server.stop()
         if self._address is not None:
             with contextlib.suppress(Exception):  # the namespace goes with the cluster anyway
                 self.cluster.release_pod_ip(self._address)

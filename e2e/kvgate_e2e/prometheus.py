@@ -47,12 +47,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol, Self
+from typing import IO, Any, Self
 
 import yaml
 
 from kvgate_e2e.build_artifacts import find_binaries
+from kvgate_e2e.cluster_like import ClusterLike
 from kvgate_e2e.polling import Deadline, poll_until
+from kvgate_e2e.server_process import ServerProcess
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 REPO = E2E_DIR.parent
@@ -71,22 +73,6 @@ INTERVAL_SECONDS = 1.0  # scrape and rule evaluation
 
 class PrometheusError(RuntimeError):
     """Prometheus is not built, did not come up, or answered an error."""
-
-
-class PrometheusCluster(Protocol):
-    """What the server needs from ``kvgate_e2e.cluster.Cluster``."""
-
-    @property
-    def run_dir(self) -> Path: ...
-
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    def popen_in_netns(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen[Any]: ...
-
-    def forward(self, host: str, port: int) -> int: ...
 
 
 # ---------------------------------------------------------------------------- build artifacts
@@ -397,7 +383,7 @@ class Prometheus:
 
     def __init__(
         self,
-        cluster: PrometheusCluster,
+        cluster: ClusterLike,
         *,
         rule_values: Mapping[str, str] | None = None,
         interval: float = INTERVAL_SECONDS,
@@ -411,8 +397,7 @@ class Prometheus:
         self.host = "198.18.0.1"  # the control-plane address: on lo from the start
         self.port: int | None = None
         self._url: str | None = None
-        self._proc: subprocess.Popen[Any] | None = None
-        self._log: IO[bytes] | None = None
+        self._server: ServerProcess | None = None
         self._progress = progress
         self.dir: Path | None = None
 
@@ -467,8 +452,12 @@ class Prometheus:
     def _launch(self, binary: Path, deadline: Deadline) -> bool:
         """Start the server; True once it is ready, False if its port was taken."""
         assert self.dir is not None and self.port is not None
-        self._log = self.log_path.open("ab")
-        self._proc = self.cluster.popen_in_netns(
+        server = ServerProcess(
+            "prometheus", self.log_path, error=PrometheusError, stop_seconds=15.0
+        )
+        self._server = server
+        server.start(
+            self.cluster,
             [
                 str(binary),
                 f"--config.file={self.dir / 'prometheus.yaml'}",
@@ -478,17 +467,12 @@ class Prometheus:
                 "--storage.tsdb.retention.time=2h",
                 "--log.level=info",
             ],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
             cwd=self.dir,
-            start_new_session=True,
         )
         self._url = f"http://127.0.0.1:{self.cluster.forward(self.host, self.port)}"
 
         def ready() -> bool:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
+            if server.exited():
                 return True  # exited: decided below
             with (
                 contextlib.suppress(OSError),
@@ -498,28 +482,20 @@ class Prometheus:
             return False
 
         poll_until("Prometheus /-/ready", ready, deadline, period=0.2, error=PrometheusError)
-        if self._proc.poll() is None:
-            self._say(f"Prometheus at {self.host}:{self.port} (pid {self._proc.pid})")
+        if not server.exited():
+            self._say(f"Prometheus at {self.host}:{self.port} (pid {server.pid})")
             return True
         log = self.log_tail()
-        self._proc, self._url = None, None
+        server.stop()
+        self._server, self._url = None, None
         if "address already in use" in log:
             return False
         raise PrometheusError(f"Prometheus exited at start-up\n{log}")
 
     def stop(self) -> None:
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait(5)
-            self._proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None

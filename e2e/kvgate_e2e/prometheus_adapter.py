@@ -45,7 +45,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Protocol, Self
@@ -54,8 +54,10 @@ import yaml
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kvgate.kube.tls import issue_certificate
 
-from kvgate_e2e.pki import FRONT_PROXY_CLIENT, PkiPaths, load_ca
+from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.pki import FRONT_PROXY_CLIENT, load_ca
 from kvgate_e2e.polling import Deadline, poll_until
+from kvgate_e2e.server_process import ServerProcess
 
 E2E_DIR = Path(__file__).resolve().parent.parent
 REPO = E2E_DIR.parent
@@ -75,27 +77,6 @@ LABELS = {"app.kubernetes.io/name": "prometheus-adapter", "app.kubernetes.io/par
 
 class AdapterError(RuntimeError):
     """The adapter is not built, did not come up, or its API answered an error."""
-
-
-class AdapterCluster(Protocol):
-    """What the adapter needs from ``kvgate_e2e.cluster.Cluster``."""
-
-    @property
-    def run_dir(self) -> Path: ...
-
-    @property
-    def pki(self) -> PkiPaths: ...
-
-    @property
-    def apiserver_url(self) -> str: ...
-
-    def popen_in_netns(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> subprocess.Popen[Any]: ...
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
-    ) -> subprocess.CompletedProcess[str]: ...
 
 
 class PrometheusLike(Protocol):
@@ -307,7 +288,7 @@ class PrometheusAdapter:
 
     def __init__(
         self,
-        cluster: AdapterCluster,
+        cluster: ClusterLike,
         prometheus: PrometheusLike,
         *,
         relist_seconds: float = RELIST_SECONDS,
@@ -319,8 +300,7 @@ class PrometheusAdapter:
         self.host = "198.18.0.1"  # the control-plane address, as Prometheus
         self.port: int | None = None
         self.dir: Path | None = None
-        self._proc: subprocess.Popen[Any] | None = None
-        self._log: IO[bytes] | None = None
+        self._server: ServerProcess | None = None
         self._lock: IO[bytes] | None = None
         self._objects: list[dict[str, Any]] = []
         self._progress = progress
@@ -430,16 +410,11 @@ class PrometheusAdapter:
             front_proxy_ca=self.cluster.pki.front_proxy_ca_cert,
             relist_seconds=self.relist_seconds,
         )
-        self._log = self.log_path.open("ab")
-        self._proc = self.cluster.popen_in_netns(
-            [str(binary), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self.dir,
-            start_new_session=True,
+        self._server = ServerProcess(
+            "prometheus-adapter", self.log_path, error=AdapterError, stop_seconds=15.0
         )
-        self._say(f"prometheus-adapter at {self.host}:{self.port} (pid {self._proc.pid})")
+        self._server.start(self.cluster, [str(binary), *args], cwd=self.dir)
+        self._say(f"prometheus-adapter at {self.host}:{self.port} (pid {self._server.pid})")
 
     def _register(self) -> None:
         assert self.port is not None
@@ -468,10 +443,8 @@ class PrometheusAdapter:
         self._objects = []
 
     def _wait_available(self, deadline: Deadline) -> None:
-        def alive() -> None:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
-                raise AdapterError(f"prometheus-adapter exited at start-up\n{self.log_tail()}")
+        server = self._server
+        assert server is not None
 
         def ready() -> bool:
             for version in VERSIONS:
@@ -493,24 +466,15 @@ class PrometheusAdapter:
             retry_on=(ValueError, AdapterError),
             error=AdapterError,
             details=self._story,
-            guard=alive,
+            guard=server.check_running,
         )
 
     def stop(self) -> None:
         if self._objects:
             self._unregister()
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.terminate()
-                try:
-                    self._proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait(5)
-            self._proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
