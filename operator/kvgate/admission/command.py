@@ -23,7 +23,7 @@ from kvgate_engine.command_inputs import InputError
 from kvgate_engine.command_output import envelope, print_json
 
 from kvgate.admission.checks import RoleEstimate, check_document, role_estimates
-from kvgate.admission.documents import load_manifests
+from kvgate.admission.documents import document_name, load_manifests
 from kvgate.admission.gpu_reserve import RESERVE_FLAG, parse_reserve_flags
 from kvgate.admission.host_paths import HostPathPolicy
 from kvgate.admission.policy import ClusterPolicy
@@ -36,14 +36,6 @@ CHART_ENGINE_VERSION_FLOOR = "0.5.22"
 EXIT_ALLOWED = 0
 EXIT_DENIED = 1
 EXIT_USAGE = 2
-
-
-def _name(document: Any, index: int) -> str:
-    if isinstance(document, dict):
-        metadata = document.get("metadata")
-        if isinstance(metadata, dict) and isinstance(metadata.get("name"), str):
-            return f"{document.get('kind', 'document')}/{metadata['name']}"
-    return f"document {index + 1}"
 
 
 def _other_kind(document: Any) -> str | None:
@@ -129,11 +121,11 @@ def main(args: argparse.Namespace) -> int:
     for index, document in enumerate(documents):
         other = _other_kind(document)
         if other is not None:
-            skipped.append({"name": _name(document, index), "kind": other})
+            skipped.append({"name": document_name(document, index), "kind": other})
             continue
         result = check_document(document, policy)
         estimates = role_estimates(document, policy) if result.allowed else []
-        checked.append((_name(document, index), result, estimates))
+        checked.append((document_name(document, index), result, estimates))
     if not checked:
         names = ", ".join(entry["name"] for entry in skipped)
         raise InputError(

@@ -198,3 +198,12 @@ def load_manifests(path: str, *, input_name: str) -> list[Any]:
     if not documents:
         raise InputError(input_name, f"{lead}holds no document; pass a ModelDeployment")
     return documents
+
+
+def document_name(document: Any, index: int) -> str:
+    """How a command names the ``index``-th document of a file: ``Kind/name``, or its position."""
+    if isinstance(document, dict):
+        metadata = document.get("metadata")
+        if isinstance(metadata, dict) and isinstance(metadata.get("name"), str):
+            return f"{document.get('kind', 'document')}/{metadata['name']}"
+    return f"document {index + 1}"

@@ -44,7 +44,7 @@ from kvgate_engine.plan import (
 )
 
 from kvgate.admission.checks import check_finite, check_tensor_parallel_heads, role_reserve
-from kvgate.admission.documents import load_manifests
+from kvgate.admission.documents import document_name, load_manifests
 from kvgate.admission.gpu_reserve import (
     DEFAULT_SOURCE,
     RESERVE_FLAG,
@@ -330,14 +330,6 @@ def _search_main(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def _doc_name(document: Any, index: int) -> str:
-    if isinstance(document, dict):
-        metadata = document.get("metadata")
-        if isinstance(metadata, dict) and isinstance(metadata.get("name"), str):
-            return f"{document.get('kind', 'document')}/{metadata['name']}"
-    return f"document {index + 1}"
-
-
 def _fit_spec(
     spec: ModelDeploymentSpec, weights_flag: float | None, policy: ClusterPolicy
 ) -> tuple[dict[str, RoleFit], dict[str, GpuReserve], list[str]]:
@@ -441,7 +433,7 @@ def _file_main(args: argparse.Namespace) -> int:
     bars: list[Bar] = []
     required = 0
     for index, document in enumerate(documents):
-        name = _doc_name(document, index)
+        name = document_name(document, index)
         model, problems = parse_model(document) if isinstance(document, dict) else (None, [])
         if model is None:
             detail = "; ".join(str(p) for p in problems) or "not a mapping"
