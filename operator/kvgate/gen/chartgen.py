@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvgate.api import models as api
 from kvgate.gen.crd import HEADER, SCALE_HEADER, render, render_scale
+from kvgate.gen.outputs import check_or_write
 
 TEMPLATE_NAME = "crd-modeldeployment.yaml"
 SCALE_TEMPLATE_NAME = "crd-rolescale.yaml"
@@ -78,22 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 if the template is out of date; write nothing"
     )
     args = parser.parse_args(argv)
-    stale = 0
-    for name, wanted in (
-        (TEMPLATE_NAME, chart_crd_template()),
-        (SCALE_TEMPLATE_NAME, chart_scale_crd_template()),
-    ):
-        target: Path = args.chart_dir / "templates" / name
-        current = target.read_text() if target.exists() else None
-        if current == wanted:
-            continue
-        if args.check:
-            print(f"{target} is out of date: run `python -m kvgate.gen.chartgen`", file=sys.stderr)
-            stale += 1
-        else:
-            target.write_text(wanted)
-            print(f"wrote {target}")
-    return 1 if stale else 0
+    templates: Path = args.chart_dir / "templates"
+    wanted = {
+        templates / TEMPLATE_NAME: chart_crd_template(),
+        templates / SCALE_TEMPLATE_NAME: chart_scale_crd_template(),
+    }
+    return check_or_write(wanted, check=args.check, command="python -m kvgate.gen.chartgen")
 
 
 if __name__ == "__main__":  # pragma: no cover

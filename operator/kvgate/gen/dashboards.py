@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvgate.gen.outputs import check_or_write
+
 DEFAULT_DIR = Path("charts/kvgate/dashboards")
 SCHEMA_VERSION = 41  # Grafana 12
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -545,22 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="exit 1 if a dashboard is out of date; write nothing"
     )
     args = parser.parse_args(argv)
-    stale = []
-    for name, board in dashboards().items():
-        target: Path = args.dir / name
-        wanted = render(board)
-        if (target.read_text() if target.exists() else None) == wanted:
-            continue
-        stale.append(target)
-        if not args.check:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(wanted)
-            print(f"wrote {target}")
-    if args.check and stale:
-        names = ", ".join(str(t) for t in stale)
-        print(f"{names} out of date: run `python -m kvgate.gen.dashboards`", file=sys.stderr)
-        return 1
-    return 0
+    wanted = {args.dir / name: render(board) for name, board in dashboards().items()}
+    return check_or_write(wanted, check=args.check, command="python -m kvgate.gen.dashboards")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvgate.gen.outputs import check_or_write
 from kvgate.gen.rbac import Rule, Scope, rules
 
 RULES_TEMPLATE = Path("charts/kvgate/templates/_rbac-rules.tpl")
@@ -110,15 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     template, doc = args.root / RULES_TEMPLATE, args.root / RBAC_DOC
     wanted = {template: chart_rules_template(), doc: doc_with_table(doc.read_text())}
-    stale = [path for path, text in wanted.items() if not path.exists() or path.read_text() != text]
-    if args.check:
-        for path in stale:
-            print(f"{path} is out of date: run `python -m kvgate.gen.rbacgen`", file=sys.stderr)
-        return 1 if stale else 0
-    for path in stale:
-        path.write_text(wanted[path])
-        print(f"wrote {path}")
-    return 0
+    return check_or_write(wanted, check=args.check, command="python -m kvgate.gen.rbacgen")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvgate.api.refusals import ADMISSION_CHECKS, REASONS, AdmissionCheck, Reason
+from kvgate.gen.outputs import check_or_write
 
 REFUSALS_DOC = Path("docs/refusals.md")
 BEGIN = (
@@ -78,16 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when out of date")
     args = parser.parse_args(argv)
     path = Path(args.root) / REFUSALS_DOC
-    current = path.read_text()
-    wanted = render(current)
-    if current == wanted:
-        return 0
-    if args.check:
-        print(f"{path} is out of date: run python -m kvgate.gen.refusalsgen", file=sys.stderr)
-        return 1
-    path.write_text(wanted)
-    print(f"wrote {path}")
-    return 0
+    wanted = {path: render(path.read_text())}
+    return check_or_write(wanted, check=args.check, command="python -m kvgate.gen.refusalsgen")
 
 
 if __name__ == "__main__":  # pragma: no cover
