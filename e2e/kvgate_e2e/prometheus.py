@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ from types import TracebackType
 from typing import IO, Any, Self
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate_e2e.build_artifacts import find_binaries
 from kvgate_e2e.cluster_like import ClusterLike
@@ -378,6 +380,42 @@ def unix_time(text: str) -> float:
 
 
 # ---------------------------------------------------------------------------- the server
+@dataclass(frozen=True)
+class Cadence:
+    """How late Prometheus ran on this machine, by its own count: the longest actual scrape
+    interval (p99 of ``prometheus_target_interval_length_seconds``) and the longest rule group
+    evaluation (``prometheus_rule_group_last_duration_seconds``)."""
+
+    interval: float
+    scrape_interval_p99: float
+    rule_evaluation_seconds: float
+
+    @property
+    def lateness(self) -> float:
+        """Seconds one scrape and one evaluation took beyond ``interval`` each."""
+        late_scrape = max(self.scrape_interval_p99 - self.interval, 0.0)
+        return late_scrape + self.rule_evaluation_seconds
+
+
+def cadence_of(metrics_text: str, interval: float) -> Cadence:
+    """The ``Cadence`` in Prometheus' own ``/metrics``; a summary with no observation yet (NaN)
+    counts as on time."""
+    p99 = interval
+    evaluation = 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if math.isnan(sample.value):
+                continue
+            if (
+                sample.name == "prometheus_target_interval_length_seconds"
+                and sample.labels.get("quantile") == "0.99"
+            ):
+                p99 = max(p99, sample.value)
+            elif sample.name == "prometheus_rule_group_last_duration_seconds":
+                evaluation = max(evaluation, sample.value)
+    return Cadence(interval, p99, evaluation)
+
+
 class Prometheus:
     """The server, its config and rules, and the client; a context manager."""
 
@@ -532,6 +570,11 @@ class Prometheus:
                 return dict(json.load(answer))
         except urllib.error.HTTPError as exc:
             return dict(json.loads(exc.read() or b"{}") or {"status": "error", "error": str(exc)})
+
+    def cadence(self) -> Cadence:
+        """How late scrapes and rule evaluations ran so far (Prometheus' own metrics)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+            return cadence_of(answer.read().decode(), self.interval)
 
     def query(self, expr: str) -> list[Series]:
         """An instant query now: its series."""

@@ -16,6 +16,7 @@ from kvgate_e2e.prometheus import (
     Alert,
     Series,
     alerts_of,
+    cadence_of,
     monitor_scrape_configs,
     render_chart,
     rule_groups,
@@ -203,3 +204,34 @@ def test_a_failed_query_raises_with_prometheus_error() -> None:
 def test_prometheus_times_are_read_to_the_nanosecond() -> None:
     assert unix_time("1970-01-01T00:01:40.123456789Z") == pytest.approx(100.123456789)
     assert unix_time("1970-01-01T01:00:00+01:00") == 0.0
+
+
+PROMETHEUS_OWN_METRICS = """\
+# HELP prometheus_target_interval_length_seconds Actual intervals between scrapes.
+# TYPE prometheus_target_interval_length_seconds summary
+prometheus_target_interval_length_seconds{interval="1s",quantile="0.01"} 0.98
+prometheus_target_interval_length_seconds{interval="1s",quantile="0.5"} 1.0
+prometheus_target_interval_length_seconds{interval="1s",quantile="0.99"} 1.4
+prometheus_target_interval_length_seconds_sum{interval="1s"} 300.2
+prometheus_target_interval_length_seconds_count{interval="1s"} 300
+# HELP prometheus_rule_group_last_duration_seconds The duration of the last rule group evaluation.
+# TYPE prometheus_rule_group_last_duration_seconds gauge
+prometheus_rule_group_last_duration_seconds{rule_group="/r/rules.yaml;kvgate.engines"} 0.012
+prometheus_rule_group_last_duration_seconds{rule_group="/r/rules.yaml;kvgate.rollouts"} 0.25
+"""
+
+
+def test_cadence_is_how_late_prometheus_own_metrics_say_it_scraped_and_evaluated() -> None:
+    cadence = cadence_of(PROMETHEUS_OWN_METRICS, 1.0)
+    assert cadence.scrape_interval_p99 == 1.4
+    assert cadence.rule_evaluation_seconds == 0.25
+    assert cadence.lateness == pytest.approx(0.4 + 0.25)
+
+
+def test_cadence_before_any_scrape_counts_as_on_time() -> None:
+    text = PROMETHEUS_OWN_METRICS.replace('quantile="0.99"} 1.4', 'quantile="0.99"} NaN').replace(
+        "0.25\n", "NaN\n"
+    )
+    cadence = cadence_of(text, 1.0)
+    assert (cadence.scrape_interval_p99, cadence.rule_evaluation_seconds) == (1.0, 0.012)
+    assert cadence_of("", 1.0).lateness == 0.0
