@@ -1,6 +1,11 @@
 """One pass over a ModelDeployment, decided (pure): what the pass read in; the plan, every write,
 the whole status and its Events out.
 
+``decide`` composes small deciders, each a function of plain data: ``plan_step`` (the counts,
+the planner's step and its drains, the RoleScales), then each of ``DECIDERS`` (router access,
+RoleScales, the router key Secret, the workloads, the NetworkPolicies, the Service) returning
+its part of the writes and conflicts, and the status.
+
 The controller's pass reads everything first (``PassInputs``, with one ``now``), calls
 ``decide``, performs the decision's write waves in order (the writes of one wave are
 independent of each other), and calls ``conclude`` with the conflicts only a write could reveal
@@ -10,12 +15,14 @@ independent of each other), and calls ``conclude`` with the conflicts only a wri
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.api import requirements
 from kvgate.api.models import SCALE_KIND, ModelDeployment, Role
-from kvgate.objects import builders, network_policy
+from kvgate.api.ownership import OwnershipConflict, conflict_for
+from kvgate.objects import builders, network_policy, router_auth
 from kvgate.objects.engine_defences import engine_defences
 from kvgate.objects.network_policy import RouterEgress
 from kvgate.rollout import (
@@ -23,7 +30,6 @@ from kvgate.rollout import (
     owned_objects,
     pool_drift,
     refusal_record,
-    requirements,
     rollback,
     scaling,
     workload_writes,
@@ -31,11 +37,10 @@ from kvgate.rollout import (
 from kvgate.rollout.access_checks import AccessCheck
 from kvgate.rollout.conflict_status import conflict_events, with_conflicts
 from kvgate.rollout.lws_availability import LwsAccess
-from kvgate.rollout.ownership import OwnershipConflict, conflict_for
 from kvgate.rollout.planner import ObservedState, RolloutStep, plan
 from kvgate.rollout.status import Event, compute_status, events_for
 from kvgate.rollout.workload_writes import Delete, PlannedWrite
-from kvgate.verify import content_probe, router_auth
+from kvgate.verify import content_probe
 from kvgate.verify.content_probe import ContentCheck, ContentVerdict
 from kvgate.verify.gate import rfc3339
 
@@ -125,12 +130,34 @@ class PassOutcome:
     policy_conflicts: tuple[OwnershipConflict, ...]
 
 
-def decide(inputs: PassInputs) -> PassDecision:
-    """The step, the writes that carry it out and the status it leads to."""
-    uid = inputs.md.metadata.uid
-    spec = inputs.observed.spec
+@dataclass(frozen=True)
+class PlannedStep:
+    """The pass's first decision, which every other one follows: the count of each autoscaled
+    role, the planner's step with the drains of its scale-downs, and the RoleScale decisions."""
+
+    observed: ObservedState  # as the planner saw it: counts and a just-finished content check in
+    step: RolloutStep
+    counts: Mapping[Role, scaling.RoleCount]
+    drains: scaling.DrainPlan
+    scales: scaling.ScaleDecision
+
+
+@dataclass(frozen=True)
+class Part:
+    """One decider's share of the pass: writes for the first wave (independent of every other
+    write), its own waves in order after that, and the ownership conflicts it found."""
+
+    first: Wave = ()
+    waves: tuple[Wave, ...] = ()
+    conflicts: tuple[OwnershipConflict, ...] = ()
+
+
+def plan_step(inputs: PassInputs) -> PlannedStep:
+    """The counts autoscaled roles run (their RoleScales, within the bounds), the planner's
+    step at those counts, the drains that carry out its scale-downs, and the RoleScales."""
     counts = scaling.role_counts(
-        spec, scaling.requested_counts(inputs.observed, inputs.scales, uid)
+        inputs.observed.spec,
+        scaling.requested_counts(inputs.observed, inputs.scales, inputs.md.metadata.uid),
     )
     observed = dataclasses.replace(
         _with_content_check(inputs.observed, inputs.content),
@@ -140,65 +167,127 @@ def decide(inputs: PassInputs) -> PassDecision:
     drains = scaling.plan_drains(observed, step, inputs.loads)
     step = dataclasses.replace(step, workloads=drains.workloads)
     scales = scaling.decide_scales(inputs.md, observed, step, inputs.scales, counts, drains)
-    secret = owned_objects.ensure(
-        builders.router_control_secret(inputs.md, inputs.router_key), inputs.secret_current, uid
+    return PlannedStep(observed, step, counts, drains, scales)
+
+
+def decide_router_access(inputs: PassInputs, _: PlannedStep) -> Part:
+    """The router's ServiceAccount and Role, then its RoleBinding in a wave of its own: the API
+    server resolves the roleRef when the binding is created (404 until the Role is there)."""
+    if inputs.access_current is None:
+        return Part()
+    md, uid = inputs.md, inputs.md.metadata.uid
+    desired = [
+        builders.router_service_account(md),
+        builders.router_role(md),
+        builders.router_role_binding(md),
+    ]
+    ensured = [owned_objects.ensure(d, inputs.access_current.get(d["kind"]), uid) for d in desired]
+    return Part(
+        first=tuple(w for e in ensured[:2] for w in e.writes),
+        waves=(ensured[2].writes,),
+        conflicts=tuple(e.conflict for e in ensured if e.conflict is not None),
     )
-    access_waves, access_conflicts = _access_writes(inputs)
+
+
+def decide_role_scales(_: PassInputs, planned: PlannedStep) -> Part:
+    """The drained engines' pod annotations and the RoleScales' writes, in one wave."""
+    scales = planned.scales
+    return Part(
+        waves=((*scaling.pod_writes(planned.drains), *scales.writes),),
+        conflicts=tuple(scales.conflicts),
+    )
+
+
+def _router_secret(inputs: PassInputs) -> owned_objects.Ensured:
+    return owned_objects.ensure(
+        builders.router_control_secret(inputs.md, inputs.router_key),
+        inputs.secret_current,
+        inputs.md.metadata.uid,
+    )
+
+
+def decide_router_secret(inputs: PassInputs, _: PlannedStep) -> Part:
+    """The routers' control-plane key Secret kept as kvgate built it, or its conflict."""
+    secret = _router_secret(inputs)
+    conflict = secret.conflict
+    return Part(
+        first=tuple(secret.writes),
+        conflicts=(_secret_conflict(conflict),) if conflict is not None else (),
+    )
+
+
+def decide_workloads(inputs: PassInputs, planned: PlannedStep) -> Part:
+    """Each revision's Deployments (or LeaderWorkerSets) as the step wants them, one wave each;
+    no router runs while the key Secret is someone else's."""
     build = workload_writes.BuildInputs(
         router_auth.key_fingerprint(inputs.router_key),
         inputs.guard,
         inputs.lws_access is LwsAccess.SERVED,
-        routers_blocked=secret.conflict is not None,
+        routers_blocked=_router_secret(inputs).conflict is not None,
     )
     existing = {_name(d): d for d in inputs.deployments}
-    revision_waves = [
-        (w,) for w in workload_writes.revision_writes(inputs.md, step, existing, build)
-    ]
-    policy_waves, policy_conflicts = _policy_writes(inputs, step)
+    writes = workload_writes.revision_writes(inputs.md, planned.step, existing, build)
+    return Part(waves=tuple((w,) for w in writes))
+
+
+def decide_network_policies(inputs: PassInputs, planned: PlannedStep) -> Part:
+    waves, conflicts = _policy_writes(inputs, planned.step)
+    return Part(waves=tuple(waves), conflicts=tuple(conflicts))
+
+
+def _service_conflict(inputs: PassInputs) -> OwnershipConflict | None:
     service = inputs.service
-    service_conflict = conflict_for(service, uid) if service is not None else None
-    desired_service = (
+    return conflict_for(service, inputs.md.metadata.uid) if service is not None else None
+
+
+def decide_service(inputs: PassInputs, planned: PlannedStep) -> Part:
+    """The Service <md> selecting the serving revision (or a split), never someone else's."""
+    step, conflict = planned.step, _service_conflict(inputs)
+    desired = (
         builders.service(inputs.md, step.service_revision, split=step.service_split)
         if step.service_revision
         else None
     )
-    service_waves = [
-        (w,)
-        for w in workload_writes.service_writes(
-            service, desired_service, foreign=service_conflict is not None
-        )
-    ]
-    first = (*(access_waves[0] if access_waves else ()), *secret.writes)
-    scale_wave = (*scaling.pod_writes(drains), *scales.writes)
-    waves = tuple(
-        w
-        for w in (
-            first,
-            *access_waves[1:],
-            scale_wave,
-            *revision_waves,
-            *policy_waves,
-            *service_waves,
-        )
-        if w
+    writes = workload_writes.service_writes(inputs.service, desired, foreign=conflict is not None)
+    return Part(
+        waves=tuple((w,) for w in writes),
+        conflicts=(conflict,) if conflict is not None else (),
     )
-    conflicts = (
-        *access_conflicts,
-        *scales.conflicts,
-        *([_secret_conflict(secret.conflict)] if secret.conflict else []),
-        *policy_conflicts,
-        *([service_conflict] if service_conflict else []),
-    )
+
+
+Decider = Callable[[PassInputs, PlannedStep], Part]
+
+# The pass's deciders, in the order of their write waves after the first (the first wave
+# gathers every decider's independent writes) and of the conflicts they report.
+DECIDERS: tuple[tuple[str, Decider], ...] = (
+    ("router access", decide_router_access),
+    ("role scales", decide_role_scales),
+    ("router key secret", decide_router_secret),
+    ("workloads", decide_workloads),
+    ("network policies", decide_network_policies),
+    ("service", decide_service),
+)
+
+
+def decide(inputs: PassInputs) -> PassDecision:
+    """The step, the writes that carry it out and the status it leads to: the planned step,
+    then each of DECIDERS' parts, composed."""
+    planned = plan_step(inputs)
+    parts = [decider(inputs, planned) for _, decider in DECIDERS]
+    first = tuple(w for part in parts for w in part.first)
+    waves = tuple(w for w in (first, *(w for part in parts for w in part.waves)) if w)
+    step = planned.step
+    service_url = _service_url(inputs, step, _service_conflict(inputs))
     return PassDecision(
         step=step,
         waves=waves,
-        conflicts=conflicts,
-        status=_status(inputs, step, service_url=_service_url(inputs, step, service_conflict)),
+        conflicts=tuple(c for part in parts for c in part.conflicts),
+        status=_status(inputs, step, service_url=service_url),
         lws_message=lws_availability.unavailable_message(inputs.observed.spec, inputs.lws_access),
         inputs=inputs,
-        drains=drains,
-        scales=scales,
-        counts=counts,
+        drains=planned.drains,
+        scales=planned.scales,
+        counts=planned.counts,
     )
 
 
@@ -257,23 +346,6 @@ def _with_content_check(observed: ObservedState, content: ContentOutcome | None)
     return dataclasses.replace(observed, content_checks=(decided, *others))
 
 
-def _access_writes(inputs: PassInputs) -> tuple[list[Wave], list[OwnershipConflict]]:
-    """The router's ServiceAccount and Role, then its RoleBinding in a wave of its own: the API
-    server resolves the roleRef when the binding is created (404 until the Role is there)."""
-    if inputs.access_current is None:
-        return [], []
-    md, uid = inputs.md, inputs.md.metadata.uid
-    desired = [
-        builders.router_service_account(md),
-        builders.router_role(md),
-        builders.router_role_binding(md),
-    ]
-    ensured = [owned_objects.ensure(d, inputs.access_current.get(d["kind"]), uid) for d in desired]
-    conflicts = [e.conflict for e in ensured if e.conflict is not None]
-    independent = tuple(w for e in ensured[:2] for w in e.writes)
-    return [independent, ensured[2].writes], conflicts
-
-
 def _policy_writes(
     inputs: PassInputs, step: RolloutStep
 ) -> tuple[list[Wave], list[OwnershipConflict]]:
@@ -329,75 +401,84 @@ def _service_url(
 
 
 def _status(inputs: PassInputs, step: RolloutStep, *, service_url: str | None) -> dict[str, Any]:
-    """The rollout's status, the requirement and spec of every revision still running, and the
-    content checks, before ownership conflicts are added."""
+    """The rollout's status, each role's pool estimate and engine defences, the records of
+    every revision still running, before ownership conflicts are added."""
     observed, body = inputs.observed, inputs.body
-    spec, target = observed.spec, observed.target_revision
-    previous = body.get("status") or None
     status = compute_status(
         step,
         generation=int(body.get("metadata", {}).get("generation") or 0),
-        context_length=spec.model.context_length,
-        previous=previous,
+        context_length=observed.spec.model.context_length,
+        previous=body.get("status") or None,
         now=observed.now,
     )
     # None, not absent: the status is written with a merge patch, where only null removes a key.
     status["url"] = service_url
-    # The estimate admission judged each role by, against its verified engines' live pools: the
-    # target's, else (none verified yet, or refused) the serving revision's.
-    serving_spec = pool_drift.recorded_spec(previous, step.serving_revision)
     for role in ("prefill", "decode"):
-        drift = pool_drift.reported_drift(
-            role,
-            observed.pods,
-            inputs.estimates,
-            target=target,
-            target_spec=spec,
-            serving=step.serving_revision,
-            serving_spec=serving_spec,
-        )
-        status[role]["poolEstimate"] = pool_drift.drift_status(
-            drift, pool_drift.was_optimistic(previous, role)
-        )
-        status[role]["engineDefences"] = [
+        status[role].update(_role_status(inputs, step, role))
+    return {**status, **_revision_records(inputs, step)}
+
+
+def _role_status(inputs: PassInputs, step: RolloutStep, role: str) -> dict[str, Any]:
+    """The estimate admission judged the role by, against its verified engines' live pools (the
+    target's, else, none verified yet or refused, the serving revision's), and the engine's own
+    defences."""
+    observed, previous = inputs.observed, inputs.body.get("status") or None
+    drift = pool_drift.reported_drift(
+        role,
+        observed.pods,
+        inputs.estimates,
+        target=observed.target_revision,
+        target_spec=observed.spec,
+        serving=step.serving_revision,
+        serving_spec=pool_drift.recorded_spec(previous, step.serving_revision),
+    )
+    return {
+        "poolEstimate": pool_drift.drift_status(drift, pool_drift.was_optimistic(previous, role)),
+        "engineDefences": [
             {"name": d.name, "enabled": d.enabled, "message": d.message}
-            for d in engine_defences(spec)
-        ]
+            for d in engine_defences(observed.spec)
+        ],
+    }
+
+
+def _revision_records(inputs: PassInputs, step: RolloutStep) -> dict[str, Any]:
+    """What status keeps of the revisions: requirements, served specs, refusals, content
+    checks (status: tenants cannot write it)."""
+    observed, body = inputs.observed, inputs.body
+    spec, target, previous = observed.spec, observed.target_revision, body.get("status") or None
     running = {w.revision for w in observed.workloads}
-    # The requirement of every revision still running, so its pods are verified against what
-    # kvgate rolled out once the spec has moved on (status: tenants cannot write it).
-    status["revisions"] = requirements.updated_records(
-        previous,
-        requirements.record_of(spec, target),
-        keep=running | {step.serving_revision or ""},
-    )
-    # The spec of every revision that served (the last revisionHistoryLimit), so
-    # kvgate.io/rollback=<revision> never depends on its objects still running.
-    status["history"] = rollback.updated_history(
-        previous,
-        serving_revision=step.serving_revision,
-        target_revision=target,
-        spec=body.get("spec") or {},
-        served_at=observed.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        limit=spec.rollout.revision_history_limit,
-    )
-    # Every refusal kvgate decided (the last ten), so kvgate history never needs an Event.
     refusal = step.refusal
-    status["refusals"] = refusal_record.updated_refusals(
-        previous,
+    refused = (
         None
         if refusal is None
         else refusal_record.RefusedRevision(
             refusal.revision, refusal.reason, refusal.message, rfc3339(observed.now)
-        ),
-        new=step.new_refusal,
+        )
     )
-    # Each running revision's content check: a revision switches only after it passed.
     content = inputs.content.record if inputs.content is not None else None
-    status["contentChecks"] = content_probe.updated_records(
-        previous, content, keep=running | {target}
-    )
-    return status
+    return {
+        # The requirement of every revision still running, so its pods are verified against
+        # what kvgate rolled out once the spec has moved on.
+        "revisions": requirements.updated_records(
+            previous,
+            requirements.record_of(spec, target),
+            keep=running | {step.serving_revision or ""},
+        ),
+        # The spec of every revision that served (the last revisionHistoryLimit), so
+        # kvgate.io/rollback=<revision> never depends on its objects still running.
+        "history": rollback.updated_history(
+            previous,
+            serving_revision=step.serving_revision,
+            target_revision=target,
+            spec=body.get("spec") or {},
+            served_at=observed.now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            limit=spec.rollout.revision_history_limit,
+        ),
+        # Every refusal kvgate decided (the last ten), so kvgate history never needs an Event.
+        "refusals": refusal_record.updated_refusals(previous, refused, new=step.new_refusal),
+        # Each running revision's content check: a revision switches only after it passed.
+        "contentChecks": content_probe.updated_records(previous, content, keep=running | {target}),
+    }
 
 
 def _secret_conflict(conflict: OwnershipConflict) -> OwnershipConflict:
