@@ -19,7 +19,7 @@ from typing import Any
 
 from kvgate_engine.launcher import API_KEY_ENV, engine_argv, engine_env
 
-from kvgate.api import labels, multinode
+from kvgate.api import labels, multinode, requirements
 from kvgate.api.models import (
     INFINIBAND_DEVICE_DIR,
     MODEL_MOUNT_PATH,
@@ -31,10 +31,8 @@ from kvgate.api.models import (
     RoleSpec,
     Toleration,
 )
-from kvgate.objects import model_source
+from kvgate.objects import model_source, router_auth
 from kvgate.objects.engine_launch import engine_launch
-from kvgate.rollout import requirements
-from kvgate.verify import router_auth
 
 # Non-root UID/GID for engine and router containers. NVIDIA's container toolkit creates the
 # /dev/nvidia* device nodes world read-writable, so CUDA works without root; the image's own
@@ -396,24 +394,51 @@ def engine_pod_template(
     spec = md.spec
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
-    launch = engine_launch(spec, role)
-    command, args = split_command(engine_argv(launch))
-    env = _engine_env(spec, role_spec, engine_env(launch))
-    transfer = spec.engine.transfer
-    ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
     user_labels, user_annotations = user_pod_metadata(role_spec)
     annotations = {**user_annotations, labels.REQUIREMENT: requirement_annotation(md, role)}
+    if role is Role.PREFILL:
+        annotations[labels.BOOTSTRAP_PORT] = str(spec.engine.bootstrap_port)
+    container = _engine_container(spec, role_spec, role)
+    container["volumeMounts"], volumes = _engine_volumes(spec, role_spec)
+    init_containers = _engine_init_containers(md, role, revision, guard)
+    pod_spec: Body = {
+        "containers": [container],
+        "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
+        # Without a guard image (kvgate run outside its chart) there is no second key: the gate
+        # alone decides, and goes stale while the operator is down.
+        **({"initContainers": init_containers} if init_containers else {}),
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "volumes": volumes,
+        # The engine needs no API access; only the router (smg discovery) does.
+        "automountServiceAccountToken": False,
+    }
+    _engine_platform_fields(pod_spec, spec, role_spec, guard)
+    return {
+        "metadata": {
+            "labels": {**user_labels, **object_labels(name, revision, role.value)},
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def _engine_container(spec: ModelDeploymentSpec, role_spec: RoleSpec, role: Role) -> Body:
+    """The engine container (without its mounts): SGLang's exact command line, its ports,
+    resources, readiness probe and security context."""
+    launch = engine_launch(spec, role)
+    command, args = split_command(engine_argv(launch))
+    ports: list[Body] = [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}]
     if role is Role.PREFILL:
         ports.append(
             {"name": "bootstrap", "containerPort": spec.engine.bootstrap_port, "protocol": "TCP"}
         )
-        annotations[labels.BOOTSTRAP_PORT] = str(spec.engine.bootstrap_port)
-    container: Body = {
+    return {
         "name": "engine",
         "image": spec.engine.image,
         "command": command,
         "args": args,
-        "env": env,
+        "env": _engine_env(spec, role_spec, engine_env(launch)),
         "ports": ports,
         "resources": {
             # tensorParallel / nodes: a multi-node engine's GPUs are spread over its pods.
@@ -438,21 +463,14 @@ def engine_pod_template(
         },
         "securityContext": _engine_security(spec.engine),
     }
-    container["volumeMounts"], volumes = _engine_volumes(spec, role_spec)
-    init_containers = _engine_init_containers(md, role, revision, guard)
-    pod_spec: Body = {
-        "containers": [container],
-        "readinessGates": [{"conditionType": labels.ENGINE_VERIFIED}],
-        # Without a guard image (kvgate run outside its chart) there is no second key: the gate
-        # alone decides, and goes stale while the operator is down.
-        **({"initContainers": init_containers} if init_containers else {}),
-        "securityContext": _pod_security(),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-        "volumes": volumes,
-        # The engine needs no API access; only the router (smg discovery) does.
-        "automountServiceAccountToken": False,
-    }
-    if transfer.host_network:
+
+
+def _engine_platform_fields(
+    pod_spec: Body, spec: ModelDeploymentSpec, role_spec: RoleSpec, guard: Guard | None
+) -> None:
+    """What the spec asks of the platform: the host network for RDMA, placement, the
+    ServiceAccount, the priority and the pull secrets (none of it touches the gate)."""
+    if spec.engine.transfer.host_network:
         # As SGLang's RDMA examples run (RoCE over the host's interfaces); the cluster DNS stays
         # reachable only with this dnsPolicy.
         pod_spec["hostNetwork"] = True
@@ -467,13 +485,6 @@ def engine_pod_template(
     secrets = pull_secrets(role_spec.image_pull_secrets, guard)
     if secrets:
         pod_spec["imagePullSecrets"] = secrets
-    return {
-        "metadata": {
-            "labels": {**user_labels, **object_labels(name, revision, role.value)},
-            "annotations": annotations,
-        },
-        "spec": pod_spec,
-    }
 
 
 def _place(
@@ -544,8 +555,33 @@ def router_pod_template(
 ) -> Body:
     spec = md.spec
     name = md.metadata.name or ""
-    port = spec.router.port
-    container: Body = {
+    container = _router_container(md, revision)
+    router_resources = spec.router.resources
+    if router_resources.limits or router_resources.requests:
+        container["resources"] = router_resources.model_dump(by_alias=True, exclude_defaults=True)
+    template_meta: Body = {"labels": object_labels(name, revision, labels.ROLE_ROUTER)}
+    if key_fingerprint:
+        # A new key (new operator seed) changes the template, so the routers roll onto it.
+        template_meta["annotations"] = {labels.ROUTER_KEY_FINGERPRINT: key_fingerprint}
+    pod_spec: Body = {
+        "serviceAccountName": router_account_name(name),
+        "containers": [container],
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+    }
+    router = spec.router
+    _place(pod_spec, router.node_selector, router.tolerations, router.affinity)
+    secrets = pull_secrets(router.image_pull_secrets, None)
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
+    return {"metadata": template_meta, "spec": pod_spec}
+
+
+def _router_container(md: ModelDeployment, revision: str) -> Body:
+    """The smg router container: its command line, the control-plane key from its Secret, its
+    ports and probes."""
+    spec, port = md.spec, md.spec.router.port
+    return {
         "name": "router",
         "image": spec.router.image,
         "command": ["smg", "launch"],
@@ -555,7 +591,7 @@ def router_pod_template(
                 "name": router_auth.ENV_VAR,
                 "valueFrom": {
                     "secretKeyRef": {
-                        "name": router_control_secret_name(name),
+                        "name": router_control_secret_name(md.metadata.name or ""),
                         "key": router_auth.SECRET_KEY,
                     }
                 },
@@ -581,25 +617,6 @@ def router_pod_template(
         },
         "securityContext": {**_restricted_container_security(), "readOnlyRootFilesystem": True},
     }
-    router_resources = spec.router.resources
-    if router_resources.limits or router_resources.requests:
-        container["resources"] = router_resources.model_dump(by_alias=True, exclude_defaults=True)
-    template_meta: Body = {"labels": object_labels(name, revision, labels.ROLE_ROUTER)}
-    if key_fingerprint:
-        # A new key (new operator seed) changes the template, so the routers roll onto it.
-        template_meta["annotations"] = {labels.ROUTER_KEY_FINGERPRINT: key_fingerprint}
-    pod_spec: Body = {
-        "serviceAccountName": router_account_name(name),
-        "containers": [container],
-        "securityContext": _pod_security(),
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
-    }
-    router = spec.router
-    _place(pod_spec, router.node_selector, router.tolerations, router.affinity)
-    secrets = pull_secrets(router.image_pull_secrets, None)
-    if secrets:
-        pod_spec["imagePullSecrets"] = secrets
-    return {"metadata": template_meta, "spec": pod_spec}
 
 
 def template_hash(body: Body) -> str:
