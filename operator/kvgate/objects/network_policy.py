@@ -114,69 +114,92 @@ def network_policies(
             "the operator's namespace and pod labels are required to let it probe engines "
             f"(got namespace {operator_namespace!r}, labels {dict(operator_pod_labels)!r})"
         )
-    name = md.metadata.name or ""
-    engine = md.spec.engine
-    engines = revision_pods(name, revision, labels.COMPONENT_ENGINE)
-    routers = revision_pods(name, revision, labels.COMPONENT_ROUTER)
+    operator = _OperatorPeer(operator_namespace, operator_pod_labels)
+    policies = [
+        _engine_ingress_policy(md, revision, operator),
+        _router_ingress_policy(md, revision, operator),
+    ]
+    if router_egress is not None:
+        policies.append(_router_egress_policy(md, revision, router_egress))
+    return policies
 
-    # Fresh dicts for every use: shared ones would come out as YAML anchors.
-    def operator_peer() -> Body:
+
+@dataclass(frozen=True)
+class _OperatorPeer:
+    namespace: str
+    pod_labels: Mapping[str, str]
+
+    def peer(self) -> Body:
+        """A fresh peer dict for every use: shared ones would come out as YAML anchors."""
         return {
-            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
-            "podSelector": {"matchLabels": dict(operator_pod_labels)},
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}},
+            "podSelector": {"matchLabels": dict(self.pod_labels)},
         }
 
-    def pods(selector: dict[str, str]) -> Body:
-        return {"podSelector": {"matchLabels": dict(selector)}}
 
-    def router_to_engine() -> list[Body]:
-        return _ports(engine.port, engine.bootstrap_port)
+def _pods(selector: dict[str, str]) -> Body:
+    return {"podSelector": {"matchLabels": dict(selector)}}
 
-    engine_policy = _policy(
+
+def _engine_ingress_policy(md: ModelDeployment, revision: str, operator: _OperatorPeer) -> Body:
+    """Engines take traffic from their revision's engines, its routers (HTTP and bootstrap)
+    and the operator's probes (HTTP)."""
+    name, engine = md.metadata.name or "", md.spec.engine
+    engines = revision_pods(name, revision, labels.COMPONENT_ENGINE)
+    routers = revision_pods(name, revision, labels.COMPONENT_ROUTER)
+    policy = _policy(
         md,
         engines_policy_name(name, revision),
         engines,
         ingress=[
-            {"from": [pods(engines)]},
-            {"from": [pods(routers)], "ports": router_to_engine()},
-            {"from": [operator_peer()], "ports": [_tcp(engine.port)]},
+            {"from": [_pods(engines)]},
+            {"from": [_pods(routers)], "ports": _ports(engine.port, engine.bootstrap_port)},
+            {"from": [operator.peer()], "ports": [_tcp(engine.port)]},
         ],
     )
     if any(multinode.is_multi_node(r) for r in (md.spec.prefill, md.spec.decode)):
         # A multi-node engine's workers (component engine-worker) take part in the fence: its
         # ranks meet at the leader's dist-init port and talk NCCL on dynamic ports.
         both = _engines_and_workers(engines)
-        engine_policy["spec"]["podSelector"] = both
-        engine_policy["spec"]["ingress"][0] = {"from": [{"podSelector": copy.deepcopy(both)}]}
-    policies = [
-        engine_policy,
-        _policy(
-            md,
-            router_policy_name(name, revision),
-            routers,
-            ingress=[
-                {
-                    "from": [{"podSelector": {}}, operator_peer()],
-                    "ports": [_tcp(md.spec.router.port)],
-                },
-                # The progressive step check reads the routers' response counters.
-                {"from": [operator_peer()], "ports": [_tcp(builders.ROUTER_METRICS_PORT)]},
-            ],
-        ),
-    ]
-    if router_egress is not None:
-        policies.append(
-            _policy(
-                md,
-                router_egress_policy_name(name, revision),
-                routers,
-                egress=[
-                    {"to": [pods(engines)], "ports": router_to_engine()},
-                    *(copy.deepcopy(dict(rule)) for rule in router_egress.allow),
-                ],
-            )
-        )
-    return policies
+        policy["spec"]["podSelector"] = both
+        policy["spec"]["ingress"][0] = {"from": [{"podSelector": copy.deepcopy(both)}]}
+    return policy
+
+
+def _router_ingress_policy(md: ModelDeployment, revision: str, operator: _OperatorPeer) -> Body:
+    """Routers take requests from any pod of the namespace and the operator, and the operator
+    reads their response counters."""
+    name = md.metadata.name or ""
+    return _policy(
+        md,
+        router_policy_name(name, revision),
+        revision_pods(name, revision, labels.COMPONENT_ROUTER),
+        ingress=[
+            {
+                "from": [{"podSelector": {}}, operator.peer()],
+                "ports": [_tcp(md.spec.router.port)],
+            },
+            # The progressive step check reads the routers' response counters.
+            {"from": [operator.peer()], "ports": [_tcp(builders.ROUTER_METRICS_PORT)]},
+        ],
+    )
+
+
+def _router_egress_policy(md: ModelDeployment, revision: str, egress: RouterEgress) -> Body:
+    """Routers reach their revision's engines and what the operator's settings allow."""
+    name, engine = md.metadata.name or "", md.spec.engine
+    return _policy(
+        md,
+        router_egress_policy_name(name, revision),
+        revision_pods(name, revision, labels.COMPONENT_ROUTER),
+        egress=[
+            {
+                "to": [_pods(revision_pods(name, revision, labels.COMPONENT_ENGINE))],
+                "ports": _ports(engine.port, engine.bootstrap_port),
+            },
+            *(copy.deepcopy(dict(rule)) for rule in egress.allow),
+        ],
+    )
 
 
 def _engines_and_workers(engines: dict[str, str]) -> Body:
