@@ -114,7 +114,13 @@ def decide_rollback(
             f"({listing}; spec.rollout.revisionHistoryLimit keeps that many); annotate with one "
             "of them",
         )
-    entry = matches[0]
+    return _restore(matches[0], revision_of)
+
+
+def _restore(
+    entry: Entry, revision_of: Callable[[Mapping[str, Any]], str | None]
+) -> RollbackDecision:
+    """Restore the one history entry asked for, unless its recorded spec no longer parses."""
     becomes = revision_of(entry["spec"])
     if becomes is None:
         return RollbackDecision(
