@@ -414,28 +414,45 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
     """Events on transitions only: a rollout starts, a revision starts serving, one is refused."""
     new_refusal = refusal_is_new(step, previous)
     previous = previous or {}
-    events: list[Event] = []
+    return [
+        *_rollout_events(step, previous, new_refusal=new_refusal),
+        *_engine_events(step, previous),
+        *_traffic_events(step, previous),
+        *_repair_events(step),
+    ]
+
+
+def _rollout_events(
+    step: RolloutStep, previous: Mapping[str, Any], *, new_refusal: bool
+) -> list[Event]:
+    """The target revision refused, or its rollout started."""
     if step.refusal is not None and new_refusal:
-        events.append(
+        return [
             Event(
                 "Warning",
                 "RolloutRefused",
                 f"revision {step.target_revision} refused ({step.refusal.reason}): "
                 f"{step.refusal.message}; {_serving_note(step)}",
             )
-        )
-    elif (
+        ]
+    if (
         previous.get("targetRevision") != step.target_revision
         and step.serving_revision != step.target_revision
     ):
-        events.append(
+        return [
             Event(
                 "Normal",
                 "RolloutStarted",
                 f"revision {step.target_revision} created; it serves once "
                 f"{_progress_needed(step)} pods are verified",
             )
-        )
+        ]
+    return []
+
+
+def _engine_events(step: RolloutStep, previous: Mapping[str, Any]) -> list[Event]:
+    """Engines that cannot start: the model download fails, or pods cannot be created."""
+    events: list[Event] = []
     engines = _engines_verified(step)
     was = _condition_reason(previous, "EnginesVerified")
     if engines.reason == model_download.REASON and was != model_download.REASON:
@@ -445,6 +462,12 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
     )
     if not_created and not _said_not_created(previous):
         events.append(Event("Warning", pod_creation.REASON, not_created.removeprefix("; ")))
+    return events
+
+
+def _traffic_events(step: RolloutStep, previous: Mapping[str, Any]) -> list[Event]:
+    """A progressive step began, or a revision started serving."""
+    events: list[Event] = []
     if step.step_record is not None and _step_began(step, previous):
         record = step.step_record
         events.append(
@@ -466,6 +489,12 @@ def events_for(step: RolloutStep, previous: Mapping[str, Any] | None) -> list[Ev
                 f"{_progress(step.progress)}",
             )
         )
+    return events
+
+
+def _repair_events(step: RolloutStep) -> list[Event]:
+    """The Service or the serving revision's Deployments put back."""
+    events: list[Event] = []
     if step.service_repair is not None:
         events.append(_service_event(step, step.service_repair))
     if step.recreated_serving_components and step.serving_revision is not None:
