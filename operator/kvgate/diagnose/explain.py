@@ -344,62 +344,68 @@ def estimated_changes(
     if config is None or role_spec.gpu_memory_gi_b is None:
         return []
     required = _required_pool_tokens(spec.model.context_length, spec.safety.headroom)
+    try:
+        planned, ratio = _planned_at_live_ratio(spec, role_spec, role, live_pool, required)
+    except Exception:  # a user's config.json can hold anything; the live numbers still stand
+        return []
+    # On the GPUs the role has first (a setting, more of them), then on another GPU model.
+    fixes = sorted(planned.fixes, key=lambda f: (f.new_hardware, fix_order(f)))
+    return [_change_of(fix, role, required, ratio, reserve) for fix in fixes]
+
+
+def _planned_at_live_ratio(
+    spec: ModelDeploymentSpec, role_spec: RoleSpec, role: str, live_pool: int, required: int
+) -> tuple[Any, float]:
+    """The planner's fit of the role, at the ratio of the live pool to the estimate for its
+    current shape (never above 1), and that ratio."""
+    config = spec.model.config
+    assert config is not None and role_spec.gpu_memory_gi_b is not None
     shape = Shape(
         role_spec.gpu_memory_gi_b,
         role_spec.tensor_parallel,
         spec.engine.kv_cache_dtype.value,
         role_spec.mem_fraction_static,
     )
-    try:
-        weights = make_plan(
-            PlanRequest(
-                config, weights_gib=spec.model.weights_gi_b, tp=(1,), kv_cache_dtypes=("auto",)
-            )
-        ).weights_gib
+    weights = make_plan(
+        PlanRequest(config, weights_gib=spec.model.weights_gi_b, tp=(1,), kv_cache_dtypes=("auto",))
+    ).weights_gib
 
-        def fit(context_length: int, headroom: float) -> Any:
-            return fit_role(
-                config,
-                shape,
-                weights_gib=weights,
-                context_length=context_length,
-                headroom=headroom,
-                page_size=spec.engine.page_size,
-                max_total_tokens=role_spec.max_total_tokens,
-                estimator_options=estimator_options(spec, role_spec, role),
-            )
-
-        current = fit(spec.model.context_length, spec.safety.headroom)
-        estimate = current.kv_pool_tokens
-        ratio = min(1.0, live_pool / estimate) if estimate > 0 else 1.0
-        planned = current if ratio >= 1.0 else fit(math.ceil(required / ratio), 1.0)
-    except Exception:  # a user's config.json can hold anything; the live numbers still stand
-        return []
-    changes = []
-    # On the GPUs the role has first (a setting, more of them), then on another GPU model.
-    for fix in sorted(planned.fixes, key=lambda f: (f.new_hardware, fix_order(f))):
-        if fix.field == "maxTotalTokens":
-            changes.append(
-                Change(
-                    f"spec.{fix.spec_field(role)}",
-                    required,
-                    "estimate",
-                    f"raise spec.{fix.spec_field(role)} to {required:,} or remove it (the cap "
-                    "is below the requirement)",
-                )
-            )
-            continue
-        expected = None if ratio >= 1.0 else math.floor(fix.kv_pool_tokens * ratio)
-        changes.append(
-            Change(
-                f"spec.{fix.spec_field(role)}",
-                fix.value,
-                "estimate",
-                _fix_text(fix, role, expected, reserve),
-                fix.kv_pool_tokens,
-            )
+    def fit(context_length: int, headroom: float) -> Any:
+        return fit_role(
+            config,
+            shape,
+            weights_gib=weights,
+            context_length=context_length,
+            headroom=headroom,
+            page_size=spec.engine.page_size,
+            max_total_tokens=role_spec.max_total_tokens,
+            estimator_options=estimator_options(spec, role_spec, role),
         )
-    return changes
+
+    current = fit(spec.model.context_length, spec.safety.headroom)
+    estimate = current.kv_pool_tokens
+    ratio = min(1.0, live_pool / estimate) if estimate > 0 else 1.0
+    return (current if ratio >= 1.0 else fit(math.ceil(required / ratio), 1.0)), ratio
+
+
+def _change_of(fix: Fix, role: str, required: int, ratio: float, reserve: GpuReserve) -> Change:
+    """One planner fix as a change to the spec, with the pool expected at the live ratio."""
+    if fix.field == "maxTotalTokens":
+        return Change(
+            f"spec.{fix.spec_field(role)}",
+            required,
+            "estimate",
+            f"raise spec.{fix.spec_field(role)} to {required:,} or remove it (the cap "
+            "is below the requirement)",
+        )
+    expected = None if ratio >= 1.0 else math.floor(fix.kv_pool_tokens * ratio)
+    return Change(
+        f"spec.{fix.spec_field(role)}",
+        fix.value,
+        "estimate",
+        _fix_text(fix, role, expected, reserve),
+        fix.kv_pool_tokens,
+    )
 
 
 def _context_change(roles: Sequence[RoleLive], headroom: float) -> Change | None:
@@ -505,40 +511,17 @@ def explain(
     current = generation is None or observed == generation
     ready = ready_cond.get("status") == "True" and current
     target = _str(status.get("targetRevision"))
-    rollout = _map(status.get("rollout"))
-    refusal_raw = _map(rollout.get("refusal"))
-    refusal = (
-        (str(refusal_raw["reason"]), str(refusal_raw.get("message") or ""))
-        if refusal_raw.get("reason")
-        else None
-    )
+    refusal = _refusal_in(status)
     lines = event_lines(events, _str(meta.get("uid")), name)
-    spec = parse_spec(md)
     notes = _status_notes(status, current, observed, generation)
-    gates = [
-        pod_gate(pod)
-        for pod in pods
-        if _map(_map(pod.get("metadata")).get("labels")).get(labels.DEPLOYMENT) == name
-    ]
-    target_pods = [g for g in gates if target is None or g.revision == target]
-    roles: list[RoleLive] = []
-    changes: list[Change] = []
+    target_pods = _target_gates(pods, name, target)
+    spec = parse_spec(md)
+    roles = _live_roles(spec, status, target_pods, target=target, refusal=refusal)
     context = headroom = required = None
+    changes: list[Change] = []
     if spec is not None:
         context, headroom = spec.model.context_length, spec.safety.headroom
         required = _required_pool_tokens(context, headroom)
-        roles = [
-            _role_live(
-                role,
-                target_pods,
-                target=target,
-                refusal_message=refusal[1] if refusal else "",
-                status=status,
-                context_length=context,
-                required=required,
-            )
-            for role in ROLES
-        ]
         if not ready:
             changes, shape_notes = _fixes(spec, roles, required, headroom, reserves)
             notes.extend(shape_notes)
@@ -565,6 +548,51 @@ def explain(
         events=tuple(lines[:MAX_EVENTS]),
         notes=tuple(notes),
     )
+
+
+def _target_gates(pods: Sequence[Obj], name: str, target: str | None) -> list[PodGate]:
+    """The gates of the ModelDeployment's pods of the target revision (all of them: no target)."""
+    gates = [
+        pod_gate(pod)
+        for pod in pods
+        if _map(_map(pod.get("metadata")).get("labels")).get(labels.DEPLOYMENT) == name
+    ]
+    return [g for g in gates if target is None or g.revision == target]
+
+
+def _refusal_in(status: Obj) -> tuple[str, str] | None:
+    """status.rollout.refusal as (reason, message)."""
+    refusal = _map(_map(status.get("rollout")).get("refusal"))
+    if not refusal.get("reason"):
+        return None
+    return str(refusal["reason"]), str(refusal.get("message") or "")
+
+
+def _live_roles(
+    spec: ModelDeploymentSpec | None,
+    status: Obj,
+    target_pods: Sequence[PodGate],
+    *,
+    target: str | None,
+    refusal: tuple[str, str] | None,
+) -> list[RoleLive]:
+    """Each role's live pool against the requirement (none when the spec does not parse)."""
+    if spec is None:
+        return []
+    context = spec.model.context_length
+    required = _required_pool_tokens(context, spec.safety.headroom)
+    return [
+        _role_live(
+            role,
+            target_pods,
+            target=target,
+            refusal_message=refusal[1] if refusal else "",
+            status=status,
+            context_length=context,
+            required=required,
+        )
+        for role in ROLES
+    ]
 
 
 def _advice(
@@ -676,27 +704,7 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
             "headroom": e.headroom,
             "required_pool_tokens": e.required_pool_tokens,
         },
-        "roles": {
-            live.role: {
-                "kv_pool_tokens": live.kv_pool_tokens,
-                "source": live.source,
-                "holds": live.holds,
-                "short_by_tokens": live.short_by_tokens,
-                "pods": [
-                    {
-                        "name": p.name,
-                        "revision": p.revision,
-                        "ready": p.ready,
-                        "gate_status": p.gate_status,
-                        "gate_reason": p.gate_reason,
-                        "gate_message": p.gate_message,
-                        "kv_pool_tokens": p.kv_pool_tokens,
-                    }
-                    for p in live.pods
-                ],
-            }
-            for live in e.roles
-        },
+        "roles": {live.role: _role_json(live) for live in e.roles},
         "changes": [
             {
                 "field": c.field,
@@ -720,6 +728,28 @@ def explanation_json(e: Explanation) -> dict[str, Any]:
             for x in e.events
         ],
         "notes": list(e.notes),
+    }
+
+
+def _role_json(live: RoleLive) -> dict[str, Any]:
+    """One role's live pool and its pods' gates in ``kvgate explain --json``."""
+    return {
+        "kv_pool_tokens": live.kv_pool_tokens,
+        "source": live.source,
+        "holds": live.holds,
+        "short_by_tokens": live.short_by_tokens,
+        "pods": [
+            {
+                "name": p.name,
+                "revision": p.revision,
+                "ready": p.ready,
+                "gate_status": p.gate_status,
+                "gate_reason": p.gate_reason,
+                "gate_message": p.gate_message,
+                "kv_pool_tokens": p.kv_pool_tokens,
+            }
+            for p in live.pods
+        ],
     }
 
 

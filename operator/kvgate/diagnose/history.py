@@ -83,65 +83,67 @@ def spec_summary(spec: Obj) -> str:
     return "; ".join(parts)
 
 
+@dataclass(frozen=True)
+class _Recorded:
+    """What the status says of the revisions: which serves, which is the target and whether it
+    is refused, and every recorded refusal."""
+
+    serving: str | None
+    target: str | None
+    target_refusal: tuple[str, str] | None
+    in_step: bool
+    refusals: Mapping[str, tuple[str, str]]
+
+    @classmethod
+    def of(cls, status: Obj) -> _Recorded:
+        target = status.get("targetRevision") or None
+        rollout = _map(status.get("rollout"))
+        refusal = _map(rollout.get("refusal"))
+        return cls(
+            serving=status.get("servingRevision") or None,
+            target=target,
+            target_refusal=(
+                (str(refusal["reason"]), str(refusal.get("message") or ""))
+                if refusal.get("reason") and target
+                else None
+            ),
+            in_step=bool(rollout.get("step")),
+            refusals={r.revision: (r.reason, r.message) for r in refusals_in(status)},
+        )
+
+    def refusal_of(self, revision: str) -> tuple[str, str] | None:
+        if revision == self.target:
+            return self.target_refusal  # an earlier refusal of a target verified again: not its own
+        return self.refusals.get(revision)
+
+    def outcome(self, revision: str, restorable: bool) -> str:
+        if revision == self.serving:
+            return "serving"
+        if revision == self.target:
+            if self.target_refusal is not None:
+                return "refused"
+            return "in a progressive step" if self.in_step else "verifying"
+        return "served" if restorable else "refused"
+
+
 def history_rows(md: Obj) -> list[Row]:
     """Every revision the ModelDeployment's status records, oldest first: those that served
     (status.history), then the spec's own revision if it has not served, then the other refused
     revisions (status.refusals, oldest first, and status.refusedRevision)."""
     status = _map(md.get("status"))
-    serving = status.get("servingRevision") or None
-    target = status.get("targetRevision") or None
-    refused_revision = status.get("refusedRevision") or None
-    rollout = _map(status.get("rollout"))
-    refusal_raw = _map(rollout.get("refusal"))
-    target_refusal = (
-        (str(refusal_raw["reason"]), str(refusal_raw.get("message") or ""))
-        if refusal_raw.get("reason") and target
-        else None
-    )
-    recorded = {r.revision: r for r in refusals_in(status)}
-
-    def refusal_of(revision: str) -> tuple[str, str] | None:
-        if revision == target:  # an earlier refusal of a target verified again is not its own
-            return target_refusal
-        if revision in recorded:
-            return recorded[revision].reason, recorded[revision].message
-        return None
-
-    def outcome(revision: str, restorable: bool) -> str:
-        if revision == serving:
-            return "serving"
-        if revision == target:
-            if target_refusal is not None:
-                return "refused"
-            return "in a progressive step" if rollout.get("step") else "verifying"
-        return "served" if restorable else "refused"
-
-    rows: list[Row] = []
-    seen: set[str] = set()
-    for entry in reversed(history_in(status)):
-        revision = str(entry["revision"])
-        seen.add(revision)
-        rows.append(
-            Row(
-                0,
-                revision,
-                outcome(revision, True),
-                entry.get("servedAt") or None,
-                refusal_of(revision) if revision == target else None,
-                spec_summary(_map(entry.get("spec"))),
-                True,
-                revision == target,
-            )
-        )
+    recorded = _Recorded.of(status)
+    target = recorded.target
+    rows = [_served_row(entry, recorded) for entry in reversed(history_in(status))]
+    seen = {row.revision for row in rows}
     if target and target not in seen:
         seen.add(target)
         rows.append(
             Row(
                 0,
                 target,
-                outcome(target, False),
+                recorded.outcome(target, False),
                 None,
-                refusal_of(target),
+                recorded.refusal_of(target),
                 # The spec is the target's once the operator has read it (else a newer one's).
                 spec_summary(_map(md.get("spec")))
                 if _revision_of_raw(md.get("spec")) == target
@@ -150,14 +152,36 @@ def history_rows(md: Obj) -> list[Row]:
                 True,
             )
         )
-    # status.refusals is newest first; a refusedRevision it lacks (a status written before it
-    # existed) is the newest refusal.
-    others = [r for r in reversed(recorded) if r not in seen]
+    rows += _other_refusals(recorded, status.get("refusedRevision") or None, seen)
+    return [replace(row, number=number) for number, row in enumerate(rows, start=1)]
+
+
+def _served_row(entry: Mapping[str, Any], recorded: _Recorded) -> Row:
+    """A revision that served (status.history): kvgate.io/rollback can restore it."""
+    revision = str(entry["revision"])
+    is_target = revision == recorded.target
+    return Row(
+        0,
+        revision,
+        recorded.outcome(revision, True),
+        entry.get("servedAt") or None,
+        recorded.target_refusal if is_target else None,
+        spec_summary(_map(entry.get("spec"))),
+        True,
+        is_target,
+    )
+
+
+def _other_refusals(recorded: _Recorded, refused_revision: str | None, seen: set[str]) -> list[Row]:
+    """The refused revisions not listed yet, oldest first. status.refusals is newest first; a
+    refusedRevision it lacks (a status written before it existed) is the newest refusal."""
+    others = [r for r in reversed(list(recorded.refusals)) if r not in seen]
     if refused_revision and refused_revision not in seen and refused_revision not in others:
         others.append(refused_revision)
-    for revision in others:
-        rows.append(Row(0, revision, "refused", None, refusal_of(revision), "", False, False))
-    return [replace(row, number=number) for number, row in enumerate(rows, start=1)]
+    return [
+        Row(0, revision, "refused", None, recorded.refusal_of(revision), "", False, False)
+        for revision in others
+    ]
 
 
 def history_text(name: str, rows: Sequence[Row]) -> str:
