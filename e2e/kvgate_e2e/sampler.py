@@ -47,8 +47,8 @@ from urllib.parse import unquote
 
 import aiohttp
 from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.requirements import requirement_for
 from kvgate.api.revision import revision_of
-from kvgate.rollout.requirements import requirement_for
 from kvgate_engine.probe import fetch_report
 from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge

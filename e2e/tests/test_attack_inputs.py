@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.admission.limits import MAX_SPEC_BYTES, spec_bytes
-from kvgate.admission.names import max_name_length
+from kvgate.objects.names import max_name_length
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     OPERATOR_NAMESPACE,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.admission.answer import WEBHOOK_PATH
-from kvgate.admission.app import serving
+from kvgate.webhook.app import serving
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kvgate.admission.policy import ClusterPolicy, parse_gpus_per_node
-from kvgate.admission.webhook_command import WebhookSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.api.models import MAX_GPUS_PER_NODE
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings

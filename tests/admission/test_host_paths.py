@@ -19,7 +19,7 @@ from kvgate.admission.host_paths import (
     under,
 )
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.admission.webhook_command import WebhookSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
 

@@ -255,9 +255,10 @@ def _cpu_us(call: Any, repeat: int = 300, rounds: int = 7) -> float:
 
 def _stage_times(review: dict[str, Any]) -> dict[str, float]:
     """CPU microseconds of each stage of kvgate's code for one review (in-process)."""
-    from kvgate.admission import checks, metrics
+    from kvgate.webhook import metrics
+    from kvgate.admission import checks
     from kvgate.admission.answer import answer_review
-    from kvgate.admission.app import HANDLER_IDS, _log_denial
+    from kvgate.webhook.app import HANDLER_IDS, _log_denial
     from kvgate.admission.policy import ClusterPolicy
     from kvgate.admission.review import check_resource, check_review, parse_review
     from kvgate.admission.schema import parse_model
@@ -305,7 +306,7 @@ def print_breakdown() -> None:
     (what is left of the measured webhook CPU is aiohttp, uvloop, TLS and the sockets)."""
     import logging
 
-    from kvgate.admission.webhook_command import JsonFormatter
+    from kvgate.webhook.webhook_command import JsonFormatter
 
     handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115
     handler.setFormatter(JsonFormatter())

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from helm_runner import CHART, Helm
-from kvgate.admission import metrics as admission_metrics
+from kvgate.webhook import metrics as admission_metrics
 from kvgate.gen import dashboards as gen
 from kvgate.kube import metrics as operator_metrics
 from kvgate_e2e import dashboards

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from helm_runner import Helm
-from kvgate.admission.webhook_command import WebhookSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.cmd.cli import build_parser
 from kvgate.kube.settings import OperatorSettings
 

@@ -42,7 +42,7 @@ def test_the_webhook_is_its_own_two_replica_deployment_that_rolls_without_a_gap(
     assert "--shutdown-delay-seconds=5" in container["args"]
     # SIGTERM -> still answering for the delay -> the linger for open connections -> in-flight
     # requests: the grace period must cover all three.
-    from kvgate.admission.app import LINGER_SECONDS
+    from kvgate.webhook.app import LINGER_SECONDS
 
     assert pod["terminationGracePeriodSeconds"] >= 5 + LINGER_SECONDS + 5
     assert {m["mountPath"]: m["readOnly"] for m in container["volumeMounts"] if m.get("readOnly")}

@@ -162,8 +162,8 @@ def test_guarded_decode_deployment_matches_golden_file() -> None:
 
 
 def test_engine_pods_carry_a_guard_sidecar_checking_the_operators_requirement() -> None:
+    from kvgate.api import requirements
     from kvgate.cmd import cli, guard
-    from kvgate.rollout import requirements
 
     md = make_md(safety__headroom=1.2)
     for role in (Role.PREFILL, Role.DECODE):

@@ -12,12 +12,12 @@ from factories.model_deployments import MD_UID, NOW, make_md, md_doc
 from kvgate.api.content_types import MERGE_PATCH
 from kvgate.api.labels import ROLE_ROUTER
 from kvgate.api.models import ModelDeployment
+from kvgate.api.ownership import CONFLICT, OwnershipConflict
 from kvgate.api.revision import revision_of
 from kvgate.objects import builders, network_policy
 from kvgate.rollout import owned_objects, pass_decision
 from kvgate.rollout.access_checks import AccessCheck
 from kvgate.rollout.lws_availability import LwsAccess
-from kvgate.rollout.ownership import CONFLICT, OwnershipConflict
 from kvgate.rollout.planner import ObservedState, Refusal, RolloutRecord, WorkloadState
 from kvgate.rollout.workload_writes import Create, Delete, Patch
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from kvgate.api import requirements
 from kvgate.api.models import ModelDeploymentSpec
-from kvgate.rollout import requirements
 from kvgate_engine.verdict import Requirement
 
 SPEC = ModelDeploymentSpec.model_validate(

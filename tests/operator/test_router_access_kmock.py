@@ -55,7 +55,7 @@ async def test_router_gets_its_control_plane_key_from_an_owned_secret(
 ) -> None:
     import base64
 
-    from kvgate.verify import router_auth
+    from kvgate.objects import router_auth
 
     put_md(kmock)
     rev = revision_of(make_md().spec)

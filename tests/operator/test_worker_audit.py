@@ -14,7 +14,7 @@ from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
-from kvgate.verify import router_auth
+from kvgate.objects import router_auth
 from kvgate.verify.pod_identity import EngineIdentity
 from kvgate.verify.worker_audit import KeyRefusal, KnownEngine, key_refusal, unknown_workers
 

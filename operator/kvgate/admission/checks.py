@@ -30,7 +30,6 @@ from kvgate_engine.sglang_choices import NEWEST_CHECKED
 from kvgate_engine.verdict import required_pool_tokens as _required_pool_tokens
 from packaging.version import InvalidVersion, Version
 
-from kvgate.admission import names
 from kvgate.admission.engine_args import check_engine
 from kvgate.admission.engine_flags import check_engine_flag_values
 from kvgate.admission.gpu_reserve import GpuReserve, resolve_reserve, with_reserve
@@ -44,6 +43,7 @@ from kvgate.admission.result import AdmissionResult, Problem
 from kvgate.admission.router_args import denial_message, denied_flag
 from kvgate.admission.schema import parse_model, show_value
 from kvgate.admission.shape import check_group_names, check_shape
+from kvgate.api.autoscaling import ratio_conflict
 from kvgate.api.models import (
     API_VERSION,
     DEFAULT_GPU_RESERVED_GIB,
@@ -55,7 +55,7 @@ from kvgate.api.models import (
     Role,
     RoleSpec,
 )
-from kvgate.rollout import scaling
+from kvgate.objects import names
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 MARGIN_WARNING = 0.10  # warn when the estimated pool is less than 10 % above the requirement
@@ -783,7 +783,7 @@ def check_autoscaling(
                     f"{ratio.min:g} is above prefillPerDecode.max {ratio.max:g}; swap them",
                 )
             )
-        elif not denials and (conflict := scaling.ratio_conflict(spec)) is not None:
+        elif not denials and (conflict := ratio_conflict(spec)) is not None:
             denials.append(Problem("spec.prefillPerDecode", conflict))
     return denials, []
 

@@ -27,6 +27,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kvgate.gen.crd import crd
+
 MAX_SPEC_BYTES = 96 * 1024
 # The most the webhook reads of one AdmissionReview (kopf's and aiohttp's limit, kept; a larger
 # body is answered 413), and so the most `kvgate validate` and `kvgate plan -f` read of a file.
@@ -36,8 +38,6 @@ _GO_PLAIN_FLOAT_LIMIT = 1e21  # Go's encoding/json writes integral floats below 
 
 @functools.cache
 def _spec_schema() -> Mapping[str, Any]:
-    from kvgate.gen.crd import crd  # late: kvgate.gen.crd imports this package
-
     schema: Mapping[str, Any] = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema["properties"]["spec"]  # type: ignore[no-any-return]
 

@@ -10,12 +10,12 @@ the ranks together (``--nnodes``, ``--node-rank``, ``--dist-init-addr``) are kvg
 
 from __future__ import annotations
 
-from kvgate.admission.names import LABEL_VALUE_MAX
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.result import Problem
 from kvgate.api.models import MAX_GPUS_PER_NODE, ModelDeploymentSpec, Role, RoleSpec
 from kvgate.api.revision import REVISION_LENGTH
 from kvgate.objects.builders import component_name
+from kvgate.objects.names import LABEL_VALUE_MAX
 
 # A StatefulSet labels its pods controller-revision-hash=<statefulset>-<hash>; the hash is a
 # uint32 written in up to 10 characters, and a label value holds at most 63.

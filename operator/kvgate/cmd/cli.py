@@ -36,7 +36,7 @@ COMMANDS: dict[str, str] = {
     "history": "kvgate.cmd.cluster_commands:history_main",
     "rollback": "kvgate.cmd.cluster_commands:rollback_main",
     "operator": "kvgate.controller.main:run",
-    "webhook": "kvgate.admission.webhook_command:main",
+    "webhook": "kvgate.webhook.webhook_command:main",
     "guard": "kvgate.cmd.guard:main",
     "fetch-model": "kvgate.cmd.fetch_model:main",
 }

@@ -27,9 +27,10 @@ from kvgate.controller.gateway_watch import router_url
 from kvgate.controller.identity import resolve_identity
 from kvgate.controller.runtime import MdKey, Runtime, spawn
 from kvgate.kube import metrics
+from kvgate.objects import router_auth
 from kvgate.rollout.pass_decision import ContentOutcome
 from kvgate.rollout.planner import RolloutStep
-from kvgate.verify import abort_probe, content_probe, gate, pod_identity, router_auth
+from kvgate.verify import abort_probe, content_probe, gate, pod_identity
 from kvgate.verify.abort_probe import AbortOutcome, EngineActivity, EngineEvidence
 from kvgate.verify.content_probe import ContentVerdict, ProbeAnswer, ProbeFinding, ProbeRequest
 from kvgate.verify.pod_identity import EngineIdentity

@@ -25,7 +25,7 @@ from typing import Any
 from kvgate_engine.verdict import ENGINE_UNAUTHORIZED, Outcome, Requirement, Verdict
 from pydantic import ValidationError
 
-from kvgate.api import labels
+from kvgate.api import labels, requirements
 from kvgate.api.models import ModelDeploymentSpec, RolloutSpec
 from kvgate.api.revision import revision_of
 from kvgate.controller import group_verify, kv_canary_watch
@@ -40,7 +40,6 @@ from kvgate.controller.runtime import (
 )
 from kvgate.kube import metrics, probe_slots
 from kvgate.kube.informer import Watched
-from kvgate.rollout import requirements
 from kvgate.verify import gate, pod_view
 from kvgate.verify.pod_identity import Unproven
 

@@ -25,7 +25,8 @@ from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, Unauthorized, g
 from kvgate.api import labels
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
-from kvgate.verify import gate, router_auth
+from kvgate.objects import router_auth
+from kvgate.verify import gate
 from kvgate.verify.gateway import (
     DEFAULT_GRACE_SECONDS,
     GATEWAY_UNREACHABLE,

@@ -40,9 +40,9 @@ from pydantic import ValidationError
 
 from kvgate.api import labels, multinode
 from kvgate.api.models import API_VERSION, KIND, ModelDeploymentSpec
+from kvgate.api.ownership import controller_of
 from kvgate.controller.runtime import Runtime, spawn
 from kvgate.kube import metrics
-from kvgate.rollout.ownership import controller_of
 from kvgate.verify import gate, kv_canary
 from kvgate.verify.kv_canary import CanaryViolation, LineSplitter
 from kvgate.verify.lws_identity import statefulset_name

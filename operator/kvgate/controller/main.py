@@ -244,7 +244,7 @@ SERVER_FILTERED_RESOURCES = (
 
 def _configure_webhook(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
     # The same lean server as `kvgate webhook`; kopf only starts and stops it.
-    from kvgate.admission.operator_webhook import OperatorWebhookServer
+    from kvgate.webhook.operator_webhook import OperatorWebhookServer
 
     assert settings.tls_dir is not None  # checked in run()
     kopf_settings.admission.server = OperatorWebhookServer(

@@ -32,6 +32,7 @@ from kvgate.api.models import (
     Role,
     RolloutStrategy,
 )
+from kvgate.api.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.api.revision import revision_of
 from kvgate.controller import content_check, engine_pods, step_check
 from kvgate.controller.deployments import RoleScaleNames
@@ -46,7 +47,7 @@ from kvgate.controller.runtime import (
 )
 from kvgate.kube import metrics
 from kvgate.kube.k8s import JSON_PATCH, ApiError
-from kvgate.objects import builders, model_source
+from kvgate.objects import builders, model_source, router_auth
 from kvgate.rollout import (
     access_checks,
     lws_availability,
@@ -59,7 +60,6 @@ from kvgate.rollout import (
     scaling,
     workload_writes,
 )
-from kvgate.rollout.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.rollout.planner import (
     ObservedState,
     PodState,
@@ -69,7 +69,7 @@ from kvgate.rollout.planner import (
 )
 from kvgate.rollout.progressive import EngineFailures, RouterCounters
 from kvgate.rollout.status import invalid_spec_status, refusal_is_new, rollout_record
-from kvgate.verify import content_probe, gate, router_auth
+from kvgate.verify import content_probe, gate
 
 log = logging.getLogger("kvgate.modeldeployment")
 MIN_PASS_SECONDS = 0.2

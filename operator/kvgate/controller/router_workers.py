@@ -25,8 +25,8 @@ from kvgate.controller.gateway_watch import UNREADABLE, read_workers, router_url
 from kvgate.controller.identity import resolve_identity
 from kvgate.controller.runtime import MdKey, Runtime
 from kvgate.kube import metrics
-from kvgate.objects import builders
-from kvgate.verify import gate, pod_identity, pod_view, router_auth, worker_audit
+from kvgate.objects import builders, router_auth
+from kvgate.verify import gate, pod_identity, pod_view, worker_audit
 from kvgate.verify.pod_identity import EngineIdentity
 from kvgate.verify.worker_audit import KnownEngine
 

@@ -24,9 +24,10 @@ from kvgate.kube import metrics
 from kvgate.kube.informer import Reflector, Watched, per_namespace
 from kvgate.kube.k8s import KubeApi
 from kvgate.kube.settings import OperatorSettings
+from kvgate.objects import router_auth
 from kvgate.rollout import pass_priority
 from kvgate.rollout.pass_priority import PassClass
-from kvgate.verify import pod_view, router_auth
+from kvgate.verify import pod_view
 
 log = logging.getLogger("kvgate.runtime")
 

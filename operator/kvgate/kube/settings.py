@@ -12,13 +12,18 @@ import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
+from kvgate.admission.host_paths import (
+    MODEL_PREFIXES_ENV,
+    RDMA_DEVICES_ENV,
+    HostPathPolicy,
+    host_path_policy,
+)
+from kvgate.admission.policy import GPUS_PER_NODE_ENV, parse_gpus_per_node
 from kvgate.kube.leader import LeaderConfig
 from kvgate.kube.network_policy_settings import NetworkPolicySettings, network_policy_settings
-
-if TYPE_CHECKING:
-    from kvgate.admission.host_paths import HostPathPolicy
+from kvgate.rollout.pool_drift import DEFAULT_OPTIMISTIC_DRIFT_PERCENT
 
 # Every KVGATE_* variable: unset or empty means the default; any other value is parsed as written
 # (an explicit 0 is a value, never "unset") and one outside its range stops the operator with a
@@ -38,7 +43,7 @@ _HOSTNAME = re.compile(
 OPTIMISTIC_DRIFT_ENV = "KVGATE_OPTIMISTIC_DRIFT_PERCENT"
 
 
-def _env(name: str) -> str | None:
+def env(name: str) -> str | None:
     """The variable's value; None when unset or empty."""
     raw = os.environ.get(name)
     return raw if raw else None
@@ -49,7 +54,7 @@ def _env_float(
 ) -> float | None:
     """The variable as a finite number (None when unset); anything else, or a number ``valid``
     refuses, stops start-up with ``{name}={raw!r}{about}: {must}``."""
-    raw = _env(name)
+    raw = env(name)
     if raw is None:
         return None
     try:
@@ -75,35 +80,27 @@ def _env_seconds(name: str, default: float, minimum: float = MIN_PERIOD_SECONDS)
 
 
 def _gpus_per_node() -> int | None:
-    from kvgate.admission.policy import GPUS_PER_NODE_ENV, parse_gpus_per_node
-
     try:
-        return parse_gpus_per_node(_env(GPUS_PER_NODE_ENV))
+        return parse_gpus_per_node(env(GPUS_PER_NODE_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
 
 def _gpu_reserves() -> dict[str, float]:
-    from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
-
     try:
-        return parse_reserves(_env(RESERVES_ENV))
+        return parse_reserves(env(RESERVES_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
 
 def _host_paths() -> HostPathPolicy:
-    from kvgate.admission.host_paths import MODEL_PREFIXES_ENV, RDMA_DEVICES_ENV, host_path_policy
-
     try:
-        return host_path_policy(_env(MODEL_PREFIXES_ENV), _env(RDMA_DEVICES_ENV))
+        return host_path_policy(env(MODEL_PREFIXES_ENV), env(RDMA_DEVICES_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
 
 def _optimistic_drift_percent() -> float:
-    from kvgate.rollout.pool_drift import DEFAULT_OPTIMISTIC_DRIFT_PERCENT
-
     value = _env_float(
         OPTIMISTIC_DRIFT_ENV,
         lambda v: 0 < v < 100,
@@ -124,7 +121,7 @@ def _env_rate(name: str, default: float) -> float:
 
 
 def _env_count(name: str, default: int) -> int:
-    raw = _env(name)
+    raw = env(name)
     if raw is None:
         return default
     try:
@@ -138,8 +135,10 @@ def _env_count(name: str, default: int) -> int:
     return value
 
 
-def _env_choice(name: str, choices: tuple[str, ...], default: str, *, upper: bool = False) -> str:
-    raw = _env(name)
+def env_choice(name: str, choices: tuple[str, ...], default: str, *, upper: bool = False) -> str:
+    """The variable's value among ``choices`` (``default`` when unset); any other value stops
+    the process naming the variable and the choices."""
+    raw = env(name)
     if raw is None:
         return default
     value = raw.upper() if upper else raw
@@ -151,8 +150,9 @@ def _env_choice(name: str, choices: tuple[str, ...], default: str, *, upper: boo
     return value
 
 
-def _bind_address() -> str:
-    raw = _env("KVGATE_BIND_ADDRESS")
+def bind_address() -> str:
+    """KVGATE_BIND_ADDRESS (default 0.0.0.0); not an IP address or host name stops the process."""
+    raw = env("KVGATE_BIND_ADDRESS")
     if raw is None:
         return "0.0.0.0"
     try:
@@ -167,7 +167,7 @@ def _bind_address() -> str:
 
 
 def _guard_image() -> str | None:
-    raw = _env("KVGATE_GUARD_IMAGE")
+    raw = env("KVGATE_GUARD_IMAGE")
     if raw is not None and any(c.isspace() for c in raw):
         raise SystemExit(
             f"KVGATE_GUARD_IMAGE={raw!r}: must be an image reference without spaces, e.g. "
@@ -185,7 +185,7 @@ def _guard_resources() -> dict[str, dict[str, str]] | None:
     """KVGATE_GUARD_RESOURCES: the guard sidecar's ResourceRequirements as JSON (the chart value
     guard.resources); None when unset (kvgate.objects.builders.GUARD_RESOURCES). Checked here, not
     by the first engine Deployment the API server would refuse."""
-    raw = _env("KVGATE_GUARD_RESOURCES")
+    raw = env("KVGATE_GUARD_RESOURCES")
     if raw is None:
         return None
     problem = (
@@ -245,13 +245,13 @@ def parse_pull_secrets(raw: str | None) -> tuple[str, ...]:
 
 def _pull_secrets() -> tuple[str, ...]:
     try:
-        return parse_pull_secrets(_env(PULL_SECRETS_ENV))
+        return parse_pull_secrets(env(PULL_SECRETS_ENV))
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
 
 def _router_key_seed() -> bytes:
-    raw = _env("KVGATE_ROUTER_KEY_SEED")
+    raw = env("KVGATE_ROUTER_KEY_SEED")
     if raw is None:
         return secrets.token_bytes(32)
     if len(raw) < 16:
@@ -266,16 +266,16 @@ def leader_config(enabled: bool) -> LeaderConfig | None:
     """`--leader-elect`: the Lease this replica competes for (KVGATE_LEADER_* and POD_*)."""
     if not enabled:
         return None
-    namespace = _env("KVGATE_LEADER_ELECTION_NAMESPACE") or _env("POD_NAMESPACE")
+    namespace = env("KVGATE_LEADER_ELECTION_NAMESPACE") or env("POD_NAMESPACE")
     if namespace is None:
         raise SystemExit(
             "--leader-elect needs the namespace of its Lease: set KVGATE_LEADER_ELECTION_NAMESPACE "
             "or POD_NAMESPACE (the chart sets POD_NAMESPACE from the pod's own namespace)"
         )
-    identity = _env("POD_NAME") or f"{socket.gethostname()}_{secrets.token_hex(4)}"
+    identity = env("POD_NAME") or f"{socket.gethostname()}_{secrets.token_hex(4)}"
     config = LeaderConfig(
         namespace=namespace,
-        name=_env("KVGATE_LEADER_ELECTION_LEASE") or "kvgate-operator",
+        name=env("KVGATE_LEADER_ELECTION_LEASE") or "kvgate-operator",
         identity=identity,
         lease_duration_seconds=_env_seconds("KVGATE_LEADER_LEASE_DURATION_SECONDS", 10.0),
         renew_deadline_seconds=_env_seconds("KVGATE_LEADER_RENEW_DEADLINE_SECONDS", 7.0),
@@ -385,7 +385,7 @@ class OperatorSettings:
             webhook_port=int(args.webhook_port),
             tls_dir=args.tls_dir,
             webhook=not args.no_webhook,
-            bind_address=_bind_address(),
+            bind_address=bind_address(),
             reconcile_seconds=_env_seconds("KVGATE_RECONCILE_SECONDS", 5.0),
             steady_reconcile_seconds=_env_seconds("KVGATE_STEADY_RECONCILE_SECONDS", 36_000.0),
             reverify_seconds=_env_seconds_or_none(
@@ -398,7 +398,7 @@ class OperatorSettings:
             max_concurrent_reconciles=_env_count("KVGATE_MAX_CONCURRENT_RECONCILES", 32),
             gateway_grace_seconds=_env_seconds("KVGATE_GATEWAY_GRACE_SECONDS", 15.0, minimum=0),
             # Checked in main.run (exit 2 naming the chart value engineVersionFloor).
-            min_engine_version_floor=_env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
+            min_engine_version_floor=env("KVGATE_MIN_ENGINE_VERSION_FLOOR"),
             gpus_per_node=_gpus_per_node(),
             gpu_reserved_gib_by_product=_gpu_reserves(),
             host_paths=_host_paths(),
@@ -412,6 +412,6 @@ class OperatorSettings:
             guard_resources=_guard_resources(),
             engine_pull_secrets=_pull_secrets(),
             leader_election=leader_config(bool(getattr(args, "leader_elect", False))),
-            log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
-            log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
+            log_format=env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
+            log_level=env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
         )

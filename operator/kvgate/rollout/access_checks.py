@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvgate.rollout.ownership import OwnershipConflict
+from kvgate.api.ownership import OwnershipConflict
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Ownership conflicts in a ModelDeployment's status (pure): condition and Event on transition.
 
 When an object kvgate must manage exists but is not the ModelDeployment's own (see
-``kvgate.rollout.ownership``), kvgate leaves it alone and says so: ``Degraded=True`` with reason
+``kvgate.api.ownership``), kvgate leaves it alone and says so: ``Degraded=True`` with reason
 ``Conflict`` naming every such object, and ``Ready=False`` too when the conflicting object is the
 ``<md>`` Service (kvgate cannot point clients at a verified revision) or one that stops serving
 (the router key Secret: kvgate runs no router on a key it did not write). A ``Conflict`` Warning
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from kvgate.rollout.ownership import CONFLICT, OwnershipConflict
+from kvgate.api.ownership import CONFLICT, OwnershipConflict
 from kvgate.rollout.status import DEGRADED, READY, Event
 from kvgate.verify.gate import rfc3339
 

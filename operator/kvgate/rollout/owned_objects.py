@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.content_types import MERGE_PATCH
-from kvgate.rollout.ownership import OwnershipConflict, conflict_for
+from kvgate.api.ownership import OwnershipConflict, conflict_for
 from kvgate.rollout.workload_writes import Create, Delete, Patch, PlannedWrite
 
 Body = dict[str, Any]

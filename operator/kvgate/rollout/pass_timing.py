@@ -12,7 +12,7 @@ thousand ModelDeployments started together do not resync in lockstep.
 from __future__ import annotations
 
 STEADY_SPREAD = 0.1  # ± fraction of the steady period
-# An object kvgate needs that is someone else's (kvgate.rollout.ownership) sends no watch event
+# An object kvgate needs that is someone else's (kvgate.api.ownership) sends no watch event
 # kvgate
 # sees when it goes (a tenant's Secret or Service is not labelled as kvgate's): re-check.
 CONFLICT_RECHECK_SECONDS = 30.0

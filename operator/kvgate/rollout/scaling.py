@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from kvgate.api import labels
+from kvgate.api.autoscaling import prefill_range, ratio_conflict
 from kvgate.api.content_types import MERGE_PATCH
 from kvgate.api.models import (
     API_VERSION,
@@ -47,8 +48,8 @@ from kvgate.api.models import (
     Role,
     RoleAutoscaling,
 )
+from kvgate.api.ownership import OwnershipConflict, conflict_for
 from kvgate.objects.builders import owner_reference
-from kvgate.rollout.ownership import OwnershipConflict, conflict_for
 from kvgate.rollout.planner import (
     ObservedState,
     PodState,
@@ -103,39 +104,6 @@ def _clamp(value: int, low: int, high: int) -> int:
     return max(low, min(high, value))
 
 
-def _prefill_range(
-    decode: int, spec: ModelDeploymentSpec, prefill: RoleAutoscaling
-) -> tuple[int, int]:
-    """The prefill counts the ratio bounds and prefill's own bounds allow beside ``decode``."""
-    ratio = spec.prefill_per_decode
-    assert ratio is not None
-    low = max(prefill.min_replicas, math.ceil(ratio.min * decode - 1e-9))
-    high = min(prefill.max_replicas, math.floor(ratio.max * decode + 1e-9))
-    return low, high
-
-
-def ratio_conflict(spec: ModelDeploymentSpec) -> str | None:
-    """Why no pair of counts within both roles' bounds satisfies spec.prefillPerDecode (None:
-    some pair does, or there is nothing to satisfy)."""
-    ratio, prefill, decode = (
-        spec.prefill_per_decode,
-        spec.prefill.autoscaling,
-        spec.decode.autoscaling,
-    )
-    if ratio is None or prefill is None or decode is None:
-        return None
-    for d in range(decode.min_replicas, decode.max_replicas + 1):
-        low, high = _prefill_range(d, spec, prefill)
-        if low <= high:
-            return None
-    return (
-        f"spec.prefillPerDecode (min {ratio.min:g}, max {ratio.max:g}) allows no prefill count "
-        f"in {prefill.min_replicas}..{prefill.max_replicas} (spec.prefill.autoscaling) beside "
-        f"any decode count in {decode.min_replicas}..{decode.max_replicas} "
-        "(spec.decode.autoscaling): widen the ratio bounds or the replica bounds"
-    )
-
-
 def role_counts(spec: ModelDeploymentSpec, requested: Mapping[Role, int]) -> dict[Role, RoleCount]:
     """The count of every autoscaled role: the one asked for (``requested``, every autoscaled
     role's: requested_counts), within its bounds, then within the ratio."""
@@ -163,16 +131,16 @@ def _within_ratio(
     assert prefill_bounds is not None and decode_bounds is not None
     prefill, decode = counts[Role.PREFILL], counts[Role.DECODE]
     d = decode.effective
-    low, high = _prefill_range(d, spec, prefill_bounds)
+    low, high = prefill_range(d, spec, prefill_bounds)
     if low > high:
         # The nearest decode count beside which some prefill count fits (one exists).
         fits = [
             n
             for n in range(decode_bounds.min_replicas, decode_bounds.max_replicas + 1)
-            if (r := _prefill_range(n, spec, prefill_bounds))[0] <= r[1]
+            if (r := prefill_range(n, spec, prefill_bounds))[0] <= r[1]
         ]
         d = min(fits, key=lambda n: (abs(n - decode.effective), n))
-    low, high = _prefill_range(d, spec, prefill_bounds)
+    low, high = prefill_range(d, spec, prefill_bounds)
     p = _clamp(prefill.effective, low, high)
     ratio = spec.prefill_per_decode
     assert ratio is not None

@@ -27,7 +27,7 @@ from typing import Any
 from kvgate_engine.verdict import Outcome, Requirement, Verdict
 
 from kvgate.api import multinode
-from kvgate.rollout.ownership import controller_of
+from kvgate.api.ownership import controller_of
 from kvgate.verify import gate
 
 Obj = Mapping[str, Any]

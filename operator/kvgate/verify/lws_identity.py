@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api import labels, multinode
+from kvgate.api.ownership import controller_of, is_controlled_by
 from kvgate.objects.builders import component_name
-from kvgate.rollout.ownership import controller_of, is_controlled_by
 from kvgate.verify.pod_identity import ENGINE_ROLES, EngineIdentity, Unproven
 
 Obj = Mapping[str, Any]

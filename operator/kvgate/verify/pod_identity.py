@@ -16,8 +16,8 @@ from typing import Any
 
 from kvgate.api import labels
 from kvgate.api.models import Role
+from kvgate.api.ownership import controller_of, is_controlled_by
 from kvgate.objects.builders import component_name
-from kvgate.rollout.ownership import controller_of, is_controlled_by
 
 NOT_OWNED = "NotOwnedByModelDeployment"
 ENGINE_ROLES = frozenset(r.value for r in (Role.PREFILL, Role.DECODE))

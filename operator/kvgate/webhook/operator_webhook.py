@@ -1,6 +1,6 @@
 """The webhook served from inside `kvgate operator` (without --no-webhook: tests, development).
 
-The same lean server as `kvgate webhook` (`kvgate.admission.app`), started and stopped by kopf
+The same lean server as `kvgate webhook` (`kvgate.webhook.app`), started and stopped by kopf
 through its admission-server slot; kopf's own admission machinery is not in the request path
 (this object ignores the request function kopf passes). kopf does not manage the
 ValidatingWebhookConfiguration: the chart or `kvgate.admission.registration` ships it.
@@ -15,9 +15,9 @@ from pathlib import Path
 import kopf
 
 from kvgate.admission.answer import WEBHOOK_PATH
-from kvgate.admission.app import AdmissionServer
-from kvgate.admission.certificates import ReloadingCertificate
 from kvgate.admission.policy import ClusterPolicy
+from kvgate.webhook.app import AdmissionServer
+from kvgate.webhook.certificates import ReloadingCertificate
 
 
 class OperatorWebhookServer:

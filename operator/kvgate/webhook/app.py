@@ -24,14 +24,14 @@ from typing import Any
 
 from aiohttp import web
 
-from kvgate.admission import metrics
 from kvgate.admission.answer import HANDLER_ID, WEBHOOK_PATH, Answer, answer_review, internal_error
-from kvgate.admission.certificates import CHECK_INTERVAL_SECONDS, ReloadingCertificate
 from kvgate.admission.checks import check_document
 from kvgate.admission.limits import MAX_REQUEST_BYTES
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.review import RejectedReview, check_resource, check_review, parse_review
 from kvgate.api.models import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from kvgate.webhook import metrics
+from kvgate.webhook.certificates import CHECK_INTERVAL_SECONDS, ReloadingCertificate
 
 log = logging.getLogger("kvgate.admission")
 

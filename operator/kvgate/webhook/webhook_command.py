@@ -3,11 +3,11 @@
     kvgate webhook --port=9443 --health-port=8081 --metrics-port=8080 --tls-dir=/tls
                    [--shutdown-delay-seconds=5]
 
-- HTTPS on --port: POST /validate-modeldeployment (`kvgate.admission.app`), with tls.crt and
+- HTTPS on --port: POST /validate-modeldeployment (`kvgate.webhook.app`), with tls.crt and
   tls.key from --tls-dir, re-read when they change.
 - Plain HTTP on --health-port: /healthz (200 while the process serves) and /readyz (200 until
   SIGTERM, then 503).
-- Prometheus metrics on --metrics-port: /metrics (`kvgate.admission.metrics`).
+- Prometheus metrics on --metrics-port: /metrics (`kvgate.webhook.metrics`).
 
 Environment: KVGATE_BIND_ADDRESS (default 0.0.0.0), KVGATE_MIN_ENGINE_VERSION_FLOOR (the chart
 value engineVersionFloor), KVGATE_MODEL_HOST_PATH_PREFIXES and KVGATE_RDMA_HOST_PATHS (JSON lists,
@@ -36,9 +36,6 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.admission import metrics
-from kvgate.admission.app import AdmissionServer
-from kvgate.admission.certificates import CertificateFilesError, ReloadingCertificate
 from kvgate.admission.gpu_reserve import RESERVES_ENV, parse_reserves
 from kvgate.admission.host_paths import MODEL_PREFIXES_ENV, RDMA_DEVICES_ENV, host_path_policy
 from kvgate.admission.policy import (
@@ -47,7 +44,10 @@ from kvgate.admission.policy import (
     ClusterPolicy,
     parse_gpus_per_node,
 )
-from kvgate.kube.settings import LOG_FORMATS, LOG_LEVELS, _bind_address, _env, _env_choice
+from kvgate.kube.settings import LOG_FORMATS, LOG_LEVELS, bind_address, env, env_choice
+from kvgate.webhook import metrics
+from kvgate.webhook.app import AdmissionServer
+from kvgate.webhook.certificates import CertificateFilesError, ReloadingCertificate
 
 log = logging.getLogger("kvgate.admission.webhook")
 
@@ -88,14 +88,14 @@ class WebhookSettings:
         delay = args.shutdown_delay_seconds
         if not (math.isfinite(delay) and delay >= 0):
             raise ValueError(f"--shutdown-delay-seconds {delay}: must be a number of seconds >= 0")
-        floor = _env(FLOOR_ENV)
+        floor = env(FLOOR_ENV)
         try:
-            gpus_per_node = parse_gpus_per_node(_env(GPUS_PER_NODE_ENV))
+            gpus_per_node = parse_gpus_per_node(env(GPUS_PER_NODE_ENV))
         except ValueError as error:
             raise SystemExit(str(error)) from None
         try:
-            reserves = parse_reserves(_env(RESERVES_ENV))
-            host_paths = host_path_policy(_env(MODEL_PREFIXES_ENV), _env(RDMA_DEVICES_ENV))
+            reserves = parse_reserves(env(RESERVES_ENV))
+            host_paths = host_path_policy(env(MODEL_PREFIXES_ENV), env(RDMA_DEVICES_ENV))
         except ValueError as error:
             raise SystemExit(str(error)) from None
         try:
@@ -113,10 +113,10 @@ class WebhookSettings:
             metrics_port=args.metrics_port,
             tls_dir=args.tls_dir,
             shutdown_delay_seconds=delay,
-            bind_address=_bind_address(),
+            bind_address=bind_address(),
             policy=policy,
-            log_level=_env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
-            log_format=_env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
+            log_level=env_choice("KVGATE_LOG_LEVEL", LOG_LEVELS, "INFO", upper=True),
+            log_format=env_choice("KVGATE_LOG_FORMAT", LOG_FORMATS, "json"),
         )
 
 

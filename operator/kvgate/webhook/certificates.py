@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvgate.kube.tls import CERT_FILE, KEY_FILE
 
-log = logging.getLogger("kvgate.admission.certificates")
+log = logging.getLogger("kvgate.webhook.certificates")
 
 # cert-manager renews well before expiry; the kubelet updates a mounted Secret within ~1 min.
 CHECK_INTERVAL_SECONDS = 30.0
