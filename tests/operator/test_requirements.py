@@ -54,6 +54,9 @@ def test_malformed_records_are_ignored_not_trusted() -> None:
         {**OLD, "headroom": 0.5},
         {**OLD, "minEngineVersion": ""},
         {**OLD, "revision": None},
+        # What the CRD (generated from RevisionRecord) never lets into the status.
+        {**OLD, "minEngineVersion": "0." * 40},
+        {**OLD, "contextLength": 65536, "pool": 1},
         "not a record",
     ):
         assert req("0ld0ld0ld0", {"revisions": [bad]}) is None, bad
@@ -65,6 +68,11 @@ def test_the_cluster_floor_raises_a_lower_spec_floor_and_never_lowers_a_higher_o
     assert req("t4rg3t0000", floor=None).min_version == "0.5.22"  # type: ignore[attr-defined]
     # An unparseable cluster floor is kept, so the verdict fails closed on it.
     assert req("t4rg3t0000", floor="garbage").min_version == "garbage"  # type: ignore[attr-defined]
+
+
+def test_a_record_written_before_headroom_existed_holds_one() -> None:
+    old = {k: v for k, v in OLD.items() if k != "headroom"}
+    assert req("0ld0ld0ld0", {"revisions": [old]}) == Requirement(65536, 1.0, "decode", "0.5.22")
 
 
 def test_records_keep_the_target_and_running_revisions_and_never_rewrite_one() -> None:

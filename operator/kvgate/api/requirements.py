@@ -18,10 +18,11 @@ from typing import Any
 
 from kvgate_engine.verdict import Requirement
 from packaging.version import InvalidVersion, Version
+from pydantic import ValidationError
 
-from kvgate.api.models import ModelDeploymentSpec
+from kvgate.api.models import ModelDeploymentSpec, RevisionRecord
 
-Record = dict[str, Any]  # {"revision", "contextLength", "headroom", "minEngineVersion"}
+Record = dict[str, Any]  # a RevisionRecord as the status holds it (camelCase keys)
 STATUS_FIELD = "revisions"
 # Records kept for revisions that no longer run are pruned; this bounds status growth when a
 # revision's workloads linger (they are deleted once a successor serves).
@@ -49,12 +50,12 @@ def _invalid(version: str) -> bool:
 
 def record_of(spec: ModelDeploymentSpec, revision: str) -> Record:
     """The requirement of one revision, as kept in ``status.revisions``."""
-    return {
-        "revision": revision,
-        "contextLength": spec.model.context_length,
-        "headroom": spec.safety.headroom,
-        "minEngineVersion": spec.safety.min_engine_version,
-    }
+    return RevisionRecord(
+        revision=revision,
+        context_length=spec.model.context_length,
+        headroom=spec.safety.headroom,
+        min_engine_version=spec.safety.min_engine_version,
+    ).model_dump(by_alias=True)
 
 
 def records_in(status: Mapping[str, Any] | None) -> dict[str, Record]:
@@ -70,22 +71,13 @@ def records_in(status: Mapping[str, Any] | None) -> dict[str, Record]:
 
 
 def _valid(item: Mapping[str, Any]) -> Record | None:
-    revision, context = item.get("revision"), item.get("contextLength")
-    headroom, floor = item.get("headroom", 1.0), item.get("minEngineVersion")
-    if not isinstance(revision, str) or not revision:
+    """The record as the API's own RevisionRecord reads it, strictly (no "1" or true for a
+    number); a record without headroom (written before the field existed) holds 1.0."""
+    try:
+        record = RevisionRecord.model_validate({"headroom": 1.0, **item}, strict=True)
+    except ValidationError:
         return None
-    if not isinstance(context, int) or isinstance(context, bool) or context < 1:
-        return None
-    if not isinstance(headroom, int | float) or isinstance(headroom, bool) or headroom < 1:
-        return None
-    if not isinstance(floor, str) or not floor:
-        return None
-    return {
-        "revision": revision,
-        "contextLength": context,
-        "headroom": float(headroom),
-        "minEngineVersion": floor,
-    }
+    return record.model_dump(by_alias=True)
 
 
 def updated_records(
