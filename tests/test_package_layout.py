@@ -1,14 +1,20 @@
 """The package's folders show its architecture: pure decisions apart from the I/O around them.
 
-``api``, ``gen``, ``build``, ``rollout``, ``verify`` and ``diagnose`` take plain data and return
-plain data; only ``kube`` (the client, informers, leader election, metrics) and ``controller``
-(the trigger handlers and the reconcile pass) do I/O. A pure module that imports asyncio,
-aiohttp, kopf or the I/O folders fails here, naming the module and the import.
+``api``, ``objects``, ``verify``, ``gen``, ``admission``, ``rollout`` and ``diagnose`` take plain
+data and return plain data; ``kube`` (the client, informers, leader election, metrics),
+``webhook`` (the admission server) and ``controller`` (the trigger handlers and the reconcile pass)
+do I/O. A pure module that imports asyncio, aiohttp, kopf or the I/O folders fails here, naming
+the module and the import.
+
+The folders are layered (``LAYERS``, lowest first, the order docs/architecture.md states): a
+module imports only its own folder and the folders below it, at the top or inside a function.
+An import against that order fails here, naming the module, the line and the import.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import kvgate
@@ -19,8 +25,24 @@ ENGINE_PACKAGE = Path(kvgate_engine.__file__).parent
 # A function reads as one screenful of steps; the CLI's argument table is the one exception.
 MAX_FUNCTION_LINES = 100
 LONG_BY_DESIGN = {("kvgate/cmd/cli.py", "build_parser")}
-PURE = ("api", "gen", "objects", "rollout", "verify", "diagnose")
-IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.controller")
+PURE = ("api", "objects", "verify", "gen", "admission", "rollout", "diagnose")
+IO_ONLY = ("asyncio", "aiohttp", "kopf", "kvgate.kube", "kvgate.webhook", "kvgate.controller")
+# Lowest first: each folder may import only itself and the folders before it.
+LAYERS = (
+    "api",
+    "objects",
+    "verify",
+    "gen",
+    "admission",
+    "rollout",
+    "diagnose",
+    "modelfetch",
+    "kube",
+    "webhook",
+    "controller",
+    "cmd",
+)
+ARCHITECTURE_DOC = PACKAGE.parents[1] / "docs" / "architecture.md"
 
 
 def _imports(path: Path) -> set[str]:
@@ -58,6 +80,119 @@ def test_the_purity_check_sees_a_forbidden_import(tmp_path: Path) -> None:
         "import asyncio\nfrom kvgate.kube import k8s\nfrom kvgate.api import labels\n"
     )
     assert _forbidden(module) == ["asyncio", "kvgate.kube", "kvgate.kube.k8s"]
+
+
+def _kvgate_imports(path: Path, package: Path) -> list[tuple[int, str]]:
+    """Every ``kvgate.*`` module ``path`` imports, with its line: top-level and function-level
+    ``import`` and ``from ... import`` alike, relative ones resolved against ``package``."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = parts[: len(parts) - node.level] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
+    return [(line, name) for line, name in found if name.startswith(f"{package.name}.")]
+
+
+def _against_the_layers(package: Path, layers: tuple[str, ...]) -> list[str]:
+    """``folder/module.py:line imports kvgate.x.y`` for every import of a folder above the
+    module's own (or of a folder the order does not name)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if len(rel.parts) < 2:
+            continue
+        own = layers.index(rel.parts[0]) if rel.parts[0] in layers else -1
+        for line, name in _kvgate_imports(path, package):
+            folder = name.split(".")[1]
+            if not (package / folder).is_dir() or folder == rel.parts[0]:
+                continue
+            if folder not in layers or own < 0 or layers.index(folder) > own:
+                found.append(f"{rel}:{line} imports {name}")
+    return found
+
+
+def test_every_folder_has_a_place_in_the_layers() -> None:
+    folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert sorted(folders) == sorted(LAYERS)
+
+
+def test_no_module_imports_a_folder_above_its_own_even_inside_a_function() -> None:
+    against = _against_the_layers(PACKAGE, LAYERS)
+    assert against == [], f"imports against the order {' → '.join(LAYERS)}: {against}"
+
+
+def test_no_module_imports_a_private_name_of_another_folder() -> None:
+    private = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, name in _kvgate_imports(path, PACKAGE)
+        if name.split(".")[1] != path.relative_to(PACKAGE).parts[0]
+        and any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+    ]
+    assert private == [], f"another folder's private names (make them public there): {private}"
+
+
+def test_the_layering_check_sees_an_upward_import_at_the_top_or_in_a_function(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "kvgate"
+    for folder, text in {
+        "low": "from kvgate.low import peer\nfrom kvgate import high\n",
+        "high": "import kvgate.low.m\n\ndef f() -> None:\n    from ..low import m\n",
+        "mid": "def f() -> None:\n    from kvgate.high.m import thing\n",
+    }.items():
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+        (package / folder / "m.py").write_text(text)
+    assert _against_the_layers(package, ("low", "mid", "high")) == [
+        "low/m.py:2 imports kvgate.high",
+        "mid/m.py:2 imports kvgate.high.m.thing",
+    ]
+
+
+def _doc_folders(text: str) -> dict[str, set[str]]:
+    """The modules docs/architecture.md names under each ``- **`folder/`**`` entry of its module
+    map: a bare ``name.py`` is the entry's folder's, ``other/name.py`` is ``other``'s."""
+    named: dict[str, set[str]] = {}
+    for entry in re.split(r"\n(?=- \*\*`)", text)[1:]:
+        head = re.match(r"- \*\*`(\w+)/`\*\*", entry)
+        if head is None:
+            continue
+        named.setdefault(head.group(1), set())
+        for folder, module in re.findall(r"`(?:(\w+)/)?(\w+\.py)`", entry.split("\n\n")[0]):
+            named.setdefault(folder or head.group(1), set()).add(module)
+    return named
+
+
+def test_the_architecture_doc_names_every_module_under_its_folder_and_no_other() -> None:
+    named = _doc_folders(ARCHITECTURE_DOC.read_text())
+    actual = {
+        folder: {p.name for p in (PACKAGE / folder).glob("*.py") if p.name != "__init__.py"}
+        for folder in LAYERS
+    }
+    missing = {f: sorted(actual[f] - named.get(f, set())) for f in LAYERS}
+    unknown = {f: sorted(m - actual.get(f, set())) for f, m in named.items()}
+    assert {f: m for f, m in missing.items() if m} == {}, "modules the doc does not name"
+    assert {f: m for f, m in unknown.items() if m} == {}, "modules the doc names that do not exist"
+
+
+def test_the_architecture_doc_states_the_layering_the_layout_test_enforces() -> None:
+    text = ARCHITECTURE_DOC.read_text()
+    assert text.count("lowest first:") == 1, "docs/architecture.md states the folders' order once"
+    sentence = re.split(r"\.\s", text.split("lowest first:")[1], maxsplit=1)[0]
+    assert tuple(re.findall(r"`(\w+)`", sentence)) == LAYERS
+
+
+def test_the_doc_check_reads_bare_and_foldered_module_names() -> None:
+    text = (
+        "intro\n\n- **`a/`** — `x.py` and `b/y.py`, see `z.py`;\n  `w.py`\n\n"
+        "`v.py` in a later paragraph\n- **`b/`** — `u.py`\n"
+    )
+    assert _doc_folders(text) == {"a": {"x.py", "z.py", "w.py"}, "b": {"y.py", "u.py"}}
 
 
 def _long_functions(root: Path) -> list[tuple[str, str, int]]:
