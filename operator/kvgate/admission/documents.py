@@ -11,6 +11,7 @@ webhook's JSON and these files meet the same bound.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import yaml
@@ -142,52 +143,26 @@ def load_manifests(path: str, *, input_name: str) -> list[Any]:
     text = decode_text(data, input_name=input_name, path=path, what=MANIFEST_FILE)
     where = "" if input_name == path else f"{path}: "  # before "document N ..."
     lead = "" if input_name == path else f"{path} "  # before "is ..."
-    limit = MANIFEST_LIMITS.max_values
     loader = _Loader(text)
-    documents: list[Any] = []
-    index = 0
+    at = _Position()
     try:
-        while True:
-            index += 1  # the document being read, also while check_node scans ahead into it
-            if not loader.check_node():
-                break
-            loader.anchor_names = {}
-            node = loader.get_node()
-            if node is None:
-                continue
-            values, distinct = expanded_values(node, loader.anchor_names, limit)
-            if values > limit and distinct <= limit:
-                raise InputError(
-                    input_name,
-                    f"{where}document {index} expands to more than {limit:,} values through YAML "
-                    f"aliases (*name); kvgate reads at most what a 1 MiB request could hold: "
-                    "write the values out, or use fewer aliases",
-                )
-            if values > limit:
-                raise InputError(
-                    input_name,
-                    f"{where}document {index} holds more than {limit:,} values, more than a 1 MiB "
-                    f"request could; pass {MANIFEST_FILE} of one ModelDeployment",
-                )
-            document = loader.construct_document(node)
-            if document is not None:
-                documents.append(document)
+        documents = _documents(loader, at, input_name=input_name, where=where)
     except _AliasTooDeep as alias:
         raise InputError(
             input_name,
-            f"{where}document {index} refers to itself through a YAML alias (*{alias.anchor}); "
-            "no ModelDeployment contains itself: write the values out",
+            f"{where}document {at.index} refers to itself through a YAML alias "
+            f"(*{alias.anchor}); no ModelDeployment contains itself: write the values out",
         ) from None
     except _FlowTooDeep:
         raise InputError(
             input_name,
-            f"{where}document {index} opens more than {MAX_FLOW_NESTING} flow collections ([ or "
-            "{) inside each other; kvgate reads at most that many (a ModelDeployment needs about "
-            "8): flatten it",
+            f"{where}document {at.index} opens more than {MAX_FLOW_NESTING} flow collections "
+            "([ or {) inside each other; kvgate reads at most that many (a ModelDeployment needs "
+            "about 8): flatten it",
         ) from None
     except RecursionError:
         raise InputError(
-            input_name, f"{where}document {index} is nested too deeply to read; flatten it"
+            input_name, f"{where}document {at.index} is nested too deeply to read; flatten it"
         ) from None
     except yaml.YAMLError as error:
         raise InputError(
@@ -198,6 +173,43 @@ def load_manifests(path: str, *, input_name: str) -> list[Any]:
     if not documents:
         raise InputError(input_name, f"{lead}holds no document; pass a ModelDeployment")
     return documents
+
+
+@dataclass
+class _Position:
+    index: int = 0  # the document being read, also while check_node scans ahead into it
+
+
+def _documents(loader: _Loader, at: _Position, *, input_name: str, where: str) -> list[Any]:
+    """Every non-empty document the loader holds, each within MANIFEST_LIMITS' values once its
+    aliases are expanded."""
+    limit = MANIFEST_LIMITS.max_values
+    documents: list[Any] = []
+    while True:
+        at.index += 1
+        if not loader.check_node():
+            return documents
+        loader.anchor_names = {}
+        node = loader.get_node()
+        if node is None:
+            continue
+        values, distinct = expanded_values(node, loader.anchor_names, limit)
+        if values > limit and distinct <= limit:
+            raise InputError(
+                input_name,
+                f"{where}document {at.index} expands to more than {limit:,} values through YAML "
+                f"aliases (*name); kvgate reads at most what a 1 MiB request could hold: "
+                "write the values out, or use fewer aliases",
+            )
+        if values > limit:
+            raise InputError(
+                input_name,
+                f"{where}document {at.index} holds more than {limit:,} values, more than a 1 MiB "
+                f"request could; pass {MANIFEST_FILE} of one ModelDeployment",
+            )
+        document = loader.construct_document(node)
+        if document is not None:
+            documents.append(document)
 
 
 def document_name(document: Any, index: int) -> str:

@@ -306,10 +306,15 @@ def check_engine_args(spec: ModelDeploymentSpec) -> list[Problem]:
 def check_transfer(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Problem]]:
     """spec.engine.transfer: combinations that cannot work are denied; an RDMA backend without a
     device, or a device only a privileged container can use, is a warning."""
+    denials = [*_transfer_denials(spec), *_rdma_resource_denials(spec)]
+    return denials, _transfer_warnings(spec)
+
+
+def _transfer_denials(spec: ModelDeploymentSpec) -> list[Problem]:
+    """A TCP backend given RDMA devices, or devices the pod does not get."""
     transfer = spec.engine.transfer
     backend = transfer.backend
     denials: list[Problem] = []
-    warnings: list[Problem] = []
     if backend is TransferBackend.MOONCAKE_TCP and transfer.rdma is not None:
         denials.append(
             Problem(
@@ -338,12 +343,19 @@ def check_transfer(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Probl
                 "rdma/hca_shared_devices_a) or transfer.rdma.hostPath (/dev/infiniband)",
             )
         )
+    return denials
+
+
+def _transfer_warnings(spec: ModelDeploymentSpec) -> list[Problem]:
+    """An RDMA backend asked for by name without a device, or a device from the node's path."""
+    transfer = spec.engine.transfer
+    warnings: list[Problem] = []
     # Only when asked for by name in the deprecated engine.transferBackend: the API server fills
     # transfer.backend with its default (mooncake) on every ModelDeployment, so a warning on it
     # would greet every apply; the default also serves clusters whose engines never leave one
     # RDMA-less node.
     explicit = spec.engine.transfer_backend is not None
-    if backend is TransferBackend.MOONCAKE and transfer.rdma is None and explicit:
+    if transfer.backend is TransferBackend.MOONCAKE and transfer.rdma is None and explicit:
         warnings.append(
             Problem(
                 "spec.engine.transfer",
@@ -363,24 +375,31 @@ def check_transfer(spec: ModelDeploymentSpec) -> tuple[list[Problem], list[Probl
                 "plugin to keep it unprivileged",
             )
         )
+    return warnings
+
+
+def _rdma_resource_denials(spec: ModelDeploymentSpec) -> list[Problem]:
+    """A role's resources setting the RDMA device resource kvgate sets from transfer.rdma."""
+    rdma = spec.engine.transfer.rdma
+    if rdma is None or rdma.resource_name is None:
+        return []
+    denials: list[Problem] = []
     for role in (Role.PREFILL, Role.DECODE):
         role_spec = spec.prefill if role is Role.PREFILL else spec.decode
-        rdma = transfer.rdma
-        if rdma is not None and rdma.resource_name is not None:
-            for kind, given in (
-                ("limits", role_spec.resources.limits),
-                ("requests", role_spec.resources.requests),
-            ):
-                if rdma.resource_name in given:
-                    denials.append(
-                        Problem(
-                            f"spec.{role.value}.resources.{kind}",
-                            f"sets {rdma.resource_name} ({given[rdma.resource_name]}), which "
-                            f"kvgate sets from spec.engine.transfer.rdma.count ({rdma.count}); "
-                            "remove it there",
-                        )
+        for kind, given in (
+            ("limits", role_spec.resources.limits),
+            ("requests", role_spec.resources.requests),
+        ):
+            if rdma.resource_name in given:
+                denials.append(
+                    Problem(
+                        f"spec.{role.value}.resources.{kind}",
+                        f"sets {rdma.resource_name} ({given[rdma.resource_name]}), which "
+                        f"kvgate sets from spec.engine.transfer.rdma.count ({rdma.count}); "
+                        "remove it there",
                     )
-    return denials, warnings
+                )
+    return denials
 
 
 def check_engine(

@@ -192,42 +192,11 @@ def translate(error: ErrorDetails) -> Problem:
     if kind == "missing":
         return Problem(path, f"required; {_way_out(name, 'add it')}")
     if kind == "extra_forbidden":
-        known = known_fields(loc)
-        camel = _wire_name(loc)
-        if camel in known and camel != name:
-            # The models also read Python names; the CRD, and so the cluster, only camelCase.
-            return Problem(
-                path, f"unknown field; the API spells it {camel} (as the CRD does): rename it"
-            )
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        if close:
-            way = f"did you mean {close[0]}? rename or remove it"
-        else:
-            listed = ", ".join(known) if known else "see `kubectl explain modeldeployment`"
-            way = f"remove it (known fields here: {listed})"
-        return Problem(path, f"unknown field; {way}")
+        return Problem(path, _unknown_field(loc, name))
     if kind in _COMPARISONS:
-        key, symbol = _COMPARISONS[kind]
-        bound = ctx.get(key)
-        limit = f"{bound:g}" if isinstance(bound, float) else show_value(bound)
-        if key in ("le", "lt") and name not in RANGE_HINT_FIELDS:
-            way = f"set at most {limit}" if key == "le" else f"set a value {symbol} {limit}"
-            if name in UPPER_HINTS:
-                way += f" ({UPPER_HINTS[name]})"
-        else:
-            way = _way_out(name, f"set a value {symbol} {limit}")
-        return Problem(path, f"must be {symbol} {limit} (got {got}); {way}")
-    if kind == "too_long":
-        bound = ctx.get("max_length")
-        value = error.get("input")
-        actual = ctx.get("actual_length") or (len(value) if hasattr(value, "__len__") else None)
-        counted = f"got {actual:,}" if isinstance(actual, int) else f"got {got}"
-        return Problem(path, f"at most {show_value(bound)} items ({counted}); remove some")
-    if kind == "string_too_long":
-        bound = ctx.get("max_length")
-        value = error.get("input")
-        length = f"got {len(value):,}" if isinstance(value, str) else f"got {got}"
-        return Problem(path, f"at most {show_value(bound)} characters ({length}); shorten it")
+        return Problem(path, _out_of_range(kind, ctx.get(_COMPARISONS[kind][0]), name, got))
+    if kind in ("too_long", "string_too_long"):
+        return Problem(path, _too_long(kind, error, ctx, got))
     if kind == "enum":
         values = re.split(r", | or ", str(ctx.get("expected", "")).replace("'", ""))
         withheld, hint = _ENUM_WITHHELD.get(name, ((), "pick one of them"))
@@ -249,6 +218,47 @@ def translate(error: ErrorDetails) -> Problem:
         # The API models' own rules, whose messages give the numbers and the way out.
         return Problem(path, str(error["msg"]).removeprefix("Value error, "))
     return Problem(path, f"{error['msg']} (got {got}); {_way_out(name, 'fix the value')}")
+
+
+def _unknown_field(loc: tuple[int | str, ...], name: str) -> str:
+    """A field the API does not have: its camelCase spelling, the closest known one, or them all."""
+    known = known_fields(loc)
+    camel = _wire_name(loc)
+    if camel in known and camel != name:
+        # The models also read Python names; the CRD, and so the cluster, only camelCase.
+        return f"unknown field; the API spells it {camel} (as the CRD does): rename it"
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        way = f"did you mean {close[0]}? rename or remove it"
+    else:
+        listed = ", ".join(known) if known else "see `kubectl explain modeldeployment`"
+        way = f"remove it (known fields here: {listed})"
+    return f"unknown field; {way}"
+
+
+def _out_of_range(kind: str, bound: object, name: str, got: str) -> str:
+    """A number beyond a bound, with the bound and, for an upper one, what it comes from."""
+    key, symbol = _COMPARISONS[kind]
+    limit = f"{bound:g}" if isinstance(bound, float) else show_value(bound)
+    if key in ("le", "lt") and name not in RANGE_HINT_FIELDS:
+        way = f"set at most {limit}" if key == "le" else f"set a value {symbol} {limit}"
+        if name in UPPER_HINTS:
+            way += f" ({UPPER_HINTS[name]})"
+    else:
+        way = _way_out(name, f"set a value {symbol} {limit}")
+    return f"must be {symbol} {limit} (got {got}); {way}"
+
+
+def _too_long(kind: str, error: ErrorDetails, ctx: Mapping[str, Any], got: str) -> str:
+    """A list with too many items, or a string with too many characters."""
+    bound = ctx.get("max_length")
+    value = error.get("input")
+    if kind == "too_long":
+        actual = ctx.get("actual_length") or (len(value) if hasattr(value, "__len__") else None)
+        counted = f"got {actual:,}" if isinstance(actual, int) else f"got {got}"
+        return f"at most {show_value(bound)} items ({counted}); remove some"
+    length = f"got {len(value):,}" if isinstance(value, str) else f"got {got}"
+    return f"at most {show_value(bound)} characters ({length}); shorten it"
 
 
 def _bad_numbers(
