@@ -21,8 +21,10 @@ Measured per round from the violation line's own timestamp (the kubelet's CRI lo
 ``kubectl logs --timestamps``) to gate False, pod NotReady, out of the EndpointSlice, out of smg's
 workers. Each round deletes the tripped pod; its Deployment makes a new one, which must verify
 and serve, and is the next round's target (``KVGATE_E2E_CANARY_ROUNDS``, default 3). The issue's
-target is "removed from traffic within 2 s of the log line"; only a generous bound is asserted
-(the machine is shared), the numbers are printed as ``MEASURED``.
+target is "removed from traffic within 2 s of the log line"; the asserted bound is twice the same
+chain measured the other way in the same run (the replacement pod's way from containers ready to
+its EndpointSlice), so it holds on a slow machine without being a guess; the numbers are printed
+as ``MEASURED``.
 
 A second test scales the operator to 0, makes the violation happen, and brings it back: the new
 leader reads the engine's log from the start and trips the gate.
@@ -76,9 +78,10 @@ REASON = "KvCanaryViolation"
 VIOLATION_LINE = "kv_canary violation: launch_tag="
 ROUNDS = int(os.environ.get("KVGATE_E2E_CANARY_ROUNDS", "3"))
 REVERIFY_SECONDS = 2.0  # the e2e world's KVGATE_REVERIFY_SECONDS
-# Asserted: generous, for a shared 2-core machine. The issue's target (2 s) is reported.
-GATE_BOUND_SECONDS = 15.0
+# The issue's target (2 s) is reported; the asserted bound is derived per run (Round.bound).
 TARGET_SECONDS = 2.0
+# Two condition timestamps of 1 s resolution enter the way-in measurement (Round.way_in).
+CONDITION_TIME_RESOLUTION = 2.0
 
 
 def canary_md(name: str, decode_replicas: int) -> dict[str, Any]:
@@ -153,6 +156,16 @@ class Round:
     out_of_smg: float
     smg_out_wall: float  # wall time smg stopped routing to it
     end_wall: float  # wall time the replacement served
+    # The same chain the other way, measured on the pod that replaced it in this run: from its
+    # containers ready (ContainersReady's time) to its address ready in the EndpointSlice (the
+    # operator's verdict, the gate, the kubelet's Ready and the EndpointSlice controller).
+    way_in: float
+
+    @property
+    def bound(self) -> float:
+        """What gate False, NotReady and out of the EndpointSlice must each stay within: twice
+        the way in on this machine now (no guess of its speed), plus the timestamps' rounding."""
+        return 2 * self.way_in + CONDITION_TIME_RESOLUTION
 
 
 def pod_state(world: World, ns: str, name: str) -> dict[str, Any] | None:
@@ -195,8 +208,11 @@ def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen
     return seen, logged_at
 
 
-def replace_and_serve(world: World, ns: str, md: str, tripped: dict[str, Any]) -> dict[str, Any]:
-    """Delete the tripped pod; its Deployment's new pod must verify and serve."""
+def replace_and_serve(
+    world: World, ns: str, md: str, tripped: dict[str, Any], slice_service: str
+) -> tuple[dict[str, Any], float]:
+    """Delete the tripped pod; its Deployment's new pod must verify and serve. Returns it and
+    its way in (``Round.way_in``)."""
     old_uids = {p["metadata"]["uid"] for p in engine_pods(world, ns, md, "decode")}
     world.kubectl("delete", "pod", tripped["metadata"]["name"], f"--namespace={ns}", "--wait=false")
 
@@ -207,7 +223,19 @@ def replace_and_serve(world: World, ns: str, md: str, tripped: dict[str, Any]) -
                 return p if is_ready(p) and p["status"].get("podIP") else None
         return None
 
-    fresh = deadline_loop("the replacement decode pod verified and Ready", new_verified, 180)
+    fresh = deadline_loop(
+        "the replacement decode pod verified and Ready", new_verified, 180, period=0.1
+    )
+    ip = fresh["status"]["podIP"]
+    in_slice = deadline_loop(
+        f"the replacement ({ip}) ready in the EndpointSlice of {slice_service}",
+        lambda: ip in ready_endpoints(world, ns, slice_service) and time.time(),
+        60,  # a deadline only: what it took is the measurement
+        period=0.1,
+    )
+    containers_ready = condition(fresh, "ContainersReady")
+    assert containers_ready is not None, fresh["status"]
+    way_in = in_slice - parse_timestamp(containers_ready["lastTransitionTime"]) / 1e9
     deadline_loop(
         "the tripped pod gone",
         lambda: (
@@ -224,7 +252,7 @@ def replace_and_serve(world: World, ns: str, md: str, tripped: dict[str, Any]) -
         90,
     )
     wait_md_ready(world, md, ns, 90, "the MD Ready")
-    return dict(fresh)
+    return dict(fresh), way_in
 
 
 def stats(values: list[float]) -> str:
@@ -278,7 +306,9 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
                 assert tripped_gate(live) and live is not None and not is_ready(live), live
                 if i == 0:
                     assert_what_a_user_sees(world, ns, md, name)
-                fresh = replace_and_serve(world, ns, md, target)
+                fresh, way_in = replace_and_serve(
+                    world, ns, md, target, engines_service(md)["metadata"]["name"]
+                )
                 rounds.append(
                     Round(
                         pod=name,
@@ -289,6 +319,7 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
                         out_of_smg=t["out of smg's workers"] - logged_at,
                         smg_out_wall=t["out of smg's workers"],
                         end_wall=time.time(),
+                        way_in=way_in,
                     )
                 )
                 target = fresh
@@ -302,7 +333,8 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
         print(
             f"MEASURED kv canary {r.pod}: violation line -> gate False {r.gate_false:.2f} s, "
             f"pod NotReady {r.not_ready:.2f} s, out of the EndpointSlice {r.out_of_slice:.2f} s, "
-            f"out of smg's workers {r.out_of_smg:.2f} s"
+            f"out of smg's workers {r.out_of_smg:.2f} s; the replacement's way in "
+            f"{r.way_in:.2f} s (bound {r.bound:.2f} s)"
         )
     print(
         f"MEASURED kv canary over {len(rounds)} rounds, from the violation line's timestamp: "
@@ -332,9 +364,9 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
     assert failed_after_out == [], failed_after_out[:5]
     assert len(wrong) <= len(rounds), wrong
     for r in rounds:
-        assert r.gate_false <= GATE_BOUND_SECONDS, r
-        assert r.not_ready <= GATE_BOUND_SECONDS, r
-        assert r.out_of_slice <= GATE_BOUND_SECONDS, r
+        assert r.gate_false <= r.bound, r
+        assert r.not_ready <= r.bound, r
+        assert r.out_of_slice <= r.bound, r
     assert sampler.violations == []
     assert sampler.stats.samples > 0
 
