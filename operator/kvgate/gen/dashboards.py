@@ -85,6 +85,11 @@ def _counted(counter: str, by: str, fallback_label: str) -> str:
 
 
 def fleet_panels() -> list[Panel]:
+    return [*_pool_panels(), *_revision_panels(), _kv_usage_panel()]
+
+
+def _pool_panels() -> list[Panel]:
+    """The advertised context against each role's verified pools."""
     return [
         Panel(
             "Advertised context",
@@ -130,6 +135,12 @@ def fleet_panels() -> list[Panel]:
                 ),
             ),
         ),
+    ]
+
+
+def _revision_panels() -> list[Panel]:
+    """Which revision serves, the traffic split and the refusals."""
+    return [
         Panel(
             "Serving and target revision",
             "status.servingRevision (takes traffic) and status.targetRevision (the current "
@@ -169,20 +180,23 @@ def fleet_panels() -> list[Panel]:
             ),
             kind="table",
         ),
-        Panel(
-            "KV in use / verified pool per role",
-            "SGLang's KV tokens in use over the role's verified pools: what an autoscaler "
-            "scales on. The engine alert fires per pod above 80 %.",
-            (
-                _q(
-                    f"namespace_deployment_role:kvgate_kv_usage:ratio{{{MD_ROLE}}}",
-                    "{{namespace}}/{{deployment}} {{role}}",
-                ),
-            ),
-            unit="percentunit",
-            threshold=0.8,
-        ),
     ]
+
+
+def _kv_usage_panel() -> Panel:
+    return Panel(
+        "KV in use / verified pool per role",
+        "SGLang's KV tokens in use over the role's verified pools: what an autoscaler "
+        "scales on. The engine alert fires per pod above 80 %.",
+        (
+            _q(
+                f"namespace_deployment_role:kvgate_kv_usage:ratio{{{MD_ROLE}}}",
+                "{{namespace}}/{{deployment}} {{role}}",
+            ),
+        ),
+        unit="percentunit",
+        threshold=0.8,
+    )
 
 
 def _engine(metric: str) -> str:
@@ -250,8 +264,8 @@ def _gate_panels() -> list[Panel]:
     ]
 
 
-def _load_panels() -> list[Panel]:
-    """Traffic, transfers and the checks of one ModelDeployment."""
+def _traffic_panels() -> list[Panel]:
+    """Requests and KV transfers of one ModelDeployment."""
     return [
         Panel(
             "Queued requests per role",
@@ -290,6 +304,12 @@ def _load_panels() -> list[Panel]:
                 _q(_engine("sglang:num_decode_transfer_queue_reqs"), "transfer {{role}}"),
             ),
         ),
+    ]
+
+
+def _check_panels() -> list[Panel]:
+    """The checks beside the gate of one ModelDeployment: content, KV canary, estimate drift."""
+    return [
         Panel(
             "Content checks at maximum length (since the leader started)",
             "safety.contentProbe checks that decided, by result; result none: none ran.",
@@ -333,10 +353,15 @@ def _load_panels() -> list[Panel]:
 
 
 def deployment_panels() -> list[Panel]:
-    return _gate_panels() + _load_panels()
+    return _gate_panels() + _traffic_panels() + _check_panels()
 
 
 def operator_panels() -> list[Panel]:
+    return [*_operator_loop_panels(), *_webhook_panels(), _api_requests_panel()]
+
+
+def _operator_loop_panels() -> list[Panel]:
+    """The operator's passes, engine reads and leadership."""
     return [
         Panel(
             "Reconcile pass latency",
@@ -378,6 +403,12 @@ def operator_panels() -> list[Panel]:
             ),
             unit="reqps",
         ),
+    ]
+
+
+def _webhook_panels() -> list[Panel]:
+    """The admission webhook's answers and their latency."""
+    return [
         Panel(
             "Webhook admissions by result",
             "Admission requests answered per second, by result: allowed, denied (unsafe), "
@@ -396,18 +427,21 @@ def operator_panels() -> list[Panel]:
             _quantiles("kvgate_admission_duration_seconds"),
             unit="s",
         ),
-        Panel(
-            "Kubernetes API requests by verb",
-            "Requests kvgate's own client sent, per second (kopf's watches not counted).",
-            (
-                _q(
-                    "sum by (verb) (rate(kvgate_api_requests_total[$__rate_interval]))",
-                    "{{verb}}",
-                ),
-            ),
-            unit="reqps",
-        ),
     ]
+
+
+def _api_requests_panel() -> Panel:
+    return Panel(
+        "Kubernetes API requests by verb",
+        "Requests kvgate's own client sent, per second (kopf's watches not counted).",
+        (
+            _q(
+                "sum by (verb) (rate(kvgate_api_requests_total[$__rate_interval]))",
+                "{{verb}}",
+            ),
+        ),
+        unit="reqps",
+    )
 
 
 def _variable(name: str, label: str, query: str, *, multi: bool) -> dict[str, Any]:
