@@ -25,8 +25,14 @@ never verifies it). Every ModelDeployment has 1 prefill and 1 decode engine. The
    beside the rest of the applies and every first pass and first engine read they cause.
    ``--after-applies`` starts the rounds only once all are applied and observed (steady load,
    no apply burst beside them). ``--churn-seconds S`` also annotates every one of them every S
-   seconds (a watch event each: a tenant whose ModelDeployments keep changing);
-4. the medians of both, and loaded / idle.
+   seconds from ``--churn-workers`` kubectl processes at once (a watch event each, so a pass
+   each: a tenant whose ModelDeployments keep changing), and the loaded rounds start once
+   ``--full-slots`` pass slots are busy (30: all that passes nobody asked for may hold);
+4. the medians of both, and loaded / idle. Each round prints the leader's pass slots when its
+   rollback and its scale request start (``kvgate_reconcile_slots_busy`` and
+   ``kvgate_reconcile_passes_waiting``), so a loaded round shows whether the slots were full.
+
+    make bench-fairness FAIRNESS_ARGS="--after-applies --churn-seconds 0.5 --rounds 7"
 
 Prints one line per figure and a JSON summary (``--json FILE`` writes it too).
 ``--operator-pythonpath DIR[:DIR]`` runs the operator from other sources (e.g. an older commit's
@@ -39,10 +45,12 @@ import argparse
 import contextlib
 import copy
 import json
+import re
 import statistics
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -190,22 +198,72 @@ def scale_round(world: World, replicas: int, timeout: float) -> dict[str, float]
     return {"acted_s": round(acted_at - start, 3), "reconciled_s": round(done_at - start, 3)}
 
 
+SLOT_SERIES = re.compile(
+    r'^kvgate_reconcile_(slots|slots_busy|passes_waiting)(?:\{class="([a-z_]+)"\})? (\S+)$', re.M
+)
+
+
+def pass_slots(world: World) -> dict[str, int]:
+    """The leader's pass slots now, from its /metrics: ``slots``, ``busy`` and the passes
+    waiting by class (``waiting_requested``, ``waiting_in_flight``, ``waiting_settled``)."""
+    pod = world.operator_pod()
+    assert pod is not None, "no leading operator pod"
+    port = world.forward(pod["status"]["podIP"], 8080)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, int] = {}
+    for m in SLOT_SERIES.finditer(text):
+        name = {"slots": "slots", "slots_busy": "busy"}.get(m[1], f"waiting_{m[2]}")
+        out[name] = int(float(m[3]))
+    return out
+
+
 def rounds(
     world: World, revisions: tuple[str, str], count: int, timeout: float, label: str
 ) -> list[dict[str, Any]]:
     out = []
     for i in range(count):
         to = revisions[i % 2]  # back to the first revision, then forward again, ...
+        slots_at_rollback = pass_slots(world)
+        epoch = time.time()
         rollback = rollback_round(world, to, timeout)
+        slots_at_scale = pass_slots(world)
         scale = scale_round(world, 2 if i % 2 == 0 else 1, timeout)
-        out.append({"rollback": rollback, "scale": scale})
+        out.append(
+            {
+                "rollback": rollback,
+                "scale": scale,
+                "slots_at_rollback": slots_at_rollback,
+                "slots_at_scale": slots_at_scale,
+                "started_epoch": round(epoch, 3),
+            }
+        )
         say(
-            f"  {label} round {i + 1}: rollback acted {rollback['acted_s']} s, engines Running "
-            f"{rollback['engines_running_s']} s, verified {rollback['engines_verified_s']} s, "
-            f"serving {rollback['reconciled_s']} s; scale acted {scale['acted_s']} s, counted "
-            f"{scale['reconciled_s']} s"
+            f"  {label} round {i + 1} (epoch {epoch:.3f}): slots busy "
+            f"{slots_at_rollback.get('busy')}/{slots_at_rollback.get('slots')}, waiting "
+            f"{waiting(slots_at_rollback)}; rollback acted {rollback['acted_s']} s, engines "
+            f"Running {rollback['engines_running_s']} s, verified "
+            f"{rollback['engines_verified_s']} s, serving {rollback['reconciled_s']} s; slots "
+            f"busy {slots_at_scale.get('busy')}, waiting {waiting(slots_at_scale)}; scale acted "
+            f"{scale['acted_s']} s, counted {scale['reconciled_s']} s"
         )
     return out
+
+
+def slots_full(world: World, full: int, timeout: float) -> dict[str, Any]:
+    """Wait up to ``timeout`` s for ``full`` pass slots busy (each round's own count is what
+    the results show): the seconds it took, or that it did not happen and the most seen."""
+    started, most = time.monotonic(), 0
+    while time.monotonic() - started < timeout:
+        busy = pass_slots(world).get("busy", 0)
+        most = max(most, busy)
+        if busy >= full:
+            return {"busy": busy, "after_s": round(time.monotonic() - started, 1)}
+        time.sleep(0.5)
+    return {"busy": None, "most_busy": most, "after_s": None}
+
+
+def waiting(slots: dict[str, int]) -> int:
+    return sum(v for k, v in slots.items() if k.startswith("waiting_"))
 
 
 def medians(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -217,23 +275,41 @@ def medians(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 class Churn:
-    """Annotate every tenant ModelDeployment every ``seconds`` (a watch event each)."""
+    """Annotate every tenant ModelDeployment every ``seconds`` (a watch event each, so a pass
+    each), split over ``workers`` threads, each running ``kubectl annotate`` on its share: a
+    tenant whose ModelDeployments keep changing, enough to keep kvgate's pass slots full."""
 
-    def __init__(self, world: World, seconds: float) -> None:
+    def __init__(self, world: World, names: list[str], seconds: float, workers: int) -> None:
         self.world, self.seconds = world, seconds
         self.stop = threading.Event()
         self.rounds = 0
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self.run, args=(names[i::workers],), daemon=True)
+            for i in range(workers)
+        ]
 
-    def run(self) -> None:
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout)
+
+    def run(self, names: list[str]) -> None:
+        count = 0
         while not self.stop.wait(self.seconds):
-            self.rounds += 1
+            count += 1
+            with self.lock:
+                self.rounds += 1
             self.world.kubectl(
                 "annotate",
                 "kvmd",
-                "--all",
+                *names,
                 f"--namespace={TENANT_NS}",
-                f"bench.kvgate.io/churn={self.rounds}",
+                f"bench.kvgate.io/churn={count}",
                 "--overwrite",
                 check=False,
             )
@@ -340,8 +416,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "first apply"
                 )
             if args.churn_seconds:
-                churn = Churn(world, args.churn_seconds)
-                churn.thread.start()
+                names = [f"never-ready-{i:03d}" for i in range(args.never_ready)]
+                churn = Churn(world, names, args.churn_seconds, args.churn_workers)
+                churn.start()
+                result["slots_full_after_s"] = slots_full(world, args.full_slots, 120.0)
+                say(f"pass slots under churn: {result['slots_full_after_s']}")
             loaded = rounds(world, revisions, args.rounds, args.timeout, "loaded")
             applying.join(args.timeout)
             say(
@@ -372,8 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         finally:
             if churn is not None:
-                churn.stop.set()
-                churn.thread.join(60)
+                churn.join(60)
             standin.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 standin.wait(30)
@@ -389,6 +467,18 @@ def main() -> None:
         type=float,
         default=0.0,
         help="annotate every never-Ready ModelDeployment every this many seconds (0: never)",
+    )
+    parser.add_argument(
+        "--churn-workers",
+        type=int,
+        default=4,
+        help="kubectl annotate processes running at once for --churn-seconds",
+    )
+    parser.add_argument(
+        "--full-slots",
+        type=int,
+        default=30,
+        help="with --churn-seconds, the busy pass slots the loaded rounds wait for first",
     )
     parser.add_argument(
         "--after-applies",

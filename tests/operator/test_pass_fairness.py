@@ -20,16 +20,19 @@ from typing import Any
 
 import pytest
 from kvgate.api import labels
-from kvgate.controller import deployments, modeldeployment
+from kvgate.controller import deployments, md_loops, modeldeployment
 from kvgate.controller.pass_slots import PassSlots
 from kvgate.controller.runtime import Runtime
+from kvgate.kube import k8s
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
 from kvgate.rollout.pass_priority import (
     PassClass,
     WaitingPass,
+    may_take_slot,
     next_pass,
     pass_class,
+    reserved_slots,
     scale_requested,
 )
 from kvgate.rollout.rollback import ROLLBACK_ANNOTATION
@@ -342,3 +345,109 @@ async def _take(slots: PassSlots, key: tuple[str, str], c: PassClass, granted: l
     async with slots.slot(key, c):
         granted.append("/".join(key))
         await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize(
+    ("c", "free", "reserved", "may"),
+    [
+        (R, 1, 1, True),  # a pass asked for takes a reserved slot
+        (F, 1, 1, False),  # no other pass does
+        (S, 1, 1, False),
+        (F, 2, 1, True),  # one more than the reserved: free for anyone
+        (R, 0, 0, False),
+        (F, 3, 0, True),
+    ],
+)
+def test_a_pass_may_take_a_free_slot_if(c: PassClass, free: int, reserved: int, may: bool) -> None:
+    assert may_take_slot(c, free, reserved) is may
+
+
+@pytest.mark.parametrize(("size", "reserved"), [(1, 0), (2, 0), (15, 0), (16, 1), (32, 2)])
+def test_one_pass_slot_in_sixteen_is_kept_for_passes_asked_for(size: int, reserved: int) -> None:
+    assert reserved_slots(size) == reserved
+    assert PassSlots(size).reserved == reserved
+
+
+async def test_a_rollback_takes_a_kept_slot_at_once_while_a_tenants_passes_hold_the_rest() -> None:
+    """The default 32 slots: a tenant's never-Ready passes hold 30 and queue the rest; another
+    namespace's rollback starts without waiting for any of them to end, and so does a waiting
+    pass of the tenant that is asked for meanwhile (an edited spec)."""
+    slots = PassSlots(32)
+    granted: list[str] = []
+    for i in range(30):
+        assert await slots.acquire(("tenant", f"held-{i}"), F) is F
+    load = [
+        asyncio.ensure_future(_take(slots, ("tenant", f"md-{i:03d}"), F, granted))
+        for i in range(170)
+    ]
+    await asyncio.sleep(0)
+    assert slots.busy == 30 and slots.waiting[F] == 170  # two slots stay free
+    assert await asyncio.wait_for(slots.acquire(("victim", "llama"), R), 1) is R
+    assert slots.busy == 31
+    slots.reclassify(("tenant", "md-007"), R)
+    await asyncio.sleep(0)
+    assert granted == ["tenant/md-007"] and slots.waiting[F] == 169
+    slots.release(("victim", "llama"))
+    for i in range(30):
+        slots.release(("tenant", f"held-{i}"))
+    await asyncio.wait_for(asyncio.gather(*load), DEADLINE_SECONDS)
+    assert len(granted) == 170 and slots.busy == 0
+
+
+async def test_a_rollback_asked_while_its_pass_runs_raises_that_pass_and_skips_the_debounce(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A settled ModelDeployment's pass is running (slow: its reads queue behind a tenant's)
+    when the rollback annotation arrives: the rest of that pass's API requests go first, and
+    the pass that acts on the annotation starts when it ends, not a debounce later."""
+    debounce = 5.0  # far longer than the test waits
+    monkeypatch.setattr(modeldeployment, "MIN_PASS_SECONDS", debounce)
+    rt = Runtime(
+        api=KubeApi(Credentials(server="http://127.0.0.1:9")),  # nothing answers there
+        settings=OperatorSettings(reconcile_seconds=3600, steady_reconcile_seconds=3600),
+        verify=None,  # type: ignore[arg-type]
+    )
+    key = ("victim", "llama")
+    body = md_body(*key, settled=True)
+    rt.mds[key] = body
+    event = asyncio.Event()
+    seen: list[tuple[str, bool]] = []  # (pass, its requests urgent?) in order
+    ended: list[float] = []
+
+    class Reconciler:
+        namespace, name = key
+        conflicted = draining = False
+        verify_timeout_seconds = None
+
+        async def reconcile(self) -> None:
+            seen.append(("start", k8s.urgent_now()))
+            if len(seen) == 1:
+                await event.wait()  # the annotation arrives while this pass runs
+                seen.append(("after the annotation", k8s.urgent_now()))
+            ended.append(time.monotonic())
+
+    loop = asyncio.ensure_future(
+        modeldeployment._reconcile_until_stopped(
+            rt,
+            Reconciler(),  # type: ignore[arg-type]
+            rt.md_wake(key),
+            lambda: len(ended) >= 2,
+        )
+    )
+    rt.md_loops[key] = (body["metadata"]["uid"], loop)  # the loop md_loops would have started
+    try:
+        await asyncio.sleep(0.01)
+        assert seen == [("start", False)]  # a settled ModelDeployment's timer pass
+        annotated = md_body(*key, settled=True)
+        annotated["metadata"]["annotations"] = {ROLLBACK_ANNOTATION: "old"}
+        md_loops.on_md_event(rt, "MODIFIED", annotated)
+        event.set()
+        deadline = time.monotonic() + debounce / 2
+        while len(ended) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await rt.api.close()
+    assert seen == [("start", False), ("after the annotation", True), ("start", True)]
+    assert ended[1] - ended[0] < debounce / 2  # not a debounce later

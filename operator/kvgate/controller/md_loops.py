@@ -27,6 +27,7 @@ from kvgate.controller import modeldeployment
 from kvgate.controller.runtime import MdKey, Runtime, spawn
 from kvgate.kube.informer import Watched
 from kvgate.kube.k8s import JSON_PATCH, ApiError
+from kvgate.rollout import pass_priority
 
 log = logging.getLogger("kvgate.md_loops")
 LEGACY_FINALIZER = labels.FINALIZER
@@ -54,6 +55,10 @@ def on_md_event(rt: Runtime, event_type: str | None, body: Body) -> None:
     else:
         rt.mds[key] = body
         rt.wake_md(*key)
+        if pass_priority.requested_by_body(body):
+            # Asked for (a rollback annotation, a new spec): a pass running now read the body
+            # before this, so the next goes at once, ahead of the rest.
+            rt.ask_pass(key)
         # A pass already waiting moves up if the user just asked for something (a rollback).
         rt.pass_slots().reclassify(key, rt.pass_class(key))
     uid = str(body.get("metadata", {}).get("uid", ""))

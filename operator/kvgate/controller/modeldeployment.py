@@ -45,7 +45,7 @@ from kvgate.controller.runtime import (
     sleep_until_woken,
     stray_cancellation,
 )
-from kvgate.kube import metrics
+from kvgate.kube import k8s, metrics
 from kvgate.kube.k8s import JSON_PATCH, ApiError
 from kvgate.objects import builders, model_source, router_auth
 from kvgate.rollout import (
@@ -60,6 +60,7 @@ from kvgate.rollout import (
     scaling,
     workload_writes,
 )
+from kvgate.rollout.pass_priority import PassClass
 from kvgate.rollout.planner import (
     ObservedState,
     PodState,
@@ -885,10 +886,19 @@ async def _reconcile_until_stopped(
     while not stopped():
         try:
             # Passes asked for go first, then namespaces take turns (kvgate.rollout.pass_priority).
-            async with rt.pass_slots().slot(key, rt.pass_class(key)):
+            async with rt.pass_slots().slot(key, rt.pass_class(key)) as granted:
                 wake.clear()  # a change from here on calls for another pass
                 rt.pass_requests.discard(key)  # this pass reads what was asked for
-                step = await reconciler.reconcile()
+                # A pass asked for goes first for the API client's request slots too, and so
+                # does this one once somebody asks while it runs (rt.ask_pass).
+                urgency = rt.pass_urgency[key] = k8s.Urgency(granted is PassClass.REQUESTED)
+                token = k8s.URGENT.set(urgency)
+                try:
+                    step = await reconciler.reconcile()
+                finally:
+                    k8s.URGENT.reset(token)
+                    if rt.pass_urgency.get(key) is urgency:
+                        del rt.pass_urgency[key]
         except asyncio.CancelledError:
             if not stray_cancellation():
                 raise  # this loop was cancelled: its ModelDeployment is gone or not ours
@@ -902,8 +912,11 @@ async def _reconcile_until_stopped(
                 "reconcile failed: %s", exc, extra={"namespace": key[0], "deployment": key[1]}
             )
             step = None
-        # Debounce: our own writes come back as watch events; let them land together.
-        await asyncio.sleep(MIN_PASS_SECONDS)
+        # Debounce: our own writes come back as watch events; let them land together. Not when
+        # somebody asked for something while this pass ran (a rollback annotation): its pass
+        # goes at once.
+        if key not in rt.pass_requests:
+            await asyncio.sleep(MIN_PASS_SECONDS)
         woken = await sleep_until_woken(
             wake,
             next_interval(

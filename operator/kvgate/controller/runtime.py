@@ -22,7 +22,7 @@ from kvgate.controller import step_check
 from kvgate.controller.pass_slots import PassSlots
 from kvgate.kube import metrics
 from kvgate.kube.informer import Reflector, Watched, per_namespace
-from kvgate.kube.k8s import KubeApi
+from kvgate.kube.k8s import KubeApi, Urgency
 from kvgate.kube.settings import OperatorSettings
 from kvgate.objects import router_auth
 from kvgate.rollout import pass_priority
@@ -288,9 +288,13 @@ class Runtime:
     # ModelDeployments whose router ServiceAccount, Role, RoleBinding or NetworkPolicies a watch
     # event reported since their last pass read them (kvgate.rollout.access_checks)
     access_changed: set[MdKey] = field(default_factory=set)
-    # ModelDeployments whose pass an event outside their own body asked for (a RoleScale's new
-    # count) since their last pass started: that pass goes first (kvgate.rollout.pass_priority)
+    # ModelDeployments whose pass an event asked for (a RoleScale's new count, a rollback
+    # annotation, a new spec) since their last pass started: that pass goes first
+    # (kvgate.rollout.pass_priority), without the debounce after the pass running then
     pass_requests: set[MdKey] = field(default_factory=set)
+    # The Urgency of each ModelDeployment's running pass (kvgate.kube.k8s): raised when
+    # somebody asks for a pass while it runs, so the asked-for pass does not wait for a slow one
+    pass_urgency: dict[MdKey, Urgency] = field(default_factory=dict)
     # GET a URL's text (the routers' metrics, progressive step check); replaced in tests.
     fetch_text: Callable[[str], Awaitable[str]] = step_check.fetch_text
     # State a single module keeps for this operator run, one instance per type: the module
@@ -400,7 +404,14 @@ class Runtime:
         goes to a pass asked for first, then to the namespaces in turn
         (kvgate.rollout.pass_priority)."""
         if self._pass_slots is None:
-            self._pass_slots = PassSlots(self.settings.max_concurrent_reconciles)
+            slots = self._pass_slots = PassSlots(self.settings.max_concurrent_reconciles)
+            metrics.watch_pass_slots(
+                lambda: (
+                    slots.size,
+                    slots.busy,
+                    {c.name.lower(): n for c, n in slots.waiting.items()},
+                )
+            )
         return self._pass_slots
 
     def pass_class(self, key: MdKey) -> PassClass:
@@ -415,9 +426,17 @@ class Runtime:
         if not (namespace and name):
             return
         key = (namespace, name)
-        self.pass_requests.add(key)
+        self.ask_pass(key)
         self.pass_slots().reclassify(key, PassClass.REQUESTED)
         self.wake_md(namespace, name)
+
+    def ask_pass(self, key: MdKey) -> None:
+        """Somebody asked for a pass of ``key``: the next goes first and without the debounce,
+        and a pass running now sends its remaining API requests first."""
+        self.pass_requests.add(key)
+        running = self.pass_urgency.get(key)
+        if running is not None:
+            running.urgent = True
 
     def audit_pacer(self) -> Pacer:
         """The worker audit's router reads, at most ``worker_audit_reads_per_second``."""

@@ -440,6 +440,58 @@ def watch_backlog(waiting: Callable[[], tuple[int, int]]) -> None:
     _BACKLOG.waiting = waiting
 
 
+class _PassSlots(Collector):
+    """ModelDeployment pass slots (kvgate.controller.pass_slots): busy, and passes waiting by
+    class."""
+
+    def __init__(self) -> None:
+        self.state: Callable[[], tuple[int, int, dict[str, int]]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        size = GaugeMetricFamily(
+            "kvgate_reconcile_slots",
+            "Passes that may run at once (KVGATE_MAX_CONCURRENT_RECONCILES).",
+        )
+        busy = GaugeMetricFamily(
+            "kvgate_reconcile_slots_busy", "Pass slots held by a running pass."
+        )
+        waiting = GaugeMetricFamily(
+            "kvgate_reconcile_passes_waiting",
+            "Passes waiting for a pass slot, by class (kvgate.rollout.pass_priority): "
+            "requested (somebody asked: a new spec, a rollback, a scale request; served first), "
+            "in_flight, settled.",
+            labels=("class",),
+        )
+        if self.state is not None:
+            total, held, by_class = self.state()
+            size.add_metric((), total)
+            busy.add_metric((), held)
+            for name, count in sorted(by_class.items()):
+                waiting.add_metric((name,), count)
+        yield size
+        yield busy
+        yield waiting
+
+
+_PASS_SLOTS = _PassSlots()
+REGISTRY.register(_PASS_SLOTS)
+
+
+def watch_pass_slots(state: Callable[[], tuple[int, int, dict[str, int]]]) -> None:
+    """Expose what ``state`` returns, (slots, busy, waiting by class), as the pass slots."""
+    _PASS_SLOTS.state = state
+
+
+PASS_SLOT_WAIT = Histogram(
+    "kvgate_reconcile_slot_wait_seconds",
+    "How long a ModelDeployment pass waited for a pass slot, by its class when it got one "
+    "(requested, in_flight, settled), seconds.",
+    ("class",),
+    registry=REGISTRY,
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
 CONTENT_CHECKS = Counter(
     "kvgate_content_checks_total",
     "Content checks at maximum length (safety.contentProbe) that decided, by result "

@@ -16,7 +16,14 @@ decides how long a user waits for what they asked, so three rules, in this order
    applied at a failover waited 105.6 s behind every settled one's first pass, scale
    benchmark), then first come, first served.
 
-``next_pass`` applies them to plain data; kvgate.controller.pass_slots keeps the queue.
+Then one slot in ``REQUESTED_SHARE`` (2 of the default 32) is kept for passes asked for: a pass
+of another class takes a free slot only while more than that many are free
+(``may_take_slot``). Without it an asked-for pass still waited for the first running pass to end:
+with the 32 slots held by a tenant's passes, each slow because its reads queued behind the other
+31 passes' (fairness benchmark), that was seconds.
+
+``next_pass`` and ``may_take_slot`` apply them to plain data; kvgate.controller.pass_slots keeps
+the queue.
 """
 
 from __future__ import annotations
@@ -27,6 +34,14 @@ from enum import IntEnum
 from typing import Any
 
 from kvgate.rollout.rollback import ROLLBACK_ANNOTATION
+
+REQUESTED_SHARE = 16  # one slot in this many is kept for passes asked for
+
+
+def reserved_slots(size: int) -> int:
+    """Of ``size`` pass slots, how many only a pass asked for may take: one in REQUESTED_SHARE
+    (none below REQUESTED_SHARE slots: a small operator keeps every slot for every pass)."""
+    return max(0, size) // REQUESTED_SHARE
 
 
 class PassClass(IntEnum):
@@ -61,6 +76,14 @@ def next_pass(waiting: Iterable[WaitingPass], last_served: Mapping[str, int]) ->
         )
 
     return min(waiting, key=order, default=None)
+
+
+def may_take_slot(pass_class: PassClass, free: int, reserved: int) -> bool:
+    """Whether a pass of ``pass_class`` may take one of ``free`` slots, ``reserved`` of which
+    only a pass asked for may take."""
+    if pass_class is PassClass.REQUESTED:
+        return free > 0
+    return free > reserved
 
 
 def pass_class(body: Mapping[str, Any], *, requested: bool = False) -> PassClass:
