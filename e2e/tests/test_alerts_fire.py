@@ -150,7 +150,7 @@ def gate_changed_at(pod: dict[str, Any]) -> float:
 
 def engine_usage(world: World, pod: dict[str, Any]) -> float:
     """The engine's own ``sglang:num_used_tokens`` / ``sglang:max_total_num_tokens``."""
-    with urllib.request.urlopen(f"{world.engine_url(pod)}/metrics", timeout=5) as answer:
+    with urllib.request.urlopen(f"{world.engine_url(pod)}/metrics", timeout=5) as answer:  # polled
         text = answer.read().decode()
     values = dict(re.findall(r"^(sglang:\w+)\{[^}]*\} (\S+)$", text, re.M))
     return float(values["sglang:num_used_tokens"]) / float(values["sglang:max_total_num_tokens"])

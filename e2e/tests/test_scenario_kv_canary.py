@@ -82,6 +82,16 @@ REVERIFY_SECONDS = 2.0  # the e2e world's KVGATE_REVERIFY_SECONDS
 TARGET_SECONDS = 2.0
 # Two condition timestamps of 1 s resolution enter the way-in measurement (Round.way_in).
 CONDITION_TIME_RESOLUTION = 2.0
+# Deadlines, not bounds (the asserted bounds are measured: Round.bound): how long a wait may take
+# before the test gives up. Each step takes seconds or less in make test (this file's own time is
+# ~30 s, docs/benchmarks.md); the deadlines leave room for a machine many times slower and are
+# reached only by a step that never happens.
+REVISION_DEADLINE = 300  # a new revision (its router and three engines) from apply to Ready
+ENGINE_DEADLINE = 180  # one replacement engine scheduled, started and verified
+POD_GONE_DEADLINE = 120  # a deleted engine pod gone (its grace period and the kubelet's kill)
+STEP_DEADLINE = 90  # one step of the chain: a log line, a gate, Ready, smg's workers
+ROUTER_DEADLINE = 60  # the EndpointSlice and the router publishing, answering a known answer
+EVENT_DEADLINE = 30  # an Event or a metric of a gate that already turned
 
 
 def canary_md(name: str, decode_replicas: int) -> dict[str, Any]:
@@ -134,7 +144,7 @@ def metrics_text(world: World) -> str:
     leader = world.operator_pod()
     assert leader is not None, "no leader"
     url = f"http://127.0.0.1:{world.forward(leader['status']['podIP'], 8080)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=10) as response:  # polled: a slow read is retried
         return str(response.read().decode())
 
 
@@ -186,7 +196,7 @@ def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen
     deadline_loop(
         f"{name} ({ip}) ready in the EndpointSlice of {slice_service}",
         lambda: ip in ready_endpoints(world, ns, slice_service),
-        60,
+        ROUTER_DEADLINE,
     )
     probes: dict[str, Callable[[], bool]] = {
         "gate False": lambda: tripped_gate(pod_state(world, ns, name)),
@@ -201,10 +211,10 @@ def trip(world: World, ns: str, md: str, pod: dict[str, Any]) -> tuple[FirstSeen
         logged_at = deadline_loop(
             f"the canary violation line in {name}'s log",
             lambda: violation_logged_at(world, ns, name),
-            90,
+            STEP_DEADLINE,
         )
         for probe in probes:
-            seen.wait(probe, 90)
+            seen.wait(probe, STEP_DEADLINE)
     return seen, logged_at
 
 
@@ -224,7 +234,7 @@ def replace_and_serve(
         return None
 
     fresh = deadline_loop(
-        "the replacement decode pod verified and Ready", new_verified, 180, period=0.1
+        "the replacement decode pod verified and Ready", new_verified, ENGINE_DEADLINE, period=0.1
     )
     ip = fresh["status"]["podIP"]
     in_slice = deadline_loop(
@@ -244,14 +254,14 @@ def replace_and_serve(
                 p["metadata"]["uid"] for p in world.list("pods", ns, f"kvgate.io/deployment={md}")
             }
         ),
-        120,
+        POD_GONE_DEADLINE,
     )
     deadline_loop(
         "smg to route to the replacement",
         lambda: routed(world, ns, md, fresh["status"]["podIP"]),
-        90,
+        STEP_DEADLINE,
     )
-    wait_md_ready(world, md, ns, 90, "the MD Ready")
+    wait_md_ready(world, md, ns, STEP_DEADLINE, "the MD Ready")
     return dict(fresh), way_in
 
 
@@ -268,9 +278,9 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
     with InvariantSampler(world.cluster, ns, name="kv-canary") as sampler:
         world.apply(engines_service(md), namespace=ns)
         world.apply(canary_md(md, decode_replicas=2), namespace=ns)
-        wait_md_ready(world, md, ns, 300, "the canary revision to serve")
+        wait_md_ready(world, md, ns, REVISION_DEADLINE, "the canary revision to serve")
         send = partial(known_answer, world, md, ns)
-        wait_known_answer(world, md, ns, 60)
+        wait_known_answer(world, md, ns, ROUTER_DEADLINE)
         decode = engine_pods(world, ns, md, "decode")
         assert len(decode) == 2
         engine = next(c for c in decode[0]["spec"]["containers"] if c["name"] == "engine")
@@ -324,7 +334,9 @@ def test_a_kv_canary_violation_in_the_engine_log_takes_the_engine_out_of_traffic
                 )
                 target = fresh
             count = len(traffic.results) + 5
-            deadline_loop("five more requests", lambda: len(traffic.results) >= count, 60)
+            deadline_loop(
+                "five more requests", lambda: len(traffic.results) >= count, ROUTER_DEADLINE
+            )
         offset = time.time() - time.monotonic()
         results = [(done + offset, ok, detail) for done, ok, detail in traffic.results]
         sent = [started + offset for started in traffic.started]
@@ -386,7 +398,7 @@ def assert_what_a_user_sees(world: World, ns: str, md: str, pod: str) -> None:
             and e["involvedObject"].get("name") == md
             and pod in e["message"]
         ],
-        30,
+        EVENT_DEADLINE,
     )
     assert found[0]["type"] == "Warning", found
     described = str(world.kubectl("describe", "kvmd", md, f"--namespace={ns}").stdout)
@@ -396,7 +408,7 @@ def assert_what_a_user_sees(world: World, ns: str, md: str, pod: str) -> None:
         lambda: metric(
             metrics_text(world), "kvgate_kv_canary_violations_total", namespace=ns, pod=pod
         ),
-        30,
+        EVENT_DEADLINE,
     )
     assert counted == 1.0, counted
     # The other decode engine is still verified and routed.
@@ -411,9 +423,9 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
     ns, md = namespace, "canary-down"
     with InvariantSampler(world.cluster, ns, name="kv-canary-operator-down") as sampler:
         world.apply(canary_md(md, decode_replicas=1), namespace=ns)
-        wait_md_ready(world, md, ns, 300, "the canary revision to serve")
+        wait_md_ready(world, md, ns, REVISION_DEADLINE, "the canary revision to serve")
         send = partial(known_answer, world, md, ns)
-        wait_known_answer(world, md, ns, 60)
+        wait_known_answer(world, md, ns, ROUTER_DEADLINE)
         (pod,) = engine_pods(world, ns, md, "decode")
         name = pod["metadata"]["name"]
         probes: dict[str, Callable[[], bool]] = {
@@ -428,7 +440,7 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
                 stamp = deadline_loop(
                     f"the canary violation line in {name}'s log",
                     lambda: send() and violation_stamp(world, ns, name),
-                    90,
+                    STEP_DEADLINE,
                 )
                 logged_at = parse_timestamp(stamp) / 1e9
                 # Nobody follows the log now: the gate still says True, the pod is Ready.
@@ -437,12 +449,12 @@ def test_a_violation_logged_while_the_operator_is_down_trips_the_gate_when_it_is
                 assert gate is not None and gate["status"] == "True", gate
                 assert live is not None and is_ready(live)
             for probe in probes:
-                seen.wait(probe, 90)
+                seen.wait(probe, STEP_DEADLINE)
         t = seen.seen
         found = deadline_loop(
             "the KvCanaryViolation Event",
             lambda: [e for e in events(world, ns, REASON) if name in e["message"]],
-            30,
+            EVENT_DEADLINE,
         )
         assert found[0]["involvedObject"]["name"] == md
         assert f"at {stamp}" in found[0]["message"], found[0]["message"]  # the line's own time
