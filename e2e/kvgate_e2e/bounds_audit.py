@@ -32,8 +32,11 @@ class BareBound:
 
 
 def _number(node: ast.expr) -> float | None:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return float(node.value)
+    if isinstance(node, ast.Constant):
+        value = node.value
+        # bool is an int: True is no bound
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
     return None
 
 
