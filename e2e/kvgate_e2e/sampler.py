@@ -7,9 +7,9 @@ The sampler checks exactly that, from outside, the way a user could:
 
 1. list the engine pods (their IPs and uids) in the scenario's namespace;
 2. read every engine's ``/server_info`` and ``/v1/models`` (``kvgate_engine.probe``) and judge
-   the report (``kvgate_engine.verdict.judge``) against the pod's requirement (by default the
-   ``kvgate.io/requirement`` annotation the operator stamps; a scenario without the operator
-   passes its own);
+   the report (``kvgate_engine.verdict.judge``) against the pod's requirement (by default
+   derived from the namespace's ModelDeployments as the operator derives it,
+   ``requirements_from``, never from the pod's annotations; a scenario may pass its own);
 3. then list the pods again, every EndpointSlice of the namespace, and smg's ``GET /workers`` on
    every running router pod.
 

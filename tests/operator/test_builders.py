@@ -189,6 +189,26 @@ def test_engine_pods_carry_a_guard_sidecar_checking_the_operators_requirement() 
         assert "cpu" not in sidecar["resources"]["limits"]
 
 
+def test_the_requirement_annotation_is_the_guards_requirement_cluster_floor_included() -> None:
+    from kvgate.cmd import cli, guard
+
+    md = make_md(safety__headroom=1.2)  # safety.minEngineVersion 0.5.22, the cluster's 0.5.23
+    for role in (Role.PREFILL, Role.DECODE):
+        template = builders.deployment(md, REV, role.value, replicas=1, guard=GUARD)["spec"][
+            "template"
+        ]
+        (sidecar,) = template["spec"]["initContainers"]
+        held = guard.requirement_of(cli.build_parser().parse_args(sidecar["args"]))
+        shown = json.loads(template["metadata"]["annotations"][labels.REQUIREMENT])
+        assert shown == {
+            "contextLength": held.context_length,
+            "headroom": held.headroom,
+            "minEngineVersion": "0.5.23",
+            "role": role.value,
+        }
+        assert held.min_version == "0.5.23"
+
+
 def test_without_a_guard_image_no_sidecar_is_built() -> None:
     for component in builders.COMPONENTS:
         template = builders.deployment(make_md(), REV, component, replicas=1)["spec"]["template"]

@@ -19,7 +19,7 @@ COMPONENT_ROUTER: Final = "router"
 ROLE_ROUTER: Final = "router"
 
 # Annotations.
-REQUIREMENT: Final = f"{PREFIX}/requirement"  # engine pod: what its live engine must prove (JSON)
+REQUIREMENT: Final = f"{PREFIX}/requirement"  # engine pod: what its guard holds it to (JSON, shown)
 VERIFY_STARTED_AT: Final = f"{PREFIX}/verify-started-at"  # target Deployment: RFC 3339
 REFUSED_REASON: Final = f"{PREFIX}/refused-reason"  # refused revision's Deployments
 REFUSED_MESSAGE: Final = f"{PREFIX}/refused-message"

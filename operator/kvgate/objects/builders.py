@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate_engine.launcher import API_KEY_ENV, engine_argv, engine_env
+from kvgate_engine.verdict import Requirement
 
 from kvgate.api import labels, multinode, requirements
 from kvgate.api.models import (
@@ -137,14 +138,33 @@ def _metadata(md: ModelDeployment, name: str, obj_labels: dict[str, str]) -> Bod
     }
 
 
-def requirement_annotation(md: ModelDeployment, role: Role) -> str:
-    """What this revision's engines must prove, as the JSON the verifier reads from the pod."""
+def engine_requirement(
+    md: ModelDeployment, role: Role, revision: str, cluster_floor: str | None
+) -> Requirement:
+    """What ``revision``'s ``role`` engines must prove: the spec's requirement with the cluster
+    floor (kvgate.api.requirements), the one the operator verifies them against."""
+    requirement = requirements.requirement_for(
+        spec=md.spec,
+        target_revision=revision,
+        status=None,
+        revision=revision,
+        role=role.value,
+        cluster_floor=cluster_floor,
+    )
+    assert requirement is not None  # the target revision's requirement is the spec's
+    return requirement
+
+
+def requirement_annotation(requirement: Requirement) -> str:
+    """The requirement the guard holds the pod's engine to, as JSON for people and tools reading
+    the pod. Nothing in kvgate reads it back (a namespace editor may annotate pods): the
+    verifier derives the requirement from the ModelDeployment, the guard from its arguments."""
     return json.dumps(
         {
-            "contextLength": md.spec.model.context_length,
-            "headroom": md.spec.safety.headroom,
-            "minEngineVersion": md.spec.safety.min_engine_version,
-            "role": role.value,
+            "contextLength": requirement.context_length,
+            "headroom": requirement.headroom,
+            "minEngineVersion": requirement.min_version,
+            "role": requirement.role,
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -240,15 +260,7 @@ def guard_container(md: ModelDeployment, role: Role, revision: str, guard: Guard
     requirement" (kvgate.cmd.guard). The requirement is the one the operator verifies the target
     revision against (spec + cluster floor), written here as arguments: never read from the
     engine."""
-    requirement = requirements.requirement_for(
-        spec=md.spec,
-        target_revision=revision,
-        status=None,
-        revision=revision,
-        role=role.value,
-        cluster_floor=guard.cluster_floor,
-    )
-    assert requirement is not None  # the target revision's requirement is the spec's
+    requirement = engine_requirement(md, role, revision, guard.cluster_floor)
     port = guard_port(md.spec.engine)
     return {
         "name": GUARD_CONTAINER,
@@ -395,7 +407,8 @@ def engine_pod_template(
     role_spec: RoleSpec = spec.prefill if role is Role.PREFILL else spec.decode
     name = md.metadata.name or ""
     user_labels, user_annotations = user_pod_metadata(role_spec)
-    annotations = {**user_annotations, labels.REQUIREMENT: requirement_annotation(md, role)}
+    requirement = engine_requirement(md, role, revision, guard.cluster_floor if guard else None)
+    annotations = {**user_annotations, labels.REQUIREMENT: requirement_annotation(requirement)}
     if role is Role.PREFILL:
         annotations[labels.BOOTSTRAP_PORT] = str(spec.engine.bootstrap_port)
     container = _engine_container(spec, role_spec, role)
