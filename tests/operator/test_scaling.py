@@ -19,6 +19,7 @@ from kvgate.rollout.planner import (
     RolloutRecord,
     WorkloadIntent,
     WorkloadState,
+    plan,
 )
 from kvgate.rollout.workload_writes import Create, Delete, Patch
 
@@ -332,6 +333,23 @@ def test_scale_down_takes_the_newest_verified_engine_out_of_traffic_and_keeps_th
     assert list(patches) == ["new"]
     assert patches["new"] == {labels.DRAINING_SINCE: "2026-11-05T12:00:00Z"}
     assert [e[1] for e in decision.drains.events] == ["ScalingDown"] if decision.drains else False
+
+
+def test_the_planner_decides_the_count_written_while_an_engine_drains_and_nothing_rewrites_it() -> (
+    None
+):
+    """The planner's step already holds what each Deployment runs this pass (the count a
+    scale-down heads for beside it); the drains only mark pods and the controller only acts."""
+    md = _md()
+    rev = revision_of(md.spec)
+    since = NOW - timedelta(seconds=10)
+    pods = (_pod("old", rev), _pod("new", rev, draining_since=since, ready=False))
+    planned = pass_decision.plan_step(_inputs(md, decode_replicas=2, pods=pods, scale=_scale(1)))
+    assert planned.step == plan(planned.observed)
+    intent = next(
+        w for w in planned.step.workloads if w.revision == rev and w.component == "decode"
+    )
+    assert (intent.replicas, intent.scale_down_to) == (2, 1)  # 2 run until it drained
 
 
 def test_a_draining_engine_with_requests_in_flight_is_kept() -> None:

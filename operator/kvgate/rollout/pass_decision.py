@@ -22,6 +22,7 @@ from typing import Any
 from kvgate.api import requirements
 from kvgate.api.models import SCALE_KIND, ModelDeployment, Role
 from kvgate.api.ownership import OwnershipConflict, conflict_for
+from kvgate.api.timestamps import rfc3339
 from kvgate.objects import builders, network_policy, router_auth
 from kvgate.objects.engine_defences import engine_defences
 from kvgate.objects.network_policy import RouterEgress
@@ -42,7 +43,6 @@ from kvgate.rollout.status import Event, compute_status, events_for
 from kvgate.rollout.workload_writes import Delete, PlannedWrite
 from kvgate.verify import content_probe
 from kvgate.verify.content_probe import ContentCheck, ContentVerdict
-from kvgate.verify.gate import rfc3339
 
 Body = dict[str, Any]
 Wave = tuple[PlannedWrite, ...]
@@ -154,7 +154,8 @@ class Part:
 
 def plan_step(inputs: PassInputs) -> PlannedStep:
     """The counts autoscaled roles run (their RoleScales, within the bounds), the planner's
-    step at those counts, the drains that carry out its scale-downs, and the RoleScales."""
+    step at those counts (with the count each Deployment runs while engines drain), the drains'
+    pod marks and Events, and the RoleScales."""
     counts = scaling.role_counts(
         inputs.observed.spec,
         scaling.requested_counts(inputs.observed, inputs.scales, inputs.md.metadata.uid),
@@ -165,7 +166,6 @@ def plan_step(inputs: PassInputs) -> PlannedStep:
     )
     step = plan(observed)
     drains = scaling.plan_drains(observed, step, inputs.loads)
-    step = dataclasses.replace(step, workloads=drains.workloads)
     scales = scaling.decide_scales(inputs.md, observed, step, inputs.scales, counts, drains)
     return PlannedStep(observed, step, counts, drains, scales)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -184,7 +184,10 @@ class WorkloadIntent:
 
     revision: str
     component: str
-    replicas: int
+    replicas: int  # what it runs after this pass
+    # The count a scale-down of a revision taking traffic heads for: ``replicas`` stays above it
+    # until the engines picked to leave have drained (kvgate.rollout.scaling marks them).
+    scale_down_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -579,7 +582,12 @@ class _Pass:
         (else the serving revision keeps both)."""
         observed, target = self.observed, self.target
         serving = target if target_serves else self.serving
-        intents = (*workloads, *_scaled_serving_intents(observed, self.serving, workloads))
+        intents = _drained_first(
+            observed,
+            (*workloads, *_scaled_serving_intents(observed, self.serving, workloads)),
+            taking_traffic={r for r, share in traffic if share > 0}
+            | {r for r in (serving, self.serving) if r},
+        )
         return RolloutStep(
             target_revision=target,
             serving_revision=serving,
@@ -626,6 +634,87 @@ def _scaled_serving_intents(
         and role.value in present
         and (serving, role.value) not in have
     ]
+
+
+# -- scale-down of a revision taking traffic: engines drain before they go ---------------------
+
+
+def engine_pods_of(observed: ObservedState, revision: str, role: str) -> list[PodState]:
+    """The revision's engine pods of the role that are not being deleted."""
+    return [
+        p for p in observed.pods if p.revision == revision and p.role == role and not p.terminating
+    ]
+
+
+def drain_candidates(pods: list[PodState], have: int) -> list[PodState]:
+    """The pods a scale-down may pick: all but those its ReplicaSet is already removing (marked
+    drained, and the replicas already lowered past them)."""
+    surplus = max(0, len(pods) - have)
+    leaving = sorted((p for p in pods if p.drained), key=lambda p: p.name)[:surplus]
+    return [p for p in pods if p not in leaving]
+
+
+def drain_floor(spec: ModelDeploymentSpec, role: Role, goal: int) -> int:
+    """The verified engines a scale-down to ``goal`` keeps serving: minReplicas when autoscaled."""
+    bounds = (spec.prefill if role is Role.PREFILL else spec.decode).autoscaling
+    return min(bounds.min_replicas if bounds is not None else 0, goal)
+
+
+def pick_removals(candidates: list[PodState], need: int, floor: int) -> list[PodState]:
+    """The pods to remove: those already draining, then those serving nothing (not verified, not
+    Ready), then the newest verified ones, while at least ``floor`` verified engines stay."""
+    order = sorted(
+        candidates,
+        key=lambda p: (
+            p.draining_since is None and not p.drained,
+            p.verified or p.ready,
+            -(p.created.timestamp() if p.created else 0.0),
+            p.name,
+        ),
+    )
+    verified = sum(
+        1 for p in candidates if p.verified and p.draining_since is None and not p.drained
+    )
+    chosen: list[PodState] = []
+    for pod in order:
+        if len(chosen) == need:
+            break
+        takes_traffic = (
+            pod.draining_since is None and not pod.drained and (pod.verified or pod.ready)
+        )
+        if takes_traffic and pod.verified:
+            if verified - 1 < floor:
+                continue
+            verified -= 1
+        chosen.append(pod)
+    return chosen
+
+
+def _drained_first(
+    observed: ObservedState, intents: tuple[WorkloadIntent, ...], *, taking_traffic: set[str]
+) -> tuple[WorkloadIntent, ...]:
+    """A lower engine count for a revision taking traffic never just lowers its replicas (its
+    ReplicaSet would kill any pod, requests in flight and all): it runs one fewer only for each
+    pod picked to leave that is already marked drained (kvgate.rollout.scaling)."""
+    current = {(w.revision, w.component): w.replicas for w in observed.workloads}
+    out = []
+    for intent in intents:
+        have = current.get((intent.revision, intent.component))
+        engine = intent.component in (Role.PREFILL.value, Role.DECODE.value)
+        if not engine or have is None or intent.revision not in taking_traffic:
+            out.append(intent)
+            continue
+        if intent.replicas >= have:
+            out.append(intent)
+            continue
+        chosen = pick_removals(
+            drain_candidates(engine_pods_of(observed, intent.revision, intent.component), have),
+            have - intent.replicas,
+            drain_floor(observed.spec, Role(intent.component), intent.replicas),
+        )
+        removable = sum(1 for p in chosen if p.drained)
+        out.append(replace(intent, replicas=have - removable, scale_down_to=intent.replicas))
+    return tuple(out)
 
 
 def _read_pass(observed: ObservedState) -> _Pass:

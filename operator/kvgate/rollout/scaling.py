@@ -49,12 +49,17 @@ from kvgate.api.models import (
     RoleAutoscaling,
 )
 from kvgate.api.ownership import OwnershipConflict, conflict_for
+from kvgate.api.timestamps import rfc3339
 from kvgate.objects.builders import owner_reference
 from kvgate.rollout.planner import (
     ObservedState,
     PodState,
     RolloutStep,
     WorkloadIntent,
+    drain_candidates,
+    drain_floor,
+    engine_pods_of,
+    pick_removals,
     role_replicas,
     serving_revision,
 )
@@ -372,7 +377,6 @@ class Removal:
 
 @dataclass
 class DrainPlan:
-    workloads: tuple[WorkloadIntent, ...]
     pod_patches: list[PodPatch] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, message
     draining: dict[str, list[str]] = field(default_factory=dict)  # role -> pods out of traffic
@@ -390,38 +394,8 @@ def _release(pod: PodState) -> PodPatch:
 def _mark_removable(pod: PodState, now: datetime) -> PodPatch:
     return PodPatch(
         pod.name,
-        {labels.DRAINED: gate.rfc3339(now), labels.POD_DELETION_COST: LOWEST_DELETION_COST},
+        {labels.DRAINED: rfc3339(now), labels.POD_DELETION_COST: LOWEST_DELETION_COST},
     )
-
-
-def _pick(candidates: list[PodState], need: int, floor: int) -> list[PodState]:
-    """The pods to remove: those already draining, then those serving nothing (not verified, not
-    Ready), then the newest verified ones, while at least ``floor`` verified engines stay."""
-    order = sorted(
-        candidates,
-        key=lambda p: (
-            p.draining_since is None and not p.drained,
-            p.verified or p.ready,
-            -(p.created.timestamp() if p.created else 0.0),
-            p.name,
-        ),
-    )
-    verified = sum(
-        1 for p in candidates if p.verified and p.draining_since is None and not p.drained
-    )
-    chosen: list[PodState] = []
-    for pod in order:
-        if len(chosen) == need:
-            break
-        takes_traffic = (
-            pod.draining_since is None and not pod.drained and (pod.verified or pod.ready)
-        )
-        if takes_traffic and pod.verified:
-            if verified - 1 < floor:
-                continue
-            verified -= 1
-        chosen.append(pod)
-    return chosen
 
 
 def plan_drains(
@@ -429,28 +403,22 @@ def plan_drains(
     step: RolloutStep,
     loads: Mapping[str, EngineLoad | None],
 ) -> DrainPlan:
-    """Rewrite the step's engine scale-downs of revisions that take traffic into drains."""
+    """The drains of the step's engine scale-downs of revisions that take traffic: which pods
+    leave traffic, which are drained and marked for removal, which go back (the planner decided
+    the counts: WorkloadIntent.scale_down_to)."""
     now = observed.now
     serving = set(traffic_revisions(step)) | {r for r in (step.previous_serving_revision,) if r}
     current = {(w.revision, w.component): w.replicas for w in observed.workloads}
-    plan = DrainPlan(workloads=step.workloads)
-    out: list[WorkloadIntent] = []
+    plan = DrainPlan()
     for intent in step.workloads:
         role = intent.component
         have = current.get((intent.revision, role))
         if role not in (Role.PREFILL.value, Role.DECODE.value) or have is None:
-            out.append(intent)
             continue
-        pods = [
-            p
-            for p in observed.pods
-            if p.revision == intent.revision and p.role == role and not p.terminating
-        ]
         if intent.revision not in serving:
-            out.append(intent)  # takes no traffic (a refused or retired revision): no drain
-            continue
-        out.append(_drain_role(plan, observed, intent, have, pods, loads, now))
-    plan.workloads = tuple(out)
+            continue  # takes no traffic (a refused or retired revision): no drain
+        pods = engine_pods_of(observed, intent.revision, role)
+        _drain_role(plan, observed, intent, have, pods, loads, now)
     return plan
 
 
@@ -462,15 +430,14 @@ def _drain_role(
     pods: list[PodState],
     loads: Mapping[str, EngineLoad | None],
     now: datetime,
-) -> WorkloadIntent:
-    """One revision's role: the replicas to write now, and the drain's pod writes and Events."""
+) -> None:
+    """One revision's role: the drain's pod writes and Events."""
     role = Role(intent.component)
     bounds = autoscaling_of(observed.spec, role)
+    goal = intent.scale_down_to if intent.scale_down_to is not None else intent.replicas
     # Pods its ReplicaSet is already removing (marked, replicas lowered): left alone.
-    surplus = max(0, len(pods) - have)
-    leaving = sorted((p for p in pods if p.drained), key=lambda p: p.name)[:surplus]
-    candidates = [p for p in pods if p not in leaving]
-    need = have - intent.replicas
+    candidates = drain_candidates(pods, have)
+    need = have - goal
     if need <= 0:
         for pod in candidates:
             if pod.draining_since is not None or pod.drained:
@@ -480,37 +447,35 @@ def _drain_role(
                         "Normal",
                         SCALE_DOWN_CANCELLED,
                         f"{role.value} pod {pod.name} goes back to verification: the count "
-                        f"rose to {intent.replicas} before it was removed",
+                        f"rose to {goal} before it was removed",
                     )
                 )
-        return intent
-    floor = min(bounds.min_replicas if bounds is not None else 0, intent.replicas)
-    chosen = _pick(candidates, need, floor)
+        return
+    floor = drain_floor(observed.spec, role, goal)
+    chosen = pick_removals(candidates, need, floor)
     for pod in candidates:
         if pod not in chosen and (pod.draining_since is not None or pod.drained):
             plan.pod_patches.append(_release(pod))
-    removable = sum(1 for p in chosen if p.drained)
     timeout = bounds.drain_timeout_seconds if bounds is not None else 300
     for pod in chosen:
         if pod.drained:
             continue
-        _advance(plan, pod, role, intent, have, loads.get(pod.name), now, timeout)
+        _advance(plan, pod, role, goal, have, loads.get(pod.name), now, timeout)
     if len(chosen) < need:
         plan.waiting[role.value] = (
-            f"{role.value} {have} → {intent.replicas} waits: removing another verified engine "
+            f"{role.value} {have} → {goal} waits: removing another verified engine "
             f"would leave fewer than {floor} verified (minReplicas)"
         )
     plan.draining.setdefault(role.value, []).extend(
         p.name for p in chosen if p.draining_since is not None or p.drained
     )
-    return replace(intent, replicas=have - removable)
 
 
 def _advance(
     plan: DrainPlan,
     pod: PodState,
     role: Role,
-    intent: WorkloadIntent,
+    goal: int,
     have: int,
     load: EngineLoad | None,
     now: datetime,
@@ -522,12 +487,12 @@ def _advance(
         if not (pod.verified or pod.ready):
             plan.pod_patches.append(_mark_removable(pod, now))  # serves nothing: no drain
             return
-        plan.pod_patches.append(PodPatch(pod.name, {labels.DRAINING_SINCE: gate.rfc3339(now)}))
+        plan.pod_patches.append(PodPatch(pod.name, {labels.DRAINING_SINCE: rfc3339(now)}))
         plan.events.append(
             (
                 "Normal",
                 DRAIN_STARTED,
-                f"{where} leaves traffic to scale {role.value} {have} → {intent.replicas}; it "
+                f"{where} leaves traffic to scale {role.value} {have} → {goal}; it "
                 "is removed once its engine has no request or KV transfer in flight",
             )
         )
