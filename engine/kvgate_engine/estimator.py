@@ -514,6 +514,26 @@ DSA_QUANT_BLOCK = 128
 SWA_SINK_ARCHITECTURES = frozenset(
     {"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
 )
+# configs/model_config.py is_deepseek_v4 (0.5.19 to 0.5.23). Every supported release sizes them
+# with model_executor/pool_configurator.py DSV4PoolConfigurator, forces page 256 on CUDA
+# (arg_groups/model_overrides/deepseek_v4.py) and runs kvCacheDtype auto as fp8_e4m3 on CUDA
+# (arg_groups/overrides.py _deepseek_v4_kv_cache_dtype). The sizer differs per release (0.5.19
+# prices a FlashMLA slot of nope + 2 × rope + 8 bytes; 0.5.21 to 0.5.23 take the bytes a token
+# costs from the KV layout the GPU's kernels pick at start-up, mem_cache/deepseek_v4_memory_pool.py
+# select_dsv4_kv_layout: the device's SM version, --dsv4-attn-backend and SGLANG_DSV4_* variables,
+# and the kernel package's page layouts), which the spec does not state: refused, never guessed.
+DEEPSEEK_V4_ARCHITECTURES = frozenset(
+    {"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark"}
+)
+DEEPSEEK_V4_REFUSAL = (
+    "cannot estimate {arch}: SGLang 0.5.19 to 0.5.23 size it with their own DSV4PoolConfigurator "
+    "(a full pool, a sliding-window pool, c4/c128 compressed pools and per-request compress "
+    "state) at page size 256, with kvCacheDtype auto run as fp8_e4m3; the sizer changes from "
+    "release to release, and from 0.5.21 on its bytes per token come from the KV layout "
+    "SGLang's kernels choose on the live GPU (select_dsv4_kv_layout: SM version, "
+    "--dsv4-attn-backend, SGLANG_DSV4_KV_LAYOUT), which kvgate does not model; "
+    "verify a live engine"
+)
 # Other hybrid-SWA architectures SGLang sizes with pool splits kvgate does not model
 # (configs/model_config.py is_hybrid_swa_model): refused, never guessed.
 UNMODELLED_SWA_ARCHITECTURES = frozenset(
@@ -534,9 +554,19 @@ UNMODELLED_SWA_ARCHITECTURES = frozenset(
 # configs/model_config.py is_local_attention_model: chunked local attention, which SGLang sizes
 # as a hybrid SWA model (is_hybrid_swa_model) with attention_chunk_size as the window
 # (load_model_utils.py resolve_sliding_window_size) and every fourth layer full
-# (get_hybrid_layer_ids). Multimodal is off unless --enable-multimodal (ModelConfig's
-# mm_disabled_models), so no VLM cache is reserved.
+# (get_hybrid_layer_ids).
 CHUNKED_ATTENTION_ARCHITECTURES = frozenset({"Llama4ForConditionalGeneration"})
+# configs/model_config.py ModelConfig mm_disabled_models (the same list in 0.5.19 to 0.5.23):
+# SGLang serves these text-only unless --enable-multimodal, so is_multimodal is False and no
+# VLM cache is reserved (mem_cache/kv_cache_configurator.py mm_runtime_reservation_gb).
+MULTIMODAL_OFF_BY_DEFAULT_ARCHITECTURES = frozenset(
+    {
+        "Gemma3ForConditionalGeneration",
+        "Llama4ForConditionalGeneration",
+        "Step3VLForConditionalGeneration",
+        "InklingForConditionalGeneration",
+    }
+)
 CHUNKED_FULL_LAYER_EVERY = 4
 # The page sizes trtllm_mha keeps; any other becomes 64 (arg_groups/overrides.py
 # _mla_backend_page_constraints). SGLang picks trtllm_mha for Llama 4 on SM100
@@ -734,6 +764,8 @@ def layout_of(config: Mapping[str, Any]) -> str:
         f"cannot estimate {arch or 'this model'}: SGLang sizes its KV cache with a layout "
         f"kvgate does not model"
     )
+    if arch in DEEPSEEK_V4_ARCHITECTURES:
+        raise EstimateError(DEEPSEEK_V4_REFUSAL.format(arch=arch))
     if arch in UNMODELLED_SWA_ARCHITECTURES or text.get("is_hybrid_swa") is True:
         raise EstimateError(f"{unmodelled} (sliding-window pool split); verify a live engine")
     if text.get("compress_ratios") is not None:
@@ -1478,7 +1510,10 @@ def _multimodal(config: Mapping[str, Any], flags: SizingFlags) -> bool:
     (configs/model_config.py mm_disabled_models)."""
     if "vision_config" not in config:
         return False
-    return flags.enable_multimodal or _architecture(config) not in CHUNKED_ATTENTION_ARCHITECTURES
+    return (
+        flags.enable_multimodal
+        or _architecture(config) not in MULTIMODAL_OFF_BY_DEFAULT_ARCHITECTURES
+    )
 
 
 def estimate_pool(

@@ -167,14 +167,32 @@ def test_gpt_oss_swa_ratio_flag_changes_the_split() -> None:
 
 def test_gemma3_every_layer_is_in_the_full_pool_as_sglang_0523_disables_hybrid_swa() -> None:
     """arg_groups/model_overrides/gemma2_gemma3.py sets disable_hybrid_swa_memory, so all 62
-    layers are full: 16 heads × (128 + 128) × 62 × 2 = 507,904 bytes. Multimodal: 100 MiB of
-    VLM cache comes off the budget. usable (80 − 1) × 0.85 − 51 − 0.09765625 = 16.0523 GiB
-    → 33,935 tokens; TP 2: 253,952 bytes, usable 41.5523 → 175,688."""
+    layers are full: 16 heads × (128 + 128) × 62 × 2 = 507,904 bytes. Text-only (no VLM cache,
+    see the next test): usable (80 − 1) × 0.85 − 51 = 16.15 GiB → 34,142 tokens; TP 2:
+    253,952 bytes, usable 41.65 → 176,101."""
     one = estimate_pool(GEMMA3, gpu_memory_gib=80, tp=1, weights_gib=51, gpu_reserved_gib=1)
     two = estimate_pool(GEMMA3, gpu_memory_gib=80, tp=2, weights_gib=51, gpu_reserved_gib=1)
     assert (one.attention, one.bytes_per_token) == ("MHA", 507_904)
-    assert within_half_percent(one.kv_pool_tokens, 33_935)
-    assert within_half_percent(two.kv_pool_tokens, 175_688)
+    assert within_half_percent(one.kv_pool_tokens, 34_142)
+    assert within_half_percent(two.kv_pool_tokens, 176_101)
+
+
+def test_gemma3_reserves_the_vlm_cache_only_with_enable_multimodal() -> None:
+    """configs/model_config.py (0.5.19 to 0.5.23) lists Gemma3ForConditionalGeneration in
+    mm_disabled_models: without --enable-multimodal SGLang serves it text-only, is_multimodal is
+    False and mm_runtime_reservation_gb reserves nothing. With the flag the 100 MiB VLM cache
+    comes off the budget: usable 16.15 − 0.09765625 = 16.0523 GiB → 33,935 tokens."""
+    text_only = estimate_pool(GEMMA3, gpu_memory_gib=80, tp=1, weights_gib=51, gpu_reserved_gib=1)
+    multimodal = estimate_pool(
+        GEMMA3,
+        gpu_memory_gib=80,
+        tp=1,
+        weights_gib=51,
+        gpu_reserved_gib=1,
+        engine_args=["--enable-multimodal"],
+    )
+    assert text_only.kv_pool_tokens == int(int(16.15 * GIB) // 507_904)
+    assert multimodal.kv_pool_tokens == int(int((16.15 - 100 / 1024) * GIB) // 507_904)
 
 
 def test_qwen3_next_mamba_state_first_then_full_layers_bound_the_pool() -> None:
@@ -240,9 +258,9 @@ def test_max_total_tokens_is_rounded_down_to_the_page() -> None:
 
 
 def test_reserved_memory_comes_off_before_the_fraction() -> None:
-    """(80 − 4) × 0.85 − 51 − 100 MiB = 13.5023 GiB / 507,904 → 28,544 (1 GiB reserved: 33,935)."""
+    """(80 − 4) × 0.85 − 51 = 13.6 GiB / 507,904 → 28,751 (1 GiB reserved: 34,142)."""
     four = estimate_pool(GEMMA3, gpu_memory_gib=80, tp=1, weights_gib=51, gpu_reserved_gib=4)
-    assert within_half_percent(four.kv_pool_tokens, int(13.50234375 * GIB // 507_904))
+    assert within_half_percent(four.kv_pool_tokens, int(13.6 * GIB // 507_904))
 
 
 @pytest.mark.parametrize(
@@ -271,6 +289,20 @@ def test_layouts_kvgate_does_not_model_are_refused_with_the_reason_never_guessed
 ) -> None:
     with pytest.raises(EstimateError, match=reason):
         estimate_pool(config, gpu_memory_gib=80, tp=1, weights_gib=1, engine_args=args)
+
+
+def test_deepseek_v4_refusal_names_what_sglang_does_and_what_kvgate_cannot_see() -> None:
+    """Every supported release sizes DeepSeek-V4 with DSV4PoolConfigurator, forces page 256 on
+    CUDA (arg_groups/model_overrides/deepseek_v4.py) and runs auto as fp8_e4m3
+    (arg_groups/overrides.py _deepseek_v4_kv_cache_dtype); its bytes a token come from the KV
+    layout the GPU's kernels pick (select_dsv4_kv_layout), which a spec does not say."""
+    config = {"architectures": ["DeepseekV4ForCausalLM"], "compress_ratios": [0, 4, 128]}
+    with pytest.raises(EstimateError) as refused:
+        estimate_pool(config, gpu_memory_gib=141, tp=8, weights_gib=1)
+    message = str(refused.value)
+    for said in ("DSV4PoolConfigurator", "page size 256", "fp8_e4m3", "select_dsv4_kv_layout"):
+        assert said in message
+    assert "verify a live engine" in message
 
 
 def test_layouts_of_the_fixtures() -> None:
