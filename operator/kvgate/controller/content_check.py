@@ -22,6 +22,7 @@ from kvgate_engine.untrusted import read_bounded
 
 from kvgate.api import labels
 from kvgate.api.models import ModelDeployment, ModelDeploymentSpec
+from kvgate.api.timestamps import rfc3339
 from kvgate.controller.engine_pods import engine_api_key
 from kvgate.controller.gateway_watch import router_url
 from kvgate.controller.identity import resolve_identity
@@ -577,7 +578,7 @@ async def _check(rt: Runtime, md: ModelDeployment, revision: str, pool: int | No
     metrics.CONTENT_CHECK_DURATION.labels(namespace, md_name).observe(time.monotonic() - started)
     metrics.CONTENT_CHECKS.labels(namespace, md_name, "passed" if result.passed else "failed").inc()
     (log.info if result.passed else log.warning)("%s", result.message, extra=fields)
-    record = content_probe.record_of(revision, result, gate.rfc3339(rt.clock()))
+    record = content_probe.record_of(revision, result, rfc3339(rt.clock()))
     state.finished[key] = ContentOutcome(result, record)
     rt.wake_md(namespace, md_name)
 

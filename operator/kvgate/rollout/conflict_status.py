@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from kvgate.api.ownership import CONFLICT, OwnershipConflict
+from kvgate.api.timestamps import rfc3339
 from kvgate.rollout.status import DEGRADED, READY, Event
-from kvgate.verify.gate import rfc3339
 
 Status = dict[str, Any]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from kvgate.api import multinode
 from kvgate.api.models import ModelDeploymentSpec, Role
+from kvgate.api.timestamps import rfc3339
 from kvgate.rollout.status import DEGRADED, Event
-from kvgate.verify.gate import rfc3339
 
 LWS_UNAVAILABLE = "LeaderWorkerSetUnavailable"
 Status = dict[str, Any]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from kvgate.api.timestamps import rfc3339
 from kvgate.rollout import model_download, pod_creation
 from kvgate.rollout.planner import (
     Evidence,
@@ -32,7 +33,6 @@ from kvgate.rollout.planner import (
     StepRecord,
 )
 from kvgate.rollout.progressive import EngineFailures, RouterCounters
-from kvgate.verify.gate import rfc3339
 
 READY = "Ready"
 ENGINES_VERIFIED = "EnginesVerified"

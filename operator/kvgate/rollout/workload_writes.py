@@ -17,9 +17,9 @@ from typing import Any
 from kvgate.api import labels, multinode
 from kvgate.api.content_types import JSON_PATCH, MERGE_PATCH
 from kvgate.api.models import ModelDeployment, Role
+from kvgate.api.timestamps import rfc3339
 from kvgate.objects import builders, lws_builders
 from kvgate.rollout.planner import RolloutStep
-from kvgate.verify import gate
 
 Body = dict[str, Any]
 
@@ -197,7 +197,7 @@ def revision_writes(
                 continue
         target = intent.revision == step.target_revision
         create_annotations = (
-            {labels.VERIFY_STARTED_AT: gate.rfc3339(step.verify_started_at), **notes}
+            {labels.VERIFY_STARTED_AT: rfc3339(step.verify_started_at), **notes}
             if target
             else {}  # a serving revision's rebuilt router: the target's notes aren't its
         )

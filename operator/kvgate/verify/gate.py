@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kvgate_engine.verdict import (
@@ -30,6 +30,7 @@ from kvgate_engine.verdict import (
 )
 
 from kvgate.api import labels
+from kvgate.api.timestamps import rfc3339
 
 Pod = Mapping[str, Any]
 Condition = dict[str, str]
@@ -53,10 +54,6 @@ UNSAFE_REASONS = frozenset(
     }
 )
 ENGINE_CONTAINER = "engine"
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_name(pod: Pod) -> str:
