@@ -1,8 +1,8 @@
 """Admission: the checks that deny unsafe ModelDeployments before any GPU is spent.
 
-`checks` is pure and shared by `kvgate validate` (`command`) and the validating webhook
-(`answer`, served by `app`: `kvgate webhook`, or inside `kvgate operator`). Importing this package
-does not import kopf.
+Pure: `checks` is shared by `kvgate validate` (`command`) and the validating webhook (`answer`,
+served by :mod:`kvgate.webhook`: `kvgate webhook`, or inside `kvgate operator`). Nothing here
+imports asyncio, aiohttp, kopf or the I/O folders.
 """
 
 from kvgate.admission.checks import check_document, check_update

@@ -1,1 +1,2 @@
-"""The ModelDeployment API: the pydantic models, label and annotation names, revisions."""
+"""The ModelDeployment API and what its fields mean: the pydantic models, label and annotation
+names, revisions, what a revision's engines must prove, ownership, timestamps."""
