@@ -586,16 +586,16 @@ async def test_after_a_restart_the_role_scale_of_a_role_no_longer_autoscaled_is_
         "kind": "RoleScale",
         "subresources": ["status", "scale"],
     }
-    role_scales = kmock.resource("kvgate.io", "v1alpha1", "rolescales")
     put_md(kmock, decode__autoscaling={"minReplicas": 1, "maxReplicas": 4})
     await Reconciler(rt, NS, "llama").reconcile()
-    role_scale = kmock.objects[role_scales, NS, "llama-decode"]  # created by the first run
+    role_scale = await rt.api.get("RoleScale", NS, "llama-decode")  # created by the first run
+    assert role_scale is not None
     assert role_scale["metadata"]["ownerReferences"][0]["uid"] == MD_UID
 
     put_md(kmock)  # autoscaling removed while no operator runs
     restarted = Runtime(api=rt.api, settings=rt.settings, verify=rt.verify, clock=rt.clock)
     # The restarted operator's watch lists every RoleScale before or after the first pass.
-    deployments.on_role_scale_event(restarted, dict(role_scale))
+    deployments.on_role_scale_event(restarted, role_scale)
     await Reconciler(restarted, NS, "llama").reconcile()
 
     deleted = [
@@ -603,3 +603,9 @@ async def test_after_a_restart_the_role_scale_of_a_role_no_longer_autoscaled_is_
     ]
     assert deleted == [f"/apis/kvgate.io/v1alpha1/namespaces/{NS}/rolescales/llama-decode"]
     assert await rt.api.get("RoleScale", NS, "llama-decode") is None
+
+    # Its deletion's watch event: later passes no longer read it.
+    deployments.on_role_scale_event(restarted, role_scale, "DELETED")
+    reads = len([r for r in requests(kmock, "GET") if "rolescales" in str(r.url.path)])
+    await Reconciler(restarted, NS, "llama").reconcile()
+    assert len([r for r in requests(kmock, "GET") if "rolescales" in str(r.url.path)]) == reads
