@@ -32,8 +32,9 @@ Addresses and why (all inside the private namespace; nothing is routable out of 
   ``https://198.18.0.1:6443`` is the apiserver; fixed ports are fine because the namespace is
   ours alone.
 * Nodes ``198.18.0.10-198.18.0.254`` (``add_node_ip``) and pods from ``198.18.1.0`` up to
-  ``198.18.255.254`` (``add_pod_ip``): /32s on ``lo``, in the RFC 2544 range that passes
-  EndpointSlice validation.
+  ``198.18.239.254`` (``add_pod_ip``): /32s on ``lo``, in the RFC 2544 range that passes
+  EndpointSlice validation. Real nodes' pods take 198.18.240.0/20 from their CNI bridge
+  (``kvgate_e2e.realnode``).
 
 How the test process (which stays in the host namespace) reaches the cluster:
 
@@ -90,7 +91,8 @@ KUBECTL_DISCOVERY_ATTEMPTS = 3
 DEFAULT_SERVICE_CIDR = ipaddress.IPv4Network("198.19.0.0/16")
 DEFAULT_CONTROL_PLANE_IP = ipaddress.IPv4Address("198.18.0.1")
 DEFAULT_NODE_IPS = (ipaddress.IPv4Address("198.18.0.10"), ipaddress.IPv4Address("198.18.0.254"))
-DEFAULT_POD_IPS = (ipaddress.IPv4Address("198.18.1.0"), ipaddress.IPv4Address("198.18.255.254"))
+# The loopback kubelet's pod addresses end below 198.18.240.0/20, the real nodes' pod network.
+DEFAULT_POD_IPS = (ipaddress.IPv4Address("198.18.1.0"), ipaddress.IPv4Address("198.18.239.254"))
 
 
 class ClusterError(RuntimeError):

@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
+from kvgate_e2e.realnode import machine as realnode_machine
+
 CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
 OWNER_DIR = Path("/run/kvgate-e2e")
@@ -127,6 +129,9 @@ def reap_stale_namespaces() -> list[str]:
             ns.delete()
         run_dir = owner.get("run_dir")
         if isinstance(run_dir, str) and run_dir:
+            # A real node's containers (in pod network namespaces), cgroups and sysctls.
+            for problem in realnode_machine.reap_run_dir(Path(run_dir)):
+                print(f"kvgate-e2e: reaping {ns.name}: {problem}")
             shutil.rmtree(run_dir, ignore_errors=True)
         record.unlink(missing_ok=True)
         reaped.append(ns.name)

@@ -47,7 +47,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -228,13 +228,20 @@ class Layer:
     comment: str
 
 
-def oci_archive(layers: list[Layer], created: int, ref: str, version: str) -> tuple[bytes, str]:
-    """The OCI image layout tar and the manifest's digest (the image's digest)."""
+def oci_archive(
+    layers: list[Layer],
+    created: int,
+    ref: str,
+    version: str,
+    image_config: Mapping[str, object] = CONFIG,
+) -> tuple[bytes, str]:
+    """The OCI image layout tar and the manifest's digest (the image's digest); `image_config`
+    is the runtime configuration (user, entrypoint, environment), kvgate's by default."""
     config = {
         "architecture": "amd64",
         "os": "linux",
         "created": rfc3339(created),
-        "config": CONFIG,
+        "config": image_config,
         "rootfs": {"type": "layers", "diff_ids": [sha256(layer.tar) for layer in layers]},
         "history": [{"created": rfc3339(created), "created_by": layer.comment} for layer in layers],
     }
