@@ -227,7 +227,7 @@ class Reconciler:
         # no check held, one is due) and decides from what it read.
         self.access_check: access_checks.AccessCheck | None = None
         self.network_policies_cleared = False  # policies turned off: the own ones are gone
-        # Only for kvgate_role_scale_up_verified_seconds: a scale-up under way at a restart is
+        # Only for kvgate_scale_up_verified_seconds: a scale-up under way at a restart is
         # not timed; nothing is decided from these.
         self.effective: dict[Role, int] = {}  # each autoscaled role's count at the last pass
         # role -> (the raised count, when it was seen): until that many verified engines serve
