@@ -10,7 +10,14 @@ from kvgate_e2e.bounds_audit import bare_bounds
 
 TESTS = Path(__file__).resolve().parent
 # Files whose every bound is measured in the run or a named deadline; add a file once it is.
-CLEAN = ("test_alerts_fire.py", "test_scenario_kv_canary.py", "test_cpu_load_unit.py")
+CLEAN = (
+    "test_alerts_fire.py",
+    "test_chaos.py",
+    "test_cpu_load_unit.py",
+    "test_scenario_engine_restart.py",
+    "test_scenario_kv_canary.py",
+    "test_scenario_operator_down.py",
+)
 
 SAMPLE = """
 poll_until("the pod Ready", ready, 30)

@@ -45,6 +45,7 @@ from kvgate_e2e.world import (
     WEBHOOK_DEPLOYMENT,
     World,
     is_ready,
+    ready_endpoints,
     unsafe_probe_md,
 )
 from scenario_helpers import (
@@ -63,10 +64,30 @@ ROUNDS = int(os.environ.get("KVGATE_E2E_CHAOS_ROUNDS", "1"))
 SEED = int(os.environ.get("KVGATE_E2E_CHAOS_SEED", str(int(time.time()))))
 KILL_WITHIN_SECONDS = 6.0  # each step's kill lands at a uniform random point of this window
 CONCURRENT_APPLIES = 50
-CRASH_NOTICED_SECONDS = 2.0
+# The chart's webhook Service (kvgate.webhookServiceName: the release's full name + "-webhook").
+WEBHOOK_SERVICE = WEBHOOK_DEPLOYMENT
+# Deadlines, not bounds: how long a wait may take before the test gives up; what each step took
+# is measured and printed. Each is many times what the step takes in make test (this file's own
+# time is ~140 s for a whole lifecycle, docs/benchmarks.md) and is reached only by a step that
+# never happens.
+REVISION_DEADLINE = 300  # a revision served or refused: engines started and verified
+DELETION_DEADLINE = 180  # a ModelDeployment and its pods and Deployments gone (grace periods)
+WEBHOOK_DEADLINE = 120  # webhook pods Ready again, engine pods created, a wave of applies
+# A new leader: the Lease expires after its 10 s duration (kvgate.kube.leader), then the next
+# replica's renewal loop takes it and its first pass runs: 90 s is nine Lease durations.
+FAILOVER_DEADLINE = 90
+STEP_DEADLINE = 60  # an endpoint published, a known answer through a serving router
+# A known answer through a Service that just switched: kube-proxy programs the new endpoints on
+# the EndpointSlice change (--iptables-min-sync-period=0s), a sub-second step in make test.
+ANSWER_TRY_DEADLINE = 15
 
 
 # ---------------------------------------------------------------------------------- helpers
+def container_restarts(pod: dict[str, Any], container: str) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(c.get("restartCount", 0)) for c in statuses if c["name"] == container)
+
+
 def serving(world: World, name: str, ns: str, revision_not: str | None = None) -> Any:
     md = world.get_md(name, ns)
     status = (md or {}).get("status") or {}
@@ -88,7 +109,7 @@ def answers_known(world: World, name: str, ns: str) -> bool:
         except OSError:  # reset, refused (urllib wraps it in URLError, an OSError)
             return None
 
-    ok, _ = deadline_loop("an answer through the Service", ask, 15, retry_on=())
+    ok, _ = deadline_loop("an answer through the Service", ask, ANSWER_TRY_DEADLINE, retry_on=())
     return ok
 
 
@@ -136,7 +157,7 @@ def failover(
     deadline_loop(
         "another controller replica to hold the Lease",
         lambda: (h := world.leader_name()) is not None and h != killed,
-        90,
+        FAILOVER_DEADLINE,
     )
     out.to_new_holder.append(time.monotonic() - at)
     if md is None or not name:
@@ -149,7 +170,7 @@ def failover(
         status = (world.get_md(name, ns) or {}).get("status") or {}
         return int(status.get("observedGeneration") or 0) >= generation
 
-    deadline_loop("the new leader to reconcile the change", reconciled, 90)
+    deadline_loop("the new leader to reconcile the change", reconciled, FAILOVER_DEADLINE)
     out.to_reconciled.append(time.monotonic() - at)
 
 
@@ -194,7 +215,10 @@ def lifecycle_with_kills(
     kill = kill_during(world, ns, name, rng, out, "create")
     story = partial(md_story, world, name, ns)
     first = deadline_loop(
-        "the created revision to serve", lambda: serving(world, name, ns), 300, details=story
+        "the created revision to serve",
+        lambda: serving(world, name, ns),
+        REVISION_DEADLINE,
+        details=story,
     )
     join_kill(kill)
     first_revision = first["status"]["servingRevision"]
@@ -208,7 +232,7 @@ def lifecycle_with_kills(
     second = deadline_loop(
         "the updated revision to serve",
         lambda: serving(world, name, ns, revision_not=first_revision),
-        300,
+        REVISION_DEADLINE,
         details=story,
     )
     join_kill(kill)
@@ -224,7 +248,9 @@ def lifecycle_with_kills(
         status = (md or {}).get("status") or {}
         return md if status.get("refusedRevision") not in (None, second_revision) else None
 
-    refusal = deadline_loop("the unsafe revision to be refused", refused, 300, details=story)
+    refusal = deadline_loop(
+        "the unsafe revision to be refused", refused, REVISION_DEADLINE, details=story
+    )
     join_kill(kill)
     assert refusal["status"]["servingRevision"] == second_revision
     assert answers_known(world, name, ns)
@@ -239,7 +265,7 @@ def lifecycle_with_kills(
             and not world.list("pods", ns, f"kvgate.io/deployment={name}")
             and not world.list("deployments", ns, f"kvgate.io/deployment={name}")
         ),
-        180,
+        DELETION_DEADLINE,
     )
     join_kill(kill)
 
@@ -352,7 +378,7 @@ def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
         deadline_loop(
             "2 Ready webhook pods again",
             lambda: len([p for p in world.webhook_pods() if is_ready(p)]) == 2,
-            120,
+            WEBHOOK_DEADLINE,
         )
 
     bad = failures(during_applies(world, ns, delete_one_webhook_pod))
@@ -381,35 +407,56 @@ def test_losing_webhook_pods_during_50_concurrent_applies_fails_none_of_them(
     # broke). Nothing else may: the other replica answers every later admission, also while the
     # container restarts.
     crashed: list[float] = []
+    noticed: list[float] = []
     live: list[Wave] = []
 
     def crash_one_webhook_container() -> None:
         time.sleep(1.0)
-        victim = world.webhook_pods()[0]["metadata"]["name"]
+        victim_pod = world.webhook_pods()[0]
+        victim, ip = victim_pod["metadata"]["name"], victim_pod["status"]["podIP"]
+        restarts = container_restarts(victim_pod, "webhook")
+
+        def in_service() -> bool:
+            return ip in ready_endpoints(world, OPERATOR_NAMESPACE, WEBHOOK_SERVICE)
+
+        def crash_seen() -> bool:
+            """The cluster has acted on the crash: the pod left the Service's ready endpoints,
+            or its restarted container is ready again (the new process serves)."""
+            if not in_service():
+                return True
+            pod = world.get("pod", victim, OPERATOR_NAMESPACE) or {}
+            return container_restarts(pod, "webhook") > restarts and is_ready(pod)
+
+        deadline_loop(
+            f"{victim} ({ip}) in the webhook Service's ready endpoints", in_service, STEP_DEADLINE
+        )
         kubelet = world.kubelet
         crashed.append(time.monotonic())
         kubelet.call(kubelet.kubelet.restart_container(OPERATOR_NAMESPACE, victim, "webhook"))
+        deadline_loop("the cluster to act on the crash", crash_seen, WEBHOOK_DEADLINE, period=0.05)
+        noticed.append(time.monotonic())
         deadline_loop(
             "2 Ready webhook pods after the crash",
             lambda: len([p for p in world.webhook_pods() if is_ready(p)]) == 2,
-            120,
+            WEBHOOK_DEADLINE,
         )
         # ... and one more wave, started once the crash was noticed, completes.
-        noticed = crashed[0] + CRASH_NOTICED_SECONDS
         deadline_loop(
             "a wave of applies started after the crash was noticed",
-            lambda: sum(1 for w in live if w.started > noticed) >= 2,
-            120,
+            lambda: sum(1 for w in live if w.started > noticed[0]) >= 2,
+            WEBHOOK_DEADLINE,
         )
 
     waves = during_applies(world, ns, crash_one_webhook_container, live)
     bad = failures(waves)
-    # Waves that start once the kubelet has seen the crash (the pod NotReady, out of the Service).
-    after = [w for w in waves if w.started > crashed[0] + CRASH_NOTICED_SECONDS]
+    # Waves that start once the cluster acted on the crash (measured: out of the Service, or
+    # the restarted container ready), not a guess of how long that takes on this machine.
+    after = [w for w in waves if w.started > noticed[0]]
     print(
         f"MEASURED webhook container SIGKILLed during applies: {len(bad)} of "
-        f"{len(waves) * CONCURRENT_APPLIES} failed; waves started ≥ {CRASH_NOTICED_SECONDS:g} s "
-        f"after it: {sum(len(w.bad) for w in after)} failed of {len(after) * CONCURRENT_APPLIES}"
+        f"{len(waves) * CONCURRENT_APPLIES} failed; the cluster acted on the crash after "
+        f"{noticed[0] - crashed[0]:.2f} s; waves started after that: "
+        f"{sum(len(w.bad) for w in after)} failed of {len(after) * CONCURRENT_APPLIES}"
     )
     transport = ("EOF", "connection reset", "broken pipe", "closed idle connection", "refused")
     assert all("failed calling webhook" in b and any(t in b for t in transport) for b in bad), bad
@@ -428,14 +475,19 @@ def test_a_rollout_completes_when_the_api_server_restarts_in_the_middle_of_it(
         deadline_loop(
             "the engine pods to be created",
             lambda: len(world.list("pods", ns, f"kvgate.io/deployment={name}")) >= 2,
-            120,
+            WEBHOOK_DEADLINE,
         )
         with sampler.api_outage():
             outage = world.cluster.restart_apiserver(down_seconds=3.0)
         print(f"MEASURED kube-apiserver down (stop -> /readyz) {outage:.1f}s")
         story = partial(md_story, world, name, ns)
         md = deadline_loop(
-            "the rollout to serve", lambda: serving(world, name, ns), 300, details=story
+            "the rollout to serve",
+            lambda: serving(world, name, ns),
+            REVISION_DEADLINE,
+            details=story,
         )
         assert md["status"]["servingRevision"]
-        deadline_loop("a known answer", lambda: answers_known(world, name, ns), 60, details=story)
+        deadline_loop(
+            "a known answer", lambda: answers_known(world, name, ns), STEP_DEADLINE, details=story
+        )

@@ -75,11 +75,17 @@ GUARD_PORT = 8471
 GUARD_PERIOD = 2.0  # builders.GUARD_PERIOD_SECONDS
 ROUNDS = int(os.environ.get("KVGATE_E2E_OPERATOR_DOWN_ROUNDS", "3"))
 ROLES = ("decode", "prefill")
+# Deadlines, not bounds (the asserted bounds are periods of the product or measured here): how
+# long a wait may take before the test gives up, many times what the step takes in make test
+# (this file's own time ~90 s, docs/benchmarks.md); only a step that never happens reaches one.
+REVISION_DEADLINE = 300  # the first revision (router and both engines) from apply to Ready
+RESTART_DEADLINE = 120  # an engine restarted (its container, its verdict, the pod's Ready)
+STEP_DEADLINE = 60  # a router step: smg routing to an engine, a known answer, five requests
 
 
 def pool_of(url: str) -> int | None:
     try:
-        code, info = http_json(f"{url}/server_info", timeout=2)
+        code, info = http_json(f"{url}/server_info", timeout=2)  # polled
     except OSError:
         return None
     if code != 200 or not isinstance(info, dict):
@@ -89,7 +95,7 @@ def pool_of(url: str) -> int | None:
 
 def guard_answer(url: str) -> tuple[int, str] | None:
     try:
-        with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+        with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:  # polled
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
@@ -164,7 +170,7 @@ def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
                 )
             )
             for probe in probes:
-                seen.wait(probe, 120)
+                seen.wait(probe, RESTART_DEADLINE)
             # The engine container is ready and the gate (nobody left to change it) still True:
             # only the guard holds the pod out. It must keep doing so, not just once.
             held_since = time.monotonic()
@@ -190,8 +196,10 @@ def shrink_with_the_operator_down(world: World, ns: str, role: str) -> Round:
 
     # Give the node its GPUs back, still without the operator: the guard lets the engine back.
     world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
-    deadline_loop("the restored engine's pod Ready again", lambda: is_ready(live()), 120)
-    deadline_loop("smg to route to the restored engine", routed_here, 60)
+    deadline_loop(
+        "the restored engine's pod Ready again", lambda: is_ready(live()), RESTART_DEADLINE
+    )
+    deadline_loop("smg to route to the restored engine", routed_here, STEP_DEADLINE)
     t = {k: v - restarted for k, v in seen.seen.items()}
     return Round(
         role=role,
@@ -212,14 +220,16 @@ def test_a_shrunk_engine_leaves_traffic_while_the_operator_is_down(
     rounds: list[Round] = []
     with InvariantSampler(world.cluster, ns, name="operator-down") as sampler:
         world.apply(sample_md(MD), namespace=ns)
-        wait_md_ready(world, MD, ns, 300, "the safe revision to serve")
+        wait_md_ready(world, MD, ns, REVISION_DEADLINE, "the safe revision to serve")
 
-        wait_known_answer(world, MD, ns, 60, "a known-answer request")
+        wait_known_answer(world, MD, ns, STEP_DEADLINE, "a known-answer request")
         with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             for i in range(ROUNDS):
                 with operator_down(world):
                     rounds.append(shrink_with_the_operator_down(world, ns, ROLES[i % 2]))
-                wait_md_ready(world, MD, ns, 120, "the MD Ready with the operator back")
+                wait_md_ready(
+                    world, MD, ns, RESTART_DEADLINE, "the MD Ready with the operator back"
+                )
         for r in rounds:
             print(
                 f"MEASURED operator down, {r.role} restarted at {SHRUNK_GIB} GiB (pool "
@@ -251,5 +261,7 @@ def test_a_shrunk_engine_leaves_traffic_while_the_operator_is_down(
         f"{stats([r.shrunk_to_not_ready for r in rounds])}; router requests "
         f"{len(traffic.results)} ({len(traffic.failures)} failed while an engine was out)"
     )
-    wait_known_answer(world, MD, ns, 120, "a known-answer request after the last round")
+    wait_known_answer(
+        world, MD, ns, RESTART_DEADLINE, "a known-answer request after the last round"
+    )
     assert sampler.stats.samples > 0
