@@ -5,8 +5,9 @@ pods/log stream holds no request slot.
 Before, the only bound was the aiohttp session's connection pool (32 connections, one FIFO
 queue, watches and log streams included). In the fairness benchmark, while one tenant's 200
 never-Ready ModelDeployments were refused together, 126 requests waited for a connection and
-another namespace's rollback pass waited 2-8 s for each read behind them; and 32 open streams
-(watches, the KV canary's log follows) took every connection, so no request answered at all.
+another namespace's passes waited 0.8-7.8 s for one read behind them. And 32 open streams
+(watches, the KV canary's log follows of 32 verified engines) took every connection: no request
+answered at all (the last test, against the old client).
 
 A loopback HTTP server stands in for the API server: it answers each GET when the test lets it,
 and records the order requests reached it.
