@@ -3,16 +3,13 @@
 Runs inside one release's environment (never with kvgate's package); it reads
 ``{"release": ..., "configs": {name: config.json}, "shapes": [...]}`` on stdin and prints
 ``KVGATE-RESULTS <json>``, the shapes with SGLang's answers: the ``shapes`` of
-tests/fixtures/sglang_pools/llama4.json. To record them again (the inputs are each recorded shape's
-name, model, gpu, reserved, mfs, weights, tp, kv, page and ratio; the configs
-tests/fixtures/model_configs/<model>.json)::
+tests/fixtures/sglang_pools/llama4.json. tests/conformance/test_sglang_pools.py runs it in every
+conformance environment (tests/conformance/setup_env.sh installs what ``ModelConfig`` imports) with
+the inputs of each recorded shape (name, model, gpu, reserved, mfs, weights, tp, kv, page and
+ratio; the configs tests/fixtures/model_configs/<model>.json) and requires the record. By hand::
 
-    S=~/.cache/kvgate/sglang-cpu/0.5.23   # SGLang for CPU (make real-engine-deps)
-    PYTHONPATH=$S/site LD_LIBRARY_PATH=$S/lib .venv/bin/python \
+    PYTHONPATH=~/.cache/kvgate/conformance/sglang-0.5.23 .venv/bin/python \
         tests/conformance/llama4_pools_probe.py < in.json
-
-The conformance tier's environments (installed --no-deps for the argument parser) lack the
-modules ``ModelConfig`` imports, so this runs in the SGLang-for-CPU environments.
 
 For each shape it builds SGLang's ``ModelConfig`` from the config.json, takes the layer split from
 ``get_hybrid_layer_ids``, the window from ``resolve_sliding_window_size`` (for Llama 4:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs each supported SGLang release into its own directory, outside the project venv, so the
 # launcher conformance test can parse kvgate's argv with that release's own
-# `sglang.srt.server_args.prepare_server_args`. Nothing else in the project imports sglang.
+# `sglang.srt.server_args.prepare_server_args`, and the pool probes can size KV pools with that
+# release's own `ModelConfig` and pool configurators. Nothing else in the project imports sglang.
 #
 #   tests/conformance/setup_env.sh [VERSION ...]      (default: the versions in SGLANG_VERSIONS)
 #
@@ -36,8 +37,15 @@ extra_packages() {
   case "$1" in 0.5.19 | 0.5.20) echo "openai partial_json_parser apache-tvm-ffi" ;; esac
 }
 extra_packages_without_deps() {
-  case "$1" in 0.5.19 | 0.5.20) echo "torchvision xgrammar" ;; esac
+  case "$1" in 0.5.19 | 0.5.20) echo "xgrammar" ;; esac
 }
+
+# What the pool probes (llama4_pools_probe.py) import on top: `sglang.srt.configs.model_config`
+# pulls in every quantization method and multimodal config (found by running the probe against
+# each release on a CPU box). Installed --no-deps like the list above; the release's METADATA pin
+# wins where it has one, else the version given here (the one the probe ran with).
+PROBE_PACKAGES=(torchvision==0.29.2 dill==0.4.1 compressed-tensors==0.18.0 loguru==0.7.3
+  gguf==0.19.0 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 einops==0.8.2)
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "setup_env.sh: $PY cannot import torch; install it first ('$PY -m pip install torch')" >&2
@@ -79,6 +87,14 @@ for version in ${@:-$SGLANG_VERSIONS}; do
   nodeps=()
   for name in $(extra_packages_without_deps "$version"); do
     nodeps+=("$(pinned "$metadata" "$name")")
+  done
+  for requirement in "${PROBE_PACKAGES[@]}"; do
+    from_metadata="$(pinned "$metadata" "${requirement%%==*}")"
+    if [[ "$from_metadata" == *[=\<\>~]* ]]; then
+      nodeps+=("$from_metadata")
+    else
+      nodeps+=("$requirement")
+    fi
   done
   if ((${#nodeps[@]})); then
     "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$target" \
