@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.admission.answer import WEBHOOK_PATH
-from kvgate.webhook.app import serving
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
+from kvgate.webhook.app import serving
 
 SAMPLE = Path(__file__).resolve().parents[2] / "crds" / "samples" / "llama-8b.yaml"
 # The README's sample: the same spec with its weights on a claim (spec.model.source).

@@ -24,7 +24,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvgate.admission import check_document
 from kvgate.admission.answer import WEBHOOK_PATH
-from kvgate.webhook.app import serving
 from kvgate.admission.limits import (
     MAX_SPEC_BYTES,
     _spec_schema,
@@ -35,6 +34,7 @@ from kvgate.admission.limits import (
 from kvgate.admission.schema import _bad_numbers, number_problems
 from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
 from kvgate.objects.names import binding_names, derived_names
+from kvgate.webhook.app import serving
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
 
 from .conftest import review, sample

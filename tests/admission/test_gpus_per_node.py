@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 from kvgate.admission.policy import ClusterPolicy, parse_gpus_per_node
-from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.api.models import MAX_GPUS_PER_NODE
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 
 from .conftest import mutated
 

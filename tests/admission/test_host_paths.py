@@ -19,9 +19,9 @@ from kvgate.admission.host_paths import (
     under,
 )
 from kvgate.admission.policy import ClusterPolicy
-from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 
 from .conftest import mutated
 

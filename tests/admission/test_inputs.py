@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import yaml
 from kvgate.admission import check_document, check_update
-from kvgate.webhook.app import serving
 from kvgate.admission.limits import MAX_SPEC_BYTES, _spec_schema, spec_bytes, with_defaults
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.admission.router_args import DENIED_ROUTER_FLAGS, denied_flag
@@ -32,6 +31,7 @@ from kvgate.api.revision import REVISION_LENGTH
 from kvgate.cmd.cli import main
 from kvgate.objects import builders, network_policy
 from kvgate.objects.names import DNS_1035_LABEL, derived_names, max_name_length
+from kvgate.webhook.app import serving
 
 from .conftest import DELETE, SAMPLE, LiveWebhook, live, mutated, review, sample
 from .test_webhook_https import post

@@ -20,13 +20,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kvgate.webhook import app as admission_app
 from kvgate.admission.answer import INTERNAL_ERROR_CODE, WEBHOOK_PATH
-from kvgate.webhook.app import serving
-from kvgate.webhook.operator_webhook import OperatorWebhookServer
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.cmd.cli import main
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
+from kvgate.webhook import app as admission_app
+from kvgate.webhook.app import serving
+from kvgate.webhook.operator_webhook import OperatorWebhookServer
 
 from .conftest import live, mutated, review, sample
 from .test_webhook_https import post

@@ -255,13 +255,13 @@ def _cpu_us(call: Any, repeat: int = 300, rounds: int = 7) -> float:
 
 def _stage_times(review: dict[str, Any]) -> dict[str, float]:
     """CPU microseconds of each stage of kvgate's code for one review (in-process)."""
-    from kvgate.webhook import metrics
     from kvgate.admission import checks
     from kvgate.admission.answer import answer_review
-    from kvgate.webhook.app import HANDLER_IDS, _log_denial
     from kvgate.admission.policy import ClusterPolicy
     from kvgate.admission.review import check_resource, check_review, parse_review
     from kvgate.admission.schema import parse_model
+    from kvgate.webhook import metrics
+    from kvgate.webhook.app import HANDLER_IDS, _log_denial
 
     policy = ClusterPolicy()
     body = json.dumps(review).encode()

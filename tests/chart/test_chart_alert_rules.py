@@ -52,6 +52,9 @@ def exported_series() -> dict[str, frozenset[str]]:
         for collector in vars(metrics).values()
         if hasattr(collector, "_labelnames") and hasattr(collector, "_name")
     }
+    for collector in vars(metrics).values():  # a collector serving several families
+        for name, labels in getattr(collector, "families", {}).items():
+            label_names[name] = frozenset(labels)
     suffixes = {
         "counter": ("_total", "_created"),
         "gauge": ("",),

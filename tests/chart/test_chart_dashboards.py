@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 from helm_runner import CHART, Helm
-from kvgate.webhook import metrics as admission_metrics
 from kvgate.gen import dashboards as gen
 from kvgate.kube import metrics as operator_metrics
+from kvgate.webhook import metrics as admission_metrics
 from kvgate_e2e import dashboards
 from test_chart_alert_rules import ENGINE_SERIES, POD_TARGET, Analysis, promql
 from test_chart_promtool import ENABLED, MONITORING, promtool, run  # noqa: F401 (fixture)
@@ -41,6 +41,8 @@ def registry_series(module: Any) -> dict[str, frozenset[str]]:
         for c in vars(module).values()
         if hasattr(c, "_labelnames") and hasattr(c, "_name")
     }
+    for c in vars(module).values():  # a collector serving several families
+        label_names.update({n: frozenset(ls) for n, ls in getattr(c, "families", {}).items()})
     suffixes = {
         "counter": ("_total",),
         "gauge": ("",),

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from helm_runner import Helm
-from kvgate.webhook.webhook_command import WebhookSettings
 from kvgate.cmd.cli import build_parser
 from kvgate.kube.settings import OperatorSettings
+from kvgate.webhook.webhook_command import WebhookSettings
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 RESERVES = "KVGATE_GPU_RESERVED_GIB_BY_PRODUCT"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from helm_runner import Helm, Rendered
-from kvgate.webhook.certificates import ReloadingCertificate
 from kvgate.kube.tls import CA_FILE, CERT_FILE, KEY_FILE, make_ca, make_serving_cert
+from kvgate.webhook.certificates import ReloadingCertificate
 
 NAMESPACE = "kvgate-system"
 SEED_SECRET = "platform-router-seed"

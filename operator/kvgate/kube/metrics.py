@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -443,6 +443,14 @@ def watch_backlog(waiting: Callable[[], tuple[int, int]]) -> None:
 class _PassSlots(Collector):
     """ModelDeployment pass slots (kvgate.controller.pass_slots): busy, and passes waiting by
     class."""
+
+    # Each family's label names, as prometheus_client's metrics hold theirs in _labelnames (the
+    # chart's rule and dashboard tests read what the registry serves through these).
+    families: ClassVar[dict[str, tuple[str, ...]]] = {
+        "kvgate_reconcile_slots": (),
+        "kvgate_reconcile_slots_busy": (),
+        "kvgate_reconcile_passes_waiting": ("class",),
+    }
 
     def __init__(self) -> None:
         self.state: Callable[[], tuple[int, int, dict[str, int]]] | None = None
