@@ -45,17 +45,19 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 PAUSE_SECONDS = 25
+# Requests a step must see for its 3-sigma check to tell 10 % from 0 % or 20 % (sigma 4.2 points).
+MIN_REQUESTS = 50
 ROUTERS = "kvgate.io/deployment={name},kvgate.io/component=router"
 
 
-def progressive_md(name: str, **rollout: Any) -> dict[str, Any]:
+def progressive_md(name: str, pause: int = PAUSE_SECONDS, **rollout: Any) -> dict[str, Any]:
     return sample_md(
         name,
         rollout={
             "strategy": "Progressive",
             "steps": [
-                {"weight": 10, "pauseSeconds": PAUSE_SECONDS},
-                {"weight": 50, "pauseSeconds": PAUSE_SECONDS},
+                {"weight": 10, "pauseSeconds": pause},
+                {"weight": 50, "pauseSeconds": pause},
             ],
             **rollout,
         },
@@ -134,13 +136,19 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
         details=partial(md_story, world, name, ns),
     )
 
-    update = progressive_md(name)
-    update["spec"]["decode"]["memFractionStatic"] = 0.84
     measured: list[str] = []
     with (
         InvariantSampler(world.cluster, ns, name="progressive") as sampler,
         TrafficLoop(lambda: known_answer(world, name, ns), pause=0.05) as traffic,
     ):
+        # Each step must see MIN_REQUESTS: its pause comes from the rate this machine sends them
+        # at now (one at a time), twice over, and is never below PAUSE_SECONDS.
+        deadline_loop("10 requests to revision A", lambda: len(traffic.results) >= 10, 60)
+        rate = 10 / (traffic.results[9][0] - traffic.started[0])
+        pause = max(PAUSE_SECONDS, math.ceil(2 * MIN_REQUESTS / rate))
+        measured.append(f"{rate:.1f} requests/s before the update: steps of {pause} s")
+        update = progressive_md(name, pause)
+        update["spec"]["decode"]["memFractionStatic"] = 0.84
         applied = time.monotonic()
         world.apply(update, namespace=ns)
         rev_b = deadline_loop(
@@ -176,7 +184,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
             deadline_loop(
                 f"step {index + 1} to end",
                 partial(step_left, world, name, ns, index),
-                PAUSE_SECONDS + 60,
+                pause + 60,
                 details=partial(progressing, world, name, ns),
             )
             after = router_requests(world, name, ns)
@@ -186,7 +194,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
                 f"step {index + 1} ({weight} %) reached {reached:.1f}s after apply; observed "
                 f"{observed:.1f} % of {requests} requests (3 sigma {3 * sigma:.1f} points)"
             )
-            assert requests >= 50, measured[-1]
+            assert requests >= MIN_REQUESTS, measured
             assert abs(observed - weight) <= 3 * sigma + 1, measured[-1]
         deadline_loop("revision B to serve", lambda: serving(world, name, ns, not_=rev_a), 120)
         done = time.monotonic() - applied
