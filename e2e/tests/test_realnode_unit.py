@@ -6,6 +6,7 @@ import ipaddress
 import tomllib
 from pathlib import Path
 
+import pytest
 from kvgate_e2e.cluster import DEFAULT_POD_IPS
 from kvgate_e2e.realnode import machine
 from kvgate_e2e.realnode.config import (
@@ -95,3 +96,19 @@ def test_every_mounted_cgroup_hierarchy_is_found_and_nothing_else() -> None:
 
 def test_reaping_a_run_dir_without_a_real_node_does_nothing(tmp_path: Path) -> None:
     assert machine.reap_run_dir(tmp_path) == []
+
+
+def test_the_reaper_removes_the_mount_points_a_dead_node_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(machine, "OWNER_DIR", tmp_path / "owners")
+    monkeypatch.setattr(machine, "SYSCTLS_FILE", tmp_path / "owners" / "sysctls.json")
+    monkeypatch.setattr(machine, "CGROUP_MOUNTS", tmp_path / "no-cgroups")
+    made = tmp_path / "var" / "lib" / "kubelet"
+    made.mkdir(parents=True)
+    record = machine.NodeRecord("kvgate-e2e-dead", "kvgate-e2e-dead", "", (str(made),))
+    (tmp_path / "run").mkdir()
+    machine.record_node(tmp_path / "run", record)
+    assert machine.reap_run_dir(tmp_path / "run") == []
+    assert not made.exists()
+    assert machine.live_nodes() == []

@@ -9,7 +9,9 @@ own and the world's run dir, and goes with them. Three things do not:
 * **kernel sysctls** (not namespaced): the kubelet sets ``vm.overcommit_memory``,
   ``kernel.panic`` and four more to its values. The values from before the first real node are
   kept in ``/run/kvgate-e2e/kubelet-sysctls.json`` and written back when the last one stops.
-* **processes** of the node's mount namespace (containerd's shims) are killed by its id.
+* **processes** of the node's mount namespace (containerd's shims) are killed by its id;
+* **mount points** the machine lacked (``/run/containerd``, ``/var/lib/kubelet``,
+  ``/var/log/containers``), made for the node's private tmpfs, are removed.
 
 ``reap_run_dir`` undoes it all for a world whose owner died (``kvgate_e2e.netns``'s stale-world
 reaper calls it), from the record ``record_node`` wrote into the run dir.
@@ -188,6 +190,8 @@ class NodeRecord:
     name: str
     cgroup_root: str
     mount_namespace: str
+    # Mount points the machine lacked, made for the node's private tmpfs (removed if empty).
+    created_dirs: tuple[str, ...] = ()
 
 
 def record_node(run_dir: Path, record: NodeRecord) -> None:
@@ -228,6 +232,9 @@ def undo(record: NodeRecord) -> list[str]:
     stuck = remove_cgroup_root(record.cgroup_root)
     if stuck:
         problems.append(f"cgroups not removed: {', '.join(map(str, stuck[:5]))}")
+    for created in reversed(record.created_dirs):
+        with contextlib.suppress(OSError):
+            Path(created).rmdir()
     forget_node(record.name)
     restore_sysctls_if_last()
     return problems
@@ -240,4 +247,5 @@ def reap_run_dir(run_dir: Path) -> list[str]:
         raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
+    raw["created_dirs"] = tuple(raw.get("created_dirs") or ())
     return undo(NodeRecord(**raw))

@@ -165,6 +165,7 @@ class RealNode:
             name=self.cluster.netns_name,
             cgroup_root=self.cgroup_root,
             mount_namespace=machine.mount_namespace(self._holder.pid) or "",
+            created_dirs=tuple(str(p) for p in self._created_mount_points),
         )
         machine.record_node(self.cluster.run_dir, self._record)
 
@@ -231,10 +232,12 @@ class RealNode:
             self._containerd = None
         problems: list[str] = []
         if self._record is not None:
-            problems = machine.undo(self._record)
+            problems = machine.undo(self._record)  # also removes the mount points it made
             (self.cluster.run_dir / machine.RECORD_NAME).unlink(missing_ok=True)
             self._record = None
         if self._holder is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._holder.kill()  # only when start failed before the record was written
             self._holder.wait(timeout=10)
             self._holder = None
         for point in reversed(self._created_mount_points):
