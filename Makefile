@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME_LOCK := operator/image/requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256sum | cut -c1-12)
 
-.PHONY: test test-loaded beside-e2e image image-lock image-test container-runtime cni-plugins kubelet real-node-deps e2e-real-node demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale bench-fairness dashboard-images crds venv clean
+.PHONY: test test-loaded beside-e2e image image-lock image-test container-runtime cni-plugins kubelet real-node-runtime real-node-deps e2e-real-node demo lint typecheck unit conformance conformance-deps deps e2e e2e-real e2e-deps real-engine-deps system-packages lws promtool prometheus prometheus-adapter chaos bench-scale bench-fairness dashboard-images crds venv clean
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
@@ -116,12 +116,10 @@ real-engine-%: $(STAMP)
 # E2E_TESTS: the files (or directories) to run, e.g. E2E_TESTS="e2e/tests/test_chaos.py".
 E2E_WORKERS ?= 3
 E2E_TESTS ?= e2e/tests
-# The real-node file is not part of it yet: it runs alone (make e2e-real-node) until it has
-# passed repeatedly, also under load (docs/testing.md).
 E2E_PYTEST = KVGATE_REQUIRE_E2E=1 KVGATE_E2E_SHARED_WORLD=1 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2 \
 	  KVGATE_E2E_CANARY_ROUNDS=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile \
-	  --no-loadscope-reorder --durations=30 --ignore=e2e/tests/test_real_node.py $(E2E_TESTS)
-e2e: e2e-deps real-engine-deps prometheus prometheus-adapter
+	  --no-loadscope-reorder --durations=30 $(E2E_TESTS)
+e2e: e2e-deps real-engine-deps prometheus prometheus-adapter real-node-runtime
 	$(E2E_PYTEST)
 
 # The e2e tier (or E2E_TESTS) with CPU burners beside it that make a fixed CPU-bound loop
@@ -129,7 +127,7 @@ e2e: e2e-deps real-engine-deps prometheus prometheus-adapter
 # samples it during the run, and stops the burners when the run ends, fails or is interrupted):
 # every bound in the tier must hold on a machine at half speed.
 LOAD_FACTOR ?= 2
-test-loaded: e2e-deps real-engine-deps prometheus prometheus-adapter
+test-loaded: e2e-deps real-engine-deps prometheus prometheus-adapter real-node-runtime
 	$(BIN)/python -m kvgate_e2e.cpu_load --factor $(LOAD_FACTOR) -- \
 	  env $(E2E_PYTEST)
 
@@ -265,8 +263,11 @@ cni-plugins:
 	  echo "CNI plugins unpacked into $(CNI_PLUGINS): $$(cat $(CNI_PLUGINS)/bin/VERSIONS)"; }
 
 # Everything a real node of the e2e world needs: its kubelet, containerd and runc, the CNI
-# plugins and the shipped image (e2e/kvgate_e2e/realnode/).
-real-node-deps: kubelet container-runtime cni-plugins image
+# plugins (real-node-runtime) and the shipped image (e2e/kvgate_e2e/realnode/). `make e2e` takes
+# only the runtime: `make test` built the image in `deps`, and the image tier beside the e2e tier
+# copies the archive into dist/ again.
+real-node-runtime: kubelet container-runtime cni-plugins
+real-node-deps: real-node-runtime image
 
 # The real nodes' kubelet, from the control plane's Kubernetes modules (cached by content).
 kubelet: e2e-deps
