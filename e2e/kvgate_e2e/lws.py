@@ -40,12 +40,12 @@ import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import yaml
 
 from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.polling import Deadline, poll_until
 from kvgate_e2e.server_process import ServerProcess
 
@@ -232,7 +232,7 @@ PROBE_LWS: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------------------- the controller
-class LwsController:
+class LwsController(Started):
     """CRDs + webhook configurations + the controller process; a context manager."""
 
     def __init__(self, cluster: ClusterLike, *, progress: IO[str] | None = None) -> None:
@@ -246,19 +246,6 @@ class LwsController:
     @property
     def log_path(self) -> Path:
         return self.cluster.log_dir / "lws-controller.log"
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self, timeout: float = 120.0) -> None:
         deadline = Deadline(timeout)

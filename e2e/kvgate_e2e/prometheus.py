@@ -47,14 +47,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate_e2e.build_artifacts import find_binaries
 from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.polling import Deadline, poll_until
 from kvgate_e2e.server_process import ServerProcess
 
@@ -416,7 +416,7 @@ def cadence_of(metrics_text: str, interval: float) -> Cadence:
     return Cadence(interval, p99, evaluation)
 
 
-class Prometheus:
+class Prometheus(Started):
     """The server, its config and rules, and the client; a context manager."""
 
     def __init__(
@@ -440,19 +440,6 @@ class Prometheus:
         self.dir: Path | None = None
 
     # -- lifecycle
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     @property
     def log_path(self) -> Path:
         assert self.dir is not None, "not started"

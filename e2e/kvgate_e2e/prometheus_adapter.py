@@ -47,14 +47,14 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Protocol, Self
+from typing import IO, Any, Protocol
 
 import yaml
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from kvgate.kube.tls import issue_certificate
 
 from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.pki import FRONT_PROXY_CLIENT, load_ca
 from kvgate_e2e.polling import Deadline, poll_until
 from kvgate_e2e.server_process import ServerProcess
@@ -283,7 +283,7 @@ def available(api_service: Mapping[str, Any]) -> tuple[bool, str]:
 
 
 # ---------------------------------------------------------------------------- the process
-class PrometheusAdapter:
+class PrometheusAdapter(Started):
     """The adapter process, its API registration and RBAC, and a client; a context manager."""
 
     def __init__(
@@ -304,19 +304,6 @@ class PrometheusAdapter:
         self._lock: IO[bytes] | None = None
         self._objects: list[dict[str, Any]] = []
         self._progress = progress
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def prometheus_url(self) -> str:

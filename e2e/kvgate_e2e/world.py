@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Protocol, Self, TypeVar
 
 import yaml
@@ -39,6 +38,7 @@ import yaml
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.cluster import Cluster, ClusterConfig
 from kvgate_e2e.kubelet.agent import KubeletThread, container_pid
+from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.lws import LwsController
 from kvgate_e2e.pki import ADMIN_USER
 from kvgate_e2e.polling import poll_until
@@ -151,7 +151,7 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-class World:
+class World(Started):
     """Cluster + loopback kubelet (two GPU pools) + kvgate installed by Helm."""
 
     def __init__(self, config: WorldConfig | None = None) -> None:
@@ -166,19 +166,6 @@ class World:
         self._lws: LwsController | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def _say(self, text: str) -> None:
         if self.config.progress is not None:
             self.config.progress.write(f"[world {time.strftime('%H:%M:%S')}] {text}\n")

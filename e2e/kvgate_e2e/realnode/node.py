@@ -25,13 +25,13 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any
 
 import yaml
 
 from kvgate_e2e.cluster import Cluster
 from kvgate_e2e.kubelet.node import GPU_MEMORY_KEY, GPU_RESOURCE, POOL_LABEL, format_gib
+from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.pki import issue_kubelet_serving, load_ca
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.realnode import artifacts, machine
@@ -72,7 +72,7 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-class RealNode:
+class RealNode(Started):
     """containerd + runc + CNI + kubelet for one Node of ``cluster``."""
 
     def __init__(self, cluster: Cluster, spec: RealNodeSpec | None = None) -> None:
@@ -111,19 +111,6 @@ class RealNode:
         )
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         started = time.monotonic()
         found = artifacts.require()
