@@ -321,7 +321,10 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
     timeout = 40
     rollout = {"verifyTimeoutSeconds": timeout}
     with InvariantSampler(world.cluster, ns, name="lost-annotations"):
-        old, old_pods = serve_old_revision(world, ns, md_name, rollout=rollout)
+        # The serving revision keeps the default verifyTimeoutSeconds: the short one is what the
+        # stuck revision's clock is checked against, and a first start slower than it (a loaded
+        # machine; CI once) refused the safe revision before it could serve.
+        old, old_pods = serve_old_revision(world, ns, md_name)
         with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
             # The target's engines go to a pool no node has: Pending, never verified.
             stuck = on_pool_without_estimate(sample_md(md_name, rollout=rollout), "absent")
