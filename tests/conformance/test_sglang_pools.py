@@ -18,17 +18,15 @@ takes seconds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from factories.model_configs import model_config
 from factories.release_answers import ask_release, model_directory
+from factories.sglang_pools import LLAMA4_RECORD, llama4_estimate
 from kvgate_engine.estimator import (
-    SWA_FULL_TOKENS_RATIO,
     ChunkedPoolTooSmall,
-    Estimate,
     estimate_pool,
 )
 from test_sglang_argv import SUPPORTED_VERSIONS, sglang_envs
@@ -39,7 +37,6 @@ __all__ = ["sglang_envs"]  # the module fixture this file uses
 
 HERE = Path(__file__).resolve().parent
 LLAMA4_PROBE = (HERE / "llama4_pools_probe.py").read_text()
-LLAMA4_RECORD = json.loads((HERE.parent / "fixtures" / "sglang_pools" / "llama4.json").read_text())
 SHAPE_INPUTS = ("name", "model", "gpu", "reserved", "mfs", "weights", "tp", "kv", "page", "ratio")
 
 # Runs inside the SGLang environment: Gemma 3's multimodal switch and reservation as the
@@ -60,23 +57,6 @@ for name, flag in (("default", None), ("flag", True)):
     }
 print("KVGATE-RESULTS " + json.dumps(answer))
 """
-
-
-def _llama4_estimate(shape: dict[str, Any]) -> Estimate:
-    ratio = shape["ratio"]
-    args = [] if ratio == SWA_FULL_TOKENS_RATIO else ["--swa-full-tokens-ratio", str(ratio)]
-    return estimate_pool(
-        model_config(shape["model"]),
-        gpu_memory_gib=shape["gpu"],
-        gpu_reserved_gib=shape["reserved"],
-        mem_fraction_static=shape["mfs"],
-        weights_gib=shape["weights"],
-        tp=shape["tp"],
-        kv_cache_dtype=shape["kv"],
-        page_size=shape["page"],
-        gpu_arch="sm90",
-        engine_args=args,
-    )
 
 
 def llama4_pools(version: str, release: Path) -> list[dict[str, Any]]:
@@ -112,10 +92,10 @@ def test_llama4_pools_are_what_each_release_computes_token_for_token(
     for shape in computed:
         if "refused" in shape:
             with pytest.raises(ChunkedPoolTooSmall) as refused:
-                _llama4_estimate(shape)
+                llama4_estimate(shape, gpu_arch="sm90")
             assert f"SWA pool ({refused.value.swa_pool_tokens} tokens)" in shape["refused"]
             continue
-        estimate = _llama4_estimate(shape)
+        estimate = llama4_estimate(shape, gpu_arch="sm90")
         assert (estimate.kv_pool_tokens, estimate.swa_pool_tokens) == (
             shape["max_total_num_tokens"],
             shape["swa_max_total_num_tokens"],

@@ -10,48 +10,28 @@ meta-llama/Llama-4-Maverick-17B-128E-Instruct.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from factories.model_configs import model_config
+from factories.sglang_pools import LLAMA4_RECORD, llama4_estimate
 from kvgate_engine.estimator import (
-    SWA_FULL_TOKENS_RATIO,
     ChunkedPoolTooSmall,
-    Estimate,
     estimate_pool,
     forced_page_size,
     layout_of,
 )
 from kvgate_engine.sglang_choices import SUPPORTED_RELEASES
 
-RECORD = json.loads(
-    (Path(__file__).resolve().parents[1] / "fixtures" / "sglang_pools" / "llama4.json").read_text()
-)
-SIZED = [shape for shape in RECORD["shapes"] if "refused" not in shape]
-REFUSED = [shape for shape in RECORD["shapes"] if "refused" in shape]
-
-
-def _estimate(shape: dict[str, Any], **kwargs: Any) -> Estimate:
-    ratio = shape["ratio"]
-    args = [] if ratio == SWA_FULL_TOKENS_RATIO else ["--swa-full-tokens-ratio", str(ratio)]
-    return estimate_pool(
-        model_config(shape["model"]),
-        gpu_memory_gib=shape["gpu"],
-        gpu_reserved_gib=shape["reserved"],
-        mem_fraction_static=shape["mfs"],
-        weights_gib=shape["weights"],
-        tp=shape["tp"],
-        kv_cache_dtype=shape["kv"],
-        page_size=shape["page"],
-        engine_args=args,
-        **kwargs,
-    )
+SIZED = [shape for shape in LLAMA4_RECORD["shapes"] if "refused" not in shape]
+REFUSED = [shape for shape in LLAMA4_RECORD["shapes"] if "refused" in shape]
 
 
 def test_the_record_was_computed_by_sglang_releases_that_agree() -> None:
-    assert RECORD["releases_run"] == list(SUPPORTED_RELEASES) and RECORD["releases_agree"]
+    assert (
+        LLAMA4_RECORD["releases_run"] == list(SUPPORTED_RELEASES)
+        and LLAMA4_RECORD["releases_agree"]
+    )
     assert len(SIZED) >= 6 and len(REFUSED) >= 2
 
 
@@ -59,7 +39,7 @@ def test_the_record_was_computed_by_sglang_releases_that_agree() -> None:
 def test_llama4_pools_are_the_ones_sglang_sizes(shape: dict[str, Any]) -> None:
     """Every fourth layer full, the other 36 chunked (SWA pool at swa_full_tokens_ratio);
     the window is attention_chunk_size; multimodal stays off, so no VLM cache is reserved."""
-    estimate = _estimate(shape, gpu_arch="sm90")
+    estimate = llama4_estimate(shape, gpu_arch="sm90")
     assert estimate.attention == "SWA"
     assert estimate.kv_pool_tokens == shape["max_total_num_tokens"]
     assert estimate.swa_pool_tokens == shape["swa_max_total_num_tokens"]
@@ -70,9 +50,9 @@ def test_llama4_pools_are_the_ones_sglang_sizes(shape: dict[str, Any]) -> None:
 def test_llama4_context_length_is_the_published_window() -> None:
     """max_position_embeddings, the llama3 rope factor not applied (Scout: 10M, Maverick: 1M)."""
     shape = SIZED[0]
-    assert _estimate(shape).context_length == 10_485_760
+    assert llama4_estimate(shape).context_length == 10_485_760
     maverick = next(s for s in SIZED if s["model"].startswith("llama-4-maverick"))
-    assert _estimate(maverick).context_length == 1_048_576
+    assert llama4_estimate(maverick).context_length == 1_048_576
 
 
 @pytest.mark.parametrize("shape", REFUSED, ids=[shape["name"] for shape in REFUSED])
@@ -82,7 +62,7 @@ def test_a_chunked_pool_at_or_below_one_chunk_plus_a_page_is_refused_with_the_nu
     """SGLang refuses to start (its ValueError is in the record); kvgate refuses to estimate,
     naming the SWA pool, the chunk, the page and the way out."""
     with pytest.raises(ChunkedPoolTooSmall) as refused:
-        _estimate(shape, gpu_arch="sm90")
+        llama4_estimate(shape, gpu_arch="sm90")
     swa_tokens = int(shape["refused"].split("(")[1].split(" ")[0])  # "SWA pool (7463 tokens)"
     error = refused.value
     assert (error.swa_pool_tokens, error.window, error.page) == (swa_tokens, 8192, shape["page"])
@@ -95,10 +75,10 @@ def test_on_blackwell_sglang_picks_trtllm_mha_whose_page_is_64_unless_16_32_64_o
     """arg_groups/model_overrides/llama4.py: trtllm_mha on SM100; arg_groups/overrides.py
     _mla_backend_page_constraints: page 1 becomes 64, page 32 stays. Unknown GPU: 64."""
     shape = SIZED[0]
-    assert _estimate(shape, gpu_arch="sm100").page_size == 64
-    assert _estimate({**shape, "page": 32}, gpu_arch="sm100").page_size == 32
-    assert _estimate(shape, gpu_arch="sm90").page_size == 1
-    assert _estimate(shape).page_size == 64
+    assert llama4_estimate(shape, gpu_arch="sm100").page_size == 64
+    assert llama4_estimate({**shape, "page": 32}, gpu_arch="sm100").page_size == 32
+    assert llama4_estimate(shape, gpu_arch="sm90").page_size == 1
+    assert llama4_estimate(shape).page_size == 64
     assert forced_page_size(model_config("llama-4-scout-17b-16e")) == 64
 
 
@@ -123,7 +103,7 @@ def test_enable_multimodal_reserves_the_vlm_cache_out_of_the_budget() -> None:
     """--enable-multimodal turns Llama 4's vision tower on; SGLang then reserves
     SGLANG_VLM_CACHE_SIZE_MB (100 MiB) before the pool (mm_runtime_reservation_gb)."""
     shape = SIZED[0]
-    plain = _estimate(shape, gpu_arch="sm90")
+    plain = llama4_estimate(shape, gpu_arch="sm90")
     config = model_config(shape["model"])
     multimodal = estimate_pool(
         config,
