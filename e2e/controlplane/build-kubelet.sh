@@ -37,21 +37,9 @@ fi
 
 export CGO_ENABLED=0
 GO_VERSION="$(go env GOVERSION)"
-ver="${K8S_GIT_VERSION#v}"
-major="${ver%%.*}"
-rest="${ver#*.}"
-minor="${rest%%.*}"
-build_date="$(cd / && go mod download -json "k8s.io/kubernetes@${K8S_GIT_VERSION}" \
-  | sed -n 's/.*"Info": "\(.*\)".*/\1/p' | xargs cat | sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')"
-build_date="${build_date:-1970-01-01T00:00:00Z}"
-git_commit="0000000000000000000000000000000000000000"
-X=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  X+=" -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
-  X+=" -X ${pkg}.gitVersion=${K8S_GIT_VERSION} -X ${pkg}.gitCommit=${git_commit}"
-  X+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${build_date}"
-done
-LDFLAGS="-s -w${X}"
+# shellcheck source=k8s-version.sh
+. "$HERE/k8s-version.sh"
+LDFLAGS="-s -w${K8S_VERSION_LDFLAGS}"
 BUILD_FLAGS="-p ${PAR} -trimpath"
 
 key="$(

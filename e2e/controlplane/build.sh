@@ -40,28 +40,13 @@ done
 export CGO_ENABLED=0
 GO_VERSION="$(go env GOVERSION)"
 
-ver="${K8S_GIT_VERSION#v}"
-major="${ver%%.*}"
-rest="${ver#*.}"
-minor="${rest%%.*}"
-# Release date of the k8s.io/kubernetes module version, from the module proxy's .info (stable).
-build_date="$(cd / && go mod download -json "k8s.io/kubernetes@${K8S_GIT_VERSION}" \
-  | sed -n 's/.*"Info": "\(.*\)".*/\1/p' | xargs cat | sed -n 's/.*"Time":"\([^"]*\)".*/\1/p')"
-build_date="${build_date:-1970-01-01T00:00:00Z}"
-# The module proxy does not carry the git commit; stamp an all-zero sha rather than a made-up one.
-git_commit="0000000000000000000000000000000000000000"
-
-X=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  X+=" -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
-  X+=" -X ${pkg}.gitVersion=${K8S_GIT_VERSION} -X ${pkg}.gitCommit=${git_commit}"
-  X+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${build_date}"
-done
-K8S_LDFLAGS="-s -w${X}"
+# shellcheck source=k8s-version.sh
+. "$HERE/k8s-version.sh"
+K8S_LDFLAGS="-s -w${K8S_VERSION_LDFLAGS}"
 # chartutil.k8sVersionMajor/Minor: the Kubernetes version helm assumes without a cluster
 # (`helm template`, `helm lint`); plain `go install` leaves helm's v1.20 default.
 HELM_LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-HELM_LDFLAGS+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${major} -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${minor}"
+HELM_LDFLAGS+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=${K8S_MAJOR} -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${K8S_MINOR}"
 BUILD_FLAGS="-p ${PAR} -trimpath"
 
 key="$(
