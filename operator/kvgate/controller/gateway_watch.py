@@ -23,6 +23,7 @@ import aiohttp
 from kvgate_engine.untrusted import BodyLimits, FetchError, MiB, Unauthorized, get_json
 
 from kvgate.api import labels
+from kvgate.api.timestamps import parse_rfc3339
 from kvgate.controller.runtime import Runtime
 from kvgate.kube import metrics
 from kvgate.objects import router_auth
@@ -131,12 +132,9 @@ def engine_pod_of(pod: Pod) -> EnginePod | None:
 def gate_false_since(pod: Pod) -> datetime | None:
     """When the engine-verified condition turned False, if it is False now."""
     cond = gate.current_condition(pod)
-    if cond is None or cond.get("status") != "False" or not cond.get("lastTransitionTime"):
+    if cond is None or cond.get("status") != "False":
         return None
-    try:
-        return datetime.fromisoformat(str(cond["lastTransitionTime"]).replace("Z", "+00:00"))
-    except ValueError:
-        return None
+    return parse_rfc3339(cond.get("lastTransitionTime"))
 
 
 def router_url(router_pod: Pod) -> str | None:

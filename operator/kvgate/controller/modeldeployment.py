@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -34,6 +34,7 @@ from kvgate.api.models import (
 )
 from kvgate.api.ownership import OwnershipConflict, conflict_for, is_controlled_by
 from kvgate.api.revision import revision_of
+from kvgate.api.timestamps import parse_rfc3339
 from kvgate.controller import content_check, engine_pods, step_check
 from kvgate.controller.deployments import RoleScaleNames
 from kvgate.controller.router_workers import audit_loop
@@ -78,15 +79,6 @@ LWS_RECHECK_SECONDS = 30.0  # see Reconciler._leader_worker_sets
 Body = dict[str, Any]
 
 
-def parse_time(raw: str | None) -> datetime | None:
-    if not raw:
-        return None
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def workload_state(body: Body) -> WorkloadState | None:
     meta = body.get("metadata", {})
     lab = meta.get("labels", {})
@@ -100,7 +92,7 @@ def workload_state(body: Body) -> WorkloadState | None:
         component=component,
         replicas=int(body.get("spec", {}).get("replicas", 0) or 0),
         ready_replicas=int(body.get("status", {}).get("readyReplicas", 0) or 0),
-        verify_started_at=parse_time(ann.get(labels.VERIFY_STARTED_AT)),
+        verify_started_at=parse_rfc3339(ann.get(labels.VERIFY_STARTED_AT)),
         refused_reason=ann.get(labels.REFUSED_REASON),
         refused_message=ann.get(labels.REFUSED_MESSAGE),
         creation_failure=(
@@ -145,9 +137,9 @@ def pod_state(rt: Runtime, body: Body) -> PodState | None:
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         kv_pool_tokens=engine.kv_pool_tokens if engine and verified else None,
-        draining_since=parse_time(gate.draining_since(body)),
+        draining_since=parse_rfc3339(gate.draining_since(body)),
         drained=labels.DRAINED in (meta.get("annotations") or {}),
-        created=parse_time(meta.get("creationTimestamp")),
+        created=parse_rfc3339(meta.get("creationTimestamp")),
     )
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from kvgate.api.timestamps import rfc3339
+from kvgate.api.timestamps import parse_rfc3339, rfc3339
 from kvgate.rollout import model_download, pod_creation
 from kvgate.rollout.planner import (
     Evidence,
@@ -336,7 +336,7 @@ def _step_status(step: RolloutStep) -> dict[str, Any] | None:
 def _step_record(raw: object) -> StepRecord | None:
     if not isinstance(raw, Mapping):
         return None
-    started = _parse_time(raw.get("startedAt"))
+    started = parse_rfc3339(raw.get("startedAt"))
     index = raw.get("index")
     if started is None or not isinstance(index, int) or index < 0:
         return None
@@ -370,15 +370,6 @@ def _step_record(raw: object) -> StepRecord | None:
     )
 
 
-def _parse_time(raw: object) -> datetime | None:
-    if not isinstance(raw, str) or not raw:
-        return None
-    try:
-        return datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
     """The rollout as a previous pass wrote it (``compute_status``); empty for no status."""
     status = status or {}
@@ -388,7 +379,7 @@ def rollout_record(status: Mapping[str, Any] | None) -> RolloutRecord:
     return RolloutRecord(
         target_revision=target,
         serving_revision=status.get("servingRevision") or None,
-        verify_started_at=_parse_time(rollout.get("verifyStartedAt")),
+        verify_started_at=parse_rfc3339(rollout.get("verifyStartedAt")),
         refusal=(
             Refusal(target, str(refusal["reason"]), str(refusal.get("message") or ""))
             if target and refusal.get("reason")

@@ -30,7 +30,7 @@ from kvgate_engine.verdict import (
 )
 
 from kvgate.api import labels
-from kvgate.api.timestamps import rfc3339
+from kvgate.api.timestamps import parse_rfc3339, rfc3339
 
 Pod = Mapping[str, Any]
 Condition = dict[str, str]
@@ -85,10 +85,7 @@ def unverified_since(pod: Pod) -> datetime | None:
     if cond is not None and cond.get("status") == "True":
         return None
     raw = (cond or {}).get("lastTransitionTime") or pod.get("metadata", {}).get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
-    except ValueError:
-        return None
+    return parse_rfc3339(raw)
 
 
 def verified_since_engine_start(pod: Pod) -> bool:
