@@ -90,42 +90,64 @@ def md_condition(world: World, name: str, namespace: str, kind: str) -> dict[str
 
 
 def md_story(world: World, md: str, namespace: str) -> str:
-    """What a timed-out wait on ``md`` shows: its status, its pods (phase, readiness, gate), the
-    namespace's latest Events and the leading operator's log."""
-    import json
-
-    status = (world.get_md(md, namespace) or {}).get("status")
-    lines = [f"ModelDeployment {namespace}/{md} status: {json.dumps(status, sort_keys=True)}"]
-    for pod in world.list("pods", namespace, f"kvgate.io/deployment={md}"):
-        conditions = {
-            c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []
-        }
-        why = {
-            c["type"]: f"{c.get('reason')}: {str(c.get('message'))[:160]}"
-            for c in (pod.get("status") or {}).get("conditions") or []
-            if c.get("status") != "True" and c["type"].startswith("kvgate")
-        }
-        marks = {
-            k: v
-            for k, v in (pod["metadata"].get("annotations") or {}).items()
-            if k.startswith(("kvgate.io/drain", "controller.kubernetes.io/pod-deletion"))
-        }
-        lines.append(
-            f"pod {pod['metadata']['name']}: {(pod.get('status') or {}).get('phase')} "
-            f"{conditions} deleting={bool(pod['metadata'].get('deletionTimestamp'))}"
-            f"{f' {why}' if why else ''}{f' {marks}' if marks else ''}"
+    """What a timed-out wait on ``md`` shows: the leading operator's log and tasks, the whole
+    status, then a short summary last (the revisions, conditions, content checks, pods with
+    phase, readiness and gate, Deployments and the latest Events): a CI log keeps a failure's
+    head and tail, so the lines that say what happened come at the end."""
+    status = (world.get_md(md, namespace) or {}).get("status") or {}
+    lines = ["operator log:\n" + world.operator_log(120)]
+    lines.append("operator tasks:\n" + world.operator_tasks())
+    lines.append(f"ModelDeployment {namespace}/{md} status: {json.dumps(status, sort_keys=True)}")
+    lines.append(f"--- {namespace}/{md} in short ---")
+    lines.append(
+        " ".join(
+            f"{key}={status.get(key)}"
+            for key in ("servingRevision", "targetRevision", "refusedRevision")
+            if key in status
         )
+    )
+    for c in status.get("conditions") or []:
+        lines.append(
+            f"condition {c.get('type')}={c.get('status')} "
+            f"{c.get('reason')}: {str(c.get('message'))[:300]}"
+        )
+    for check in status.get("contentChecks") or []:
+        lines.append(
+            f"content check {check.get('revision')} passed={check.get('passed')}: "
+            f"{str(check.get('message'))[:400]}"
+        )
+    for pod in world.list("pods", namespace, f"kvgate.io/deployment={md}"):
+        lines.append(_pod_line(pod))
     for deployment in world.list("deployments", namespace, f"kvgate.io/deployment={md}"):
-        status = deployment.get("status") or {}
+        replicas = deployment.get("status") or {}
         lines.append(
             f"deployment {deployment['metadata']['name']}: replicas "
-            f"{deployment['spec'].get('replicas')}, ready {status.get('readyReplicas', 0)}"
+            f"{deployment['spec'].get('replicas')}, ready {replicas.get('readyReplicas', 0)}"
         )
-    for event in events(world, namespace)[-15:]:
+    for event in events(world, namespace)[-10:]:
         lines.append(f"event {event.get('reason')}: {str(event.get('message'))[:300]}")
-    lines.append("operator log:\n" + world.operator_log(120))
-    lines.append("operator tasks:\n" + world.operator_tasks())
     return "\n".join(lines)
+
+
+def _pod_line(pod: dict[str, Any]) -> str:
+    """One pod for a story: phase, conditions, why one is not True (a gate, unschedulable),
+    drain marks."""
+    conditions = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
+    why = {
+        c["type"]: f"{c.get('reason')}: {str(c.get('message'))[:160]}"
+        for c in (pod.get("status") or {}).get("conditions") or []
+        if c.get("status") != "True" and (c.get("reason") or c.get("message"))
+    }
+    marks = {
+        k: v
+        for k, v in (pod["metadata"].get("annotations") or {}).items()
+        if k.startswith(("kvgate.io/drain", "controller.kubernetes.io/pod-deletion"))
+    }
+    return (
+        f"pod {pod['metadata']['name']}: {(pod.get('status') or {}).get('phase')} "
+        f"{conditions} deleting={bool(pod['metadata'].get('deletionTimestamp'))}"
+        f"{f' {why}' if why else ''}{f' {marks}' if marks else ''}"
+    )
 
 
 def wait_md_ready(
