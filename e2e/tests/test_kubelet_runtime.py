@@ -249,6 +249,41 @@ async def test_a_gate_set_while_a_status_patch_is_in_flight_still_makes_the_pod_
         await asyncio.wait_for(task, 20)
 
 
+async def test_ready_written_false_by_someone_else_is_put_back_while_nothing_changed_here(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    """Another writer sets Ready=False and leaves ContainersReady alone, as the node lifecycle
+    controller's MarkPodsNotReady does when a node's Lease is late (a loaded machine, an API
+    server restart). Nothing changed on this kubelet's side, so the status it computes equals
+    the one it last wrote; the real kubelet's status manager still writes it again
+    (syncBatch: needsReconcile, the API's status differs from its cache). Seen in e2e: gate
+    True, ContainersReady True, Ready False, the router never Ready, for the rest of the test."""
+    host = FakeHost(web_pod(0), tmp_path, session)
+    port = free_port(host.addresses.host)
+    host.fake_api.pod = web_pod(port)
+    worker = PodWorker(host, host.fake_api.pod)
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(
+            host, "ContainersReady", lambda p: cond(p, "ContainersReady").get("status") == "True"
+        )
+        host.fake_api.pod = with_gate(host.fake_api.pod, "True", "100")  # the operator's gate
+        worker.update(copy.deepcopy(host.fake_api.pod))
+        await until(host, "Ready", lambda p: cond(p, "Ready").get("status") == "True")
+        marked = copy.deepcopy(host.fake_api.pod)
+        marked["metadata"]["resourceVersion"] = "200"
+        for c in marked["status"]["conditions"]:
+            if c["type"] == "Ready":
+                c["status"] = "False"
+        host.fake_api.pod = copy.deepcopy(marked)
+        worker.update(marked)
+        await until(host, "Ready put back", lambda p: cond(p, "Ready").get("status") == "True")
+        assert cond(host.fake_api.pod, "ContainersReady")["status"] == "True"
+    finally:
+        worker.deleted(grace=2)
+        await asyncio.wait_for(task, 20)
+
+
 async def test_killed_container_restarts_with_last_state_and_deletion_is_finished(
     tmp_path: Path, session: aiohttp.ClientSession
 ) -> None:

@@ -63,6 +63,7 @@ from kvgate_e2e.kubelet.processes import (
     start_process,
     stop_process,
 )
+from kvgate_e2e.kubelet.readiness import kubelet_conditions_differ
 from kvgate_e2e.kubelet.status import (
     RUNNING,
     TERMINATED,
@@ -729,7 +730,16 @@ class PodWorker:
             return
         patch = self.status_patch()
         text = json.dumps(patch, sort_keys=True)
-        if text == self._last_patch and not force:
+        # Skipped only when this kubelet wrote the same status last AND the pod as last seen
+        # still holds it: another writer (the node lifecycle controller's MarkPodsNotReady sets
+        # Ready=False when a node's Lease is late) is put right, as the real status manager's
+        # syncBatch does (needsReconcile: the API's status differs from its cache).
+        seen = (self.pod.get("status") or {}).get("conditions") or []
+        if (
+            text == self._last_patch
+            and not force
+            and not kubelet_conditions_differ(seen, patch["status"]["conditions"])
+        ):
             return
         # Ready is computed from the readiness-gate conditions of the pod as last seen. If the
         # operator flipped a gate since, a patch from that stale view would publish Ready=True
