@@ -256,8 +256,9 @@ async def test_ready_written_false_by_someone_else_is_put_back_while_nothing_cha
     controller's MarkPodsNotReady does when a node's Lease is late (a loaded machine, an API
     server restart). Nothing changed on this kubelet's side, so the status it computes equals
     the one it last wrote; the real kubelet's status manager still writes it again
-    (syncBatch: needsReconcile, the API's status differs from its cache). Seen in e2e: gate
-    True, ContainersReady True, Ready False, the router never Ready, for the rest of the test."""
+    (syncBatch: needsReconcile, the API's status differs from its cache). The same picture was
+    seen once in an e2e run (gate True, ContainersReady True, Ready False, the router never
+    Ready); that this was its cause is not proven."""
     host = FakeHost(web_pod(0), tmp_path, session)
     port = free_port(host.addresses.host)
     host.fake_api.pod = web_pod(port)
