@@ -1,10 +1,13 @@
 """Benchmark the reference engine: start-up time and generation tokens/s (medians over runs).
 
     .venv/bin/python tests/benchmarks/bench_reference_engine.py [--runs 3] [--model llama-3.1-8b]
+        [--startup-only]
 
-Start-up = process start → first ``/health`` 200. Generation = completion tokens / wall time of
-one non-streamed ``/generate`` (unified engine), and of a prefill→decode handoff (two engines,
-the client sending the same body to both, as the PD router does). Everything runs on loopback.
+Start-up = process start → first ``/health`` 200, in wall seconds and in the CPU seconds (user +
+system, from ``/proc/<pid>/stat``) the engine process had spent by then. Generation = completion
+tokens / wall time of one non-streamed ``/generate`` (unified engine), and of a prefill→decode
+handoff (two engines, the client sending the same body to both, as the PD router does).
+Everything runs on loopback.
 """
 
 from __future__ import annotations
@@ -32,13 +35,26 @@ class Engine:
     bootstrap_port: int | None
 
 
+@dataclass(frozen=True)
+class Startup:
+    wall_seconds: float
+    cpu_seconds: float  # user + system of the engine process until its first /health 200
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used (Linux /proc/<pid>/stat, fields 14-15)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
 
 
-async def start(model: str, role: str, gpu_gib: str) -> tuple[Engine, float]:
+async def start(model: str, role: str, gpu_gib: str) -> tuple[Engine, Startup]:
     port = free_port()
     argv = ["--model-path", model, "--host", HOST, "--port", str(port)]
     argv += ["--skip-tokenizer-init", "--disaggregation-mode", role]
@@ -62,7 +78,8 @@ async def start(model: str, role: str, gpu_gib: str) -> tuple[Engine, float]:
             try:
                 async with session.get(f"{engine.url}/health") as response:
                     if response.status == 200:
-                        return engine, time.monotonic() - began
+                        wall = time.monotonic() - began
+                        return engine, Startup(wall, cpu_seconds(process.pid))
             except (aiohttp.ClientError, TimeoutError):
                 pass
             await asyncio.sleep(0.02)
@@ -94,14 +111,19 @@ async def timed_generate(urls: list[str], body: dict[str, object]) -> tuple[floa
     return elapsed, len(answer["output_ids"])
 
 
-async def run(runs: int, model: str, gpu_gib: str, prompt_len: int, new_tokens: int) -> None:
-    startups: list[float] = []
+async def run(
+    runs: int, model: str, gpu_gib: str, prompt_len: int, new_tokens: int, startup_only: bool
+) -> None:
+    startups: list[Startup] = []
     unified_tps: list[float] = []
     pd_tps: list[float] = []
     prompt = [(i * 7) % 1000 + 1 for i in range(prompt_len)]
     for run_index in range(runs):
         engine, startup = await start(model, "null", gpu_gib)
         startups.append(startup)
+        if startup_only:
+            stop(engine)
+            continue
         try:
             body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": new_tokens}}
             await timed_generate([engine.url], body)  # warm-up: first-call allocations
@@ -128,7 +150,15 @@ async def run(runs: int, model: str, gpu_gib: str, prompt_len: int, new_tokens: 
             stop(prefill)
             stop(decode)
     print(f"model {model}, KVGATE_GPU_MEMORY_GIB={gpu_gib}, {runs} runs, prompt {prompt_len:,}")
-    print(f"start-up (process start → /health 200): median {statistics.median(startups):.2f} s")
+    walls = [s.wall_seconds for s in startups]
+    cpus = [s.cpu_seconds for s in startups]
+    print(
+        f"start-up (process start → /health 200): median {statistics.median(walls):.2f} s wall, "
+        f"{statistics.median(cpus):.2f} CPU s (user + system); runs: "
+        + ", ".join(f"{s.wall_seconds:.2f} s / {s.cpu_seconds:.2f} CPU s" for s in startups)
+    )
+    if startup_only:
+        return
     print(
         f"unified generation, {new_tokens} tokens: median {statistics.median(unified_tps):,.0f} t/s"
     )
@@ -144,8 +174,18 @@ def main() -> None:
     parser.add_argument("--gpu-memory-gib", default="80")
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--startup-only", action="store_true", help="measure start-up only")
     args = parser.parse_args()
-    asyncio.run(run(args.runs, args.model, args.gpu_memory_gib, args.prompt_len, args.new_tokens))
+    asyncio.run(
+        run(
+            args.runs,
+            args.model,
+            args.gpu_memory_gib,
+            args.prompt_len,
+            args.new_tokens,
+            args.startup_only,
+        )
+    )
 
 
 if __name__ == "__main__":

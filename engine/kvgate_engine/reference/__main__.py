@@ -10,6 +10,6 @@ code = main()
 logging.shutdown()
 sys.stdout.flush()
 sys.stderr.flush()
-# Everything is closed by now; skip the interpreter's slow torch teardown so a SIGTERM'd pod
-# (and every test) exits at once.
+# Everything is closed by now; skip the interpreter's teardown so a SIGTERM'd pod (and every
+# test) exits at once.
 os._exit(code)

@@ -81,7 +81,7 @@ def build_parser(version: str = DEFAULT_VERSION) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m kvgate_engine.reference",
         description=(
-            "kvgate CPU reference engine: a small torch engine with a paged KV pool that "
+            "kvgate CPU reference engine: a small numpy engine with a paged KV pool that "
             "speaks the SGLang HTTP API and sglang.launch_server flags. Simulated GPU memory "
             "per GPU comes from KVGATE_GPU_MEMORY_GIB (default 80)."
         ),

@@ -33,7 +33,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
+from numpy.typing import NDArray
 
 from kvgate_engine.reference.admission import (
     PLACEHOLDER_INPUT,
@@ -194,7 +195,7 @@ class ReferenceEngine:
         self._page_waiters: list[asyncio.Future[None]] = []
         self.canary = KvCanary() if settings.kv_canary else None
         # stale_kv_after_abort: the aborted request's slots and prompt, whose KV lands next
-        self._stale_landing: tuple[torch.Tensor, list[int], str] | None = None
+        self._stale_landing: tuple[NDArray[np.int64], list[int], str] | None = None
         self._fail_transfers = False  # faults.FAIL_TRANSFERS_PATH (KVGATE_REFERENCE_FAULTS=1)
 
     def fail_every_transfer(self) -> None:
@@ -450,7 +451,7 @@ class ReferenceEngine:
         )
 
     async def _receive_into(
-        self, host: str, request: GenerateRequest, room: int, prompt_slots: torch.Tensor
+        self, host: str, request: GenerateRequest, room: int, prompt_slots: NDArray[np.int64]
     ) -> None:
         reserved = int(prompt_slots.shape[0])
         port = request.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
@@ -492,7 +493,7 @@ class ReferenceEngine:
         received = min(payload.num_tokens, reserved)
         self.pool.write(prompt_slots[:received], payload.k[:received], payload.v[:received])
 
-    def _canary_verify(self, slots: torch.Tensor) -> None:
+    def _canary_verify(self, slots: NDArray[np.int64]) -> None:
         """The KV canary on a decode's first step: slot i must hold position i (the key's
         first component, model.py). ``corrupt_next`` first overwrites slot 0 (tests)."""
         canary = self.canary

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
-import torch
+import numpy as np
+from numpy.typing import DTypeLike, NDArray
 
 
 class PoolExhausted(Exception):
@@ -27,14 +29,14 @@ class PagedKVPool:
         page_size: int,
         k_dim: int,
         v_dim: int,
-        dtype: torch.dtype = torch.float64,
+        dtype: DTypeLike = np.float64,
     ) -> None:
         if num_pages < 1 or page_size < 1:
             raise ValueError(f"pool needs >= 1 page of >= 1 slot, got {num_pages} × {page_size}")
         self.num_pages = num_pages
         self.page_size = page_size
-        self._k = torch.zeros((0, k_dim), dtype=dtype)
-        self._v = torch.zeros((0, v_dim), dtype=dtype)
+        self._k: NDArray[Any] = np.zeros((0, k_dim), dtype=dtype)
+        self._v: NDArray[Any] = np.zeros((0, v_dim), dtype=dtype)
         self._freed: list[int] = []  # min-heap of pages that were used and released
         self._next_fresh = 0  # pages >= this were never handed out
         self._free_count = num_pages
@@ -79,19 +81,35 @@ class PagedKVPool:
             heapq.heappush(self._freed, page)
         self._free_count += len(pages)
 
-    def slots(self, pages: list[int], num_tokens: int) -> torch.Tensor:
+    def slots(self, pages: list[int], num_tokens: int) -> NDArray[np.int64]:
         """Slot indices of the first ``num_tokens`` token positions laid out on ``pages``."""
-        page_index = torch.tensor(pages, dtype=torch.long)
-        offsets = torch.arange(self.page_size, dtype=torch.long)
+        page_index = np.array(pages, dtype=np.int64)
+        offsets = np.arange(self.page_size, dtype=np.int64)
         all_slots = (page_index[:, None] * self.page_size + offsets[None, :]).reshape(-1)
         return all_slots[:num_tokens]
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self._k.index_copy_(0, slots, k.to(self._k.dtype))
-        self._v.index_copy_(0, slots, v.to(self._v.dtype))
+    def write(self, slots: NDArray[np.int64], k: NDArray[Any], v: NDArray[Any]) -> None:
+        self._check(slots)
+        if k.shape[0] != slots.shape[0] or v.shape[0] != slots.shape[0]:  # no broadcasting
+            raise ValueError(
+                f"{slots.shape[0]:,} slots for {k.shape[0]:,} keys, {v.shape[0]:,} values"
+            )
+        self._k[slots] = k.astype(self._k.dtype, copy=False)
+        self._v[slots] = v.astype(self._v.dtype, copy=False)
 
-    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._k.index_select(0, slots), self._v.index_select(0, slots)
+    def read(self, slots: NDArray[np.int64]) -> tuple[NDArray[Any], NDArray[Any]]:
+        """Copies of the slots' keys and values (later writes to the pool do not change them)."""
+        self._check(slots)
+        return self._k[slots], self._v[slots]
+
+    def _check(self, slots: NDArray[np.int64]) -> None:
+        # torch's index_copy_/index_select refused negative and out-of-range indices; numpy
+        # would wrap a negative index to the end of the pool.
+        if slots.size and (int(slots.min()) < 0 or int(slots.max()) >= self.materialized_slots):
+            raise IndexError(
+                f"slots {int(slots.min()):,}..{int(slots.max()):,} are outside the "
+                f"{self.materialized_slots:,} materialised slots of the KV pool"
+            )
 
     def _materialize(self, slots_needed: int) -> None:
         have = self.materialized_slots
@@ -99,8 +117,8 @@ class PagedKVPool:
             return
         # Geometric growth keeps reallocation rare; the old contents (stale data included) move.
         target = min(max(slots_needed, 2 * have, 4096), self.capacity_tokens)
-        k = torch.zeros((target, self._k.shape[1]), dtype=self._k.dtype)
-        v = torch.zeros((target, self._v.shape[1]), dtype=self._v.dtype)
+        k = np.zeros((target, self._k.shape[1]), dtype=self._k.dtype)
+        v = np.zeros((target, self._v.shape[1]), dtype=self._v.dtype)
         k[:have] = self._k
         v[:have] = self._v
         self._k, self._v = k, v

@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
             _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),
         )
-        # kvgate_engine.reference.engine.DECODE_STEP_SECONDS (not imported: it imports torch)
+        # kvgate_engine.reference.engine.DECODE_STEP_SECONDS (not imported: it imports numpy)
         step_seconds = _env_float(env, "KVGATE_REFERENCE_DECODE_STEP_SECONDS", None) or 0.0
     except (StartupError, HostileModeError) as error:
         log.error("%s", error)
@@ -117,10 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for warning in limits.warnings:
         log.warning("%s", warning)
-    # torch is heavy to import: only after the flags and limits are known to be good.
-    import torch
-
-    torch.set_num_threads(1)
+    # One BLAS/OpenMP thread per engine process (many share a node's cores): numpy's BLAS
+    # reads these when it is first imported, which is below (engine, model, kv_pool).
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = "1"
     from kvgate_engine.reference.admission import emulates_incident
     from kvgate_engine.reference.engine import STALE_KV_AFTER_ABORT, EngineSettings
 

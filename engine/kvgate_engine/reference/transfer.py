@@ -25,7 +25,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
+from numpy.typing import NDArray
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's marker for warm-up/health requests: no real transfer
 log = logging.getLogger("kvgate_engine.reference.transfer")
@@ -34,14 +35,15 @@ log = logging.getLogger("kvgate_engine.reference.transfer")
 @dataclass(frozen=True)
 class KVPayload:
     num_tokens: int
-    k: torch.Tensor
-    v: torch.Tensor
+    k: NDArray[np.float64]
+    v: NDArray[np.float64]
     checksum: int | None
 
     @staticmethod
-    def build(k: torch.Tensor, v: torch.Tensor, *, with_checksum: bool) -> KVPayload:
+    def build(k: NDArray[np.float64], v: NDArray[np.float64], *, with_checksum: bool) -> KVPayload:
+        k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
         checksum = adler32(k, v) if with_checksum else None
-        return KVPayload(int(k.shape[0]), k.contiguous(), v.contiguous(), checksum)
+        return KVPayload(int(k.shape[0]), k, v, checksum)
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,10 @@ class TransferError(Exception):
         self.status = status
 
 
-def adler32(k: torch.Tensor, v: torch.Tensor) -> int:
+def adler32(k: NDArray[np.float64], v: NDArray[np.float64]) -> int:
     """Adler-32 over the transferred keys then values (SGLang checksums each request's pages)."""
-    value = zlib.adler32(k.contiguous().numpy().tobytes())
-    return zlib.adler32(v.contiguous().numpy().tobytes(), value)
+    value = zlib.adler32(np.ascontiguousarray(k).tobytes())
+    return zlib.adler32(np.ascontiguousarray(v).tobytes(), value)
 
 
 @dataclass
@@ -184,8 +186,8 @@ class BootstrapServer:
                 writer.write(json.dumps(header).encode() + b"\n")
                 await writer.drain()
                 return
-            k_bytes = result.k.numpy().tobytes()
-            v_bytes = result.v.numpy().tobytes()
+            k_bytes = result.k.tobytes()
+            v_bytes = result.v.tobytes()
             header = {
                 "status": "ok",
                 "room": room,
@@ -260,9 +262,10 @@ async def receive_kv(
     return KVPayload(num_tokens, k, v, int(checksum) if checksum is not None else None)
 
 
-def _tensor(raw: bytes, rows: int, cols: int) -> torch.Tensor:
+def _tensor(raw: bytes, rows: int, cols: int) -> NDArray[np.float64]:
     if rows * cols * 8 != len(raw):
         raise TransferError(f"KV payload of {len(raw):,} bytes does not hold {rows:,} × {cols}")
     if not raw:
-        return torch.zeros((rows, cols), dtype=torch.float64)
-    return torch.frombuffer(bytearray(raw), dtype=torch.float64).reshape(rows, cols)
+        return np.zeros((rows, cols), dtype=np.float64)
+    # Native byte order, as the sender's tobytes() wrote it (torch's frombuffer did the same).
+    return np.frombuffer(bytearray(raw), dtype=np.float64).reshape(rows, cols)
