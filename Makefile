@@ -12,9 +12,10 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(RUNTIME_LOCK) | sha256s
 
 KVGATE_CACHE ?= $(HOME)/.cache/kvgate
 # The venv is filled by uv (PyPI, pinned; installed once with pip into a tool venv in the cache):
-# torch from PyPI brings ~5 GB of CUDA wheels, which pip unpacked in 3 min 43 s into every fresh
-# clone; uv links them from its cache (~/.cache/uv) in 4 s (42 s with an empty cache, downloads
-# included). UV_NATIVE_TLS: uv trusts the system's CA store, as pip does here.
+# torch (extra sglang-torch: the released SGLang of the conformance and real-engine tiers imports it
+# from this venv; kvgate does not) brings ~5 GB of CUDA wheels, which pip unpacked in 3 min 43 s
+# into every fresh clone; uv links them from its cache (~/.cache/uv) in 4 s (42 s with an empty
+# cache, downloads included). UV_NATIVE_TLS: uv trusts the system's CA store, as pip does here.
 UV_VERSION := 0.13.9
 UV := $(KVGATE_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
 export UV_NATIVE_TLS := 1
@@ -28,7 +29,7 @@ $(UV):
 
 $(STAMP): pyproject.toml $(RUNTIME_LOCK) $(UV)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[operator,test,reference,plot]'
+	$(UV) pip install --quiet --python $(BIN)/python -c $(RUNTIME_LOCK) -e '.[operator,test,reference,plot,sglang-torch]'
 	@# The e2e harness is no part of the package: the venv finds it through a .pth file naming a
 	@# directory that holds only a link to e2e/kvgate_e2e.
 	@set -e; site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
@@ -48,7 +49,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --cache-dir $(KVGATE_CACHE)/mypy -p kvgate -p kvgate_engine -p kvgate_e2e
 
 # Two workers (pytest-xdist): 1 min 45 s against 2 min 11 s in one process on the 2-core machine;
-# fixed at 2, not auto, so a many-core machine does not start dozens of torch-loading workers.
+# fixed at 2, not auto, so a many-core machine does not start dozens of engine-starting workers.
 unit: $(STAMP)
 	$(BIN)/pytest -q -n 2 -m "not conformance and not image" tests
 

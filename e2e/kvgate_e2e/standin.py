@@ -1,6 +1,6 @@
 """Lightweight stand-in pods for the scale benchmark: one process plays a whole node of pods.
 
-The loopback kubelet runs every container as a real process (a torch reference engine, smg,
+The loopback kubelet runs every container as a real process (a numpy reference engine, smg,
 kvgate guard): right for the scenarios, far too heavy for thousands of pods on a 2-core
 machine. This stand-in kubelet registers one Node (pool ``bench`` by default, capacity for
 100,000 pods and GPUs), and for every pod bound to it:

@@ -548,7 +548,7 @@ def install_kvgate(rootfs: Path, uv: Path, house: Path, wheel: Path, epoch: int)
             capture_output=True,
         )
         if torch.returncode == 0:
-            raise BuildError("torch is importable in the image; only the reference engine needs it")
+            raise BuildError("torch is importable in the image; nothing in kvgate needs it")
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-STARTUP_DEADLINE = 300.0  # at nice 15 beside the e2e tier, importing torch can take minutes
+STARTUP_DEADLINE = 300.0  # at nice 15 beside the e2e tier, a start can take minutes
 STOP_DEADLINE = 15.0
 # Small timeouts so a broken handoff fails a test in seconds, not SGLang's 300 s.
 TEST_ENV = {

@@ -2,7 +2,7 @@
 the tenant's attacker would, only on the routes kvgate's probe reads, and kvgate's probe refuses
 every one of them without echoing a byte of it.
 
-The mode table runs the hostile handlers in a small aiohttp app (no torch); one test runs the
+The mode table runs the hostile handlers in a small aiohttp app (no engine); one test runs the
 real engine to show the switch, the role override and that ``/health`` stays 200.
 """
 
@@ -115,7 +115,7 @@ def test_the_bomb_is_under_the_byte_cap_and_far_over_the_value_cap() -> None:
     assert count_values(bomb) > 4 * limits.max_values
 
 
-# -- each mode against kvgate's probe (no torch) -------------------------------------------------
+# -- each mode against kvgate's probe (no engine) ------------------------------------------------
 
 
 async def honest_info(request: web.Request) -> web.StreamResponse:

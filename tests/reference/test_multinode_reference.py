@@ -57,7 +57,7 @@ async def test_leader_serves_only_once_every_rank_joined_and_ends_when_one_leave
     host = loopback_host()
     dist_port = free_port(host)
     leader = engines.spawn(*_group_flags(host, dist_port, 0), host=host, role="decode")
-    # Long enough for the leader to load torch and listen: it still does not serve.
+    # Long enough for the leader to start and listen: it still does not serve.
     end = time.monotonic() + 8
     while time.monotonic() < end:
         assert leader.process.poll() is None, leader.log()
