@@ -252,7 +252,11 @@ def test_engine_image_runs_the_reference_engine_with_the_same_flags_on_the_pod_i
         "--port",
         "30000",
     )
-    assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "24", "KVGATE_ENGINE_VERSION": "0.5.23"}
+    assert launch.env == {
+        "KVGATE_GPU_MEMORY_GIB": "24",
+        "KVGATE_ENGINE_VERSION": "0.5.23",
+        "KVGATE_REFERENCE_LOAD_SECONDS": "4.0",  # loads its weights before it listens
+    }
 
 
 def test_engine_without_host_flag_gets_the_pod_ip_and_latest_tag_sets_no_version() -> None:
@@ -266,7 +270,7 @@ def test_engine_without_host_flag_gets_the_pod_ip_and_latest_tag_sets_no_version
         gpu_memory_gib=40.5,
     )
     assert launch.argv[3:] == ("--model-path", "m", "--host=198.18.1.8")
-    assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "40.5"}
+    assert launch.env == {"KVGATE_GPU_MEMORY_GIB": "40.5", "KVGATE_REFERENCE_LOAD_SECONDS": "4.0"}
 
 
 def test_a_node_annotation_appends_flags_to_every_engine_it_starts_and_to_nothing_else() -> None:
@@ -715,3 +719,17 @@ def test_the_checkout_kept_visible_in_pods_is_the_repository_root() -> None:
     visible only if PROJECT_ROOT is the checkout itself, operator/ and engine/ included."""
     assert (PROJECT_ROOT / "pyproject.toml").is_file()
     assert (PROJECT_ROOT / "operator" / "kvgate").is_dir()
+
+
+def test_an_engine_pod_that_sets_its_load_time_keeps_it() -> None:
+    launch = launch_for(
+        "lmsysorg/sglang:v0.5.23",
+        ["python3", "-m", "sglang.launch_server"],
+        ["--model-path", "/m"],
+        pod_ip="198.18.1.9",
+        python="/venv/bin/python",
+        venv_bin="/venv/bin",
+        gpu_memory_gib=80,
+        env={"KVGATE_REFERENCE_LOAD_SECONDS": "0"},
+    )
+    assert "KVGATE_REFERENCE_LOAD_SECONDS" not in launch.env  # the pod's own 0 stands

@@ -391,6 +391,7 @@ class PodWorker:
             python=settings.python,
             venv_bin=settings.venv_bin,
             gpu_memory_gib=await self.host.gpu_memory_gib(self.node),
+            env=env,
             node_annotations=node_annotations,
         )
         env |= dict(launch.env)

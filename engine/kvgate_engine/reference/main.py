@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from kvgate_engine.reference.ranks import RankServer
 
 SHUTDOWN_GRACE_SECONDS = 10.0
+# Seconds the engine waits before it listens, as a real engine loading its weights (default 0).
+LOAD_SECONDS = "KVGATE_REFERENCE_LOAD_SECONDS"
 log = logging.getLogger("kvgate_engine.reference")
 
 
@@ -111,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         # kvgate_engine.reference.engine.DECODE_STEP_SECONDS (not imported: it imports numpy)
         step_seconds = _env_float(env, "KVGATE_REFERENCE_DECODE_STEP_SECONDS", None) or 0.0
+        load_seconds = _env_float(env, LOAD_SECONDS, None) or 0.0
     except (StartupError, HostileModeError) as error:
         log.error("%s", error)
         print(f"error: {error}", file=sys.stderr)
@@ -162,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             hostile.variable,
             hostile.describe(),
         )
+    if load_seconds > 0:
+        # A real engine loads its weights before it listens (SGLang: tens of seconds and more);
+        # until then its port refuses connections, as here.
+        log.info(
+            "%s=%g: loading the weights (simulated) before listening", LOAD_SECONDS, load_seconds
+        )
+        time.sleep(load_seconds)
     try:
         return asyncio.run(serve(launch, model, limits, settings, started, hostile))
     except OSError as error:
