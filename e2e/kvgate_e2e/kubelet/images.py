@@ -54,7 +54,7 @@ SGLANG_ENTRY = ("-m", "sglang.launch_server")
 # engine of this world waits this long before it listens (kvgate_engine.reference.main
 # LOAD_SECONDS) unless its pod sets the variable. Faster than any real engine, a restart beats
 # smg's removal of the NotReady worker (1.2 s measured), a window no real engine opens (the note
-# in docs/threat-model.md, "An engine that restarts faster than the gateway notices").
+# in docs/threat-model.md, "An engine that restarts slower than the gateway notices").
 LOAD_SECONDS_VAR = "KVGATE_REFERENCE_LOAD_SECONDS"
 ENGINE_LOAD_SECONDS = 4.0
 

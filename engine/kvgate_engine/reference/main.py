@@ -9,6 +9,8 @@ Environment:
   rejection path that leaked stale KV across requests;
 - ``KVGATE_ADMIT_OVER_LENGTH=1`` no length admission (tokenizer and scheduler checks off) with an
   honest pool: over-length prompts are answered (what the content check must catch);
+- ``KVGATE_REFERENCE_LOAD_SECONDS`` seconds to wait before listening, as a real engine loading its
+  weights does (default 0);
 - ``KVGATE_REFERENCE_STALE_KV_AFTER_ABORT=1`` a decode engine whose aborted requests' KV
   transfers are never cancelled: each lands in the aborted request's freed pages after the next
   request's own KV (what the content check's abort step must catch; ``engine.py``);
