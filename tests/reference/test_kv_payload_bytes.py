@@ -11,8 +11,10 @@ built into a payload and served by the bootstrap server to a plain socket client
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 from conftest import free_port, loopback_host
@@ -90,14 +92,23 @@ PINNED = {
 CASES = {"short": _short, "stale": _stale, "grown": _grown}
 
 
-async def _serve_and_read(payload: KVPayload, room: int) -> tuple[dict[str, object], bytes]:
-    """Offer ``payload`` on a bootstrap server; read the wire answer as a decode engine would."""
+@contextlib.asynccontextmanager
+async def _bootstrap() -> AsyncIterator[tuple[Rendezvous, str, int]]:
+    """A prefill's bootstrap server on a loopback port: its rendezvous, host and port."""
     host = loopback_host()
     port = free_port(host)
     rendezvous = Rendezvous()
     server = BootstrapServer(rendezvous, wait_timeout=10)
     await server.start(host, port)
     try:
+        yield rendezvous, host, port
+    finally:
+        await server.close()
+
+
+async def _serve_and_read(payload: KVPayload, room: int) -> tuple[dict[str, object], bytes]:
+    """Offer ``payload`` on a bootstrap server; read the wire answer as a decode engine would."""
+    async with _bootstrap() as (rendezvous, host, port):
         delivered = rendezvous.offer(room, payload)
         reader, writer = await asyncio.open_connection(host, port)
         try:
@@ -113,8 +124,6 @@ async def _serve_and_read(payload: KVPayload, room: int) -> tuple[dict[str, obje
             writer.close()
             await writer.wait_closed()
         return header, body
-    finally:
-        await server.close()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -138,16 +147,9 @@ async def test_kv_payload_wire_bytes_and_checksum_are_the_pinned_ones(case: str)
 
 async def test_a_received_payload_is_what_the_prefill_offered_and_passes_its_checksum() -> None:
     offered = _stale()
-    host = loopback_host()
-    port = free_port(host)
-    rendezvous = Rendezvous()
-    server = BootstrapServer(rendezvous, wait_timeout=10)
-    await server.start(host, port)
-    try:
+    async with _bootstrap() as (rendezvous, host, port):
         rendezvous.offer(11, offered)
         received = await receive_kv(host, port, 11, offered.num_tokens, timeout=10)
-    finally:
-        await server.close()
     assert received.num_tokens == offered.num_tokens == 300
     # The later request's 130 tokens, then the earlier request's stale ones, verbatim.
     earlier = [(i * 7919) % VOCAB for i in range(300)]
