@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvgate_engine.launcher import image_version
+from kvgate_engine.reference.main import LOAD_SECONDS
 
 from kvgate_e2e.kubelet.node import pool_cap
 from kvgate_e2e.real_engine import (
@@ -49,13 +50,11 @@ from kvgate_e2e.real_engine import (
 ENGINE_MODULE = "kvgate_engine.reference"
 ENGINE_ARGS_ANNOTATION = "e2e.kvgate.io/engine-args"
 SGLANG_ENTRY = ("-m", "sglang.launch_server")
-# The reference engine starts in ~1 s of CPU (numpy); a real engine loads its weights first
-# (SGLang's tiny CPU model here: 43 s; a GPU model: minutes), and the torch build took 4-11 s. An
-# engine of this world waits this long before it listens (kvgate_engine.reference.main
-# LOAD_SECONDS) unless its pod sets the variable. Faster than any real engine, a restart beats
-# smg's removal of the NotReady worker (1.2 s measured), a window no real engine opens (the note
-# in docs/threat-model.md, "An engine that restarts slower than the gateway notices").
-LOAD_SECONDS_VAR = "KVGATE_REFERENCE_LOAD_SECONDS"
+# Seconds an engine of this world waits before it listens (LOAD_SECONDS) unless its pod sets the
+# variable, as a real engine loading its weights does (SGLang's tiny CPU model here: 43 s). The
+# reference engine alone is up in ~1 s, faster than smg drops a NotReady worker (1.2 s measured):
+# a restart would reach traffic in a window no real engine opens (docs/threat-model.md, "An engine
+# that restarts slower than the gateway notices").
 ENGINE_LOAD_SECONDS = 4.0
 
 
@@ -215,8 +214,8 @@ def launch_for(
         version = image_version(image)
         if version is not None:
             extra["KVGATE_ENGINE_VERSION"] = version
-        if LOAD_SECONDS_VAR not in (env or {}):
-            extra[LOAD_SECONDS_VAR] = str(ENGINE_LOAD_SECONDS)
+        if LOAD_SECONDS not in (env or {}):
+            extra[LOAD_SECONDS] = str(ENGINE_LOAD_SECONDS)
         return Launch(kind, (python, "-m", ENGINE_MODULE, *flags), extra)
     if kind == "smg":
         rest = rewrite_host(_strip_program(full, "smg"), pod_ip)
