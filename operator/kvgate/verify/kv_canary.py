@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+
+from kvgate.api.timestamps import parse_rfc3339, rfc3339
 
 REASON = "KvCanaryViolation"
 MAX_LINE_BYTES = 16 * 1024  # longer lines are cut (a canary line is < 400 bytes)
@@ -215,13 +216,8 @@ def resume_from(last_stamp: str | None) -> str | None:
     """The ``sinceTime`` to reconnect with: the last line's timestamp (the API's sinceTime is
     inclusive to the second, so lines of that second are read again; parse_line is idempotent
     and the first violation trips the gate once)."""
-    if last_stamp is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(last_stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    moment = parse_rfc3339(last_stamp)
+    return None if moment is None else rfc3339(moment)
 
 
 def message(violation: CanaryViolation) -> str:
