@@ -29,6 +29,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate_engine.deepseek_v4 import (
+    DEEPSEEK_V4_ARCHITECTURE,
+    DSV4_KV_CACHE_DTYPES,
+    DSV4_PAGE,
+    DeepseekV4Pools,
+    DeepseekV4Request,
+    DeepseekV4Unsized,
+    checks_swa_floor,
+    deepseek_v4_model,
+    deepseek_v4_pools,
+    deepseek_v4_unsized,
+    is_deepseek_v4,
+)
 from kvgate_engine.flag_reader import last_uses
 from kvgate_engine.sglang_choices import (
     KV_CACHE_DTYPE,
@@ -108,7 +121,7 @@ class Estimate:
     context_length: int
     usable_gib: float
     weights_gib: float
-    attention: str  # layout_of(): "MHA" | "MLA" | "DSA" | "SWA" | "LINEAR"
+    attention: str  # layout_of(): "MHA" | "MLA" | "DSA" | "SWA" | "LINEAR"; or "DSV4"
     page_size: int = 1  # the page the pool was rounded to (SGLang may force one)
     kv_cache_dtype: str = ""  # as SGLang resolves it ("auto" made concrete)
     gpu_reserved_gib: float = 0.0
@@ -116,6 +129,7 @@ class Estimate:
     mamba_state_gib: float = 0.0  # linear-attention state taken before the KV pool
     draft_layers: int = 0  # speculative-decoding draft layers sharing the pool
     notes: tuple[str, ...] = ()  # what the number rests on that kvgate does not know to hold
+    dsv4_pools: DeepseekV4Pools | None = None  # DeepSeek-V4: every pool SGLang sizes
 
 
 class EstimateError(ValueError):
@@ -514,32 +528,29 @@ DSA_QUANT_BLOCK = 128
 SWA_SINK_ARCHITECTURES = frozenset(
     {"GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM"}
 )
-# configs/model_config.py is_deepseek_v4 (0.5.19 to 0.5.23). Every supported release sizes them
-# with model_executor/pool_configurator.py DSV4PoolConfigurator, forces page 256 on CUDA
-# (arg_groups/model_overrides/deepseek_v4.py) and runs kvCacheDtype auto as fp8_e4m3 on CUDA
-# (arg_groups/overrides.py _deepseek_v4_kv_cache_dtype). The sizer differs per release (0.5.19
-# prices a FlashMLA slot of nope + 2 × rope + 8 bytes; 0.5.21 to 0.5.23 take the bytes a token
-# costs from the KV layout the GPU's kernels pick at start-up, mem_cache/deepseek_v4_memory_pool.py
-# select_dsv4_kv_layout: the device's SM version, --dsv4-attn-backend and SGLANG_DSV4_* variables,
-# and the kernel package's page layouts), which the spec does not state: refused, never guessed.
+# configs/model_config.py is_deepseek_v4. DeepseekV4ForCausalLM (model_type deepseek_v4) is sized
+# by kvgate_engine.deepseek_v4, per release; layout_of and bytes_per_token, which have no memory
+# or release to size it with, refuse it. The NextN and DSpark architectures are draft models,
+# not engines of their own.
 DEEPSEEK_V4_ARCHITECTURES = frozenset(
     {"DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN", "DeepseekV4ForCausalLMDSpark"}
 )
 DEEPSEEK_V4_REFUSAL = (
-    "cannot estimate {arch}: SGLang 0.5.19 to 0.5.23 size it with their own DSV4PoolConfigurator "
-    "(a full pool, a sliding-window pool, c4/c128 compressed pools and per-request compress "
-    "state) at page size 256, with kvCacheDtype auto run as fp8_e4m3; the sizer changes from "
-    "release to release, and from 0.5.21 on its bytes per token come from the KV layout "
-    "SGLang's kernels choose on the live GPU (select_dsv4_kv_layout: SM version, "
-    "--dsv4-attn-backend, SGLANG_DSV4_KV_LAYOUT), which kvgate does not model; "
-    "verify a live engine"
+    "cannot size {arch} from the config alone: SGLang sizes the DeepSeek-V4 family with its own "
+    "DSV4PoolConfigurator (full, sliding-window and c4/c128 compressed pools beside "
+    "per-request compress state, page 256), whose arithmetic differs per release and needs "
+    "the engine's memory; estimate the engine's pool (kvgate estimate, or admission with "
+    "spec.model.config and gpuMemoryGiB set) or verify a live engine"
+)
+DEEPSEEK_V4_DRAFT_REFUSAL = (
+    "cannot estimate {arch}: it is a DeepSeek-V4 draft model (speculative decoding), which "
+    "SGLang sizes inside the target engine's pool; serve DeepseekV4ForCausalLM"
 )
 # Other hybrid-SWA architectures SGLang sizes with pool splits kvgate does not model
 # (configs/model_config.py is_hybrid_swa_model): refused, never guessed.
 UNMODELLED_SWA_ARCHITECTURES = frozenset(
     {
         "BeamForCausalLM",
-        "DeepseekV4ForCausalLM",
         "Step3p5ForCausalLM",
         "Step3p7ForConditionalGeneration",
         "Gemma4ForCausalLM",
@@ -764,6 +775,8 @@ def layout_of(config: Mapping[str, Any]) -> str:
         f"cannot estimate {arch or 'this model'}: SGLang sizes its KV cache with a layout "
         f"kvgate does not model"
     )
+    if arch in DEEPSEEK_V4_ARCHITECTURES - {DEEPSEEK_V4_ARCHITECTURE}:
+        raise EstimateError(DEEPSEEK_V4_DRAFT_REFUSAL.format(arch=arch))
     if arch in DEEPSEEK_V4_ARCHITECTURES:
         raise EstimateError(DEEPSEEK_V4_REFUSAL.format(arch=arch))
     if arch in UNMODELLED_SWA_ARCHITECTURES or text.get("is_hybrid_swa") is True:
@@ -1516,6 +1529,94 @@ def _multimodal(config: Mapping[str, Any], flags: SizingFlags) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class _DeepseekV4Inputs:
+    """The engine inputs DeepSeek-V4's sizing reads besides memory, release and env."""
+
+    kv_cache_dtype: str
+    max_total_tokens: int | None
+    engine_args: Sequence[str]
+    flags: SizingFlags
+    role: str | None
+
+
+def _deepseek_v4_estimate(
+    config: Mapping[str, Any],
+    memory: _Memory,
+    inputs: _DeepseekV4Inputs,
+    release: str | None,
+    engine_env: Mapping[str, str],
+) -> Estimate:
+    """DeepSeek-V4 (kvgate_engine.deepseek_v4): the release's own sizer, or a refusal that says
+    which input keeps it from being exact."""
+    flags = inputs.flags
+    refusal = deepseek_v4_unsized(release, inputs.kv_cache_dtype, inputs.engine_args, engine_env)
+    if refusal is None and flags.speculative_algorithm is not None:
+        refusal = DeepseekV4Unsized(
+            f"--speculative-algorithm {flags.speculative_algorithm}: SGLang resizes the "
+            "DeepSeek-V4 rings and pools for the draft in ways kvgate does not model; verify a "
+            "live engine",
+            "engine_args",
+        )
+    if refusal is None and flags.max_running_requests_set and flags.max_running_requests is None:
+        refusal = DeepseekV4Unsized(
+            "--max-running-requests must be a positive integer", "engine_args"
+        )
+    try:
+        if refusal is not None:
+            raise refusal
+        assert release is not None  # deepseek_v4_unsized refuses an unknown release
+        usable_gib = memory.budget_gib - memory.weights_per_rank
+        request = DeepseekV4Request(
+            release=release,
+            available_bytes=int(usable_gib * GIB) if usable_gib > 0 else 0,
+            swa_ratio=_dsv4_swa_ratio(inputs.engine_args),
+            max_running_requests=flags.max_running_requests,
+            attention_dp=_attention_tp_groups(flags),
+            role=inputs.role,
+            engine_args=inputs.engine_args,
+            max_total_tokens=inputs.max_total_tokens,
+        )
+        pools = deepseek_v4_pools(deepseek_v4_model(_text_config(config)), request)
+    except DeepseekV4Unsized as unsized:
+        raise EstimateError(str(unsized), unsized.parameter) from None
+    if pools.full_tokens <= 0:
+        raise memory.no_room(usable_gib, DSV4_PAGE, math.ceil(pools.bytes_per_full_token * 256))
+    if checks_swa_floor(release) and pools.swa_floor_broken:
+        raise SlidingWindowPoolTooSmall(pools.swa_tokens, pools.window, DSV4_PAGE, pools.swa_ratio)
+    return Estimate(
+        kv_pool_tokens=pools.full_tokens,
+        bytes_per_token=math.ceil(pools.bytes_per_full_token),
+        context_length=derive_context_length(config, release),
+        usable_gib=usable_gib,
+        weights_gib=memory.weights_gib,
+        attention="DSV4",
+        page_size=DSV4_PAGE,
+        kv_cache_dtype=DSV4_KV_CACHE_DTYPES[-1],
+        gpu_reserved_gib=memory.gpu_reserved_gib,
+        swa_pool_tokens=pools.swa_tokens,
+        dsv4_pools=pools,
+    )
+
+
+def _dsv4_swa_ratio(engine_args: Sequence[str]) -> float | None:
+    """--swa-full-tokens-ratio as given, None when the engine args leave it out."""
+    if "--swa-full-tokens-ratio" not in last_uses(engine_args, SIZING_FLAGS, SIZING_SWITCHES):
+        return None
+    return _modelled_flags(engine_args).swa_full_tokens_ratio
+
+
+def _attention_tp_groups(flags: SizingFlags) -> int:
+    """The attention data-parallel size (1 without DP attention)."""
+    if flags.attention_dp < 1:
+        raise DeepseekV4Unsized(
+            "the attention data-parallel size is not a number (--attn-dp-size, or --dp-size "
+            "with --enable-dp-attention)",
+            "engine_args",
+        )
+    return flags.attention_dp
+
+
 def estimate_pool(
     config: Mapping[str, Any],
     *,
@@ -1531,6 +1632,8 @@ def estimate_pool(
     engine_args: Sequence[str] = (),
     draft_layers: int | None = None,
     role: str | None = None,
+    release: str | None = NEWEST_CHECKED,
+    engine_env: Mapping[str, str] | None = None,
 ) -> Estimate:
     """Predicted KV pool tokens of one engine (per GPU rank; every rank holds the same count).
 
@@ -1541,7 +1644,8 @@ def estimate_pool(
     ``engine_args`` are the extra launch flags (speculative decoding, DP attention, SWA and
     mamba ratios); ``draft_layers`` overrides the draft layer count they imply. ``role`` is the
     engine's disaggregation mode ("prefill" or "decode"; None: not disaggregated): a DSA pool's
-    fp8 layout follows that role's backend.
+    fp8 layout follows that role's backend. ``release`` is the engine's SGLang release (None:
+    not known) and ``engine_env`` its environment, which DeepSeek-V4's sizing depends on.
     """
     check_sizes(
         gpu_memory_gib=gpu_memory_gib,
@@ -1558,6 +1662,16 @@ def estimate_pool(
         way = fitting_tensor_parallel(config, MAX_TENSOR_PARALLEL)
         raise EstimateError(f"{mismatch.explain()}; use {way}", "tp")
     gpu_major = _gpu_major(gpu_arch)
+    if is_deepseek_v4(config):
+        memory = _Memory(
+            gpu_memory_gib=gpu_memory_gib,
+            gpu_reserved_gib=gpu_reserved_gib,
+            mem_fraction_static=mem_fraction_static,
+            weights_gib=_replica_weights_gib(config, weights_gib),
+            tp=tp,
+        )
+        inputs = _DeepseekV4Inputs(kv_cache_dtype, max_total_tokens, engine_args, flags, role)
+        return _deepseek_v4_estimate(config, memory, inputs, release, engine_env or {})
     if draft_layers is None:
         draft_layers = speculative_draft_layers(config, flags)
     cell = _cell(
