@@ -161,7 +161,7 @@ def test_every_sglang_metric_in_the_signal_table_is_exported_by_the_reference_en
     exported: set[str] = set()
     for role in ("prefill", "decode"):
         launch = parse_launch_args(["--model-path", "tiny-llama"], DEFAULT_VERSION)
-        model, limits = startup_limits(launch, {})
+        model, limits = startup_limits(launch, {}, DEFAULT_VERSION)
         settings = EngineSettings(role, DEFAULT_VERSION, False, False, model.vocab_size)
         collector = SGLangCollector(ReferenceEngine(settings, limits), "tiny")
         exported |= {family.name for family in collector.collect()}

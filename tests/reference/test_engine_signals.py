@@ -41,7 +41,9 @@ def make_state(
 ) -> ServerState:
     argv = ["--model-path", "tiny-llama", "--served-model-name", "tiny", "--enable-metrics"]
     launch = parse_launch_args([*argv, "--disaggregation-mode", role], DEFAULT_VERSION)
-    model, limits = startup_limits(launch, {"KVGATE_GPU_MEMORY_GIB": gpu_memory_gib})
+    model, limits = startup_limits(
+        launch, {"KVGATE_GPU_MEMORY_GIB": gpu_memory_gib}, DEFAULT_VERSION
+    )
     settings = EngineSettings(
         role=role,
         version=DEFAULT_VERSION,

@@ -12,7 +12,7 @@ import time
 import aiohttp
 import pytest
 from conftest import EngineLauncher, RunningEngine, free_port, loopback_host
-from kvgate_engine.reference.args import parse_launch_args
+from kvgate_engine.reference.args import DEFAULT_VERSION, parse_launch_args
 from kvgate_engine.reference.ranks import RankError, RankServer, join, split_addr
 
 DEADLINE = 60.0
@@ -94,7 +94,10 @@ def test_pool_of_a_group_is_the_single_node_pool_of_the_same_tp_size() -> None:
     two = parse_launch_args(
         ["--model-path", "tiny-llama", *_group_flags("10.0.0.2", 20000, 1, nnodes=2, tp=4)]
     )
-    assert startup_limits(one, env)[1].kv_pool_tokens == startup_limits(two, env)[1].kv_pool_tokens
+    pools = [
+        startup_limits(launch, env, DEFAULT_VERSION)[1].kv_pool_tokens for launch in (one, two)
+    ]
+    assert pools[0] == pools[1]
 
 
 @pytest.mark.parametrize(

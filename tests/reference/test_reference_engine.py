@@ -15,6 +15,7 @@ import pytest
 from kvgate_engine.estimator import estimate_pool
 from kvgate_engine.probe import parse_report
 from kvgate_engine.reference.admission import emulates_incident, scheduler_check
+from kvgate_engine.reference.args import DEFAULT_VERSION
 from kvgate_engine.reference.kv_pool import PagedKVPool, PoolExhausted
 from kvgate_engine.reference.model import K_DIM, V_DIM, CopyAttentionModel
 from kvgate_engine.reference.sizing import (
@@ -93,9 +94,43 @@ def test_longer_context_is_allowed_with_sglangs_override_env() -> None:
         max_running_requests=None,
         weights_gib=None,
         allow_longer_context=True,
+        release=DEFAULT_VERSION,
     )
     assert limits.context_length == 4096
     assert limits.derived_context_length == 2048
+
+
+def test_the_model_context_is_the_one_the_emulated_release_derives(tmp_path: Path) -> None:
+    """Olmo3's linear rope factor still multiplies under transformers 5.12.1 (SGLang 0.5.19 to
+    0.5.21) and not under 5.19.0 (0.5.22 on), so --context-length 8192 on a 4,096-token Olmo3
+    starts on 0.5.21 and is refused on 0.5.22, as each release's own engine does."""
+    olmo3 = {
+        **TINY,
+        "model_type": "olmo3",
+        "max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(olmo3))
+    flags = ("--model-path", str(tmp_path), "--context-length", "8192", "--port", "1")
+    newer = run_engine_cli(*flags, env={"KVGATE_ENGINE_VERSION": "0.5.22"})
+    assert newer.returncode == 1
+    assert "User-specified context_length (8192) is greater than the derived" in newer.stderr
+    assert "derived context_length (4096)" in newer.stderr
+    older = compute_limits(
+        resolve_model_config(str(tmp_path)),
+        gpu_memory_gib=80,
+        tp=1,
+        mem_fraction_static=0.85,
+        kv_cache_dtype="auto",
+        page_size=1,
+        context_length=8192,
+        max_total_tokens=None,
+        max_running_requests=None,
+        weights_gib=None,
+        allow_longer_context=False,
+        release="0.5.21",
+    )
+    assert (older.derived_context_length, older.context_length) == (16_384, 8192)
 
 
 def test_gpu_too_small_for_the_weights_refuses_to_start_with_the_numbers() -> None:
@@ -129,6 +164,7 @@ def test_pool_below_context_starts_with_a_lowered_max_req_input_len() -> None:
         max_running_requests=None,
         weights_gib=None,
         allow_longer_context=False,
+        release=DEFAULT_VERSION,
     )
     assert limits.kv_pool_tokens == 692
     assert limits.max_req_input_len == 692 - 1 - 5

@@ -67,8 +67,11 @@ def _env_float(env: Mapping[str, str], name: str, default: float | None) -> floa
     return value
 
 
-def startup_limits(launch: LaunchArgs, env: Mapping[str, str]) -> tuple[ModelConfig, EngineLimits]:
-    """The model config and the limits this engine starts with (raises StartupError)."""
+def startup_limits(
+    launch: LaunchArgs, env: Mapping[str, str], version: str
+) -> tuple[ModelConfig, EngineLimits]:
+    """The model config and the limits an engine of SGLang ``version`` starts with (raises
+    StartupError)."""
     model = resolve_model_config(launch["model_path"])
     gpu_memory = _env_float(env, "KVGATE_GPU_MEMORY_GIB", DEFAULT_GPU_MEMORY_GIB)
     assert gpu_memory is not None
@@ -85,6 +88,7 @@ def startup_limits(launch: LaunchArgs, env: Mapping[str, str]) -> tuple[ModelCon
         max_running_requests=launch["max_running_requests"],
         weights_gib=_env_float(env, "KVGATE_WEIGHTS_GIB", None),
         allow_longer_context=env.get(ALLOW_LONGER_CONTEXT_ENV) == "1",
+        release=version,
     )
     return model, limits
 
@@ -108,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(serve_rank(launch))
     try:
         hostile = hostile_from_env(env, launch["disaggregation_mode"])
-        model, limits = startup_limits(launch, env)
+        model, limits = startup_limits(launch, env, version)
         timeouts = (
             _env_float(env, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0),
             _env_float(env, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0),

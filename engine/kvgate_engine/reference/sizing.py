@@ -128,9 +128,12 @@ def compute_limits(
     max_running_requests: int | None,
     weights_gib: float | None,
     allow_longer_context: bool,
+    release: str,
 ) -> EngineLimits:
-    """SGLang's start-up arithmetic; raises StartupError where SGLang refuses to start."""
-    derived = derive_context_length(model.config)
+    """SGLang ``release``'s start-up arithmetic; raises StartupError where SGLang refuses to
+    start. The model's own context length is the one that release derives (its pinned
+    transformers: ``kvgate_engine.estimator.derive_context_length``)."""
+    derived = derive_context_length(model.config, release)
     warnings: list[str] = []
     if context_length is None:
         effective_context = derived
