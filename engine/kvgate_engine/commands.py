@@ -23,6 +23,7 @@ from kvgate_engine.command_output import envelope, print_json, report_failure
 from kvgate_engine.estimator import Estimate, EstimateError, NoRoomForKvCache, estimate_pool
 from kvgate_engine.launcher import API_KEY_ENV
 from kvgate_engine.probe import MODELS_LIMITS, SERVER_INFO_LIMITS, parse_report, verify
+from kvgate_engine.sglang_choices import NEWEST_CHECKED
 from kvgate_engine.verdict import (
     REPORT_UNREADABLE,
     Outcome,
@@ -53,6 +54,7 @@ ESTIMATE_FLAGS = {
     "gpu_reserved_gib": "--gpu-reserved-gib",
     "gpu_arch": "--gpu-arch",
     "engine_args": "--engine-arg",
+    "release": "--sglang-release",
 }
 
 
@@ -284,6 +286,7 @@ def estimate_main(args: argparse.Namespace) -> int:
             gpu_reserved_gib=getattr(args, "gpu_reserved_gib", 0.0),
             gpu_arch=getattr(args, "gpu_arch", None),
             engine_args=getattr(args, "engine_arg", None) or (),
+            release=getattr(args, "sglang_release", NEWEST_CHECKED),
         )
     except NoRoomForKvCache as exc:
         # A sliding-window pool below one window and a page: the budget is what is short.

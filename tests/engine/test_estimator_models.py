@@ -291,20 +291,6 @@ def test_layouts_kvgate_does_not_model_are_refused_with_the_reason_never_guessed
         estimate_pool(config, gpu_memory_gib=80, tp=1, weights_gib=1, engine_args=args)
 
 
-def test_deepseek_v4_refusal_names_what_sglang_does_and_what_kvgate_cannot_see() -> None:
-    """Every supported release sizes DeepSeek-V4 with DSV4PoolConfigurator, forces page 256 on
-    CUDA (arg_groups/model_overrides/deepseek_v4.py) and runs auto as fp8_e4m3
-    (arg_groups/overrides.py _deepseek_v4_kv_cache_dtype); its bytes a token come from the KV
-    layout the GPU's kernels pick (select_dsv4_kv_layout), which a spec does not say."""
-    config = {"architectures": ["DeepseekV4ForCausalLM"], "compress_ratios": [0, 4, 128]}
-    with pytest.raises(EstimateError) as refused:
-        estimate_pool(config, gpu_memory_gib=141, tp=8, weights_gib=1)
-    message = str(refused.value)
-    for said in ("DSV4PoolConfigurator", "page size 256", "fp8_e4m3", "select_dsv4_kv_layout"):
-        assert said in message
-    assert "verify a live engine" in message
-
-
 def test_layouts_of_the_fixtures() -> None:
     assert [layout_of(c) for c in (DS32, GLM5, GPT_OSS, GEMMA3, QWEN3_NEXT)] == [
         "DSA",

@@ -466,6 +466,8 @@ def _estimate_role(
         ),
         engine_args=spec.engine.args,
         role=role,
+        release=image_version(spec.engine.image),
+        engine_env={e.name: e.value or "" for e in [*spec.engine.env, *role_spec.extra_env]},
     )
 
 
@@ -593,7 +595,9 @@ def check_estimated_pool(
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
             if not _denied_elsewhere(spec, role_spec, error):
-                warnings.append(Problem(f"spec.{role}", f"cannot estimate the KV pool: {error}"))
+                field = _estimate_input_field(role, error)
+                who = "" if field == f"spec.{role}" else f"{role} engines: "
+                warnings.append(Problem(field, f"{who}cannot estimate the KV pool: {error}"))
             continue
         if pool < required:
             denials.append(
@@ -606,6 +610,22 @@ def check_estimated_pool(
         for note in sorted(notes)
     ]
     return denials, warnings
+
+
+# The spec field behind an estimate_pool input that admission does not take from the role.
+_ESTIMATE_INPUT_FIELDS = {
+    "release": "spec.engine.image",
+    "engine_args": "spec.engine.args",
+    "engine_env": "spec.engine.env",
+}
+
+
+def _estimate_input_field(role: str, error: Exception) -> str:
+    """The field a refused estimate names: the input at fault, else the role."""
+    parameter = error.parameter if isinstance(error, EstimateError) else ""
+    if parameter == "engine_env":
+        return f"spec.engine.env or spec.{role}.extraEnv"
+    return _ESTIMATE_INPUT_FIELDS.get(parameter, f"spec.{role}")
 
 
 def _denied_elsewhere(spec: ModelDeploymentSpec, role_spec: RoleSpec, error: Exception) -> bool:

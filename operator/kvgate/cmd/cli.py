@@ -23,6 +23,7 @@ from typing import NoReturn
 from kvgate_engine.command_inputs import InputError
 from kvgate_engine.command_output import report_failure
 from kvgate_engine.launcher import API_KEY_ENV
+from kvgate_engine.sglang_choices import NEWEST_CHECKED, SUPPORTED_RELEASES
 from kvgate_engine.verdict import DEFAULT_MIN_ENGINE_VERSION
 
 # subcommand -> "module:function"; the function takes the parsed namespace, returns an exit code.
@@ -300,6 +301,12 @@ def build_parser(prog: str = "kvgate") -> argparse.ArgumentParser:
         default=[],
         help="an extra sglang.launch_server flag that changes sizing (repeat; e.g. "
         "--engine-arg=--speculative-algorithm --engine-arg=NEXTN)",
+    )
+    p.add_argument(
+        "--sglang-release",
+        default=NEWEST_CHECKED,
+        help="the engine's SGLang release, for the families whose sizing differs per release "
+        f"(DeepSeek-V4): one of {', '.join(SUPPORTED_RELEASES)} (default {NEWEST_CHECKED})",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
