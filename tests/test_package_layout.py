@@ -120,6 +120,31 @@ def test_every_folder_has_a_place_in_the_layers() -> None:
     assert sorted(folders) == sorted(LAYERS)
 
 
+TESTS = PACKAGE.parents[1] / "tests"
+# The folders of tests/ that are not a folder of the operator package, and what each holds.
+TESTS_OF_OTHER_THINGS = {
+    "engine": "kvgate_engine (the estimator, launcher, probe and verdict the operator shares)",
+    "plan": "kvgate_engine.plan and `kvgate plan`",
+    "reference": "kvgate_engine.reference, the reference engine",
+    "conformance": "kvgate's argv and arithmetic against each released SGLang",
+    "chart": "charts/kvgate",
+    "image": "operator/image, the shipped image",
+    "benchmarks": "benchmark scripts, not tests",
+    "factories": "builders and fixtures shared by the tests of several folders",
+    "fixtures": "data files",
+    "golden": "golden files",
+}
+
+
+def test_the_unit_tests_mirror_the_package_folders() -> None:
+    """A folder's tests live in tests/<folder>/; every other folder of tests/ says what it is."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    untested = [f for f in LAYERS if not list((TESTS / f).glob("test_*.py"))]
+    unexplained = sorted(folders - set(LAYERS) - set(TESTS_OF_OTHER_THINGS))
+    assert untested == [], f"package folders without tests/<folder>/test_*.py: {untested}"
+    assert unexplained == [], f"tests/ folders that mirror no package folder: {unexplained}"
+
+
 def test_no_module_imports_a_folder_above_its_own_even_inside_a_function() -> None:
     against = _against_the_layers(PACKAGE, LAYERS)
     assert against == [], f"imports against the order {' → '.join(LAYERS)}: {against}"

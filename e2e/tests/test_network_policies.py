@@ -6,7 +6,7 @@ accepted too.
 
 The e2e world has NO CNI that enforces NetworkPolicy (pods share one network namespace; only
 kube-proxy's iptables rules run): these tests check the objects, not the packets. Enforcement is
-the CNI's (Calico, Cilium, Antrea, ...); ``tests/operator/test_network_policy.py`` checks, with a
+the CNI's (Calico, Cilium, Antrea, ...); ``tests/objects/test_network_policy.py`` checks, with a
 small evaluator, which connections the built policies allow.
 
 Run: ``.venv/bin/pytest -m e2e e2e/tests/test_network_policies.py -v -s`` (root).

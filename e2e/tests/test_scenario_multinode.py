@@ -440,7 +440,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
         if not gate_changes:
             # LeaderWorkerSet deleted the old leader (recreating the group) before a 50 ms poll
             # saw its gate turn False: the traffic checks below still hold; the reason itself is
-            # tested in tests/operator/test_multinode_kmock.py.
+            # tested in tests/controller/test_multinode_kmock.py.
             assert ended == "gone", (ended, gate_changes)
             gate_false = incomplete_at = out_of_traffic
             reason = "deleted before a poll saw it False"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories.admission_reviews import review, sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvgate.admission import check_document
@@ -36,8 +37,6 @@ from kvgate.api.models import DEFAULT_GPU_RESERVED_GIB, ModelDeployment
 from kvgate.objects.names import binding_names, derived_names
 from kvgate.webhook.app import serving
 from kvgate_engine.estimator import NoRoomForKvCache, estimate_pool
-
-from .conftest import review, sample
 
 SAMPLE = sample()
 

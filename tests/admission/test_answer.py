@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated, review, sample
 from kvgate.admission.answer import DENIAL_CODE, INTERNAL_ERROR_CODE, answer_review, internal_error
 from kvgate.admission.policy import ClusterPolicy
-
-from .conftest import mutated, review, sample
 
 UNSAFE = mutated({"spec.decode.gpuMemoryGiB": 24})
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import DELETE, mutated, sample, sample_with_weights
 from kvgate.admission import check_document, check_update
-
-from .conftest import DELETE, mutated, sample, sample_with_weights
 
 # (case id, changes to the safe sample, field that must be denied, words the message must hold)
 DENIED: list[tuple[str, dict[str, Any], str, list[str]]] = [

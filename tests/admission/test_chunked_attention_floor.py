@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from factories.admission_reviews import mutated
 from factories.model_configs import model_config
 from kvgate.admission import check_document
-
-from .conftest import mutated
 
 RECORD = json.loads(
     (Path(__file__).resolve().parents[1] / "fixtures" / "sglang_pools" / "llama4.json").read_text()

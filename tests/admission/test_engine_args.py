@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
-
-from .conftest import mutated
 
 RDMA = {"resourceName": "rdma/hca_shared_devices_a", "count": 1}
 

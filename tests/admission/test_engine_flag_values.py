@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
 from kvgate.admission.policy import ClusterPolicy
 from kvgate_engine import sglang_choices
 from kvgate_engine.sglang_choices import KV_CACHE_DTYPE, Since
-
-from .conftest import mutated
 
 
 def _problems(changes: dict[str, Any], policy: ClusterPolicy | None = None) -> Any:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.api.models import MAX_ENGINE_NODES, MAX_GPUS_PER_NODE, ModelDeploymentSpec
 from kvgate.api.revision import revision_inputs, revision_of
-
-from .conftest import mutated
 
 
 def _denials(doc: dict[str, Any], field: str, policy: ClusterPolicy | None = None) -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from factories.admission_reviews import mutated
 from factories.model_configs import model_config
 from kvgate.admission import check_document
-
-from .conftest import mutated
 
 DS32 = model_config("deepseek-v3.2")
 

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories.admission_reviews import mutated
 from kvgate.admission.policy import ClusterPolicy, parse_gpus_per_node
 from kvgate.api.models import MAX_GPUS_PER_NODE
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
 from kvgate.webhook.webhook_command import WebhookSettings
-
-from .conftest import mutated
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
 SIXTEEN_ON_ONE_NODE = {"spec.decode.tensorParallel": 16}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
 from kvgate.admission.host_paths import (
     HostPathPolicy,
@@ -22,8 +23,6 @@ from kvgate.admission.policy import ClusterPolicy
 from kvgate.cmd.cli import build_parser, main
 from kvgate.kube.settings import OperatorSettings
 from kvgate.webhook.webhook_command import WebhookSettings
-
-from .conftest import mutated
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kvgate"
 MODELS = HostPathPolicy(model_prefixes=("/mnt/models", "/data/weights"))

@@ -16,6 +16,16 @@ from typing import Any
 
 import pytest
 import yaml
+from factories.admission_reviews import (
+    DELETE,
+    SAMPLE,
+    LiveWebhook,
+    live,
+    mutated,
+    post,
+    review,
+    sample,
+)
 from kvgate.admission import check_document, check_update
 from kvgate.admission.limits import MAX_SPEC_BYTES, _spec_schema, spec_bytes, with_defaults
 from kvgate.admission.policy import ClusterPolicy
@@ -32,9 +42,6 @@ from kvgate.cmd.cli import main
 from kvgate.objects import builders, network_policy
 from kvgate.objects.names import DNS_1035_LABEL, derived_names, max_name_length
 from kvgate.webhook.app import serving
-
-from .conftest import DELETE, SAMPLE, LiveWebhook, live, mutated, review, sample
-from .test_webhook_https import post
 
 # ---------------------------------------------------------------------------------- names
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
 from kvgate.admission.host_paths import HostPathPolicy
 from kvgate.admission.model_source import quantity_bytes
 from kvgate.admission.policy import ClusterPolicy
-
-from .conftest import mutated
 
 COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
 PVC = {"persistentVolumeClaim": {"claimName": "llama-weights"}}

@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from factories.admission_reviews import mutated
 from kvgate.admission import check_document
-
-from .conftest import mutated
 
 ADAPTED: dict[str, Any] = {
     "spec.prefill.acceleratorResource": "amd.com/gpu",

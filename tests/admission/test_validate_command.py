@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from factories.admission_reviews import SAMPLE, SAMPLE_WITH_WEIGHTS, mutated
 from kvgate.cmd.cli import main
-
-from .conftest import SAMPLE, SAMPLE_WITH_WEIGHTS, mutated
 
 
 def _write(tmp_path: Path, text: str, name: str = "md.yaml") -> str:

@@ -2,7 +2,7 @@
 writes, a ModelDeployment with its ownership chain, its engine pods, and the requests kvgate sent.
 
 Plain functions of a ``kmock.KubernetesEmulator``; the fixtures built on them (``rt``,
-``revision_chain``) are in tests/operator/conftest.py.
+``revision_chain``) are in tests/factories/kmock_runtime.py.
 """
 
 from __future__ import annotations

@@ -375,8 +375,8 @@ def forget_md(namespace: str, deployment: str) -> None:
     stale drift would keep its alert firing, and counters kept for every name a ModelDeployment
     ever had would grow /metrics without bound (name churn: ``pr-1233``, ``pr-1234``, ...).
     Every registered metric with a ``namespace`` and a ``deployment`` label is per
-    ModelDeployment, so a metric added later is dropped too (tests/operator/
-    test_md_metrics_forgotten.py)."""
+    ModelDeployment, so a metric added later is dropped too
+    (tests/kube/test_md_metrics_forgotten.py)."""
     _REVISION_SERIES.pop((namespace, deployment), None)
     _PER_POD.forget_md(namespace, deployment)
     for metric in _per_md_metrics():

@@ -1,5 +1,8 @@
-"""The operator tests' shared fixtures: a Runtime against the kmock API emulator, and the
-ownership chain an engine pod is verified through (builders in factories.kmock_world)."""
+"""Fixtures for the tests that run the operator against the kmock API emulator (tests/controller,
+tests/kube, tests/rollout, tests/verify): a Runtime, and the ownership chain an engine pod is
+verified through (builders in factories.kmock_world). tests/conftest.py loads this module as a
+plugin, so every folder's tests can ask for ``rt``, ``operator_settings`` and
+``revision_chain``."""
 
 from __future__ import annotations
 
@@ -7,12 +10,13 @@ from collections.abc import AsyncIterator
 
 import kmock
 import pytest
-from factories.kmock_world import declare_resources, put_revision_chain
-from factories.model_deployments import NOW
 from kvgate.controller.main import make_verify
 from kvgate.controller.runtime import Runtime
 from kvgate.kube.k8s import Credentials, KubeApi
 from kvgate.kube.settings import OperatorSettings
+
+from factories.kmock_world import declare_resources, put_revision_chain
+from factories.model_deployments import NOW
 
 
 @pytest.fixture

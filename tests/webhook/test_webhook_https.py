@@ -6,31 +6,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import aiohttp
 import pytest
+from factories.admission_reviews import (
+    LiveWebhook,
+    mutated,
+    post,
+    review,
+    sample,
+    sample_with_weights,
+)
 from kvgate.admission.answer import DENIAL_CODE
-
-from .conftest import LiveWebhook, mutated, review, sample, sample_with_weights
-
-
-async def post(
-    webhook: LiveWebhook, body: Any, *, url: str | None = None, raw: bool = False
-) -> tuple[int, Any]:
-    data = body if raw else json.dumps(body).encode()
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            url or webhook.url,
-            data=data,
-            headers={"Content-Type": "application/json"},
-            ssl=webhook.client_ssl,
-        ) as response,
-    ):
-        text = await response.text()
-        try:
-            return response.status, json.loads(text)
-        except ValueError:
-            return response.status, text
 
 
 async def test_safe_model_deployment_is_allowed(live_webhook: LiveWebhook) -> None:

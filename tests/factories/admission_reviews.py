@@ -1,14 +1,18 @@
-"""Shared pieces for the admission tests: a safe sample, mutations of it, a live HTTPS webhook."""
+"""Shared pieces for the admission and webhook tests (tests/admission, tests/webhook): a safe
+sample, mutations of it, AdmissionReviews, a live HTTPS webhook and a client of it. Loaded as a
+plugin by tests/conftest.py for its fixtures (``tls_dir``, ``live_webhook``)."""
 
 from __future__ import annotations
 
 import copy
+import json
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from kvgate.admission.answer import WEBHOOK_PATH
@@ -106,3 +110,23 @@ async def live_webhook(tls_dir: Path) -> AsyncIterator[LiveWebhook]:
     """The webhook's HTTPS server (as `kvgate webhook` runs it) on 127.0.0.1."""
     async with serving(tls_dir) as server:
         yield live(server.url, tls_dir)
+
+
+async def post(
+    webhook: LiveWebhook, body: Any, *, url: str | None = None, raw: bool = False
+) -> tuple[int, Any]:
+    data = body if raw else json.dumps(body).encode()
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            url or webhook.url,
+            data=data,
+            headers={"Content-Type": "application/json"},
+            ssl=webhook.client_ssl,
+        ) as response,
+    ):
+        text = await response.text()
+        try:
+            return response.status, json.loads(text)
+        except ValueError:
+            return response.status, text

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from factories.admission_reviews import live, mutated, post, review, sample
 from kvgate.admission.answer import INTERNAL_ERROR_CODE, WEBHOOK_PATH
 from kvgate.admission.policy import ClusterPolicy
 from kvgate.cmd.cli import main
@@ -27,9 +28,6 @@ from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 from kvgate.webhook import app as admission_app
 from kvgate.webhook.app import serving
 from kvgate.webhook.operator_webhook import OperatorWebhookServer
-
-from .conftest import live, mutated, review, sample
-from .test_webhook_https import post
 
 DEADLINE_SECONDS = 30.0
 

@@ -29,7 +29,7 @@ SMALL_POOL = (
 
 
 # The rollout rules here are independent of the content check: every revision passed it
-# (tests/operator/test_planner_content.py covers the check's own rule).
+# (tests/rollout/test_planner_content.py covers the check's own rule).
 CONTENT_PASSED = tuple(
     ContentCheck(r, True, "passed") for r in ("aaaaaaaaaa", "bbbbbbbbbb", "cccccccccc")
 )
