@@ -14,6 +14,7 @@ CLEAN = (
     "test_alerts_fire.py",
     "test_chaos.py",
     "test_cpu_load_unit.py",
+    "test_kubelet_smoke.py",
     "test_scenario_engine_restart.py",
     "test_scenario_kv_canary.py",
     "test_scenario_operator_down.py",

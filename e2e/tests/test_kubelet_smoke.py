@@ -27,6 +27,14 @@ import pytest
 from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
+from kvgate_e2e.deadlines import (
+    EVENT_DEADLINE,
+    GENERATE_TIMEOUT,
+    HTTP_GET_TIMEOUT,
+    NAMESPACES_GONE_DEADLINE,
+    RESTART_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.kubelet.agent import READY_LINE, KubeletThread, container_pid
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.polling import poll_until
@@ -51,9 +59,33 @@ SMG_ARGS = (
     " --worker-startup-check-interval 1 --health-check-interval-secs 1"
     " --disable-circuit-breaker --shutdown-grace-period-secs 1"
 )
+# Deadlines, not bounds (nothing here asserts how fast the kubelet is; the run prints what it
+# measured): only a step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+WAIT_DEADLINE = 90  # a wait given none of its own: a ServiceAccount, one engine pod Ready
+# The node lease renewed: the kubelet renews it every lease_interval (10 s, a sleep, not CPU
+# work), so two and a half periods; a machine at half speed renews on the same schedule.
+LEASE_RENEW_DEADLINE = 25
+# Two reference engine pods from apply to Ready at once: both start and load (4 s each) on the
+# same CPUs, then their 1 s readiness probes; seconds in make test (the run prints it).
+ENGINES_READY_DEADLINE = 180
+# One reference engine pod (a replacement, a role of the PD pair) started, loaded and Ready.
+ENGINE_POD_DEADLINE = 120
+# A small python:3.11-slim pod scheduled and its process running (or started again after a kill).
+POD_START_DEADLINE = 60
+# A python:3.11 pod that imports the kubernetes client, calls the API and exits.
+SCRIPT_POD_DEADLINE = 90
+# The CLI kubelet's node Ready once it printed its ready line (its first status patch).
+NODE_READY_DEADLINE = 30
+# The CLI kubelet exiting on SIGTERM: it stops its pods (a 2 s grace period) and deregisters.
+KUBELET_STOP_DEADLINE = 60
+# Lines the ticker writes every 0.3 s reaching kubectl logs, or a follow stream ending once the
+# instance exited: the kubelet's log reader wakes at least every second (FORCE_CHECK_SECONDS).
+LOG_DEADLINE = 30
+KUBECTL_TIMEOUT = 30  # one kubectl logs call: the apiserver relays a single kubelet request
+KUBELET_REQUEST_TIMEOUT = 10  # one GET of the kubelet port: it answers or refuses at once
 
 
-def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = WAIT_DEADLINE) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
     return poll_until(what, probe, timeout)
 
@@ -127,7 +159,7 @@ def deleted_namespaces(cluster: Cluster, kubelet: KubeletThread) -> Iterator[set
     be gone, within a deadline, before the kubelet and the cluster stop."""
     names: set[str] = set()
     yield names
-    wait_namespaces_gone(ApiReader.for_cluster(cluster), names, 120)
+    wait_namespaces_gone(ApiReader.for_cluster(cluster), names, NAMESPACES_GONE_DEADLINE)
 
 
 @pytest.fixture
@@ -211,7 +243,7 @@ def test_simulated_gpu_nodes_are_ready_and_heartbeat(cluster: Cluster, kube: Kub
     wait_until(
         "the node lease to be renewed",
         lambda: kube.get("lease", SMALL_NODE, "kube-node-lease")["spec"]["renewTime"] != first,
-        timeout=25,
+        timeout=LEASE_RENEW_DEADLINE,
     )
 
 
@@ -239,7 +271,7 @@ def test_deployment_pods_run_get_ready_and_serve_through_the_service_cluster_ip(
         pods = kube.list("pods", namespace, "app=engines")
         return pods if len(pods) == 2 and all(is_ready(p) for p in pods) else None
 
-    pods = wait_until("two Ready engine pods", two_ready, timeout=180)
+    pods = wait_until("two Ready engine pods", two_ready, timeout=ENGINES_READY_DEADLINE)
     print(f"MEASURED deployment of 2 reference engines Ready in {time.monotonic() - started:.1f}s")
     ips = set()
     for pod in pods:
@@ -254,26 +286,26 @@ def test_deployment_pods_run_get_ready_and_serve_through_the_service_cluster_ip(
     wait_until(
         "both pod IPs as ready endpoints",
         lambda: ready_endpoints(kube, namespace, "engines") == ips,
-        timeout=60,
+        timeout=STEP_DEADLINE,
     )
     # The Deployment controller counts them after the ReplicaSet controller did: a moment later.
     wait_until(
         "the Deployment to count 2 ready replicas",
         lambda: kube.get("deployment", "engines", namespace)["status"].get("readyReplicas") == 2,
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
 
     cluster_ip = kube.get("service", "engines", namespace)["spec"]["clusterIP"]
     port = cluster.forward(cluster_ip, 80)
     code, models = wait_until(
         "the Service ClusterIP to answer",
-        lambda: http_json(f"http://127.0.0.1:{port}/v1/models", timeout=5),
-        timeout=60,
+        lambda: http_json(f"http://127.0.0.1:{port}/v1/models", timeout=HTTP_GET_TIMEOUT),
+        timeout=STEP_DEADLINE,
     )
     assert code == 200 and models["data"][0]["owned_by"] == "sglang"
     answered_by = set()
     for _ in range(20):
-        _, info = http_json(f"http://127.0.0.1:{port}/server_info", timeout=5)
+        _, info = http_json(f"http://127.0.0.1:{port}/server_info", timeout=HTTP_GET_TIMEOUT)
         answered_by.add(info["host"])
     assert answered_by <= ips and answered_by, answered_by
 
@@ -284,14 +316,14 @@ def test_deployment_pods_run_get_ready_and_serve_through_the_service_cluster_ip(
     cluster.kubectl(
         "delete", "pod", victim["metadata"]["name"], f"--namespace={namespace}", "--wait=true"
     )
-    wait_until("the deleted pod's process to exit", lambda: not _alive(pid), timeout=30)
+    wait_until("the deleted pod's process to exit", lambda: not _alive(pid), timeout=EVENT_DEADLINE)
     wait_until(
         "the ReplicaSet's replacement to be Ready",
         lambda: (
             (p := two_ready()) is not None
             and victim["metadata"]["uid"] not in {x["metadata"]["uid"] for x in p}
         ),
-        timeout=120,
+        timeout=ENGINE_POD_DEADLINE,
     )
 
 
@@ -326,7 +358,9 @@ def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
         cr = condition(p, "ContainersReady")
         return p if cr and cr["status"] == "True" else None
 
-    current = wait_until("the gated pod's containers to be ready", containers_ready, timeout=60)
+    current = wait_until(
+        "the gated pod's containers to be ready", containers_ready, timeout=POD_START_DEADLINE
+    )
     ready = condition(current, "Ready")
     assert ready is not None
     assert (ready["status"], ready["reason"], ready["message"]) == (
@@ -346,7 +380,7 @@ def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
             )
             for ep in s.get("endpoints") or []
         ),
-        timeout=60,
+        timeout=STEP_DEADLINE,
     )
     assert pod_ip not in ready_endpoints(kube, namespace, "gated")
 
@@ -355,14 +389,14 @@ def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
     after = wait_until(
         "Ready=True after the gate turned True",
         lambda: (p := kube.get("pod", "gated", namespace)) and is_ready(p) and p,
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
     print(f"MEASURED gate True -> pod Ready: {time.monotonic() - flipped:.2f}s")
     assert condition(after, GATE)["status"] == "True"  # type: ignore[index]
     wait_until(
         "the pod as a ready endpoint",
         lambda: pod_ip in ready_endpoints(kube, namespace, "gated"),
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
     ready_since = condition(after, "Ready")["lastTransitionTime"]  # type: ignore[index]
     ready_cond = condition(after, "ContainersReady")
@@ -372,7 +406,7 @@ def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
     back = wait_until(
         "Ready=False after the gate turned False",
         lambda: (p := kube.get("pod", "gated", namespace)) and not is_ready(p) and p,
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
     ready = condition(back, "Ready")
     assert ready is not None
@@ -385,7 +419,7 @@ def test_readiness_gate_nobody_sets_keeps_pod_unready_until_patched_true(
     wait_until(
         "the pod out of the ready endpoints",
         lambda: pod_ip not in ready_endpoints(kube, namespace, "gated"),
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
 
 
@@ -469,13 +503,17 @@ def test_pod_reads_its_own_token_in_cluster_and_is_held_to_its_rbac(
                 return dict(json.loads(line[len("RESULT ") :]))
         raise AssertionError(f"no RESULT line in the log of {name}")
 
-    got = wait_until("the in-cluster client pod to finish", lambda: result("client"), timeout=90)
+    got = wait_until(
+        "the in-cluster client pod to finish", lambda: result("client"), timeout=SCRIPT_POD_DEADLINE
+    )
     assert got["mounted"] is True
     assert got["claims"]["sub"] == f"system:serviceaccount:{namespace}:reader"
     assert got["claims"]["kubernetes.io"]["pod"]["name"] == "client"  # bound to this pod
     assert "client" in got["pods"]
     assert got["secrets"] == 403
-    none = wait_until("the no-token pod to finish", lambda: result("no-token"), timeout=90)
+    none = wait_until(
+        "the no-token pod to finish", lambda: result("no-token"), timeout=SCRIPT_POD_DEADLINE
+    )
     assert none == {"mounted": False}
     pod = kube.get("pod", "client", namespace)
     ready = condition(pod, "Ready")
@@ -516,7 +554,7 @@ def test_engine_restart_with_smaller_gpu_memory_shrinks_the_pool(
                 and is_ready(p)
                 and p
             ),
-            timeout=120,
+            timeout=RESTART_DEADLINE,
         )
         (cs,) = restarted["status"]["containerStatuses"]
         assert cs["lastState"]["terminated"]["exitCode"] == 137
@@ -614,13 +652,13 @@ def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_no
                 (c := condition(kube.get("pod", r, namespace), "ContainersReady"))
                 and c["status"] == "True"
             ),
-            timeout=120,
+            timeout=ENGINE_POD_DEADLINE,
         )
         kube.patch_gate(namespace, role, "True")  # acting as the operator
     router_pod = wait_until(
         "the router pod to be Ready (a ready prefill and decode discovered)",
         lambda: (p := kube.get("pod", "router", namespace)) and is_ready(p) and p,
-        timeout=120,
+        timeout=ENGINE_POD_DEADLINE,
     )
     port = cluster.forward(router_pod["status"]["podIP"], 8000)
     decode_ip = kube.get("pod", "decode", namespace)["status"]["podIP"]
@@ -633,7 +671,7 @@ def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_no
     }
     before = {role: served_at(p) for role, p in engine_ports.items()}
     body = {"text": "Hello", "model": "tiny-llama", "sampling_params": {"max_new_tokens": 4}}
-    code, answer = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=60)
+    code, answer = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=GENERATE_TIMEOUT)
     assert code == 200, answer
     assert "text" in answer
     # One PD request: both legs reached their engine (smg sends the same body to each).
@@ -647,31 +685,33 @@ def test_smg_discovers_pd_engines_by_label_and_drops_a_worker_whose_pod_turns_no
     wait_until(
         "the decode pod to turn NotReady",
         lambda: not is_ready(kube.get("pod", "decode", namespace)),
-        timeout=30,
+        timeout=EVENT_DEADLINE,
     )
     not_ready_after = time.monotonic() - flipped
 
     def decode_gone() -> bool:
-        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=5)
+        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=HTTP_GET_TIMEOUT)
         return not any(
             w["worker_type"] == "decode" and w.get("status") not in ("draining",)
             for w in current["workers"]
         )
 
-    wait_until("smg to stop routing to the NotReady decode worker", decode_gone, timeout=60)
+    wait_until(
+        "smg to stop routing to the NotReady decode worker", decode_gone, timeout=STEP_DEADLINE
+    )
     draining_after = time.monotonic() - flipped
 
     def decode_removed() -> bool:
-        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=5)
+        _, current = http_json(f"http://127.0.0.1:{port}/workers", timeout=HTTP_GET_TIMEOUT)
         return not any(w["worker_type"] == "decode" for w in current["workers"])
 
-    wait_until("smg to remove the decode worker", decode_removed, timeout=60)
+    wait_until("smg to remove the decode worker", decode_removed, timeout=STEP_DEADLINE)
     removed_after = time.monotonic() - flipped
     print(
         f"MEASURED decode gate False -> pod NotReady {not_ready_after:.2f}s, "
         f"-> smg worker draining {draining_after:.2f}s, -> removed {removed_after:.2f}s"
     )
-    code, _ = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=60)
+    code, _ = http_json(f"http://127.0.0.1:{port}/generate", body, timeout=GENERATE_TIMEOUT)
     assert code >= 500
 
 
@@ -693,7 +733,11 @@ def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_si
         assert proc.stdout is not None
         first = proc.stdout.readline()
         assert first.strip() == READY_LINE, log_path.read_text()
-        wait_until("node cli-0 Ready", lambda: is_ready(kube.get("node", "cli-0")), timeout=30)
+        wait_until(
+            "node cli-0 Ready",
+            lambda: is_ready(kube.get("node", "cli-0")),
+            timeout=NODE_READY_DEADLINE,
+        )
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -717,7 +761,7 @@ def test_cli_kubelet_in_the_namespace_runs_its_own_node_and_stops_its_pods_on_si
         assert pid is not None
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
+        code = proc.wait(timeout=KUBELET_STOP_DEADLINE)
         if proc.stdout is not None:
             proc.stdout.close()
     assert code == 0
@@ -805,17 +849,17 @@ def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kube
     kube.apply(_ticker_pod(namespace))
 
     def logs(*flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return cluster.kubectl("logs", "ticker", ns, *flags, check=check, timeout=30)
+        return cluster.kubectl("logs", "ticker", ns, *flags, check=check, timeout=KUBECTL_TIMEOUT)
 
     def pod_running() -> bool:
         pod = kube.get("pod", "ticker", namespace)
         return container_pid(pod, "main") is not None
 
-    wait_until("the ticker to run", pod_running, timeout=60)
+    wait_until("the ticker to run", pod_running, timeout=POD_START_DEADLINE)
     full = wait_until(
         "five ticks in kubectl logs",
         lambda: (out := logs(check=False)).returncode == 0 and len(_ticks(out.stdout)) >= 5 and out,
-        timeout=30,
+        timeout=LOG_DEADLINE,
     ).stdout
     pid = container_pid(kube.get("pod", "ticker", namespace), "main")
     assert full.splitlines()[0] == f"started {pid}"  # stderr and stdout, in order
@@ -865,7 +909,7 @@ def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kube
         newer = wait_until(
             "a tick written after kubectl logs -f started",
             lambda: [t for t in _ticks("".join(lines)) if t > last_before + 1],
-            timeout=30,
+            timeout=LOG_DEADLINE,
         )
         print(
             f"MEASURED kubectl logs -f: tick {newer[0]} arrived (last before the stream: "
@@ -876,7 +920,7 @@ def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kube
         code = wait_until(
             "kubectl logs -f to end once the container instance exited",
             lambda: follow.poll() is not None and (follow.returncode,),
-            timeout=30,
+            timeout=LOG_DEADLINE,
         )
         assert code == (0,), follow.stderr.read() if follow.stderr else ""
     finally:
@@ -893,11 +937,11 @@ def test_kubectl_logs_reads_the_container_log_through_the_apiserver_and_the_kube
         new = container_pid(pod, "main")
         return new if cs["restartCount"] == 1 and new and new != pid else None
 
-    new_pid = wait_until("the ticker restarted", restarted, timeout=60)
+    new_pid = wait_until("the ticker restarted", restarted, timeout=POD_START_DEADLINE)
     wait_until(
         "the new instance's first tick in kubectl logs",
         lambda: f"instance {new_pid} tick 0" in logs(check=False).stdout,
-        timeout=30,
+        timeout=LOG_DEADLINE,
     )
     current = logs().stdout
     assert f"instance {pid} " not in current and current.startswith(f"started {new_pid}")
@@ -919,7 +963,7 @@ def test_kubelet_port_refuses_requests_without_the_apiservers_client_certificate
     pod = wait_until(
         "the ticker to run",
         lambda: (p := kube.get("pod", "ticker", namespace)) and container_pid(p, "main") and p,
-        timeout=60,
+        timeout=POD_START_DEADLINE,
     )
     node = kube.get("node", pod["spec"]["nodeName"])
     ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
@@ -941,7 +985,7 @@ def test_kubelet_port_refuses_requests_without_the_apiservers_client_certificate
         if cert is not None:
             ctx.load_cert_chain(str(cert[0]), str(cert[1]))
         try:
-            with urllib.request.urlopen(url, timeout=10, context=ctx) as resp:
+            with urllib.request.urlopen(url, timeout=KUBELET_REQUEST_TIMEOUT, context=ctx) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
@@ -956,6 +1000,6 @@ def test_kubelet_port_refuses_requests_without_the_apiservers_client_certificate
             and " tick " in r[1]
             and r
         ),
-        timeout=30,
+        timeout=LOG_DEADLINE,
     )
     assert code == 200 and len(text.splitlines()) == 1

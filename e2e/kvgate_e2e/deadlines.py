@@ -1,0 +1,36 @@
+"""Deadlines several e2e files share: how long a wait may take before the test gives up.
+
+A deadline is not a bound the test asserts: only a step that never happens reaches one, so each is
+many times what the step takes in ``make test`` (the run prints what it measured) and holds on a
+machine at half speed (``make test-loaded``). Each names what it bounds and why that number
+(docs/testing.md, "bounds"); a wait particular to one file keeps its own named constant there, and
+a bound a test asserts is derived from what the run measured, never taken from here.
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------------- kvgate's steps
+# The first revision (router and engines) from apply to Ready: each reference engine loads in
+# ENGINE_LOAD_SECONDS (4 s), then verification and the router: seconds to tens of seconds in
+# make test; generous so a machine at half speed, with a busy scheduler, passes.
+REVISION_DEADLINE = 300
+# An engine restarted: its container killed and started again (the 4 s load), its verdict, the
+# pod's Ready; seconds in make test.
+RESTART_DEADLINE = 120
+# A routing step: smg discovering or dropping an engine (1 s health checks), an EndpointSlice or
+# a Service following a pod's readiness, a known answer, a few requests; seconds in make test.
+STEP_DEADLINE = 60
+# A condition, an Event or a status field for a verdict or a change already made (a gate patched,
+# a pod deleted): one controller pass and an API write; under a second in make test.
+EVENT_DEADLINE = 30
+# Namespaces deleted by a test gone: the namespace controller starts 5 s after the request, then
+# the kubelet stops each pod (its grace period) and the pods' deletion finishes.
+NAMESPACES_GONE_DEADLINE = 120
+
+# ------------------------------------------------------------------ single HTTP requests
+# One small GET of a local server (an engine's /server_info, smg's /workers, /v1/models): it
+# answers in milliseconds; the timeout only ends a hung connection.
+HTTP_GET_TIMEOUT = 5
+# One short generation (a few tokens) through smg or an engine: the reference engine answers in
+# well under a second; the timeout only ends a request that hangs (a lost worker, a stuck leg).
+GENERATE_TIMEOUT = 60
