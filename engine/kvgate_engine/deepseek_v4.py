@@ -17,17 +17,21 @@ compress state is a fixed block per request slot, taken first. The page is 256 o
   ``SGLANG_DSV4_KV_LAYOUT`` defaults to ``v4`` in 0.5.21 to 0.5.23, so the GPU's SM version
   plays no part unless that variable or ``--dsv4-attn-backend`` asks for another layout, which
   :func:`deepseek_v4_unsized` refuses;
-- the SWA share: 0.5.19 replaces its ServerArgs default 0.8 with 0.1, 0.5.20 an unset ratio with
-  0.1; 0.5.21 on size the SWA pool from ``--swa-full-tokens-ratio`` only when it is given, and
-  otherwise may size it from the request cap (``_resolve_swa_cap_tokens``), which is not modelled;
+- the SWA share: ``--swa-full-tokens-ratio``, else 0.1, the model's override; 0.5.19 also
+  replaces a given 0.8 (its ServerArgs default, which it cannot tell from an unset flag). From
+  0.5.21 the configurator sizes the SWA pool from the request cap instead unless the ratio
+  counts as set; the releases' argument resolution counts the override's 0.1 as set, so
+  DeepSeek-V4 (unlike V4.1, which has no override) stays on the ratio;
 - the SWA floor (``validate_swa_pool_size``, from 0.5.20): the SWA pool must exceed one window
   plus one page, or the engine refuses to start;
 - the ratio-4 state's pages: ``swa_tokens // window × 8`` rows in 0.5.19 and 0.5.20,
   ``swa_tokens // page × 8`` from 0.5.21.
 
-tests/conformance/dsv4_pools_probe.py runs each release's own configurator on the shapes of
-tests/fixtures/sglang_pools/deepseek_v4.json; tests/conformance/test_sglang_pools.py requires the
-estimate to equal them token for token.
+Everything else comes from SGLang's argument resolution: ``--max-running-requests`` defaults to
+256 (arg_groups/deepseek_v4_hook.py), a decode engine adds its extra request slots
+(pd_disaggregation_hook.py). tests/conformance/dsv4_pools_probe.py runs each release's own
+resolution and configurator on the shapes of tests/fixtures/sglang_pools/deepseek_v4.json;
+tests/conformance/test_sglang_pools.py requires the estimate to equal them token for token.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ INDEXER_QUANT_BLOCK = 128  # get_dsv4_indexer_bytes_per_token: fp8 plus a 4-byte
 # kv_layout.py KVLayout.V4: 576 data + 8 scale bytes a token, pages padded to 576 bytes.
 V4_ROW_BYTES = 584
 V4_PAGE_ALIGN = 576
-# The releases whose sizer prices the paged V4 rows, and whose SWA share needs the flag.
+# The releases whose sizer prices the paged V4 rows.
 PAGED_ROW_RELEASES = frozenset({"0.5.21", "0.5.22", "0.5.23"})
 SWA_FLOOR_RELEASES = frozenset({"0.5.20", "0.5.21", "0.5.22", "0.5.23"})
 # Engine variables that change the layout, the state dtype, the rings or the SWA cap
@@ -144,6 +148,7 @@ class DeepseekV4Pools:
     c128_tokens: int
     c4_state_rows: int  # ratio-4 compress state rows (per SWA page)
     c128_state_bytes: int  # the per-request-slot ratio-128 state taken before the pools
+    request_slots: int
     bytes_per_full_token: float
     swa_ratio: float
     window: int
@@ -219,9 +224,10 @@ def deepseek_v4_unsized(
     """Why the pools of this engine cannot be estimated exactly, or None."""
     if release not in SUPPORTED_RELEASES:
         return DeepseekV4Unsized(
-            f"SGLang's DeepSeek-V4 sizer differs from release to release and the release is "
-            f"{'not known' if release is None else release}; kvgate sizes it for "
-            f"{', '.join(SUPPORTED_RELEASES)}: run an image tagged with one of them",
+            f"SGLang's DeepSeek-V4 sizer differs from release to release and the engine's release "
+            f"is {'not known' if release is None else release}; kvgate sizes it for "
+            f"{', '.join(SUPPORTED_RELEASES)}: run an image whose tag names one of them (e.g. "
+            f"lmsysorg/sglang:v{SUPPORTED_RELEASES[-1]})",
             "release",
         )
     if kv_cache_dtype not in DSV4_KV_CACHE_DTYPES:
@@ -245,9 +251,9 @@ def deepseek_v4_unsized(
     if variables:
         return DeepseekV4Unsized(
             f"engine env {', '.join(variables)} changes how SGLang lays out or sizes "
-            "DeepSeek-V4's KV pools (the layout SGLANG_DSV4_KV_LAYOUT picks from the GPU's SM "
-            "version, the compress-state dtype, online compression, the SWA cap), which kvgate "
-            "does not model; remove it or verify a live engine",
+            "DeepSeek-V4's KV pools (a KV layout picked from the GPU's SM version, the "
+            "compress-state dtype, online compression, the SWA cap), which kvgate does not "
+            "model; remove it or verify a live engine",
             "engine_env",
         )
     return None
@@ -256,25 +262,14 @@ def deepseek_v4_unsized(
 def _swa_ratio(request: DeepseekV4Request) -> float:
     """The SWA share the release's configurator uses."""
     given = request.swa_ratio
-    if request.release == "0.5.19":
-        return DSV4_SWA_RATIO if given in (None, SERVER_ARGS_SWA_RATIO_0_5_19) else given
-    if given is not None:
-        if not 0 < given <= 1:
-            raise DeepseekV4Unsized(
-                f"--swa-full-tokens-ratio {given:g} must be in (0, 1] (SGLang refuses to start)",
-                "engine_args",
-            )
-        return given
-    if request.release in PAGED_ROW_RELEASES:
+    if given is not None and not 0 < given <= 1:
         raise DeepseekV4Unsized(
-            f"SGLang {request.release} sizes DeepSeek-V4's sliding-window pool from "
-            "--swa-full-tokens-ratio when it is given, and otherwise may size it from the "
-            "request cap (max running requests, chunked prefill, cached prefix tails), which "
-            "kvgate does not model; add --swa-full-tokens-ratio to the engine args (0.1 is "
-            "SGLang's default share for this model) or verify a live engine",
+            f"--swa-full-tokens-ratio {given:g} must be in (0, 1] (SGLang refuses to start)",
             "engine_args",
         )
-    return DSV4_SWA_RATIO
+    if given is None or (request.release == "0.5.19" and given == SERVER_ARGS_SWA_RATIO_0_5_19):
+        return DSV4_SWA_RATIO
+    return given
 
 
 def _requests_per_worker(request: DeepseekV4Request) -> int:
@@ -371,7 +366,8 @@ def deepseek_v4_pools(model: DeepseekV4Model, request: DeepseekV4Request) -> Dee
     ratio = _swa_ratio(request)
     paged = request.release in PAGED_ROW_RELEASES
     per_token = (_paged_bytes_per_full_token if paged else _flat_bytes_per_full_token)(model, ratio)
-    state = _c128_state_bytes(model, _request_slots(request, _requests_per_worker(request)))
+    slots = _request_slots(request, _requests_per_worker(request))
+    state = _c128_state_bytes(model, slots)
     for_tokens = max(request.available_bytes - state, 0)
     full = int(for_tokens / per_token)
     if request.release == "0.5.23":
@@ -391,6 +387,7 @@ def deepseek_v4_pools(model: DeepseekV4Model, request: DeepseekV4Request) -> Dee
         c128_tokens=full // 128,
         c4_state_rows=swa // state_page * C4_RING if model.layers(4) else 0,
         c128_state_bytes=state,
+        request_slots=slots,
         bytes_per_full_token=per_token,
         swa_ratio=ratio,
         window=model.window,

@@ -837,7 +837,10 @@ def forced_page_size(config: Mapping[str, Any]) -> int:
     """The page SGLang forces on CUDA for the config's layout, 1 for none: DSA 64 × index_kpool
     (arg_groups/model_overrides/deepseek_v2.py); the linear hybrids 64 on SM100 with trtllm_mha
     (qwen3_5.py), and Llama 4 64 on SM100 with trtllm_mha unless the page is one it keeps
-    (llama4.py), taken whenever the GPU is not known, as the pool estimate does."""
+    (llama4.py), taken whenever the GPU is not known, as the pool estimate does; DeepSeek-V4
+    256 (model_overrides/deepseek_v4.py)."""
+    if is_deepseek_v4(config):
+        return DSV4_PAGE
     layout = layout_of(config)
     if layout == "DSA":
         return 64 * (_int(_text_config(config), "index_kpool") or 1)
@@ -1580,8 +1583,19 @@ def _deepseek_v4_estimate(
         pools = deepseek_v4_pools(deepseek_v4_model(_text_config(config)), request)
     except DeepseekV4Unsized as unsized:
         raise EstimateError(str(unsized), unsized.parameter) from None
+    page_bytes = math.ceil(pools.bytes_per_full_token * DSV4_PAGE)
+    if pools.full_tokens <= 0 and 0 < usable_gib * GIB <= pools.c128_state_bytes:
+        raise NoRoomForKvCache(
+            f"no room for the KV cache beside DeepSeek-V4's ratio-128 compress state: "
+            f"{pools.request_slots:,} request slots (--max-running-requests per attention-DP "
+            f"worker, SGLang's default 256, plus one) take {pools.c128_state_bytes / GIB:,.2f} "
+            f"GiB per GPU of the {usable_gib:,.2f} GiB the weights leave (one {DSV4_PAGE}-token "
+            f"page needs {page_bytes:,} bytes more); lower --max-running-requests, raise --tp "
+            "or --mem-fraction-static, or use GPUs with more memory",
+            "engine_args",
+        )
     if pools.full_tokens <= 0:
-        raise memory.no_room(usable_gib, DSV4_PAGE, math.ceil(pools.bytes_per_full_token * 256))
+        raise memory.no_room(usable_gib, DSV4_PAGE, page_bytes)
     if checks_swa_floor(release) and pools.swa_floor_broken:
         raise SlidingWindowPoolTooSmall(pools.swa_tokens, pools.window, DSV4_PAGE, pools.swa_ratio)
     return Estimate(

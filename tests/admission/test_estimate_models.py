@@ -126,3 +126,54 @@ def test_the_context_limit_is_derived_as_the_images_release_derives_it() -> None
         and "SGLang 0.5.23" in p.message
         for p in new.denials
     ), new.message
+
+
+V4_FLASH = model_config("deepseek-v4-flash-base")
+
+
+def _v4_flash(changes: dict[str, object]) -> dict[str, object]:
+    base: dict[str, object] = {
+        "spec.model.config": V4_FLASH,
+        "spec.model.weightsGiB": 160,
+        "spec.model.contextLength": 1_048_576,
+        "spec.engine.image": "lmsysorg/sglang:v0.5.23",
+    }
+    for role in ("prefill", "decode"):
+        base |= {
+            f"spec.{role}.tensorParallel": 8,
+            f"spec.{role}.memFractionStatic": 0.85,
+            f"spec.{role}.gpuMemoryGiB": 141,
+        }
+    return mutated(base | changes)
+
+
+def _estimate_warnings(document: dict[str, object]) -> dict[str, str]:
+    result = check_document(document)
+    return {w.field: w.message for w in result.warnings if "cannot estimate" in w.message}
+
+
+def test_deepseek_v4_is_estimated_with_the_images_release() -> None:
+    """DeepSeek-V4-Flash on 4 × 52 GiB decode GPUs under SGLang 0.5.23: (52 − 1) × 0.85 − 160 / 4
+    = 3.35 GiB, of which the ratio-128 compress state of 257 request slots takes 2.53 GiB; the
+    rest at 7,086.75 bytes a full token holds 124,160 tokens (page 256), below the 1,048,576
+    context; on 8 × 141 GiB both roles hold 14,616,576."""
+    small = {"spec.decode.tensorParallel": 4, "spec.decode.gpuMemoryGiB": 52}
+    denied = check_document(_v4_flash(small))
+    decode = next(p.message for p in denied.denials if p.field == "spec.decode")
+    assert "estimated KV pool 124,160 tokens" in decode and "fp8_e4m3" not in decode, decode
+    assert check_document(_v4_flash({})).allowed
+    assert _estimate_warnings(_v4_flash({})) == {}
+
+
+def test_deepseek_v4_on_an_image_without_a_release_warns_on_the_image() -> None:
+    warnings = _estimate_warnings(_v4_flash({"spec.engine.image": "lmsysorg/sglang:latest"}))
+    assert list(warnings) == ["spec.engine.image"], warnings
+    assert "release is not known" in warnings["spec.engine.image"]
+    assert "lmsysorg/sglang:v0.5.23" in warnings["spec.engine.image"]
+
+
+def test_deepseek_v4_layout_variables_in_the_engine_env_are_not_guessed() -> None:
+    layout = [{"name": "SGLANG_DSV4_KV_LAYOUT", "value": "auto"}]
+    warnings = _estimate_warnings(_v4_flash({"spec.decode.extraEnv": layout}))
+    assert list(warnings) == ["spec.engine.env or spec.decode.extraEnv"], warnings
+    assert "SGLANG_DSV4_KV_LAYOUT" in next(iter(warnings.values()))

@@ -7,6 +7,12 @@ token, computed live by that release's own code.
   tests/fixtures/sglang_pools/llama4.json. Each release's answer must be that record (so the unit
   tier, which reads the record, tests against what the releases compute), and kvgate's estimate
   must give the same full and chunked pools, or refuse where the release refuses.
+- DeepSeek-V4 (``DeepseekV4ForCausalLM``): ``dsv4_pools_probe.py`` resolves each shape's engine
+  arguments with the release's ``prepare_server_args`` and sizes it with the release's
+  ``DSV4PoolConfigurator`` on a CUDA device of the shape's SM version; the answers differ per
+  release and tests/fixtures/sglang_pools/deepseek_v4.json records each one. The release's answer
+  must be its record, and kvgate's estimate for that release must give the same full, SWA, c4 and
+  c128 pools, c4 state rows and bytes per full token, or refuse where the release refuses.
 - Gemma 3 (``Gemma3ForConditionalGeneration``): whether the release reserves the multimodal
   (VLM cache) memory out of the KV budget, without and with ``--enable-multimodal``, from its own
   ``ModelConfig.is_multimodal`` and ``mm_runtime_reservation_gb``; kvgate's budget must differ by
@@ -24,7 +30,13 @@ from typing import Any
 import pytest
 from factories.model_configs import model_config
 from factories.release_answers import ask_release, model_directory
-from factories.sglang_pools import LLAMA4_RECORD, llama4_estimate
+from factories.sglang_pools import (
+    DSV4_RECORD,
+    DSV4_SHAPE_INPUTS,
+    LLAMA4_RECORD,
+    assert_dsv4_estimate_matches,
+    llama4_estimate,
+)
 from kvgate_engine.estimator import (
     ChunkedPoolTooSmall,
     estimate_pool,
@@ -37,6 +49,7 @@ __all__ = ["sglang_envs"]  # the module fixture this file uses
 
 HERE = Path(__file__).resolve().parent
 LLAMA4_PROBE = (HERE / "llama4_pools_probe.py").read_text()
+DSV4_PROBE = (HERE / "dsv4_pools_probe.py").read_text()
 SHAPE_INPUTS = ("name", "model", "gpu", "reserved", "mfs", "weights", "tp", "kv", "page", "ratio")
 
 # Runs inside the SGLang environment: Gemma 3's multimodal switch and reservation as the
@@ -72,6 +85,18 @@ def llama4_pools(version: str, release: Path) -> list[dict[str, Any]]:
     return computed
 
 
+def dsv4_pools(version: str, release: Path) -> list[dict[str, Any]]:
+    """The recorded DeepSeek-V4 shapes as the release at ``release`` sizes them."""
+    shapes = [{key: shape[key] for key in DSV4_SHAPE_INPUTS} for shape in DSV4_RECORD["shapes"]]
+    question = {
+        "release": version,
+        "configs": {name: model_config(name) for name in {s["model"] for s in shapes}},
+        "shapes": shapes,
+    }
+    computed: list[dict[str, Any]] = ask_release(release, DSV4_PROBE, question)
+    return computed
+
+
 def gemma3_multimodal(release: Path) -> dict[str, dict[str, Any]]:
     """Gemma 3's is_multimodal and VLM reservation in the release at ``release``, without
     --enable-multimodal ("default") and with it ("flag")."""
@@ -101,6 +126,17 @@ def test_llama4_pools_are_what_each_release_computes_token_for_token(
             shape["swa_max_total_num_tokens"],
         ), shape["name"]
         assert estimate.usable_gib * 2**30 == pytest.approx(shape["available_bytes"], abs=1)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_VERSIONS)
+def test_deepseek_v4_pools_are_what_each_release_computes_token_for_token(
+    version: str, sglang_envs: dict[str, Path]
+) -> None:
+    computed = dsv4_pools(version, sglang_envs[version])
+
+    assert computed == DSV4_RECORD["releases"][version], f"SGLang {version} no longer matches"
+    for answer in computed:
+        assert_dsv4_estimate_matches(version, answer)
 
 
 @pytest.mark.parametrize("version", SUPPORTED_VERSIONS)

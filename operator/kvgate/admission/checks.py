@@ -525,15 +525,17 @@ def _pool_too_small_denial(
     required: int,
     weights_gib: float,
     reserve: GpuReserve,
+    resolved_dtype: str = "",
 ) -> Problem:
-    """The estimated pool is below contextLength × headroom: the ways to enlarge it."""
+    """The estimated pool is below contextLength × headroom: the ways to enlarge it (fp8 only
+    where the engine does not run fp8 already: ``resolved_dtype`` is the estimate's)."""
     ways = [f"raise {role}.gpuMemoryGiB or {role}.memFractionStatic"]
     if spec.engine.kv_cache_dtype in (
         KvCacheDtype.AUTO,
         KvCacheDtype.BFLOAT16,
         KvCacheDtype.BF16,
         KvCacheDtype.FLOAT16,
-    ):
+    ) and not resolved_dtype.startswith("fp8"):
         ways.append("use kvCacheDtype fp8_e4m3")
     ways.append("or lower contextLength")
     needed = _requirement_text(spec)
@@ -595,13 +597,20 @@ def check_estimated_pool(
             continue
         except Exception as error:  # EstimateError, or a config the estimator chokes on
             if not _denied_elsewhere(spec, role_spec, error):
-                field = _estimate_input_field(role, error)
-                who = "" if field == f"spec.{role}" else f"{role} engines: "
-                warnings.append(Problem(field, f"{who}cannot estimate the KV pool: {error}"))
+                warnings.append(_not_estimated_warning(role, error))
             continue
         if pool < required:
             denials.append(
-                _pool_too_small_denial(spec, role, role_spec, pool, required, weights_gib, reserve)
+                _pool_too_small_denial(
+                    spec,
+                    role,
+                    role_spec,
+                    pool,
+                    required,
+                    weights_gib,
+                    reserve,
+                    estimate.kv_cache_dtype,
+                )
             )
         elif pool < required * (1 + MARGIN_WARNING):
             warnings.append(_thin_margin_warning(spec, role, pool, required))
@@ -620,12 +629,15 @@ _ESTIMATE_INPUT_FIELDS = {
 }
 
 
-def _estimate_input_field(role: str, error: Exception) -> str:
-    """The field a refused estimate names: the input at fault, else the role."""
+def _not_estimated_warning(role: str, error: Exception) -> Problem:
+    """Why a role's pool is not estimated, on the field at fault: the input the estimator names
+    (the image's release, the engine args or env), else the role."""
     parameter = error.parameter if isinstance(error, EstimateError) else ""
+    field = _ESTIMATE_INPUT_FIELDS.get(parameter, f"spec.{role}")
     if parameter == "engine_env":
-        return f"spec.engine.env or spec.{role}.extraEnv"
-    return _ESTIMATE_INPUT_FIELDS.get(parameter, f"spec.{role}")
+        field = f"spec.engine.env or spec.{role}.extraEnv"
+    who = "" if field == f"spec.{role}" else f"{role} engines: "
+    return Problem(field, f"{who}cannot estimate the KV pool: {error}")
 
 
 def _denied_elsewhere(spec: ModelDeploymentSpec, role_spec: RoleSpec, error: Exception) -> bool:
