@@ -10,13 +10,17 @@ a bound a test asserts is derived from what the run measured, never taken from h
 from __future__ import annotations
 
 # ------------------------------------------------------------------------- kvgate's steps
-# The first revision (router and engines) from apply to Ready: each reference engine loads in
+# The first revision (router and engines) from apply to Ready, or a revision refused once its
+# engines started and reported (refused pool, failed verification): each reference engine loads in
 # ENGINE_LOAD_SECONDS (4 s), then verification and the router: seconds to tens of seconds in
 # make test; generous so a machine at half speed, with a busy scheduler, passes.
 REVISION_DEADLINE = 300
 # An engine restarted: its container killed and started again (the 4 s load), its verdict, the
 # pod's Ready; seconds in make test.
 RESTART_DEADLINE = 120
+# Engine pods gone: a deleted pod or a revision scaled to 0 (its grace period, the kubelet's kill,
+# the deletion finishing).
+POD_GONE_DEADLINE = 120
 # A routing step: smg discovering or dropping an engine (1 s health checks), an EndpointSlice or
 # a Service following a pod's readiness, a known answer, a few requests; seconds in make test.
 STEP_DEADLINE = 60

@@ -17,6 +17,7 @@ CLEAN = (
     "test_kubelet_smoke.py",
     "test_scenario_engine_restart.py",
     "test_scenario_kv_canary.py",
+    "test_scenario_lost_objects.py",
     "test_scenario_operator_down.py",
 )
 

@@ -32,6 +32,12 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import (
+    HTTP_GET_TIMEOUT,
+    POD_GONE_DEADLINE,
+    REVISION_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     OPERATOR_NAMESPACE,
@@ -58,6 +64,27 @@ pytestmark = [
 ]
 REQUESTS_AFTER_RECOVERY = 10
 VERIFY_STARTED_AT = "kvgate.io/verify-started-at"
+# Deadlines, not bounds (the run prints each recovery it measured): only a step that never
+# happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+# What one or a few reconcile passes write (a lost object recreated, a rollout's status, a
+# revision's Deployments): a pass runs on every watch event and at each re-verification
+# (KVGATE_REVERIFY_SECONDS, 2 s in the e2e world); seconds in make test.
+PASS_DEADLINE = 60
+# The first known answer through the Service (the EndpointSlice, smg discovering both engines),
+# or the first after the router's outage; above STEP_DEADLINE as it follows a whole start.
+ANSWER_DEADLINE = 90
+# The deleted router Deployment recreated by kvgate and its new pod Ready (smg's start).
+ROUTER_REBUILT_DEADLINE = 120
+# The wall clock passing 15 s after the recorded verification start (a sleep, not CPU work),
+# plus slack for the polls.
+ROLLOUT_AGE_DEADLINE = 60
+# Reconcile passes (a count, not seconds) after which a stripped annotation would have had its
+# effect: a switch, a deletion or a reset clock.
+SETTLE_PASSES = 3
+# Speed claim: the stuck revision is refused less than this many seconds after its recorded
+# verification deadline (a reset clock would refuse at >= 15 s more). Measured against the
+# recorded verifyStartedAt + verifyTimeoutSeconds; holds if kvgate's deadline timer fires on time.
+REFUSAL_LATENESS = 10
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -73,10 +100,12 @@ def serve_old_revision(world: World, ns: str, md_name: str, **spec: Any) -> tupl
             and is_ready(m)
             and m
         ),
-        300,
+        REVISION_DEADLINE,
     )
     revision = str(md["status"]["servingRevision"])
-    wait_known_answer(world, md_name, ns, 90, "a known-answer request through the Service")
+    wait_known_answer(
+        world, md_name, ns, ANSWER_DEADLINE, "a known-answer request through the Service"
+    )
     return revision, engine_uids(world, ns, md_name, revision)
 
 
@@ -99,7 +128,7 @@ def reconcile_passes(world: World) -> int:
     pod = world.operator_pod()
     assert pod is not None, "no operator pod"
     url = f"http://127.0.0.1:{world.forward(pod['status']['podIP'], 8080)}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as resp:
+    with urllib.request.urlopen(url, timeout=HTTP_GET_TIMEOUT) as resp:
         text = resp.read().decode()
     found = re.search(r"^kvgate_reconcile_duration_seconds_count (\S+)$", text, re.MULTILINE)
     assert found, "operator /metrics has no kvgate_reconcile_duration_seconds_count"
@@ -110,7 +139,9 @@ def wait_passes(world: World, passes: int, what: str) -> None:
     """Wait (with a deadline) until the operator reconciled ``passes`` more times."""
     start = reconcile_passes(world)
     deadline_loop(
-        f"{passes} reconcile passes {what}", lambda: reconcile_passes(world) >= start + passes, 60
+        f"{passes} reconcile passes {what}",
+        lambda: reconcile_passes(world) >= start + passes,
+        PASS_DEADLINE,
     )
 
 
@@ -164,20 +195,22 @@ def test_lost_service_then_refused_update_keeps_the_old_revision_serving(
     with InvariantSampler(world.cluster, ns, name="lost-service"):
         old, old_pods = serve_old_revision(world, ns, md_name)
         with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
-            deadline_loop("traffic before the deletion", lambda: len(traffic.results) >= 5, 60)
+            deadline_loop(
+                "traffic before the deletion", lambda: len(traffic.results) >= 5, STEP_DEADLINE
+            )
             # A: the Service alone is deleted (a mistake, a GitOps prune).
             alone_at = time.monotonic()
             world.kubectl("delete", "service", md_name, f"--namespace={ns}")
             deadline_loop(
                 "the Service to come back",
                 lambda: service_revision(world, ns, md_name) == old,
-                60,
+                PASS_DEADLINE,
             )
             alone_back = time.monotonic()
             deadline_loop(
                 "a request answered through the recreated Service",
                 lambda: any(r[1] for r in traffic.results if r[0] > alone_back),
-                60,
+                STEP_DEADLINE,
             )
             alone_gap, alone_failed = recovery(traffic, alone_at)
             # B: an update kvgate refuses (its engines report a pool below the context) and the
@@ -189,25 +222,27 @@ def test_lost_service_then_refused_update_keeps_the_old_revision_serving(
             deadline_loop(
                 "the Service to come back selecting the old revision",
                 lambda: service_revision(world, ns, md_name) == old,
-                60,
+                PASS_DEADLINE,
             )
             back_at = time.monotonic()
             deadline_loop(
                 "a request answered through the recreated Service",
                 lambda: any(r[1] for r in traffic.results if r[0] > back_at),
-                60,
+                STEP_DEADLINE,
             )
             refused = deadline_loop(
-                "the new revision to be refused", lambda: refused_revision(world, ns, md_name), 300
+                "the new revision to be refused",
+                lambda: refused_revision(world, ns, md_name),
+                REVISION_DEADLINE,
             )
             new = refused["status"]["refusedRevision"]
             deadline_loop(
                 "the refused revision's engines to be scaled down",
                 lambda: not engine_uids(world, ns, md_name, new),
-                120,
+                POD_GONE_DEADLINE,
             )
             count = len(traffic.results) + REQUESTS_AFTER_RECOVERY
-            deadline_loop("more requests", lambda: len(traffic.results) >= count, 60)
+            deadline_loop("more requests", lambda: len(traffic.results) >= count, STEP_DEADLINE)
         gap, failed_in_gap = recovery(traffic, deleted_at)
         print(get_md_table(world, ns))
         print(
@@ -253,13 +288,15 @@ def test_lost_router_deployment_of_the_serving_revision_is_rebuilt_and_serving_r
         old, old_pods = serve_old_revision(world, ns, md_name)
         world.apply(on_pool_without_estimate(sample_md(md_name), "small"), namespace=ns)
         refused = deadline_loop(
-            "the new revision to be refused", lambda: refused_revision(world, ns, md_name), 300
+            "the new revision to be refused",
+            lambda: refused_revision(world, ns, md_name),
+            REVISION_DEADLINE,
         )
         new = refused["status"]["refusedRevision"]
         deadline_loop(
             "the refused revision's engines to be scaled down",
             lambda: not engine_uids(world, ns, md_name, new),
-            120,
+            POD_GONE_DEADLINE,
         )
         router = f"{md_name}-{old}-router"
         before = world.get("deployment", router, ns)
@@ -267,7 +304,9 @@ def test_lost_router_deployment_of_the_serving_revision_is_rebuilt_and_serving_r
         router_pods = f"kvgate.io/deployment={md_name},kvgate.io/component=router"
         routers_before = {p["metadata"]["uid"] for p in world.list("pods", ns, router_pods)}
         with TrafficLoop(lambda: known_answer(world, md_name, ns)) as traffic:
-            deadline_loop("traffic before the deletion", lambda: len(traffic.results) >= 5, 60)
+            deadline_loop(
+                "traffic before the deletion", lambda: len(traffic.results) >= 5, STEP_DEADLINE
+            )
             deleted_at = time.monotonic()
             world.kubectl("delete", "deployment", router, f"--namespace={ns}", "--wait=false")
             rebuilt = deadline_loop(
@@ -278,16 +317,16 @@ def test_lost_router_deployment_of_the_serving_revision_is_rebuilt_and_serving_r
                     and (d.get("status") or {}).get("readyReplicas")
                     and d
                 ),
-                120,
+                ROUTER_REBUILT_DEADLINE,
             )
             ready_at = time.monotonic()
             deadline_loop(
                 "a request answered after the deletion's outage",
                 lambda: any(r[1] for r in traffic.results if r[0] > ready_at),
-                90,
+                ANSWER_DEADLINE,
             )
             count = len(traffic.results) + REQUESTS_AFTER_RECOVERY
-            deadline_loop("more requests", lambda: len(traffic.results) >= count, 60)
+            deadline_loop("more requests", lambda: len(traffic.results) >= count, STEP_DEADLINE)
         failed = [r for r in traffic.results if r[0] >= deleted_at and not r[1]]
         last_failure = max((r[0] for r in failed), default=deleted_at)
         recovered = next(r[0] for r in traffic.results if r[0] > last_failure and r[1])
@@ -337,21 +376,21 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
                     and (m["status"].get("rollout") or {}).get("verifyStartedAt")
                     and m
                 ),
-                60,
+                PASS_DEADLINE,
             )
             new = md["status"]["targetRevision"]
             recorded_start = md["status"]["rollout"]["verifyStartedAt"]
             deadline_loop(
                 "the new revision's 3 Deployments",
                 lambda: len(deployments_of(world, ns, md_name, new)) == 3,
-                60,
+                PASS_DEADLINE,
             )
             names = [d["metadata"]["name"] for d in deployments_of(world, ns, md_name, new)]
             # Strip late enough that a reset clock would refuse far past the recorded deadline.
             deadline_loop(
                 "the rollout to be 15 s old",
                 lambda: time.time() - parse_time(recorded_start).timestamp() >= 15,
-                60,
+                ROLLOUT_AGE_DEADLINE,
             )
             as_operator(
                 world,
@@ -361,7 +400,7 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
                 f"{VERIFY_STARTED_AT}-",
                 f"--namespace={ns}",
             )
-            wait_passes(world, 3, "after stripping the start annotations")
+            wait_passes(world, SETTLE_PASSES, "after stripping the start annotations")
             status = world.get_md(md_name, ns)["status"]  # type: ignore[index]
             assert status["servingRevision"] == old and service_revision(world, ns, md_name) == old
             assert status["rollout"]["verifyStartedAt"] == recorded_start
@@ -379,7 +418,9 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
                 parse_time(degraded["lastTransitionTime"]) - parse_time(recorded_start)
             ).total_seconds()
             print(f"MEASURED refused {late:.0f}s after the recorded start (timeout {timeout}s)")
-            assert timeout <= late < timeout + 10, late  # a reset clock: ≥ timeout + 15
+            assert timeout <= late < timeout + REFUSAL_LATENESS, (
+                late
+            )  # a reset clock: ≥ timeout + 15
 
             # The refusal's annotations go too: it stands (status), nothing is scaled back up.
             as_operator(
@@ -391,13 +432,13 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
                 "kvgate.io/refused-message-",
                 f"--namespace={ns}",
             )
-            wait_passes(world, 3, "after stripping the refusal annotations")
+            wait_passes(world, SETTLE_PASSES, "after stripping the refusal annotations")
             replicas = {
                 d["metadata"]["labels"]["kvgate.io/role"]: d["spec"]["replicas"]
                 for d in deployments_of(world, ns, md_name, new)
             }
             count = len(traffic.results) + REQUESTS_AFTER_RECOVERY
-            deadline_loop("more requests", lambda: len(traffic.results) >= count, 60)
+            deadline_loop("more requests", lambda: len(traffic.results) >= count, STEP_DEADLINE)
         assert replicas == {"prefill": 0, "decode": 0, "router": 0}, replicas
         assert len(events(world, ns, "RolloutRefused")) == 1
         status = world.get_md(md_name, ns)["status"]  # type: ignore[index]
