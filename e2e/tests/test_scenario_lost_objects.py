@@ -418,9 +418,8 @@ def test_stripped_rollout_annotations_cause_no_switch_no_deletion_and_no_clock_r
                 parse_time(degraded["lastTransitionTime"]) - parse_time(recorded_start)
             ).total_seconds()
             print(f"MEASURED refused {late:.0f}s after the recorded start (timeout {timeout}s)")
-            assert timeout <= late < timeout + REFUSAL_LATENESS, (
-                late
-            )  # a reset clock: ≥ timeout + 15
+            # a reset clock: ≥ timeout + 15
+            assert timeout <= late < timeout + REFUSAL_LATENESS, late
 
             # The refusal's annotations go too: it stands (status), nothing is scaled back up.
             as_operator(
