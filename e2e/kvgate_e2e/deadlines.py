@@ -27,6 +27,10 @@ STEP_DEADLINE = 60
 # A condition, an Event or a status field for a verdict or a change already made (a gate patched,
 # a pod deleted): one controller pass and an API write; under a second in make test.
 EVENT_DEADLINE = 30
+# What one or a few reconcile passes write (a lost object recreated, a rollout's status, a new
+# revision's Deployments): a pass runs on every watch event and at each re-verification
+# (KVGATE_REVERIFY_SECONDS, 2 s in the e2e world); seconds in make test.
+PASS_DEADLINE = 60
 # Namespaces deleted by a test gone: the namespace controller starts 5 s after the request, then
 # the kubelet stops each pod (its grace period) and the pods' deletion finishes.
 NAMESPACES_GONE_DEADLINE = 120

@@ -35,6 +35,14 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import (
+    EVENT_DEADLINE,
+    GENERATE_TIMEOUT,
+    PASS_DEADLINE,
+    POD_GONE_DEADLINE,
+    REVISION_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.prometheus import Prometheus
 from kvgate_e2e.prometheus_adapter import PrometheusAdapter
 from kvgate_e2e.sampler import InvariantSampler
@@ -62,6 +70,27 @@ METRIC = "sglang_num_running_reqs"
 API = "kvgate.io/v1alpha1"
 STEP_SECONDS = 0.02
 STREAM_TOKENS = 400  # 8 s a stream at STEP_SECONDS a token
+# Deadlines, not bounds (the run prints the scale-up and drain times it measured): only a step
+# that never happens reaches one. Shared ones come from kvgate_e2e.deadlines (the first revision
+# Ready uses REVISION_DEADLINE, 300 s, like every other file; it was 240 s here).
+STREAM_TIMEOUT = 180  # one stream of STREAM_TOKENS (8 s of decode steps): ends a hung stream only
+# One more decode engine after kubectl scale: scheduled, started (the 4 s load), verified, and
+# counted by the RoleScale.
+SCALE_OUT_DEADLINE = 180
+# The streams' running requests through Prometheus's scrape and the metrics adapter, as the HPA
+# reads them.
+METRICS_DEADLINE = 90
+# The HPA writing the RoleScale (and its lastScaleTime): its sync period is 2 s in the e2e cluster,
+# the scale-up policy at once, after the adapter serves the metric.
+HPA_UP_DEADLINE = 120
+# Two more decode engines started and verified after the HPA's decision, under streaming load.
+HPA_SCALE_OUT_DEADLINE = 240
+# The HPA back to 1 once only one stream runs: the running-request metric has to fall through
+# the scrape and the adapter first.
+HPA_DOWN_DEADLINE = 180
+# Two engines drained, one after the other, each bounded by drainTimeoutSeconds (180 s) while
+# its streams finish, then their pods gone.
+DRAINS_DEADLINE = 400
 
 
 def autoscaled_md() -> dict[str, Any]:
@@ -129,7 +158,7 @@ class Streams:
         while index < self.workers:
             started = time.monotonic()
             try:
-                answer = stream_generate(self.url, body(self.tokens), timeout=180)
+                answer = stream_generate(self.url, body(self.tokens), timeout=STREAM_TIMEOUT)
                 got = len(answer.output_ids)
                 ok = answer.status == 200 and not answer.errors and got >= self.tokens
                 detail = f"HTTP {answer.status}, {got} tokens, errors {answer.errors}"
@@ -206,8 +235,10 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
 ) -> None:
     ns = namespace
     world.apply(autoscaled_md(), namespace=ns)
-    wait_md_ready(world, MD, ns, 240)
-    scale = deadline_loop("the RoleScale created", lambda: world.get("rolescale", SCALE, ns), 30)
+    wait_md_ready(world, MD, ns, REVISION_DEADLINE)
+    scale = deadline_loop(
+        "the RoleScale created", lambda: world.get("rolescale", SCALE, ns), EVENT_DEADLINE
+    )
     assert scale["spec"]["replicas"] == 1
     assert scale["spec"]["minReplicas"] == 1 and scale["spec"]["maxReplicas"] == 3
 
@@ -217,7 +248,13 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
     assert "replicas 4 is above maxReplicas 3" in too_many.stderr, too_many.stderr
     assert "spec.decode.autoscaling.maxReplicas" in too_many.stderr, too_many.stderr
     world.kubectl("scale", "rolescale", SCALE, "--replicas=2", f"-n={ns}")
-    wait_verified(world, ns, 2, 180, "2 verified decode engines after kubectl scale")
+    wait_verified(
+        world,
+        ns,
+        want=2,
+        timeout=SCALE_OUT_DEADLINE,
+        what="2 verified decode engines after kubectl scale",
+    )
     table = world.kubectl("get", "rolescale", f"-n={ns}").stdout
     print(table)
     header, row = table.splitlines()[:2]
@@ -237,32 +274,40 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
             (t := (world.get_md(MD, ns) or {}).get("status", {}).get("targetRevision")) != before
             and t
         ),
-        30,
+        EVENT_DEADLINE,
     )
     created = deadline_loop(
         "the new revision's decode Deployment",
         lambda: world.get("deployment", f"{MD}-{target}-decode", ns),
-        60,
+        PASS_DEADLINE,
     )
     assert created["spec"]["replicas"] == 2, created["spec"]
     deadline_loop(
         "the new revision serving",
         lambda: (world.get_md(MD, ns) or {}).get("status", {}).get("servingRevision") == target,
-        300,
+        REVISION_DEADLINE,
         details=lambda: md_story(world, MD, ns),
     )
-    wait_verified(world, ns, 2, 120, "the old revision's decode engines gone")
+    wait_verified(
+        world, ns, want=2, timeout=POD_GONE_DEADLINE, what="the old revision's decode engines gone"
+    )
     # Back to 1 by kubectl: an engine without traffic drains at once.
     world.kubectl("scale", "rolescale", SCALE, "--replicas=1", f"-n={ns}")
-    wait_verified(world, ns, 1, 120, "1 decode engine after kubectl scale down")
+    wait_verified(
+        world,
+        ns,
+        want=1,
+        timeout=POD_GONE_DEADLINE,
+        what="1 decode engine after kubectl scale down",
+    )
     idle_drains = {e["message"] for e in events(world, ns, "EngineDrained")}
     assert len(idle_drains) == 1, idle_drains
 
     url = world.service_url(MD, ns) + "/generate"
     first = deadline_loop(
         "a streamed request through the Service",
-        lambda: (a := stream_generate(url, body(8), timeout=60)).status == 200 and a,
-        60,
+        lambda: (a := stream_generate(url, body(8), timeout=GENERATE_TIMEOUT)).status == 200 and a,
+        STEP_DEADLINE,
         retry_on=(OSError,),
     )
     assert len(first.output_ids) == 8, first.raw[:500]
@@ -288,7 +333,7 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         deadline_loop(
             "3 streams running on the decode engines, as the HPA reads them",
             running,
-            90,
+            METRICS_DEADLINE,
             retry_on=(Exception,),
             details=running_story,
         )
@@ -300,11 +345,17 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
                 rolescale(world, ns)["spec"]["replicas"] == 3
                 and world.get("hpa", SCALE, ns).get("status", {}).get("lastScaleTime")
             ),
-            120,
+            HPA_UP_DEADLINE,
             details=lambda: json.dumps(world.get("hpa", SCALE, ns), default=str)[:3000],
         )
         decided = parse_rfc3339(scaled_at)
-        wait_verified(world, ns, 3, 240, "3 verified decode engines after the HPA's scale-up")
+        wait_verified(
+            world,
+            ns,
+            want=3,
+            timeout=HPA_SCALE_OUT_DEADLINE,
+            what="3 verified decode engines after the HPA's scale-up",
+        )
         up_seconds = time.time() - decided
 
         # 4. One stream left: the HPA goes back to 1 while requests stream; kvgate drains.
@@ -314,10 +365,12 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         deadline_loop(
             "the HPA to set the RoleScale to 1",
             lambda: rolescale(world, ns)["spec"]["replicas"] == 1,
-            180,
+            HPA_DOWN_DEADLINE,
             details=lambda: json.dumps(world.get("hpa", SCALE, ns), default=str)[:3000],
         )
-        wait_verified(world, ns, 1, 400, "1 decode engine after the drains")
+        wait_verified(
+            world, ns, want=1, timeout=DRAINS_DEADLINE, what="1 decode engine after the drains"
+        )
         down_ended = time.monotonic()
         removed = created_decode_pods(world, ns) - gone_before - pod_names(world, ns)
         streams.stop()

@@ -34,6 +34,7 @@ import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.deadlines import (
     HTTP_GET_TIMEOUT,
+    PASS_DEADLINE,
     POD_GONE_DEADLINE,
     REVISION_DEADLINE,
     STEP_DEADLINE,
@@ -66,10 +67,6 @@ REQUESTS_AFTER_RECOVERY = 10
 VERIFY_STARTED_AT = "kvgate.io/verify-started-at"
 # Deadlines, not bounds (the run prints each recovery it measured): only a step that never
 # happens reaches one. Shared ones come from kvgate_e2e.deadlines.
-# What one or a few reconcile passes write (a lost object recreated, a rollout's status, a
-# revision's Deployments): a pass runs on every watch event and at each re-verification
-# (KVGATE_REVERIFY_SECONDS, 2 s in the e2e world); seconds in make test.
-PASS_DEADLINE = 60
 # The first known answer through the Service (the EndpointSlice, smg discovering both engines),
 # or the first after the router's outage; above STEP_DEADLINE as it follows a whole start.
 ANSWER_DEADLINE = 90
