@@ -13,6 +13,8 @@ rule below names the SGLang file it comes from. :func:`layout_of` sorts a config
   plus one page is refused, as SGLang refuses to start;
 - LINEAR (Qwen3-Next, Qwen3.5): the gated-delta-net state takes its share of memory first, the
   full-attention layers bound the pool.
+- DSV4 (DeepSeek-V4): its own sizer, per SGLang release (:mod:`kvgate_engine.deepseek_v4`),
+  which is why :func:`estimate_pool` takes the engine's release and environment.
 
 kvgate's memory convention: usable GiB per rank = ``(gpu_memory_gib − gpu_reserved_gib) ×
 mem_fraction_static − weights_gib / tp`` (SGLang applies the fraction to the free memory it
