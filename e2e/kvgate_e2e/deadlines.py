@@ -24,6 +24,10 @@ POD_GONE_DEADLINE = 120
 # A routing step: smg discovering or dropping an engine (1 s health checks), an EndpointSlice or
 # a Service following a pod's readiness, a known answer, a few requests; seconds in make test.
 STEP_DEADLINE = 60
+# The first known answer through the Service once the revision is Ready (the EndpointSlice, smg
+# discovering both engines), or the first after the router's outage: above STEP_DEADLINE as it
+# follows a whole start.
+ANSWER_DEADLINE = 90
 # A condition, an Event or a status field for a verdict or a change already made (a gate patched,
 # a pod deleted): one controller pass and an API write; under a second in make test.
 EVENT_DEADLINE = 30

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.deadlines import (
+    ANSWER_DEADLINE,
     HTTP_GET_TIMEOUT,
     PASS_DEADLINE,
     POD_GONE_DEADLINE,
@@ -67,9 +68,6 @@ REQUESTS_AFTER_RECOVERY = 10
 VERIFY_STARTED_AT = "kvgate.io/verify-started-at"
 # Deadlines, not bounds (the run prints each recovery it measured): only a step that never
 # happens reaches one. Shared ones come from kvgate_e2e.deadlines.
-# The first known answer through the Service (the EndpointSlice, smg discovering both engines),
-# or the first after the router's outage; above STEP_DEADLINE as it follows a whole start.
-ANSWER_DEADLINE = 90
 # The deleted router Deployment recreated by kvgate and its new pod Ready (smg's start).
 ROUTER_REBUILT_DEADLINE = 120
 # The wall clock passing 15 s after the recorded verification start (a sleep, not CPU work),

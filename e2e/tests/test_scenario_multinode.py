@@ -38,6 +38,13 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import (
+    ANSWER_DEADLINE,
+    EVENT_DEADLINE,
+    HTTP_GET_TIMEOUT,
+    REVISION_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.sampler import InvariantSampler, live_workers, routable_addresses
 from kvgate_e2e.world import (
     BIG_POOL,
@@ -68,6 +75,24 @@ LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 REQUESTS_AFTER_SCALE_DOWN = 10
+# Deadlines, not bounds (the run prints the times it measured; nothing here asserts one): only a
+# step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+# Degraded=True after the apply: the operator's first pass of the new ModelDeployment (no engine
+# starts); as long as a start since the shared world's operator may be busy with other files' MDs.
+DEGRADED_DEADLINE = 120
+# The decode leader's gate False after a worker rank's KV is corrupted: the next canary check
+# (re-verification every 2 s in the e2e world) and the gate's write.
+CANARY_GATE_DEADLINE = 60
+# The old decode leader's gate leaving True once its worker's engine is killed (or the pod going):
+# the leader's next verification notices the missing rank.
+GROUP_INCOMPLETE_DEADLINE = 30
+# LeaderWorkerSet recreating the decode group (leader and worker) and kvgate verifying it: two
+# engines started (the 4 s load each) and the group verified.
+GROUP_RESTART_DEADLINE = 180
+# A refused multi-node revision's pods (leaders and workers of both roles) gone.
+GROUP_GONE_DEADLINE = 180
+SAMPLE_DEADLINE = 30  # the path watch's first sample: one round of API and smg reads
+METRICS_TIMEOUT = 10  # one GET of the operator's /metrics: answers at once, ends a hung one
 
 
 def multinode_md(name: str, pool: str = BIG_POOL, kv_canary: bool = False) -> dict[str, Any]:
@@ -113,16 +138,20 @@ def smg_workers(world: World, ns: str, md: str) -> dict[str, dict[str, Any]]:
         if not ip or router["status"].get("phase") != "Running":
             continue
         code, body = http_json(
-            f"http://127.0.0.1:{world.forward(ip, 8000)}/workers", timeout=5, headers=auth
+            f"http://127.0.0.1:{world.forward(ip, 8000)}/workers",
+            timeout=HTTP_GET_TIMEOUT,
+            headers=auth,
         )
         if code == 200 and isinstance(body, dict):
             out[router["metadata"]["name"]] = body
     return out
 
 
-def wait_served(world: World, ns: str, name: str, timeout: float = 300) -> dict[str, Any]:
+def wait_served(
+    world: World, ns: str, name: str, timeout: float = REVISION_DEADLINE
+) -> dict[str, Any]:
     md = deadline_loop(f"ModelDeployment {name} to serve", lambda: served(world, ns, name), timeout)
-    wait_known_answer(world, name, ns, 90, "a known-answer request through smg")
+    wait_known_answer(world, name, ns, ANSWER_DEADLINE, "a known-answer request through smg")
     return md
 
 
@@ -144,7 +173,7 @@ def test_a_multinode_md_without_leaderworkerset_is_degraded_and_creates_no_engin
                 and c.get("reason") == "LeaderWorkerSetUnavailable"
                 and c
             ),
-            120,
+            DEGRADED_DEADLINE,
         )
         print(get_md_table(world, ns))
         print(f"Degraded: {degraded['message']}")
@@ -168,9 +197,9 @@ def test_a_2_node_md_serves_through_its_leaders_only_until_a_worker_ranks_kv_can
     with InvariantSampler(world.cluster, ns, name="multinode-ready"):
         applied = time.monotonic()
         world.apply(multinode_md(name, kv_canary=True), namespace=ns)
-        md = deadline_loop(f"{name} to serve", lambda: served(world, ns, name), 300)
+        md = deadline_loop(f"{name} to serve", lambda: served(world, ns, name), REVISION_DEADLINE)
         ready_after = time.monotonic() - applied
-        wait_known_answer(world, name, ns, 90, "a known-answer request through smg")
+        wait_known_answer(world, name, ns, ANSWER_DEADLINE, "a known-answer request through smg")
         answered_after = time.monotonic() - applied
         print(get_md_table(world, ns))
         revision = md["status"]["servingRevision"]
@@ -242,7 +271,9 @@ def trip_a_worker_rank(world: World, ns: str, name: str) -> tuple[float, float]:
         gate = gate_of(world.get("pod", leader_name, ns) or {})
         return gate if gate.get("reason") == "KvCanaryViolation" else None
 
-    gate = deadline_loop("the decode leader's gate to say KvCanaryViolation", gate_false, 60)
+    gate = deadline_loop(
+        "the decode leader's gate to say KvCanaryViolation", gate_false, CANARY_GATE_DEADLINE
+    )
     gate_after = time.monotonic() - corrupted
     assert gate["status"] == "False", gate
     assert gate["message"].startswith(
@@ -256,13 +287,15 @@ def trip_a_worker_rank(world: World, ns: str, name: str) -> tuple[float, float]:
         return leader_ip not in in_smg | {a for _, a in routable_addresses(slices)}
 
     deadline_loop(
-        "the decode group out of the EndpointSlices and smg's workers", out_of_traffic, 60
+        "the decode group out of the EndpointSlices and smg's workers",
+        out_of_traffic,
+        STEP_DEADLINE,
     )
     out_after = time.monotonic() - corrupted
     found = deadline_loop(
         "a Warning Event KvCanaryViolation naming the worker pod",
         lambda: [e for e in events(world, ns, "KvCanaryViolation") if worker_name in e["message"]],
-        30,
+        EVENT_DEADLINE,
     )
     assert found[0]["type"] == "Warning" and found[0]["involvedObject"]["name"] == name, found
     counted = deadline_loop(
@@ -270,7 +303,7 @@ def trip_a_worker_rank(world: World, ns: str, name: str) -> tuple[float, float]:
         lambda: operator_metric(
             world, "kvgate_kv_canary_violations_total", namespace=ns, pod=worker_name
         ),
-        30,
+        EVENT_DEADLINE,
     )
     assert counted == 1.0, counted
     (prefill,) = md_pods(world, ns, name, role="prefill", component="engine")
@@ -284,7 +317,7 @@ def operator_metric(world: World, metric: str, **labels: str) -> float | None:
     if leader is None:
         return None
     url = f"http://127.0.0.1:{world.forward(leader['status']['podIP'], 8080)}/metrics"
-    code, text = http_json(url, timeout=10)
+    code, text = http_json(url, timeout=METRICS_TIMEOUT)
     if code != 200 or not isinstance(text, str):
         return None
     for line in text.splitlines():
@@ -394,7 +427,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             return "incomplete" if seen[1] == "EngineGroupIncomplete" else None
 
         with PathWatch(world, ns, name) as paths:
-            deadline_loop("the path watch's first sample", lambda: paths.samples, 30)
+            deadline_loop("the path watch's first sample", lambda: paths.samples, SAMPLE_DEADLINE)
             assert paths.paths_to(old_uid), "the verified decode leader carried no traffic"
             killed = time.monotonic()
             pid = world.kubelet.call(
@@ -404,7 +437,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             ended = deadline_loop(
                 "the old decode leader's gate to say EngineGroupIncomplete (or the pod to go)",
                 watch_gate,
-                30,
+                GROUP_INCOMPLETE_DEADLINE,
                 period=0.05,
             )
             # By its address, not by the pod now holding it: the recreated leader may get the
@@ -412,7 +445,7 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
             out_of_traffic = deadline_loop(
                 "the old decode leader to leave the EndpointSlices and smg's workers",
                 lambda: (s := paths.samples[-1])[0] > killed and old_ip not in s[2] and s[0],
-                60,
+                STEP_DEADLINE,
             )
             # LeaderWorkerSet recreates the group (RecreateGroupOnPodRestart); kvgate verifies it.
             new_leader = deadline_loop(
@@ -423,16 +456,18 @@ def test_a_killed_decode_worker_takes_its_group_out_of_traffic_until_it_is_verif
                     and gate_of(pods[0]).get("status") == "True"
                     and pods[0]
                 ),
-                180,
+                GROUP_RESTART_DEADLINE,
             )
             reverified = time.monotonic()
             new_uid, new_ip = new_leader["metadata"]["uid"], new_leader["status"]["podIP"]
-            wait_known_answer(world, name, ns, 90, "a known-answer request through smg again")
+            wait_known_answer(
+                world, name, ns, ANSWER_DEADLINE, "a known-answer request through smg again"
+            )
             served_again = time.monotonic()
             deadline_loop(
                 "the new decode leader in smg's workers",
                 lambda: paths.samples[-1][0] > served_again and paths.paths_to(new_uid),
-                60,
+                STEP_DEADLINE,
             )
         print(get_md_table(world, ns))
         print(f"old decode leader's gate: {gate_changes} ({ended})")
@@ -522,7 +557,7 @@ def test_a_refused_multinode_revision_leaves_the_old_groups_serving_every_reques
                     and (m.get("status") or {}).get("refusedRevision")
                     and m
                 ),
-                300,
+                REVISION_DEADLINE,
             )
             new_revision = refused["status"]["refusedRevision"]
             deadline_loop(
@@ -534,13 +569,13 @@ def test_a_refused_multinode_revision_leaves_the_old_groups_serving_every_reques
                         if p["metadata"]["labels"].get("kvgate.io/revision") == new_revision
                     ]
                 ),
-                180,
+                GROUP_GONE_DEADLINE,
             )
             count = len(traffic.results) + REQUESTS_AFTER_SCALE_DOWN
             deadline_loop(
                 f"{REQUESTS_AFTER_SCALE_DOWN} more requests",
                 lambda: len(traffic.results) >= count,
-                60,
+                STEP_DEADLINE,
             )
         print(get_md_table(world, ns))
         status = (world.get_md(name, ns) or {})["status"]
