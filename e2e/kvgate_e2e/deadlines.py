@@ -18,6 +18,13 @@ REVISION_DEADLINE = 300
 # An engine restarted: its container killed and started again (the 4 s load), its verdict, the
 # pod's Ready; seconds in make test.
 RESTART_DEADLINE = 120
+# One reference engine pod (not a revision: a tenant's pod, a replacement, one role) scheduled,
+# started (the 4 s load) and Ready.
+ENGINE_POD_DEADLINE = 120
+# A condition the operator's first passes of a newly applied ModelDeployment write with no engine
+# started (Degraded: Conflict, LeaderWorkerSetUnavailable): as long as a start, since the shared
+# world's operator may be busy with other files' ModelDeployments.
+FIRST_PASS_DEADLINE = 120
 # Engine pods gone: a deleted pod or a revision scaled to 0 (its grace period, the kubelet's kill,
 # the deletion finishing).
 POD_GONE_DEADLINE = 120
@@ -38,6 +45,10 @@ PASS_DEADLINE = 60
 # Namespaces deleted by a test gone: the namespace controller starts 5 s after the request, then
 # the kubelet stops each pod (its grace period) and the pods' deletion finishes.
 NAMESPACES_GONE_DEADLINE = 120
+
+# A request admitted once a test lifted an admission policy's binding (attack_helpers.
+# policy_lifted): the API server drops the binding from its policy cache on the watch event.
+POLICY_LIFT_DEADLINE = 30
 
 # ------------------------------------------------------------------ single HTTP requests
 # One small GET of a local server (an engine's /server_info, smg's /workers, /v1/models): it

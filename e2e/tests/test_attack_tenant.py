@@ -14,6 +14,14 @@ from typing import Any
 
 import pytest
 from attack_helpers import admitted, policy_lifted
+from kvgate_e2e.deadlines import (
+    ENGINE_POD_DEADLINE,
+    EVENT_DEADLINE,
+    FIRST_PASS_DEADLINE,
+    GENERATE_TIMEOUT,
+    POLICY_LIFT_DEADLINE,
+    REVISION_DEADLINE,
+)
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     World,
@@ -42,6 +50,24 @@ ROGUE_IMAGE = "lmsysorg/sglang:v0.5.23"
 
 POD_METADATA_BINDING = "kvgate-kvgate-system-pod-metadata"  # the chart's VAP bindings
 SECRET_DELETION_BINDING = "kvgate-kvgate-system-secret-deletion"
+# Deadlines, not bounds (the run prints each time it measured; nothing here asserts one): only a
+# step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines (the first
+# revision Ready uses REVISION_DEADLINE, 300 s, like every other file; it was 180 s here).
+ROUTER_API_TIMEOUT = 10  # one request to smg's worker API: it answers or refuses (401) at once
+# The operator's router audit finding the injected worker and removing it at a later pass; the
+# run prints the time it took.
+ROUTER_AUDIT_DEADLINE = 60
+# Both engines of a revision started (the 4 s load) and judged: verified, or their gate False
+# (KvPoolTooSmall); no router needed.
+ENGINE_VERDICT_DEADLINE = 180
+# kvgate noticing the tenant's Secret under its name: a watch event, or its conflict re-check
+# within 30 s; twice that.
+SECRET_CONFLICT_DEADLINE = 60
+# The routers scaled to 0 and their pods gone (smg drains up to 5 s on SIGTERM).
+ROUTERS_GONE_DEADLINE = 90
+# Ready again once the tenant's Secret is gone: the conflict re-check (within 30 s), kvgate's
+# Secret recreated, the routers started and discovering the engines.
+ROUTERS_BACK_DEADLINE = 120
 
 
 def rogue_engine(ns: str) -> dict[str, Any]:
@@ -78,12 +104,12 @@ def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_r
 ) -> None:
     ns, md = namespace, "guarded"
     world.apply(sample_md(md), ns)
-    wait_md_ready(world, md, ns, 180)
+    wait_md_ready(world, md, ns, REVISION_DEADLINE)
     world.apply(rogue_engine(ns), ns)
     rogue = world.wait_for(
         "the tenant's rogue engine to be Ready",
         lambda: ((p := world.get("pod", "rogue", ns)) is not None and is_ready(p) and p) or None,
-        120,
+        ENGINE_POD_DEADLINE,
     )
     rogue_url = f"http://{rogue['status']['podIP']}:30000"
     service = world.service_url(md, ns)
@@ -96,7 +122,9 @@ def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_r
             ("GET", "/workers", None),
             ("DELETE", "/workers/anything", None),
         ):
-            code, answer = http_json(service + path, body, timeout=10, method=method)
+            code, answer = http_json(
+                service + path, body, timeout=ROUTER_API_TIMEOUT, method=method
+            )
             print(f"{method} {path} through Service {md} without the key: HTTP {code} {answer}")
             assert code == 401, (method, path, code, answer)
 
@@ -104,7 +132,9 @@ def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_r
         key = router_key(world, ns, md)
         auth = {"Authorization": f"Bearer {key}"}
         posted = time.monotonic()
-        code, answer = http_json(service + "/workers", injection, timeout=10, headers=auth)
+        code, answer = http_json(
+            service + "/workers", injection, timeout=ROUTER_API_TIMEOUT, headers=auth
+        )
         print(f"POST /workers with the key: HTTP {code} {answer}")
         assert code == 202, answer
 
@@ -116,7 +146,9 @@ def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_r
             )
             return time.monotonic() - posted if removed and rogue_url not in listed else None
 
-        took = deadline_loop("the operator to remove the injected worker", gone, 60)
+        took = deadline_loop(
+            "the operator to remove the injected worker", gone, ROUTER_AUDIT_DEADLINE
+        )
         print(f"MEASURED injected worker removed {took:.2f} s after POST /workers")
         event = next(e for e in events(world, ns) if e.get("reason") == "UnknownWorkerRemoved")
         print(f"Event {event['reason']}: {event['message']}")
@@ -124,7 +156,7 @@ def test_the_router_worker_api_refuses_anyone_without_the_key_and_the_operator_r
         assert "not a verified engine pod of revision" in event["message"]
         # It stays gone (the audit keeps running).
         assert rogue_url not in [w.get("url") for w in router_workers(world, ns, md)]
-        ok, detail = known_answer(world, md, ns, timeout=60.0)
+        ok, detail = known_answer(world, md, ns, timeout=GENERATE_TIMEOUT)
         assert ok, detail
     assert sampler.violations == []
 
@@ -156,7 +188,7 @@ def test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine(
             )
             or None
         ),
-        180,
+        ENGINE_VERDICT_DEADLINE,
     )
     weak = json.dumps({"contextLength": 1, "headroom": 1.0, "minEngineVersion": "0.0.1"})
     with InvariantSampler(world.cluster, ns, name="weak-annotation") as sampler:
@@ -172,7 +204,7 @@ def test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine(
                 deadline_loop(
                     "the annotation to be admitted with the policy lifted",
                     lambda annotate=annotate: admitted(world.kubectl(*annotate, check=False)),
-                    30,
+                    POLICY_LIFT_DEADLINE,
                 )
         # Several re-verification periods (2 s in the e2e world): the gate never turns True.
         deadline = time.monotonic() + 10
@@ -212,14 +244,14 @@ def test_objects_squatting_on_kvgates_names_are_never_adopted_and_the_conflict_i
         cond = md_condition(world, md, ns, "Degraded")
         return cond if cond and cond.get("reason") == "Conflict" else None
 
-    cond = deadline_loop("the Conflict condition", conflict, 120)
+    cond = deadline_loop("the Conflict condition", conflict, FIRST_PASS_DEADLINE)
     print(f"Degraded: {cond['reason']}: {cond['message']}")
     assert f"Service {md} already exists and kvgate does not own it" in cond["message"]
     assert f"ServiceAccount {md}-router already exists" in cond["message"]
     ready = md_condition(world, md, ns, "Ready")
     assert ready is not None and ready["status"] == "False" and ready["reason"] == "Conflict"
     # The Event is posted after the status write that carries the condition.
-    deadline_loop("a Conflict Event", lambda: events(world, ns, "Conflict"), 30)
+    deadline_loop("a Conflict Event", lambda: events(world, ns, "Conflict"), EVENT_DEADLINE)
 
     # Once the revision is verified, kvgate would switch traffic; it still never re-points the
     # tenant's Service.
@@ -228,7 +260,7 @@ def test_objects_squatting_on_kvgates_names_are_never_adopted_and_the_conflict_i
         roles = [status.get(r, {}).get("verifiedReplicas", 0) for r in ("prefill", "decode")]
         return all(n >= 1 for n in roles) or None
 
-    deadline_loop("both roles of the revision to be verified", verified, 180)
+    deadline_loop("both roles of the revision to be verified", verified, ENGINE_VERDICT_DEADLINE)
     svc = world.get("service", md, ns)
     assert svc is not None and svc["spec"]["selector"] == {"app": "theirs"}
     assert not svc["metadata"].get("ownerReferences")
@@ -252,14 +284,14 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
     secret = f"{md}-router-control"
     routers = f"kvgate.io/deployment={md},kvgate.io/component=router"
     world.apply(sample_md(md), ns)
-    wait_md_ready(world, md, ns, 180)
+    wait_md_ready(world, md, ns, REVISION_DEADLINE)
     tenant = make_tenant(world, ns)
     with InvariantSampler(world.cluster, ns, name="router-key-secret") as sampler:
         with policy_lifted(world, SECRET_DELETION_BINDING):
             deadline_loop(
                 "the tenant's delete to be admitted with the policy lifted",
                 lambda: admitted(tenant.kubectl("delete", "secret", secret)),
-                30,
+                POLICY_LIFT_DEADLINE,
             )
         mine = {
             "apiVersion": "v1",
@@ -277,7 +309,9 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
             ok = cond and cond.get("reason") == "Conflict" and secret in cond.get("message", "")
             return cond if ok else None
 
-        cond = deadline_loop("a Conflict naming the tenant's Secret", conflict, 60)
+        cond = deadline_loop(
+            "a Conflict naming the tenant's Secret", conflict, SECRET_CONFLICT_DEADLINE
+        )
         print(f"Degraded: {cond['reason']}: {cond['message']}")
         assert "every router of this ModelDeployment at 0 replicas" in cond["message"]
         ready = md_condition(world, md, ns, "Ready")
@@ -287,7 +321,7 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
             left = world.list("pods", ns, routers)
             return None if left else time.monotonic() - replaced
 
-        took = deadline_loop("no router pod left", no_router, 90)
+        took = deadline_loop("no router pod left", no_router, ROUTERS_GONE_DEADLINE)
         print(f"MEASURED no router pod {took:.2f} s after the tenant's Secret and restart")
         deployment = world.list("deployments", ns, routers)
         assert deployment and all(d["spec"]["replicas"] == 0 for d in deployment), deployment
@@ -298,16 +332,18 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
         # loop re-checks a conflict within 30 s) and the routers come back on kvgate's key.
         world.kubectl("delete", "secret", secret, f"--namespace={ns}")
         freed = time.monotonic()
-        wait_md_ready(world, md, ns, 120)
+        wait_md_ready(world, md, ns, ROUTERS_BACK_DEADLINE)
         print(f"MEASURED Ready again {time.monotonic() - freed:.2f} s after the Secret was freed")
         ours = world.get("secret", secret, ns)
         assert (
             ours is not None and ours["metadata"]["ownerReferences"][0]["kind"] == "ModelDeployment"
         )
-        ok, detail = known_answer(world, md, ns, timeout=60.0)
+        ok, detail = known_answer(world, md, ns, timeout=GENERATE_TIMEOUT)
         assert ok, detail
         service = world.service_url(md, ns)
         tenant_auth = {"Authorization": f"Bearer {TENANT_KEY}"}
-        code, _ = http_json(service + "/workers", None, timeout=10, headers=tenant_auth)
+        code, _ = http_json(
+            service + "/workers", None, timeout=ROUTER_API_TIMEOUT, headers=tenant_auth
+        )
         assert code == 401, code
     assert sampler.violations == []

@@ -28,6 +28,7 @@ from kvgate_e2e.api_reader import ApiReader
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
 from kvgate_e2e.deadlines import (
+    ENGINE_POD_DEADLINE,
     EVENT_DEADLINE,
     GENERATE_TIMEOUT,
     HTTP_GET_TIMEOUT,
@@ -68,8 +69,6 @@ LEASE_RENEW_DEADLINE = 25
 # Two reference engine pods from apply to Ready at once: both start and load (4 s each) on the
 # same CPUs, then their 1 s readiness probes; seconds in make test (the run prints it).
 ENGINES_READY_DEADLINE = 180
-# One reference engine pod (a replacement, a role of the PD pair) started, loaded and Ready.
-ENGINE_POD_DEADLINE = 120
 # A small python:3.11-slim pod scheduled and its process running (or started again after a kill).
 POD_START_DEADLINE = 60
 # A python:3.11 pod that imports the kubernetes client, calls the API and exits.

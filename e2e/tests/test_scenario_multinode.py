@@ -41,6 +41,7 @@ from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.deadlines import (
     ANSWER_DEADLINE,
     EVENT_DEADLINE,
+    FIRST_PASS_DEADLINE,
     HTTP_GET_TIMEOUT,
     REVISION_DEADLINE,
     STEP_DEADLINE,
@@ -77,9 +78,6 @@ WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 REQUESTS_AFTER_SCALE_DOWN = 10
 # Deadlines, not bounds (the run prints the times it measured; nothing here asserts one): only a
 # step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines.
-# Degraded=True after the apply: the operator's first pass of the new ModelDeployment (no engine
-# starts); as long as a start since the shared world's operator may be busy with other files' MDs.
-DEGRADED_DEADLINE = 120
 # The decode leader's gate False after a worker rank's KV is corrupted: the next canary check
 # (re-verification every 2 s in the e2e world) and the gate's write.
 CANARY_GATE_DEADLINE = 60
@@ -173,7 +171,7 @@ def test_a_multinode_md_without_leaderworkerset_is_degraded_and_creates_no_engin
                 and c.get("reason") == "LeaderWorkerSetUnavailable"
                 and c
             ),
-            DEGRADED_DEADLINE,
+            FIRST_PASS_DEADLINE,
         )
         print(get_md_table(world, ns))
         print(f"Degraded: {degraded['message']}")
