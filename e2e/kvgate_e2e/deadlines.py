@@ -54,6 +54,8 @@ POLICY_LIFT_DEADLINE = 30
 # One small GET of a local server (an engine's /server_info, smg's /workers, /v1/models): it
 # answers in milliseconds; the timeout only ends a hung connection.
 HTTP_GET_TIMEOUT = 5
+# One GET of a /metrics page (the operator's, an engine's): it answers at once; ends a hung one.
+METRICS_TIMEOUT = 10
 # One short generation (a few tokens) through smg or an engine: the reference engine answers in
 # well under a second; the timeout only ends a request that hangs (a lost worker, a stuck leg).
 GENERATE_TIMEOUT = 60

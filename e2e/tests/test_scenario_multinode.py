@@ -43,6 +43,7 @@ from kvgate_e2e.deadlines import (
     EVENT_DEADLINE,
     FIRST_PASS_DEADLINE,
     HTTP_GET_TIMEOUT,
+    METRICS_TIMEOUT,
     REVISION_DEADLINE,
     STEP_DEADLINE,
 )
@@ -90,7 +91,6 @@ GROUP_RESTART_DEADLINE = 180
 # A refused multi-node revision's pods (leaders and workers of both roles) gone.
 GROUP_GONE_DEADLINE = 180
 SAMPLE_DEADLINE = 30  # the path watch's first sample: one round of API and smg reads
-METRICS_TIMEOUT = 10  # one GET of the operator's /metrics: answers at once, ends a hung one
 
 
 def multinode_md(name: str, pool: str = BIG_POOL, kv_canary: bool = False) -> dict[str, Any]:

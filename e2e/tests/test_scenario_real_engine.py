@@ -59,6 +59,13 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import (
+    EVENT_DEADLINE,
+    GENERATE_TIMEOUT,
+    METRICS_TIMEOUT,
+    POD_GONE_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.local_volumes import claim_bound, local_claim, volume_name
 from kvgate_e2e.real_engine import (
@@ -116,6 +123,17 @@ PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model
 NEW_TOKENS = 4
 START_TIMEOUT = 600.0  # two CPU SGLang servers started together on a loaded 2-core machine
 CLAIM = "tiny-llama"  # the PersistentVolumeClaim holding the model
+# Deadlines, not bounds (the run prints each time it measured; nothing here asserts one): only a
+# step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+# One NEW_TOKENS generation on a CPU SGLang server with the tiny model (384-token vocabulary).
+REAL_GENERATE_TIMEOUT = 30
+CLAIM_BOUND_DEADLINE = 60  # the claim bound to the local volume made for it (the PV controller)
+# The known answer through smg: smg reports healthy before it has discovered the real engines.
+ROUTER_ANSWER_DEADLINE = 120
+VERIFY_CLI_TIMEOUT = 60  # kvgate verify --url against a running real engine: a few requests
+# The decode gate turning (False once its container is killed, KvPoolTooSmall once the restarted
+# engine reports its pool): the next verification (every 2 s in the e2e world) and its write.
+GATE_DEADLINE = 60
 
 
 def generate_body() -> dict[str, Any]:
@@ -204,7 +222,9 @@ class KnownAnswer:
             # The answer is cached: it must be this server's, not another's on a reused port.
             mine = info.get("port") == port and info.get("disaggregation_mode") == "null"
             assert mine, f"127.0.0.1:{port} answers as another server: {info.get('port')}"
-            code, body = http_json(f"{url}/generate", generate_body(), timeout=30)
+            code, body = http_json(
+                f"{url}/generate", generate_body(), timeout=REAL_GENERATE_TIMEOUT
+            )
             return output_ids(body) if code == 200 else None
 
         ids: list[int] = deadline_loop(
@@ -281,7 +301,7 @@ def real(
         world.wait_for(
             f"PersistentVolumeClaim {CLAIM} to be bound",
             lambda: claim_bound(world.get("persistentvolumeclaims", CLAIM, ns)),
-            60,
+            CLAIM_BOUND_DEADLINE,
         )
         yield Real(world, env, model, node, ns, known)
     finally:
@@ -329,7 +349,9 @@ def through_router(real: Real, name: str) -> list[int]:
     it has discovered its workers: retry a 503 until a deadline)."""
 
     def ask() -> list[int] | None:
-        code, body = real.world.router_request(name, generate_body(), real.ns, timeout=60)
+        code, body = real.world.router_request(
+            name, generate_body(), real.ns, timeout=GENERATE_TIMEOUT
+        )
         if code == 200:
             ids = output_ids(body)
             assert ids is not None, body
@@ -337,12 +359,12 @@ def through_router(real: Real, name: str) -> list[int]:
         assert code in (502, 503), (code, body)
         return None
 
-    return deadline_loop(f"a 200 from {name}'s router", ask, 120)
+    return deadline_loop(f"a 200 from {name}'s router", ask, ROUTER_ANSWER_DEADLINE)
 
 
 def aborted_requests(url: str) -> float:
     """``sglang:num_aborted_requests_total`` on an engine's ``/metrics`` (0 before any)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=METRICS_TIMEOUT) as resp:
         lines = resp.read().decode().splitlines()
     prefix = "sglang:num_aborted_requests_total"
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
@@ -459,7 +481,7 @@ def verify_cli(url: str, context: int, role: str) -> tuple[int, dict[str, Any]]:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=VERIFY_CLI_TIMEOUT,
     )
     return done.returncode, json.loads(done.stdout)
 
@@ -520,9 +542,13 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
     ):
         restarted = time.monotonic()
         world.kubelet.call(world.kubelet.kubelet.restart_container(ns, name, "engine"))
-        deadline_loop("the decode gate False", lambda: (g := gate()) and g["status"] == "False", 60)
+        deadline_loop(
+            "the decode gate False", lambda: (g := gate()) and g["status"] == "False", GATE_DEADLINE
+        )
         gate_false = time.monotonic() - restarted
-        deadline_loop("smg to stop routing to the decode engine", lambda: not routed_here(), 60)
+        deadline_loop(
+            "smg to stop routing to the decode engine", lambda: not routed_here(), STEP_DEADLINE
+        )
         smg_stops = time.monotonic() - restarted
         info = deadline_loop(
             "the restarted real engine's /server_info with the small pool",
@@ -533,7 +559,7 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
         lost = deadline_loop(
             "the decode gate KvPoolTooSmall",
             lambda: (g := gate()) and g["reason"] == "KvPoolTooSmall" and g,
-            60,
+            GATE_DEADLINE,
         )
         refused = time.monotonic() - restarted
         # Traffic: the shrunk engine is out of the Service and of smg's workers.
@@ -541,7 +567,9 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
         assert live is not None and not is_ready(live)
         assert not routed_here()
         try:
-            status_code, body = world.router_request("real", generate_body(), ns, timeout=60)
+            status_code, body = world.router_request(
+                "real", generate_body(), ns, timeout=GENERATE_TIMEOUT
+            )
         except OSError as exc:
             status_code, body = 0, str(exc)
         print(f"request through smg without a verified decode engine: {status_code} {body}")
@@ -561,7 +589,7 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
             for e in events(world, ns, "KvPoolTooSmall")
             if e["involvedObject"]["name"] == name and f"{SMALL_POOL:,}" in e["message"]
         ],
-        30,
+        EVENT_DEADLINE,
     )
     assert f"context length {CONTEXT:,}" in numbers[0]["message"], numbers
     degraded = deadline_loop(
@@ -572,7 +600,7 @@ def test_a_real_engine_restarted_with_a_smaller_pool_loses_verification_and_traf
             and f"{SMALL_POOL:,}" in c["message"]
             and c
         ),
-        30,
+        EVENT_DEADLINE,
     )
     print(f"Degraded: {degraded['message']}")
     print(
@@ -589,7 +617,9 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
     world, ns = real.world, real.ns
     # Free the first pair's memory: one real PD pair at a time fits next to the control plane.
     world.kubectl("delete", "kvmd", "real", f"--namespace={ns}", "--wait=true")
-    deadline_loop("the first pair gone", lambda: not engine_pods(world, ns, "real") or None, 120)
+    deadline_loop(
+        "the first pair gone", lambda: not engine_pods(world, ns, "real") or None, POD_GONE_DEADLINE
+    )
 
     denied = world.kubectl(
         "apply",
@@ -663,7 +693,7 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
                 for c in (world.get_md("small", ns) or {}).get("status", {}).get("conditions", [])
                 if "2,048" in str(c.get("message")) and "4,096" in str(c.get("message"))
             ],
-            30,
+            EVENT_DEADLINE,
         )
         for c in refused:
             print(f"MD condition {c['type']}={c['status']} {c['reason']}: {c['message']}")
@@ -677,7 +707,7 @@ def test_real_engines_with_a_pool_below_the_context_are_refused_with_their_numbe
             ]
             return found if {e["involvedObject"]["name"] for e in found} == names else None
 
-        evs = deadline_loop("KvPoolTooSmall Events for both engines", pool_events, 30)
+        evs = deadline_loop("KvPoolTooSmall Events for both engines", pool_events, EVENT_DEADLINE)
         for e in evs:
             assert "2,048" in e["message"] and "4,096" in e["message"], e
         seen_workers.extend(router_workers(world, ns, "small"))
