@@ -28,6 +28,8 @@ FIRST_PASS_DEADLINE = 120
 # Engine pods gone: a deleted pod or a revision scaled to 0 (its grace period, the kubelet's kill,
 # the deletion finishing).
 POD_GONE_DEADLINE = 120
+# A revision's routers scaled to 0 and their pods gone (smg drains up to 5 s on SIGTERM).
+ROUTERS_GONE_DEADLINE = 90
 # A routing step: smg discovering or dropping an engine (1 s health checks), an EndpointSlice or
 # a Service following a pod's readiness, a known answer, a few requests; seconds in make test.
 STEP_DEADLINE = 60

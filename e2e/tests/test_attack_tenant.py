@@ -21,6 +21,7 @@ from kvgate_e2e.deadlines import (
     GENERATE_TIMEOUT,
     POLICY_LIFT_DEADLINE,
     REVISION_DEADLINE,
+    ROUTERS_GONE_DEADLINE,
 )
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
@@ -63,8 +64,6 @@ ENGINE_VERDICT_DEADLINE = 180
 # kvgate noticing the tenant's Secret under its name: a watch event, or its conflict re-check
 # within 30 s; twice that.
 SECRET_CONFLICT_DEADLINE = 60
-# The routers scaled to 0 and their pods gone (smg drains up to 5 s on SIGTERM).
-ROUTERS_GONE_DEADLINE = 90
 # Ready again once the tenant's Secret is gone: the conflict re-check (within 30 s), kvgate's
 # Secret recreated, the routers started and discovering the engines.
 ROUTERS_BACK_DEADLINE = 120

@@ -22,6 +22,7 @@ CLEAN = (
     "test_scenario_lost_objects.py",
     "test_scenario_multinode.py",
     "test_scenario_operator_down.py",
+    "test_scenario_progressive.py",
     "test_scenario_real_engine.py",
 )
 

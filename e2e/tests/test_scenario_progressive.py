@@ -25,6 +25,12 @@ from typing import Any
 import pytest
 from kvgate.rollout.progressive import counters_from_metrics
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import (
+    EVENT_DEADLINE,
+    REVISION_DEADLINE,
+    ROUTERS_GONE_DEADLINE,
+    STEP_DEADLINE,
+)
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import KNOWN_PROMPT_IDS, World, http_json, is_ready, known_answer_body
 from scenario_helpers import (
@@ -48,6 +54,18 @@ PAUSE_SECONDS = 25
 # Requests a step must see for its 3-sigma check to tell 10 % from 0 % or 20 % (sigma 4.2 points).
 MIN_REQUESTS = 50
 ROUTERS = "kvgate.io/deployment={name},kvgate.io/component=router"
+# Deadlines, not bounds (the run prints when each step was reached; a step's own length is
+# its pause + STEP_DEADLINE): only a step that never happens reaches one. Shared ones come from
+# kvgate_e2e.deadlines.
+# A step's split on the ready routers: step 1 waits for revision B's engines and router to start
+# and verify after the apply, step 2 for the routers rescaled after step 1's pause.
+STEP_REACHED_DEADLINE = 240
+# Revision B serving all traffic once step 2 ended, and revision A's Deployments deleted after.
+SWITCH_DEADLINE = 120
+# The step check refusing revision B once its engines fail: at the end of the step's pause
+# (PAUSE_SECONDS) with the requests it needs.
+REFUSAL_DEADLINE = 120
+STREAM_TIMEOUT = 30  # one streamed 4-token known answer through smg: ends a hung stream only
 
 
 def progressive_md(name: str, pause: int = PAUSE_SECONDS, **rollout: Any) -> dict[str, Any]:
@@ -132,7 +150,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
     rev_a = deadline_loop(
         "revision A to serve",
         lambda: serving(world, name, ns),
-        300,
+        REVISION_DEADLINE,
         details=partial(md_story, world, name, ns),
     )
 
@@ -157,14 +175,14 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
                 status_of(world, name, ns).get("targetRevision") not in (None, rev_a)
                 and status_of(world, name, ns)["targetRevision"]
             ),
-            60,
+            STEP_DEADLINE,
         )
         for index, (weight, old_routers, new_routers) in enumerate([(10, 9, 1), (50, 1, 1)]):
             split = f"{rev_a}={100 - weight}%,{rev_b}={weight}%"
             deadline_loop(
                 f"step {index + 1}: {split} of ready routers",
                 partial(split_is, world, name, ns, split),
-                240,
+                STEP_REACHED_DEADLINE,
                 details=partial(md_story, world, name, ns),
             )
             reached = time.monotonic() - applied
@@ -184,7 +202,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
             deadline_loop(
                 f"step {index + 1} to end",
                 partial(step_left, world, name, ns, index),
-                pause + 60,
+                pause + STEP_DEADLINE,
                 details=partial(progressing, world, name, ns),
             )
             after = router_requests(world, name, ns)
@@ -196,7 +214,9 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
             )
             assert requests >= MIN_REQUESTS, measured
             assert abs(observed - weight) <= 3 * sigma + 1, measured[-1]
-        deadline_loop("revision B to serve", lambda: serving(world, name, ns, not_=rev_a), 120)
+        deadline_loop(
+            "revision B to serve", lambda: serving(world, name, ns, not_=rev_a), SWITCH_DEADLINE
+        )
         done = time.monotonic() - applied
         assert status_of(world, name, ns)["trafficSplit"] == f"{rev_b}=100%"
         deadline_loop(
@@ -208,7 +228,7 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
                 }
                 == {rev_b}
             ),
-            120,
+            SWITCH_DEADLINE,
         )
     # The API lists Events in no particular order: match each step's by its number.
     started = sorted(e["message"] for e in events(world, ns, "TrafficStepStarted"))
@@ -228,7 +248,7 @@ def streamed_known_answer(world: World, md: str, namespace: str) -> tuple[bool, 
     """One streamed known-answer request through ``md``'s Service: right only with a 200 head,
     the known tokens and no in-band error (a broken stream is a 200 with an error event)."""
     url = world.service_url(md, namespace) + "/generate"
-    answer = stream_generate(url, known_answer_body(SERVED_MODEL), timeout=30)
+    answer = stream_generate(url, known_answer_body(SERVED_MODEL), timeout=STREAM_TIMEOUT)
     ok = answer.status == 200 and not answer.errors
     return ok and answer.output_ids == KNOWN_PROMPT_IDS[
         :4
@@ -264,7 +284,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
     rev_a = deadline_loop(
         "revision A to serve",
         lambda: serving(world, name, ns),
-        300,
+        REVISION_DEADLINE,
         details=partial(md_story, world, name, ns),
     )
 
@@ -285,7 +305,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
                 (status_of(world, name, ns).get("trafficSplit") or "").endswith("=10%")
                 and status_of(world, name, ns)["targetRevision"]
             ),
-            300,
+            REVISION_DEADLINE,
             details=partial(md_story, world, name, ns),
         )
         at_injection = router_metrics(world, name, ns, rev_b)  # (the content check's abort: a 499)
@@ -316,7 +336,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
         refusal = deadline_loop(
             "revision B refused by the step check",
             refused,
-            120,
+            REFUSAL_DEADLINE,
             details=partial(md_story, world, name, ns),
         )
         refused_at = time.monotonic()
@@ -324,7 +344,7 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
         deadline_loop(
             "the Service to select revision A only",
             lambda: service_revision(world, ns, name) == rev_a,
-            30,
+            EVENT_DEADLINE,
         )
         back_after = time.monotonic() - injected
         deadline_loop(
@@ -336,14 +356,14 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
                     if p["metadata"]["labels"]["kvgate.io/revision"] == rev_b
                 ]
             ),
-            90,
+            ROUTERS_GONE_DEADLINE,
         )
         failures_at_rollback = len(traffic.failures)
         calm = time.monotonic()
         deadline_loop(
             "50 requests after the rollback",
             lambda: sum(1 for t, _, _ in traffic.results if t > calm) >= 50,
-            60,
+            STEP_DEADLINE,
         )
         late_failures = [f for f in traffic.failures if f[0] > calm]
     assert refusal["reason"] == "StepCheckFailed"
