@@ -70,15 +70,13 @@ V4_PAGE_ALIGN = 576
 # The releases whose sizer prices the paged V4 rows.
 PAGED_ROW_RELEASES = frozenset({"0.5.21", "0.5.22", "0.5.23"})
 SWA_FLOOR_RELEASES = frozenset({"0.5.20", "0.5.21", "0.5.22", "0.5.23"})
-# Engine variables that change the layout, the state dtype, the rings or the SWA cap
-# (environ.py): with any of them set, the pools are not estimated.
+# Engine variables that change the layout, the compress-state dtype or the rings (environ.py:
+# SGLANG_DSV4_KV_LAYOUT, SGLANG_DSV4_COMPRESSED_KV_LAYOUT, SGLANG_DSV4_COMPRESS_STATE_DTYPE, online
+# c128 compression): with any of them set, the pools are not estimated. Every SGLANG_DSV4_*
+# variable is taken as one, known to size or not.
 DSV4_ENV_PREFIXES = ("SGLANG_DSV4_",)
 DSV4_ENV_NAMES = frozenset(
-    {
-        "SGLANG_OPT_USE_ONLINE_COMPRESS",
-        "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP",
-        "SGLANG_SWA_EVICTION_INTERVAL",
-    }
+    {"SGLANG_OPT_USE_ONLINE_COMPRESS", "SGLANG_EXPERIMENTAL_ONLINE_C128_MTP"}
 )
 # Flags only DeepSeek-V4 sizing reads (their aliases are SGLang's own spellings).
 DSV4_FLAGS: Mapping[str, str] = {
@@ -252,8 +250,8 @@ def deepseek_v4_unsized(
         return DeepseekV4Unsized(
             f"engine env {', '.join(variables)} changes how SGLang lays out or sizes "
             "DeepSeek-V4's KV pools (a KV layout picked from the GPU's SM version, the "
-            "compress-state dtype, online compression, the SWA cap), which kvgate does not "
-            "model; remove it or verify a live engine",
+            "compress-state dtype, online compression), which kvgate does not model; remove it "
+            "or verify a live engine",
             "engine_env",
         )
     return None
