@@ -25,6 +25,9 @@ ENGINE_POD_DEADLINE = 120
 # started (Degraded: Conflict, LeaderWorkerSetUnavailable): as long as a start, since the shared
 # world's operator may be busy with other files' ModelDeployments.
 FIRST_PASS_DEADLINE = 120
+# A role's count changed (kubectl scale, a patch of a RoleScale): one more engine scheduled,
+# started (the 4 s load), verified and counted, or one drained and gone.
+ROLE_SCALE_DEADLINE = 180
 # Engine pods gone: a deleted pod or a revision scaled to 0 (its grace period, the kubelet's kill,
 # the deletion finishing).
 POD_GONE_DEADLINE = 120

@@ -41,6 +41,7 @@ from kvgate_e2e.deadlines import (
     PASS_DEADLINE,
     POD_GONE_DEADLINE,
     REVISION_DEADLINE,
+    ROLE_SCALE_DEADLINE,
     STEP_DEADLINE,
 )
 from kvgate_e2e.prometheus import Prometheus
@@ -74,9 +75,6 @@ STREAM_TOKENS = 400  # 8 s a stream at STEP_SECONDS a token
 # that never happens reaches one. Shared ones come from kvgate_e2e.deadlines (the first revision
 # Ready uses REVISION_DEADLINE, 300 s, like every other file; it was 240 s here).
 STREAM_TIMEOUT = 180  # one stream of STREAM_TOKENS (8 s of decode steps): ends a hung stream only
-# One more decode engine after kubectl scale: scheduled, started (the 4 s load), verified, and
-# counted by the RoleScale.
-SCALE_OUT_DEADLINE = 180
 # The streams' running requests through Prometheus's scrape and the metrics adapter, as the HPA
 # reads them.
 METRICS_DEADLINE = 90
@@ -252,7 +250,7 @@ def test_decode_scales_out_verified_and_back_in_drained_with_no_failed_stream(
         world,
         ns,
         want=2,
-        timeout=SCALE_OUT_DEADLINE,
+        timeout=ROLE_SCALE_DEADLINE,
         what="2 verified decode engines after kubectl scale",
     )
     table = world.kubectl("get", "rolescale", f"-n={ns}").stdout
