@@ -21,9 +21,10 @@ RESTART_DEADLINE = 120
 # One reference engine pod (not a revision: a tenant's pod, a replacement, one role) scheduled,
 # started (the 4 s load) and Ready.
 ENGINE_POD_DEADLINE = 120
-# A condition the operator's first passes of a newly applied ModelDeployment write with no engine
-# started (Degraded: Conflict, LeaderWorkerSetUnavailable): as long as a start, since the shared
-# world's operator may be busy with other files' ModelDeployments.
+# What the operator's first passes of a newly applied ModelDeployment write before any engine
+# starts (a Degraded condition: Conflict, LeaderWorkerSetUnavailable; the router's Deployment
+# and RBAC): as long as a start, since the shared world's operator may be busy with other files'
+# ModelDeployments.
 FIRST_PASS_DEADLINE = 120
 # A role's count changed (kubectl scale, a patch of a RoleScale): one more engine scheduled,
 # started (the 4 s load), verified and counted, or one drained and gone.

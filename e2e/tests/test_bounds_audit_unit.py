@@ -17,6 +17,7 @@ CLEAN = (
     "test_chaos.py",
     "test_cpu_load_unit.py",
     "test_kubelet_smoke.py",
+    "test_md_events_and_drift.py",
     "test_scenario_autoscaling.py",
     "test_scenario_engine_restart.py",
     "test_scenario_kv_canary.py",

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from kvgate.api import labels
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import FIRST_PASS_DEADLINE, PASS_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.world import OPERATOR_NAMESPACE, World
 from scenario_helpers import (
     deadline_loop,
@@ -45,6 +46,12 @@ DROPPED = "kvgate.io/dropped-by-a-newer-build"
 OPTIMISTIC = "KvPoolEstimateOptimistic"  # kvgate.rollout.pool_drift.EVENT_REASON
 DRIFT_METRIC = "kvgate_kv_pool_estimate_drift_ratio"
 T = TypeVar("T")
+# Deadlines, not bounds (nothing here asserts how fast; the run prints what it measured): only a
+# step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines (the refused
+# revision's Event uses REVISION_DEADLINE, 300 s, like every other file; it was 240 s here).
+# The prefill role's poolEstimate once decode's is in: both engines started together, so only its
+# verification and a pass may lag.
+SECOND_ROLE_DEADLINE = 120
 
 
 def wait(world: World, what: str, probe: Callable[[], T | None], timeout: float) -> T:
@@ -108,7 +115,7 @@ def test_kubectl_describe_md_shows_the_verifiers_refusal_with_its_numbers(
         world,
         "kubectl describe kvmd to list the verifier's KvPoolTooSmall Event with its numbers",
         described_refusal,
-        240,
+        REVISION_DEADLINE,
     )
     print(f"kubectl describe kvmd {name} (Events):{section}")
     row = next(line for line in section.splitlines() if "KvPoolTooSmall" in line)
@@ -149,7 +156,7 @@ def test_a_template_key_a_newer_build_dropped_is_removed_from_the_deployment(
         world,
         "the router Deployment",
         lambda: next(iter(world.list("deployments", ns, selector)), None),
-        120,
+        FIRST_PASS_DEADLINE,
     )
     dname = router["metadata"]["name"]
     built_hash = router["metadata"]["annotations"][labels.TEMPLATE_HASH]
@@ -192,7 +199,7 @@ def test_a_template_key_a_newer_build_dropped_is_removed_from_the_deployment(
         world,
         f"the operator to remove {DROPPED} from {dname}'s template and restore its hash",
         converged,
-        60,
+        PASS_DEADLINE,
     )
     assert current["spec"]["template"] == built_template, (
         current["spec"]["template"],
@@ -217,12 +224,19 @@ def test_deleted_router_rbac_comes_back_without_an_operator_restart(
         found = [world.get(kind, account, ns) for kind in kinds]
         return [f for f in found if f is not None] if all(found) else None
 
-    before = wait(world, "the router's ServiceAccount, Role and RoleBinding", all_there, 120)
+    before = wait(
+        world, "the router's ServiceAccount, Role and RoleBinding", all_there, FIRST_PASS_DEADLINE
+    )
     uid = world.get_md(name, ns)["metadata"]["uid"]
     # A cluster admin's mistake (the operator itself holds no delete on these kinds).
     world.kubectl("delete", *[f"{kind}/{account}" for kind in kinds], "-n", ns, "--wait=true")
     deleted_at = time.monotonic()
-    after = wait(world, "the router's RBAC to be re-created by the running operator", all_there, 60)
+    after = wait(
+        world,
+        "the router's RBAC to be re-created by the running operator",
+        all_there,
+        PASS_DEADLINE,
+    )
     print(f"MEASURED router RBAC re-created {time.monotonic() - deleted_at:.1f}s after deletion")
     assert {o["metadata"]["uid"] for o in after}.isdisjoint(o["metadata"]["uid"] for o in before)
     for obj in after:
@@ -277,13 +291,13 @@ def test_a_live_pool_below_the_estimate_shows_its_drift_metric_and_one_warning_f
         world,
         "status.decode.poolEstimate with a verified pod",
         lambda: _pool_estimate(world, ns, name, "decode"),
-        300,
+        REVISION_DEADLINE,
     )
     prefill = wait(
         world,
         "status.prefill.poolEstimate with a verified pod",
         lambda: _pool_estimate(world, ns, name, "prefill"),
-        120,
+        SECOND_ROLE_DEADLINE,
     )
     print(f"MEASURED apply -> both roles' drift in status: {time.monotonic() - started:.1f}s")
     print(f"status.decode.poolEstimate: {json.dumps(decode)}")
@@ -299,14 +313,17 @@ def test_a_live_pool_below_the_estimate_shows_its_drift_metric_and_one_warning_f
         world,
         f"{DRIFT_METRIC} of both roles on the operator's /metrics",
         lambda: _drift_ratios(world, ns, name),
-        60,
+        PASS_DEADLINE,
     )
     decode_ratio, prefill_ratio = ratios
     assert decode_ratio == pytest.approx(decode["driftPercent"] / 100, abs=0.002)
     assert decode_ratio < -0.1 < prefill_ratio, ratios
 
     events = wait(
-        world, f"a {OPTIMISTIC} Warning Event", lambda: _optimistic_events(world, ns) or None, 60
+        world,
+        f"a {OPTIMISTIC} Warning Event",
+        lambda: _optimistic_events(world, ns) or None,
+        PASS_DEADLINE,
     )
     (event,) = events
     assert event["type"] == "Warning" and ": decode: estimated KV pool" in event["message"]
@@ -317,6 +334,11 @@ def test_a_live_pool_below_the_estimate_shows_its_drift_metric_and_one_warning_f
     # one; the operator's pass counter shows it ran).
     passes = _reconciles(world)
     world.kubectl("annotate", "kvmd", name, "-n", ns, "e2e.kvgate.io/nudge=1")
-    wait(world, "another reconcile pass", lambda: _reconciles(world) >= passes + 2 or None, 60)
+    wait(
+        world,
+        "another reconcile pass",
+        lambda: _reconciles(world) >= passes + 2 or None,
+        PASS_DEADLINE,
+    )
     again = _optimistic_events(world, ns)
     assert len(again) == 1 and (again[0].get("count") or 1) == 1, again
