@@ -203,18 +203,38 @@ SLOT_SERIES = re.compile(
 )
 
 
-def pass_slots(world: World) -> dict[str, int]:
+# The leader's running totals a round is read between: how late its event loop ran what was due
+# (kvgate.controller.loop_lag), and its passes' own seconds.
+TOTAL_SERIES = re.compile(
+    r"^(kvgate_event_loop_lag_seconds|kvgate_reconcile_duration_seconds)_(sum|count) (\S+)$", re.M
+)
+
+
+def pass_slots(world: World) -> dict[str, float]:
     """The leader's pass slots now, from its /metrics: ``slots``, ``busy`` and the passes
-    waiting by class (``waiting_requested``, ``waiting_in_flight``, ``waiting_settled``)."""
+    waiting by class (``waiting_requested``, ``waiting_in_flight``, ``waiting_settled``); and
+    the running sums and counts of its event-loop lag and pass durations (``lag_sum``,
+    ``lag_count``, ``pass_sum``, ``pass_count``)."""
     pod = world.operator_pod()
     assert pod is not None, "no leading operator pod"
     port = world.forward(pod["status"]["podIP"], 8080)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, int] = {}
+    out: dict[str, float] = {}
     for m in SLOT_SERIES.finditer(text):
         name = {"slots": "slots", "slots_busy": "busy"}.get(m[1], f"waiting_{m[2]}")
         out[name] = int(float(m[3]))
+    for m in TOTAL_SERIES.finditer(text):
+        prefix = "lag" if "loop_lag" in m[1] else "pass"
+        out[f"{prefix}_{m[2]}"] = float(m[3])
     return out
+
+
+def between(before: dict[str, float], after: dict[str, float], prefix: str) -> float | None:
+    """The mean of ``prefix``'s observations between two reads (None if there were none)."""
+    count = after.get(f"{prefix}_count", 0) - before.get(f"{prefix}_count", 0)
+    if count <= 0:
+        return None
+    return round((after.get(f"{prefix}_sum", 0) - before.get(f"{prefix}_sum", 0)) / count, 4)
 
 
 def rounds(
@@ -236,12 +256,22 @@ def rounds(
         rollback = rollback_round(world, to, timeout)
         slots_at_scale = pass_slots(world)
         scale = scale_round(world, 2 if i % 2 == 0 else 1, timeout)
+        slots_after = pass_slots(world)
+        # The leader's event loop during each part: mean lateness of its 0.25 s timer, and the
+        # mean seconds of the passes that ended meanwhile (every ModelDeployment's).
+        loop = {
+            "rollback_lag_mean_s": between(slots_at_rollback, slots_at_scale, "lag"),
+            "scale_lag_mean_s": between(slots_at_scale, slots_after, "lag"),
+            "rollback_pass_mean_s": between(slots_at_rollback, slots_at_scale, "pass"),
+            "scale_pass_mean_s": between(slots_at_scale, slots_after, "pass"),
+        }
         out.append(
             {
                 "rollback": rollback,
                 "scale": scale,
                 "slots_at_rollback": slots_at_rollback,
                 "slots_at_scale": slots_at_scale,
+                "loop": loop,
                 "started_epoch": round(epoch, 3),
             }
         )
@@ -252,7 +282,10 @@ def rounds(
             f"Running {rollback['engines_running_s']} s, verified "
             f"{rollback['engines_verified_s']} s, serving {rollback['reconciled_s']} s; slots "
             f"busy {slots_at_scale.get('busy')}, waiting {waiting(slots_at_scale)}; scale acted "
-            f"{scale['acted_s']} s, counted {scale['reconciled_s']} s"
+            f"{scale['acted_s']} s, counted {scale['reconciled_s']} s; the leader's loop late "
+            f"{loop['rollback_lag_mean_s']} s on average during the rollback, "
+            f"{loop['scale_lag_mean_s']} s during the scale; passes "
+            f"{loop['rollback_pass_mean_s']} / {loop['scale_pass_mean_s']} s"
         )
     return out
 
@@ -262,7 +295,7 @@ def slots_full(world: World, full: int, timeout: float) -> dict[str, Any]:
     the results show): the seconds it took, or that it did not happen and the most seen."""
     started, most = time.monotonic(), 0
     while time.monotonic() - started < timeout:
-        busy = pass_slots(world).get("busy", 0)
+        busy = int(pass_slots(world).get("busy", 0))
         most = max(most, busy)
         if busy >= full:
             return {"busy": busy, "after_s": round(time.monotonic() - started, 1)}
@@ -270,8 +303,8 @@ def slots_full(world: World, full: int, timeout: float) -> dict[str, Any]:
     return {"busy": None, "most_busy": most, "after_s": None}
 
 
-def waiting(slots: dict[str, int]) -> int:
-    return sum(v for k, v in slots.items() if k.startswith("waiting_"))
+def waiting(slots: dict[str, float]) -> int:
+    return int(sum(v for k, v in slots.items() if k.startswith("waiting_")))
 
 
 def medians(results: list[dict[str, Any]]) -> dict[str, float]:

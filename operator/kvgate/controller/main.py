@@ -43,6 +43,7 @@ from kvgate.controller import (
     engine_pods,
     group_verify,
     kv_canary_watch,
+    loop_lag,
     md_loops,
     router_workers,
     standby,
@@ -366,6 +367,7 @@ async def serve(
     )
     registry = register_handlers()
     health = await _health_server(settings)
+    lag = asyncio.create_task(loop_lag.measure(), name="event-loop-lag")
     # The Lease gets its own connection pool: renewals never queue behind the reconcile loops'
     # and verifiers' requests. Sharing one pool, 50 ModelDeployments with 400 engine pods kept its
     # 32 connections busy, the leader missed its renew deadline, stepped down and restarted, over
@@ -421,6 +423,7 @@ async def serve(
         stop.close()
         if elector is not None:
             await elector.release()
+        lag.cancel()
         await health.cleanup()
         await _runtime.shutdown()
         await api.close()

@@ -490,6 +490,14 @@ def watch_pass_slots(state: Callable[[], tuple[int, int, dict[str, int]]]) -> No
     _PASS_SLOTS.state = state
 
 
+EVENT_LOOP_LAG = Histogram(
+    "kvgate_event_loop_lag_seconds",
+    "How late the operator's event loop woke a timer that was due (kvgate.controller.loop_lag: "
+    "every 0.25 s), seconds: the time every callback waits for the loop when it has more work "
+    "than one core runs.",
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
 PASS_SLOT_WAIT = Histogram(
     "kvgate_reconcile_slot_wait_seconds",
     "How long a ModelDeployment pass waited for a pass slot, by its class when it got one "
