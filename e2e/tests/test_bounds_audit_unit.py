@@ -22,6 +22,7 @@ CLEAN = (
     "test_scenario_engine_restart.py",
     "test_scenario_kv_canary.py",
     "test_scenario_lost_objects.py",
+    "test_scenario_mass_deletion.py",
     "test_scenario_multinode.py",
     "test_scenario_operator_down.py",
     "test_scenario_progressive.py",
