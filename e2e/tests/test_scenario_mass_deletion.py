@@ -49,12 +49,10 @@ MD_SELECTOR = "kvgate.io/deployment"
 MASS_DELETED_BOUND = 30
 # Deadlines, not bounds (the run prints each time it measured): only a step that never happens
 # reaches one. Shared ones come from kvgate_e2e.deadlines.
-RECONCILED_DEADLINE = (
-    300  # MASS ModelDeployments applied at once, each reconciled (12.3 s in docs/testing.md)
-)
-GC_DEADLINE = (
-    90  # the garbage collector removing their 2 x MASS Deployments (50.6 s in docs/testing.md)
-)
+# MASS ModelDeployments applied at once, each reconciled (12.3 s in docs/testing.md).
+RECONCILED_DEADLINE = 300
+# The garbage collector removing their 2 x MASS Deployments (50.6 s in docs/testing.md).
+GC_DEADLINE = 90
 ORPHAN_GC_DEADLINE = 60  # the garbage collector removing one ModelDeployment's Deployments
 # One ModelDeployment without a finalizer deleted: a single API request (0.3 s in
 # docs/testing.md); with the old finalizer and no operator it never completed, so any deadline
