@@ -25,6 +25,10 @@ from kvgate_e2e.kubelet.mounts import MountPoints
 from kvgate_e2e.kubelet.runtime import PodWorker, RuntimeSettings
 
 GATE = "kvgate.io/engine-verified"
+# A deadline, not a bound: a status the pod worker writes (a probe's result, a gate, a restart) or
+# its task ending after deleted(grace=2): local process starts and kills (well under a second here)
+# and the 2 s grace; only a status that never comes reaches it.
+WORKER_DEADLINE = 20
 _hosts = itertools.count(2)
 
 
@@ -154,7 +158,7 @@ async def until(host: FakeHost, what: str, check: Callable[[dict[str, Any]], boo
             await host.fake_api.changed.wait()
 
     try:
-        await asyncio.wait_for(loop(), 20)
+        await asyncio.wait_for(loop(), WORKER_DEADLINE)
     except TimeoutError:
         raise AssertionError(f"timed out waiting for {what}; pod: {host.fake_api.pod}") from None
 
@@ -213,7 +217,7 @@ async def test_probed_container_with_unset_gate_is_containers_ready_but_not_read
         assert "http.server" in log
     finally:
         worker.deleted(grace=2)
-        await asyncio.wait_for(task, 20)
+        await asyncio.wait_for(task, WORKER_DEADLINE)
     assert host.done == ["uid-1"]
     assert host.addresses.released == [ipaddress.IPv4Address(host.addresses.host)]
 
@@ -246,7 +250,7 @@ async def test_a_gate_set_while_a_status_patch_is_in_flight_still_makes_the_pod_
         assert cond(host.fake_api.pod, GATE)["status"] == "True"
     finally:
         worker.deleted(grace=2)
-        await asyncio.wait_for(task, 20)
+        await asyncio.wait_for(task, WORKER_DEADLINE)
 
 
 async def test_ready_written_false_by_someone_else_is_put_back_while_nothing_changed_here(
@@ -282,7 +286,7 @@ async def test_ready_written_false_by_someone_else_is_put_back_while_nothing_cha
         assert cond(host.fake_api.pod, "ContainersReady")["status"] == "True"
     finally:
         worker.deleted(grace=2)
-        await asyncio.wait_for(task, 20)
+        await asyncio.wait_for(task, WORKER_DEADLINE)
 
 
 async def test_killed_container_restarts_with_last_state_and_deletion_is_finished(
@@ -315,7 +319,7 @@ async def test_killed_container_restarts_with_last_state_and_deletion_is_finishe
         "resourceVersion": "200",
     }
     worker.update(deleting)
-    await asyncio.wait_for(task, 20)
+    await asyncio.wait_for(task, WORKER_DEADLINE)
     assert host.fake_api.deletes == [
         (
             "/api/v1/namespaces/ns/pods/web",
@@ -400,7 +404,7 @@ async def test_a_process_that_exits_on_sigterm_is_reported_at_once_and_a_cut_gra
         took = loop.time() - cut_at
     finally:
         worker.deleted()
-        await asyncio.wait_for(task, 20)
+        await asyncio.wait_for(task, WORKER_DEADLINE)
     with pytest.raises(ProcessLookupError):
         os.kill(stubborn, 0)
     if cut == "a shorter grace period":
@@ -541,7 +545,7 @@ async def test_a_sidecar_starts_first_its_readiness_gates_ready_and_it_stops_las
         "resourceVersion": "200",
     }
     worker.update(deleting)
-    await asyncio.wait_for(task, 20)
+    await asyncio.wait_for(task, WORKER_DEADLINE)
     assert events_of(tmp_path)[-2:] == ["stop engine", "stop guard"]
 
 
@@ -582,4 +586,4 @@ async def test_the_next_container_waits_for_the_sidecars_startup_probe(
         assert sorted(events_of(tmp_path)) == ["start engine", "start guard"]
     finally:
         worker.deleted(grace=2)
-        await asyncio.wait_for(task, 20)
+        await asyncio.wait_for(task, WORKER_DEADLINE)
