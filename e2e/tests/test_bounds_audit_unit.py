@@ -24,10 +24,12 @@ CLEAN = (
     "test_scenario_kv_canary.py",
     "test_scenario_lost_objects.py",
     "test_scenario_mass_deletion.py",
+    "test_scenario_model_download.py",
     "test_scenario_multinode.py",
     "test_scenario_operator_down.py",
     "test_scenario_progressive.py",
     "test_scenario_real_engine.py",
+    "test_scenario_rollback.py",
 )
 
 SAMPLE = """

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import EVENT_DEADLINE, PASS_DEADLINE, REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.model_hub import HubState
 from kvgate_e2e.world import BIG_POOL, World, is_ready
 from scenario_helpers import (
@@ -65,6 +66,13 @@ BUNDLED_CONFIG = (
     / "config.json"
 )
 WEIGHTS_BYTES = 16 * 2**20
+# Deadlines, not bounds (the run prints the time to Ready once the token is fixed): only a step
+# that never happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+HUB_READY_DEADLINE = 120  # the model hub pod (python:3.11 serving the repository) Ready
+# Both engine pods scheduled and their download init container run and failed (exit 1) on the
+# wrong token.
+DOWNLOAD_FAILED_DEADLINE = 180
+FETCH_LOG_DEADLINE = 30  # the failed init container's log readable through the kubelet
 
 
 def make_repository(root: Path) -> str:
@@ -175,7 +183,7 @@ def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
     hub = deadline_loop(
         "the model hub pod to be Ready",
         lambda: (p := world.get("pod", "model-hub", namespace)) is not None and is_ready(p) and p,
-        120,
+        HUB_READY_DEADLINE,
     )
     endpoint = f"http://{hub['status']['podIP']}:{HUB_PORT}"
 
@@ -206,13 +214,15 @@ def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
     pods = deadline_loop(
         "both engine pods' downloads to fail on the wrong token",
         failed_downloads,
-        180,
+        DOWNLOAD_FAILED_DEADLINE,
         details=lambda: md_story(world, "fetched", namespace),
     )
     for pod in pods:
         name = pod["metadata"]["name"]
         log = deadline_loop(
-            f"{name}'s download log", lambda n=name: fetch_log(world, namespace, n), 30
+            f"{name}'s download log",
+            lambda n=name: fetch_log(world, namespace, n),
+            FETCH_LOG_DEADLINE,
         )
         print(f"--- {name} {FETCH} (wrong token):\n{log}")
         assert f"answered 401 (RepoNotFound) for repository {REPO}" in log, log
@@ -230,7 +240,7 @@ def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
             and "answered 401 (RepoNotFound)" in c["message"]
             and c
         ),
-        60,
+        PASS_DEADLINE,
         details=lambda: md_story(world, "fetched", namespace),
     )
     print(f"EnginesVerified: {engines['message']}")
@@ -242,19 +252,19 @@ def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
     warned = deadline_loop(
         "a ModelDownloadFailing Event",
         lambda: events(world, namespace, "ModelDownloadFailing"),
-        30,
+        EVENT_DEADLINE,
     )
     assert all(e["type"] == "Warning" and TOKEN not in e["message"] for e in warned), warned
 
     # 2. The right token: the next try downloads, the engines start on the weights and serve.
     fixed = time.monotonic()
     world.apply(secret("hub-token", TOKEN), namespace)
-    wait_md_ready(world, "fetched", namespace, 300)
+    wait_md_ready(world, "fetched", namespace, REVISION_DEADLINE)
     ready_after = time.monotonic() - fixed
     engines_now = md_condition(world, "fetched", namespace, "EnginesVerified")
     assert engines_now is not None and engines_now["reason"] == "AllEnginesVerified", engines_now
     assert len(events(world, namespace, "ModelDownloadFailing")) == len(warned)  # no repeats
-    wait_known_answer(world, "fetched", namespace, 60)
+    wait_known_answer(world, "fetched", namespace, STEP_DEADLINE)
     for pod in engine_pods(world, namespace, "fetched"):
         name = pod["metadata"]["name"]
         log = fetch_log(world, namespace, name)

@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+
+# Deadlines, not bounds (the run prints the rollback's time): kvgate_e2e.deadlines.
+from kvgate_e2e.deadlines import EVENT_DEADLINE, PASS_DEADLINE, POD_GONE_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, is_ready
 from scenario_helpers import (
@@ -69,7 +72,9 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
 
     with InvariantSampler(world.cluster, ns, name="rollback"):
         world.apply(sample_md(MD), namespace=ns)
-        first = deadline_loop("revision A to serve", lambda: serving(world, ns), 300, details=story)
+        first = deadline_loop(
+            "revision A to serve", lambda: serving(world, ns), REVISION_DEADLINE, details=story
+        )
         rev_a = first["status"]["servingRevision"]
         update = sample_md(MD)
         update["spec"]["decode"]["memFractionStatic"] = 0.84
@@ -77,14 +82,14 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
         second = deadline_loop(
             "revision B to serve",
             lambda: serving(world, ns, revision_not=rev_a),
-            300,
+            REVISION_DEADLINE,
             details=story,
         )
         rev_b = second["status"]["servingRevision"]
         deadline_loop(
             "revision A's objects to be deleted",
             lambda: revisions_running(world, ns) == {rev_b},
-            120,
+            POD_GONE_DEADLINE,
             details=story,
         )
         assert history_of(world, ns) == [rev_b, rev_a]
@@ -94,7 +99,7 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
         refused = deadline_loop(
             "the RollbackRefused Event",
             lambda: events(world, ns, "RollbackRefused"),
-            60,
+            PASS_DEADLINE,
             details=story,
         )
         assert f"{rev_b}, {rev_a}" in refused[0]["message"], refused[0]["message"]
@@ -104,7 +109,7 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
                 "kvgate.io/rollback"
                 not in ((world.get_md(MD, ns) or {})["metadata"].get("annotations") or {})
             ),
-            30,
+            EVENT_DEADLINE,
             details=story,
         )
         assert status_of(world, ns)["servingRevision"] == rev_b
@@ -117,14 +122,14 @@ def test_one_annotation_rolls_back_to_a_deleted_revision_after_re_verifying_it(
             back = deadline_loop(
                 "revision A to serve again",
                 lambda: serving(world, ns, revision_not=rev_b),
-                300,
+                REVISION_DEADLINE,
                 details=story,
             )
             took = time.monotonic() - started
             deadline_loop(
                 "revision B's objects to be deleted",
                 lambda: revisions_running(world, ns) == {rev_a},
-                120,
+                POD_GONE_DEADLINE,
                 details=story,
             )
         assert back["status"]["servingRevision"] == rev_a
