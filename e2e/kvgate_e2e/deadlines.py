@@ -41,6 +41,9 @@ STEP_DEADLINE = 60
 # discovering both engines), or the first after the router's outage: above STEP_DEADLINE as it
 # follows a whole start.
 ANSWER_DEADLINE = 90
+# The first answer through smg from a pair of real CPU SGLang engines (test_scenario_real_*):
+# smg reports healthy before it has discovered them, and a CPU prefill takes seconds.
+REAL_ANSWER_DEADLINE = 120
 # A condition, an Event or a status field for a verdict or a change already made (a gate patched,
 # a pod deleted): one controller pass and an API write; under a second in make test.
 EVENT_DEADLINE = 30

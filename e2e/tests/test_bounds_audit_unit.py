@@ -29,6 +29,7 @@ CLEAN = (
     "test_scenario_operator_down.py",
     "test_scenario_progressive.py",
     "test_scenario_real_engine.py",
+    "test_scenario_real_incident.py",
     "test_scenario_rollback.py",
 )
 

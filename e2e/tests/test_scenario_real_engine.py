@@ -64,6 +64,7 @@ from kvgate_e2e.deadlines import (
     GENERATE_TIMEOUT,
     METRICS_TIMEOUT,
     POD_GONE_DEADLINE,
+    REAL_ANSWER_DEADLINE,
     STEP_DEADLINE,
 )
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
@@ -128,8 +129,6 @@ CLAIM = "tiny-llama"  # the PersistentVolumeClaim holding the model
 # One NEW_TOKENS generation on a CPU SGLang server with the tiny model (384-token vocabulary).
 REAL_GENERATE_TIMEOUT = 30
 CLAIM_BOUND_DEADLINE = 60  # the claim bound to the local volume made for it (the PV controller)
-# The known answer through smg: smg reports healthy before it has discovered the real engines.
-ROUTER_ANSWER_DEADLINE = 120
 VERIFY_CLI_TIMEOUT = 60  # kvgate verify --url against a running real engine: a few requests
 # The decode gate turning (False once its container is killed, KvPoolTooSmall once the restarted
 # engine reports its pool): the next verification (every 2 s in the e2e world) and its write.
@@ -359,7 +358,7 @@ def through_router(real: Real, name: str) -> list[int]:
         assert code in (502, 503), (code, body)
         return None
 
-    return deadline_loop(f"a 200 from {name}'s router", ask, ROUTER_ANSWER_DEADLINE)
+    return deadline_loop(f"a 200 from {name}'s router", ask, REAL_ANSWER_DEADLINE)
 
 
 def aborted_requests(url: str) -> float:

@@ -53,6 +53,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import PASS_DEADLINE, POD_GONE_DEADLINE, REAL_ANSWER_DEADLINE
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.real_engine import (
     CPU_MEM_FRACTION_STATIC,
@@ -107,6 +108,11 @@ SHORT = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]
 NEW_TOKENS = 16
 START_TIMEOUT = 600.0  # a CPU SGLang pair started on a loaded 2-core machine
 NEUTRAL_IMAGE = "lmsysorg/sglang:latest"  # names no release: admission cannot read it
+# Request timeouts and deadlines, not bounds: only a request that hangs or a step that never
+# happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+SHORT_TIMEOUT = 60  # the SHORT prompt and NEW_TOKENS decoded by the CPU SGLang pair
+# A prompt of 2,000 to 3,000 tokens prefilled on CPU SGLang and NEW_TOKENS decoded.
+LONG_PROMPT_TIMEOUT = 120
 
 
 def body(ids: list[int]) -> dict[str, Any]:
@@ -220,10 +226,12 @@ def first_answer(url: str) -> tuple[int, Any]:
     """A short prompt through the gateway's Service, retried while smg has no workers yet."""
 
     def ask() -> tuple[int, Any] | None:
-        code, answer = http_json(url, body(SHORT), timeout=60)
+        code, answer = http_json(url, body(SHORT), timeout=SHORT_TIMEOUT)
         return (code, answer) if code == 200 else None
 
-    return deadline_loop("a first 200 through the pre-fix pair", ask, 120, period=1.0)
+    return deadline_loop(
+        "a first 200 through the pre-fix pair", ask, REAL_ANSWER_DEADLINE, period=1.0
+    )
 
 
 def test_without_kvgate_a_prompt_longer_than_the_pool_gets_http_200_and_tokens(
@@ -282,7 +290,7 @@ def test_without_kvgate_a_prompt_longer_than_the_pool_gets_http_200_and_tokens(
     assert plain["meta_info"]["prompt_tokens"] == len(OVER_POOL), plain
     assert plain["meta_info"]["finish_reason"]["type"] == "length", plain
     assert len(plain["output_ids"]) == NEW_TOKENS, plain
-    leaked = stream_generate(generate, body(OVER_POOL), timeout=120)
+    leaked = stream_generate(generate, body(OVER_POOL), timeout=LONG_PROMPT_TIMEOUT)
     print(f"over-pool prompt, streamed: HTTP {leaked.status}: {leaked.raw[-500:]!r}")
     assert leaked.status == 200, leaked
     assert leaked.errors == [] and "abort" not in finish_reasons(leaked), leaked.raw[-2000:]
@@ -314,9 +322,9 @@ def answers_after_other_requests(generate: str) -> list[tuple[str, list[int]]]:
     answers: list[tuple[str, list[int]]] = []
     for _ in range(3):
         for name, ids in others.items():
-            code, other = http_json(generate, body(ids), timeout=120)
+            code, other = http_json(generate, body(ids), timeout=LONG_PROMPT_TIMEOUT)
             assert code == 200, other  # within both pools: served right
-            code, answer = http_json(generate, body(OVER_POOL), timeout=120)
+            code, answer = http_json(generate, body(OVER_POOL), timeout=LONG_PROMPT_TIMEOUT)
             assert code == 200, answer
             answers.append((f"after {name}", [int(i) for i in answer["output_ids"]]))
         if len({tuple(ids) for _, ids in answers}) >= 2:
@@ -356,7 +364,9 @@ def test_under_kvgate_the_same_engines_are_refused_for_the_pool_and_take_no_traf
     # One real PD pair at a time: the first half's engines go first.
     world.kubectl("delete", "deployment", "--all", f"--namespace={ns}", "--wait=true")
     deadline_loop(
-        "the out-of-path pair gone", lambda: not world.list("pods", ns, "app=leaky") or None, 120
+        "the out-of-path pair gone",
+        lambda: not world.list("pods", ns, "app=leaky") or None,
+        POD_GONE_DEADLINE,
     )
     denied = apply_md(world, ns, incident_md(incident.model, f"lmsysorg/sglang:v{PRE_FIX}"))
     print(denied.stderr)
@@ -403,7 +413,9 @@ def test_under_kvgate_the_same_engines_are_refused_for_the_pool_and_take_no_traf
             assert not is_ready(pod)
         names = {p["metadata"]["name"] for p in pods}
         evs = deadline_loop(
-            "KvPoolTooSmall Events for both engines", lambda: pool_events(world, ns, names), 60
+            "KvPoolTooSmall Events for both engines",
+            lambda: pool_events(world, ns, names),
+            PASS_DEADLINE,
         )
         print(f"Event: {evs[0]['message']}")
 
