@@ -49,6 +49,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import METRICS_TIMEOUT, PASS_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.kubelet.agent import container_pid
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
@@ -84,6 +85,18 @@ MiB = 2**20
 RSS_LIMIT = 300 * MiB  # the chart's limit is 512 Mi; before the fix these engines took 1,079 MiB
 RSS_WATCH_VERIFICATIONS = 12  # ReportUnreadable verdicts to watch the operator's memory through
 PROBE_URL = r"GET http://[\d.]+:30000/server_info"
+# Deadlines, not bounds (the run prints when each gate turned): only a step that never happens
+# reaches one. Shared ones come from kvgate_e2e.deadlines (every hostile gate False: a revision's
+# engines started and judged, REVISION_DEADLINE).
+# The sibling's decode pod created by kvgate's first pass, scheduled and given an IP.
+POD_IP_DEADLINE = 120
+# The sibling's two engines verified (they start with the hostile ones, on the same CPUs).
+SIBLING_VERIFIED_DEADLINE = 240
+# RSS_WATCH_VERIFICATIONS more ReportUnreadable verdicts: 4 pods every 2 s, so seconds.
+VERDICTS_DEADLINE = 120
+# A hostile ModelDeployment refused once its verifyTimeoutSeconds is GIVE_UP_SECONDS: that
+# timeout, then a pass.
+REFUSED_DEADLINE = 60
 
 
 @dataclass(frozen=True)
@@ -251,7 +264,7 @@ def report_unreadable_verdicts(world: World) -> float:
     metrics Service as Prometheus would."""
     ip, port = metrics_service(world)
     url = f"http://127.0.0.1:{world.forward(ip, port)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as answer:
+    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT) as answer:
         text = answer.read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
@@ -307,7 +320,7 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
         sibling_decode = deadline_loop(
             "the sibling's decode pod to get an IP",
             lambda: the_pod(world, ns, SIBLING, "decode"),
-            120,
+            POD_IP_DEADLINE,
         )
         sibling_target = f"{sibling_decode['status']['podIP']}:30000"
         tenant_applies(
@@ -344,7 +357,7 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
             return found, []
 
         pods, attack_worked = deadline_loop(
-            "every hostile pod's gate to say why it failed", gates_failed, 300
+            "every hostile pod's gate to say why it failed", gates_failed, REVISION_DEADLINE
         )
         assert not attack_worked, f"hostile engine pods were verified: {attack_worked}"
         print(f"MEASURED every hostile gate False {time.monotonic() - applied:.1f}s after apply")
@@ -370,7 +383,7 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
                 )
                 and len(engine_pods(world, ns, SIBLING)) == 2
             ),
-            240,
+            SIBLING_VERIFIED_DEADLINE,
         )
 
         # 3. The 16 MiB body, probed again and again: the operator's memory stays bounded.
@@ -382,7 +395,7 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
             lambda: (
                 (n := report_unreadable_verdicts(world) - start) >= RSS_WATCH_VERIFICATIONS and n
             ),
-            120,
+            VERDICTS_DEADLINE,
         )
         peak = rss.peak(watch_from)
         print(
@@ -411,11 +424,15 @@ def test_hostile_engines_never_verify_never_leak_what_they_send_and_never_exhaus
             assert out.returncode == 0, out.stderr
         for md in HOSTILE_MDS:
             says = [a.says for a in ATTACKS if a.md == md]
-            ready = deadline_loop(f"{md} to be refused", partial(refused, world, ns, md), 60)
+            ready = deadline_loop(
+                f"{md} to be refused", partial(refused, world, ns, md), REFUSED_DEADLINE
+            )
             assert ready["status"] == "False" and "nothing serves" in ready["message"], ready
             assert any(re.search(s, ready["message"]) for s in says), ready
             refusal = deadline_loop(
-                f"{md}'s RolloutRefused Event", partial(refusal_events, world, ns, md), 60
+                f"{md}'s RolloutRefused Event",
+                partial(refusal_events, world, ns, md),
+                PASS_DEADLINE,
             )[0]
             assert refusal["type"] == "Warning" and "(VerificationTimeout)" in refusal["message"]
             assert any(re.search(s, refusal["message"]) for s in says), refusal["message"]
