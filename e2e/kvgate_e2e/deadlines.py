@@ -15,6 +15,9 @@ from __future__ import annotations
 # ENGINE_LOAD_SECONDS (4 s), then verification and the router: seconds to tens of seconds in
 # make test; generous so a machine at half speed, with a busy scheduler, passes.
 REVISION_DEADLINE = 300
+# A revision's engines started (the 4 s load) and judged, verified or gated False (KvPoolTooSmall),
+# with no router needed: a revision's start without its routing.
+ENGINE_VERDICT_DEADLINE = 180
 # An engine restarted: its container killed and started again (the 4 s load), its verdict, the
 # pod's Ready; seconds in make test.
 RESTART_DEADLINE = 120

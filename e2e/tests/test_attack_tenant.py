@@ -16,6 +16,7 @@ import pytest
 from attack_helpers import admitted, policy_lifted
 from kvgate_e2e.deadlines import (
     ENGINE_POD_DEADLINE,
+    ENGINE_VERDICT_DEADLINE,
     EVENT_DEADLINE,
     FIRST_PASS_DEADLINE,
     GENERATE_TIMEOUT,
@@ -58,9 +59,6 @@ ROUTER_API_TIMEOUT = 10  # one request to smg's worker API: it answers or refuse
 # The operator's router audit finding the injected worker and removing it at a later pass; the
 # run prints the time it took.
 ROUTER_AUDIT_DEADLINE = 60
-# Both engines of a revision started (the 4 s load) and judged: verified, or their gate False
-# (KvPoolTooSmall); no router needed.
-ENGINE_VERDICT_DEADLINE = 180
 # kvgate noticing the tenant's Secret under its name: a watch event, or its conflict re-check
 # within 30 s; twice that.
 SECRET_CONFLICT_DEADLINE = 60

@@ -22,6 +22,7 @@ CLEAN = (
     "test_md_events_and_drift.py",
     "test_scenario_autoscaling.py",
     "test_scenario_engine_restart.py",
+    "test_scenario_incident.py",
     "test_scenario_kv_canary.py",
     "test_scenario_lost_objects.py",
     "test_scenario_mass_deletion.py",
@@ -32,6 +33,7 @@ CLEAN = (
     "test_scenario_real_engine.py",
     "test_scenario_real_incident.py",
     "test_scenario_rollback.py",
+    "test_scenario_small_gpu.py",
 )
 
 SAMPLE = """

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import ENGINE_VERDICT_DEADLINE, GENERATE_TIMEOUT, PASS_DEADLINE
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import POD_READY, WORKER, InvariantSampler, Obj
 from kvgate_e2e.world import INCIDENT_NODE, INCIDENT_POOL, World, http_json, is_ready
@@ -60,6 +61,12 @@ REQUEST_B = [7] * 800  # >= 686, < 2,048
 MODEL = "tiny-llama"
 PRE_FIX_IMAGE = "lmsysorg/sglang:v0.5.19"
 SMG_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
+# Deadlines, not bounds: only a step that never happens reaches one. Shared ones come from
+# kvgate_e2e.deadlines.
+# Request A retried on a connection reset before any answer (incident_traffic's docstring: why).
+RESET_RETRY_DEADLINE = 30
+# The plain router Ready: both pre-fix engines started (the 4 s load), Ready and discovered.
+PLAIN_ROUTER_DEADLINE = 180
 
 
 def contains(haystack: list[int], needle: list[int]) -> bool:
@@ -79,20 +86,20 @@ def incident_traffic(
     with both workers already in the router; nothing was answered then)."""
 
     def request_a() -> StreamAnswer:
-        return stream_generate(generate_url, body(REQUEST_A, 4), timeout=60)
+        return stream_generate(generate_url, body(REQUEST_A, 4), timeout=GENERATE_TIMEOUT)
 
     a = (
         poll_until(
             "the router to answer request A through its Service",
             request_a,
-            30,
+            RESET_RETRY_DEADLINE,
             period=0.5,
             retry_on=(ConnectionResetError,),
         )
         if retry_reset
         else request_a()
     )
-    b = stream_generate(generate_url, body(REQUEST_B, 40), timeout=60)
+    b = stream_generate(generate_url, body(REQUEST_B, 40), timeout=GENERATE_TIMEOUT)
     return a, b
 
 
@@ -201,7 +208,7 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
         deadline_loop(
             "the plain router to be Ready (both pre-fix engines Ready and discovered)",
             lambda: any(is_ready(p) for p in world.list("pods", ns, "app=leaky-router")),
-            timeout=180,
+            timeout=PLAIN_ROUTER_DEADLINE,
         )
         # The sampler proves it can fail: Ready pods and live gateway workers point at engines
         # whose pool (692) is below the context and whose version is below the floor.
@@ -285,7 +292,9 @@ def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
             ]  # fmt: skip
             return gated if len(gated) == 2 else None
 
-        gated = deadline_loop("both engine pods to be refused by the gate", refused, 180)
+        gated = deadline_loop(
+            "both engine pods to be refused by the gate", refused, ENGINE_VERDICT_DEADLINE
+        )
         for pod in gated:
             assert not is_ready(pod)
             cond = next(c for c in pod["status"]["conditions"] if c["type"] == GATE)
@@ -300,7 +309,9 @@ def test_kvgate_keeps_the_same_engines_off_traffic_and_leaks_no_canary(
             return c if c is not None and numbers in c["message"] else None
 
         ready = deadline_loop(
-            "the MD's Ready condition to give the pool and the context", ready_explains, 60
+            "the MD's Ready condition to give the pool and the context",
+            ready_explains,
+            PASS_DEADLINE,
         )
         assert ready["status"] == "False" and ready["reason"] == "RolloutRefused", ready
         assert any("692" in e.get("message", "") for e in events(world, ns, "KvPoolTooSmall"))

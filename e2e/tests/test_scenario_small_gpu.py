@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import PASS_DEADLINE, POD_GONE_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, http_json, is_ready
 from scenario_helpers import (
@@ -48,6 +49,15 @@ REFUSAL = re.compile(
 )
 # Sampler ticks to keep watching after the refusal is recorded (>= one 2 s re-verification).
 WATCH_TICKS = 15
+# Deadlines, not bounds: only a step that never happens reaches one. Shared ones come from
+# kvgate_e2e.deadlines (both engines refused: a revision's engines started and judged,
+# REVISION_DEADLINE, 300 s like every other file; it was 240 s here).
+SERVER_INFO_TIMEOUT = 10  # one GET of an engine's /server_info: it answers at once
+# The sampler's next tick: it samples every 0.2 s, one round of API reads (each up to 5 s).
+TICK_DEADLINE = 10
+# small-default's refusal in its Ready condition, applied with small-gpus whose refusal is
+# already seen: its own engines' verdict and a pass.
+DEFAULT_REFUSED_DEADLINE = 120
 
 
 def ticked(sampler: InvariantSampler, tick: int) -> bool:
@@ -80,7 +90,9 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             return gates if len(gates) == 2 else None
 
         conds = deadline_loop(
-            "both engine pods of small-gpus refused with KvPoolTooSmall", both_refused, 240
+            "both engine pods of small-gpus refused with KvPoolTooSmall",
+            both_refused,
+            REVISION_DEADLINE,
         )
         pools = {}
         for cond in conds:
@@ -90,7 +102,7 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
         # The number in the message is the live engine's own.
         for pod in engine_pods(world, ns, KEPT):
             role = pod["metadata"]["labels"]["kvgate.io/role"]
-            _, info = http_json(world.engine_url(pod) + "/server_info", timeout=10)
+            _, info = http_json(world.engine_url(pod) + "/server_info", timeout=SERVER_INFO_TIMEOUT)
             assert info["max_total_num_tokens"] == pools[role] < 131_072, (info, pools)
         print(f"MEASURED small-pool engines report KV pools {pools}")
 
@@ -103,7 +115,7 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             lambda: [
                 e for e in events(world, ns, "KvPoolTooSmall") if REFUSAL.search(e["message"])
             ],
-            60,
+            PASS_DEADLINE,
         )
         assert pod_events[0]["type"] == "Warning"
         table = get_md_table(world, ns)
@@ -127,7 +139,7 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
             assert not (ips & listed), (ips, listed)
             assert router_workers(world, ns, KEPT) == []
             watched += 1
-            deadline_loop("the sampler's next tick", partial(ticked, sampler, tick), 10)
+            deadline_loop("the sampler's next tick", partial(ticked, sampler, tick), TICK_DEADLINE)
         print(f"MEASURED watched the refused pods NotReady over {WATCH_TICKS} sampler ticks")
 
         # The default: the refused revision's engines are scaled to zero, the refusal stays
@@ -139,13 +151,13 @@ def test_engines_on_gpus_too_small_for_the_context_never_take_traffic_and_say_wh
                 and c["reason"] == "RolloutRefused"
                 and c
             ),
-            120,
+            DEFAULT_REFUSED_DEADLINE,
         )
         assert default_ready["status"] == "False" and REFUSAL.search(default_ready["message"])
         deadline_loop(
             "small-default's engine pods to be scaled to zero",
             lambda: engine_pods(world, ns, DEFAULT) == [],
-            120,
+            POD_GONE_DEADLINE,
         )
         deployments = world.list("deployments.apps", ns, f"kvgate.io/deployment={DEFAULT}")
         assert deployments and all(d["spec"]["replicas"] == 0 for d in deployments), [
