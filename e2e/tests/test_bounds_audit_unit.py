@@ -21,6 +21,7 @@ CLEAN = (
     "test_kubelet_smoke.py",
     "test_md_events_and_drift.py",
     "test_scenario_autoscaling.py",
+    "test_scenario_content_check.py",
     "test_scenario_engine_restart.py",
     "test_scenario_incident.py",
     "test_scenario_kv_canary.py",

@@ -27,6 +27,7 @@ from functools import partial
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import EVENT_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, is_ready
 from scenario_helpers import (
@@ -49,6 +50,10 @@ pytestmark = [
 ]
 MD = "content"
 REQUESTS_AFTER_REFUSAL = 10
+# A deadline, not a bound (the run prints each time from apply to served or refused): a revision
+# started, verified and content-checked (eight probes, two of them near the 131,072-token context
+# on the reference engine), then serving or refused; twice REVISION_DEADLINE for the probes.
+CONTENT_CHECK_DEADLINE = 600
 LEAK = re.compile(
     r"131,073 tokens \(over contextLength 131,072\): HTTP 200, 8 tokens generated; want a "
     r"refusal"
@@ -90,7 +95,7 @@ def _refuse_stale_kv(world: World, ns: str, leaky: str) -> dict:  # type: ignore
             and (m.get("status") or {}).get("refusedRevision") not in (None, leaky)
             and m
         ),
-        600,
+        CONTENT_CHECK_DEADLINE,
         details=partial(md_story, world, MD, ns),
     )
     print(f"MEASURED broken abort path applied -> refused: {time.monotonic() - started:.1f} s")
@@ -107,7 +112,7 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
         md = deadline_loop(
             "the healthy revision to pass its content check and serve",
             lambda: _serving(world, ns),
-            600,
+            CONTENT_CHECK_DEADLINE,
             details=partial(md_story, world, MD, ns),
         )
         first_serving = time.monotonic() - started
@@ -130,11 +135,13 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
         assert [p["promptTokens"] for p in probes][1] == 131_072 - 10
         # The pass writes the status, then posts its Events: the Event may trail the status.
         deadline_loop(
-            "the ContentCheckPassed event", lambda: events(world, ns, "ContentCheckPassed"), 30
+            "the ContentCheckPassed event",
+            lambda: events(world, ns, "ContentCheckPassed"),
+            EVENT_DEADLINE,
         )
         old_pods = {p["metadata"]["uid"] for p in engine_pods(world, ns, MD)}
 
-        wait_known_answer(world, MD, ns, 60, "a known-answer request")
+        wait_known_answer(world, MD, ns, STEP_DEADLINE, "a known-answer request")
         with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             leaky = sample_md(MD)
             leaky["spec"]["engine"] = copy.deepcopy(leaky["spec"]["engine"])
@@ -147,13 +154,15 @@ def test_content_check_passes_a_healthy_revision_and_refuses_one_that_answers_ov
                     and (m.get("status") or {}).get("refusedRevision")
                     and m
                 ),
-                600,
+                CONTENT_CHECK_DEADLINE,
                 details=partial(md_story, world, MD, ns),
             )
             new = refused["status"]["refusedRevision"]
             count = len(traffic.results) + REQUESTS_AFTER_REFUSAL
             deadline_loop(
-                f"{REQUESTS_AFTER_REFUSAL} more requests", lambda: len(traffic.results) >= count, 60
+                f"{REQUESTS_AFTER_REFUSAL} more requests",
+                lambda: len(traffic.results) >= count,
+                STEP_DEADLINE,
             )
         print(get_md_table(world, ns))
         status = refused["status"]
