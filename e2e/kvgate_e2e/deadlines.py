@@ -47,6 +47,9 @@ ANSWER_DEADLINE = 90
 # The first answer through smg from a pair of real CPU SGLang engines (test_scenario_real_*):
 # smg reports healthy before it has discovered them, and a CPU prefill takes seconds.
 REAL_ANSWER_DEADLINE = 120
+# A request through a router that just turned Ready, retried while the Service's path resets the
+# first connections (seen in a fresh-clone run with both workers already in the router).
+RESET_RETRY_DEADLINE = 30
 # A condition, an Event or a status field for a verdict or a change already made (a gate patched,
 # a pod deleted): one controller pass and an API write; under a second in make test.
 EVENT_DEADLINE = 30

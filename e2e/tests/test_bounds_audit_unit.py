@@ -17,6 +17,7 @@ CLEAN = (
     "test_attack_tenant.py",
     "test_chaos.py",
     "test_cpu_load_unit.py",
+    "test_dashboards_query.py",
     "test_kubelet_runtime.py",
     "test_kubelet_smoke.py",
     "test_md_events_and_drift.py",

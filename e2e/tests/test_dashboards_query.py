@@ -20,6 +20,7 @@ import time
 import pytest
 from kvgate_e2e import dashboards
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import RESET_RETRY_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.prometheus import Prometheus
 from kvgate_e2e.world import SMALL_POOL, World, known_answer_body
@@ -39,6 +40,15 @@ MD = "dash"
 # Grafana's built-ins as a one-hour dashboard would pass them, widened so a rate over the
 # webhook's one admission (when the ModelDeployment was applied) still sees it.
 WINDOWS = {"__rate_interval": "5m", "__range": "15m"}
+# Deadlines, not bounds (the run prints when every panel answered): only a step that never
+# happens reaches one. Shared ones come from kvgate_e2e.deadlines (the first revision Ready uses
+# REVISION_DEADLINE, 300 s, like every other file; it was 240 s here).
+# Every panel's series in Prometheus: the engines' and the operator's metrics scraped after the
+# first requests, enough samples for each rate.
+PANELS_DEADLINE = 90
+# The update on the small pool refused: its engines started and gated False, then a pass.
+REFUSED_DEADLINE = 120
+SHOWN_DEADLINE = 30  # the refusal's series in Prometheus: the operator's next scrapes
 
 
 def missing(prometheus: Prometheus, query: dashboards.PanelQuery) -> str | None:
@@ -60,7 +70,7 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
 ) -> None:
     started = time.monotonic()
     world.apply(sample_md(MD), namespace)
-    wait_md_ready(world, MD, namespace, 240)
+    wait_md_ready(world, MD, namespace, REVISION_DEADLINE)
     ready = time.monotonic()
     url = world.service_url(MD, namespace) + "/generate"
 
@@ -76,14 +86,14 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
         poll_until(
             "a request through the router",
             answered,
-            30,
+            RESET_RETRY_DEADLINE,
             retry_on=(OSError,),
             details=lambda: last[0],
         )
     streamed = poll_until(
         "a streamed request through the router",
         lambda: stream_generate(url, known_answer_body(SERVED_MODEL)),
-        30,
+        RESET_RETRY_DEADLINE,
         retry_on=(OSError,),
     )
     assert streamed.output_ids, streamed
@@ -100,7 +110,7 @@ def test_every_dashboard_panel_returns_series_with_its_legends_labels(
     poll_until(
         f"every one of the {len(queries)} dashboard queries to return its series",
         every_panel_has_data,
-        90,
+        PANELS_DEADLINE,
         period=1.0,
         details=lambda: "\n".join(problems),
     )
@@ -128,7 +138,7 @@ def refusals_shown_by_reason(
         target = status.get("targetRevision")
         return str(target) if target and status.get("refusedRevision") == target else None
 
-    target = poll_until("the update on the small pool to be refused", refused, 120)
+    target = poll_until("the update on the small pool to be refused", refused, REFUSED_DEADLINE)
     panels = {q.panel: q for q in dashboards.panel_queries(dashboards.load(), values)}
 
     def shown() -> bool:
@@ -141,7 +151,7 @@ def refusals_shown_by_reason(
             for s in revisions
         )
 
-    poll_until("the refusal on the Fleet dashboard", shown, 30, period=1.0)
+    poll_until("the refusal on the Fleet dashboard", shown, SHOWN_DEADLINE, period=1.0)
     reasons = prometheus.query(panels["Refused rollouts by reason (since the leader started)"].expr)
     print(
         f"MEASURED refused update shown by reason {sorted(s.labels['reason'] for s in reasons)} "

@@ -30,7 +30,12 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.deadlines import ENGINE_VERDICT_DEADLINE, GENERATE_TIMEOUT, PASS_DEADLINE
+from kvgate_e2e.deadlines import (
+    ENGINE_VERDICT_DEADLINE,
+    GENERATE_TIMEOUT,
+    PASS_DEADLINE,
+    RESET_RETRY_DEADLINE,
+)
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import POD_READY, WORKER, InvariantSampler, Obj
 from kvgate_e2e.world import INCIDENT_NODE, INCIDENT_POOL, World, http_json, is_ready
@@ -63,8 +68,6 @@ PRE_FIX_IMAGE = "lmsysorg/sglang:v0.5.19"
 SMG_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
 # Deadlines, not bounds: only a step that never happens reaches one. Shared ones come from
 # kvgate_e2e.deadlines.
-# Request A retried on a connection reset before any answer (incident_traffic's docstring: why).
-RESET_RETRY_DEADLINE = 30
 # The plain router Ready: both pre-fix engines started (the 4 s load), Ready and discovered.
 PLAIN_ROUTER_DEADLINE = 180
 
