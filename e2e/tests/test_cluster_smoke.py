@@ -24,6 +24,16 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
+# Deadlines, not bounds: only a step that never happens reaches one.
+# The controller manager's ServiceAccount controller creating a new namespace's default account.
+SERVICE_ACCOUNT_DEADLINE = 60
+# kube-proxy serving the kubernetes Service's ClusterIP once the cluster started.
+KUBERNETES_SERVICE_DEADLINE = 120
+# A killed process gone (the cluster's shutdown, the owner's kill, the reaped namespace's orphan):
+# the kill is at once, this only ends a wait for a process that survived.
+KILLED_EXIT_DEADLINE = 10
+# The start with a bad apiserver flag: the apiserver exits at once; the start gives up after this.
+FAILED_START_TIMEOUT = 60
 
 CRD_YAML = """\
 apiVersion: apiextensions.k8s.io/v1
@@ -123,7 +133,7 @@ def test_controller_manager_creates_default_service_account_token_path(cluster: 
     poll_until(
         "ServiceAccount smoke/default",
         lambda: cluster.kubectl("get", "sa", "default", "-n", "smoke", check=False).returncode == 0,
-        60,
+        SERVICE_ACCOUNT_DEADLINE,
     )
     token = cluster.kubectl("create", "token", "default", "-n", "smoke").stdout.strip()
     assert token.count(".") == 2
@@ -137,7 +147,7 @@ def test_host_process_reaches_apiserver_through_relay(cluster: Cluster) -> None:
 
 
 def test_kube_proxy_serves_kubernetes_service_cluster_ip(cluster: Cluster) -> None:
-    cluster.wait_for_kubernetes_service(timeout=120)
+    cluster.wait_for_kubernetes_service(timeout=KUBERNETES_SERVICE_DEADLINE)
     eps = cluster.api_get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices")
     addresses = [a for item in eps["items"] for ep in item["endpoints"] for a in ep["addresses"]]
     assert str(cluster.control_plane_ip) in addresses
@@ -176,7 +186,7 @@ def test_shutdown_leaves_no_process_namespace_or_directory() -> None:
         assert name in list_namespaces()
         # Something a kubelet would start: a stray process inside the namespace.
         stray = c.popen_in_netns(["sleep", "300"])
-    assert stray.wait(timeout=10) is not None
+    assert stray.wait(timeout=KILLED_EXIT_DEADLINE) is not None
     for pid in pids:
         assert not _alive(pid), f"process {pid} survived cluster shutdown"
     assert name not in list_namespaces()
@@ -186,7 +196,9 @@ def test_shutdown_leaves_no_process_namespace_or_directory() -> None:
 def test_failed_start_cleans_up() -> None:
     from kvgate_e2e.cluster import ClusterConfig
 
-    c = Cluster(ClusterConfig(extra_apiserver_args=("--no-such-flag",), start_timeout=60))
+    c = Cluster(
+        ClusterConfig(extra_apiserver_args=("--no-such-flag",), start_timeout=FAILED_START_TIMEOUT)
+    )
     with pytest.raises(ClusterError, match="kube-apiserver exited"):
         c.start()
     assert c.netns_name not in list_namespaces()
@@ -210,13 +222,17 @@ def test_namespace_of_a_killed_run_is_reaped_by_the_next_run(tmp_path: Path) -> 
     assert owner.stdout is not None
     name, pid = owner.stdout.readline().split()
     owner.kill()  # dies without cleaning up, like a run killed by a CI timeout
-    owner.wait(timeout=10)
+    owner.wait(timeout=KILLED_EXIT_DEADLINE)
     assert name in list_namespaces()
 
     assert name in reap_stale_namespaces()
     assert name not in list_namespaces()
     assert not run_dir.exists()
-    poll_until("the orphan inside the namespace to exit", lambda: not _alive(int(pid)), 10)
+    poll_until(
+        "the orphan inside the namespace to exit",
+        lambda: not _alive(int(pid)),
+        KILLED_EXIT_DEADLINE,
+    )
 
 
 def _alive(pid: int) -> bool:
