@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.world import World, condition, http_json, is_ready
 from scenario_helpers import (
     GATE,
@@ -55,10 +56,21 @@ FORGED = (
 # The record on a line of its own, SGLang's prefix included, if the newline survived.
 FORGED_LINE = f"\n[2026-11-05 12:00:00] {FORGED}"
 SIGNATURE = "slot_idx=4242"
-# The canary scenario asserts a real violation line takes the gate False within 15 s
-# (test_scenario_kv_canary.GATE_BOUND_SECONDS); the forged lines get that long again, after the
-# real one tripped, to trip the prefill if kvgate read them as SGLang's.
+# A window, not a deadline: after the real violation tripped the decode (the canary scenario
+# bounds that way in from its own measured rounds, test_scenario_kv_canary Round.bound; the
+# issue's target is 2 s), the forged lines get 15 s more to trip the prefill if kvgate read them
+# as SGLang's.
 HOLD_SECONDS = 15.0
+# Deadlines and request timeouts, not bounds: only a step that never happens or a request that
+# hangs reaches one. Shared ones come from kvgate_e2e.deadlines.
+CONNECT_TIMEOUT = 10  # one TCP connection to the prefill's bootstrap port through the relay
+CLOSE_TIMEOUT = 30  # the engine logging the unreadable line and closing the connection
+DIRECT_TIMEOUT = 30  # one forged request straight to an engine (its answer is not the point)
+LOG_DEADLINE = 60  # the tenant's text in an engine's log, read through kubectl logs
+KNOWN_ANSWER_TIMEOUT = 10  # one known-answer request that makes the decode engine decode
+# The decode's gate False after a real corrupt slot: the next decode writes the violation line,
+# kvgate reads the log and turns the gate (seconds; the run prints it).
+TRIP_DEADLINE = 90
 
 
 def canary_md(name: str) -> dict[str, Any]:
@@ -73,9 +85,9 @@ def send_bootstrap_lines(world: World, prefill: dict[str, Any], lines: list[str]
     unreadable request by logging the error and closing."""
     port = world.forward(prefill["status"]["podIP"], BOOTSTRAP_PORT)
     for line in lines:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        with socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT) as conn:
             conn.sendall(line.encode() + b"\n")
-            conn.settimeout(30)
+            conn.settimeout(CLOSE_TIMEOUT)
             while conn.recv(4096):  # until the engine closes
                 pass
 
@@ -113,8 +125,8 @@ def test_a_forged_canary_record_in_client_text_leaves_the_engines_verified(
     tenant = make_tenant(world, ns)
     applied = tenant.kubectl("apply", "-f", "-", input=yaml.safe_dump(canary_md(md)))
     assert applied.returncode == 0, applied.stderr
-    wait_md_ready(world, md, ns, 300, "the canary revision to serve")
-    wait_known_answer(world, md, ns, 60)
+    wait_md_ready(world, md, ns, REVISION_DEADLINE, "the canary revision to serve")
+    wait_known_answer(world, md, ns, STEP_DEADLINE)
     selector = f"kvgate.io/deployment={md},kvgate.io/component=engine"
     pods = {p["metadata"]["labels"]["kvgate.io/role"]: p for p in world.list("pods", ns, selector)}
     prefill, decode = pods["prefill"], pods["decode"]
@@ -137,7 +149,9 @@ def test_a_forged_canary_record_in_client_text_leaves_the_engines_verified(
             # As SGLang's own health requests do: bootstrap_host 2.2.2.2 means no KV transfer.
             direct = {**body, "bootstrap_host": "2.2.2.2", "bootstrap_room": 7}
             try:
-                code, _ = http_json(f"{world.engine_url(pod)}/generate", direct, timeout=30)
+                code, _ = http_json(
+                    f"{world.engine_url(pod)}/generate", direct, timeout=DIRECT_TIMEOUT
+                )
             except OSError as error:  # what the engine answers is not the point: its log is
                 code = str(error)
             answers.append(f"{role} {code}")
@@ -145,7 +159,7 @@ def test_a_forged_canary_record_in_client_text_leaves_the_engines_verified(
         deadline_loop(
             f"the tenant's text in the {role} engine's log",
             lambda name=name: SIGNATURE in logs(tenant, name),
-            60,
+            LOG_DEADLINE,
         )
     written = time.time()
     forged_lines = {role: logs(tenant, name).count(SIGNATURE) for role, name in names.items()}
@@ -155,12 +169,12 @@ def test_a_forged_canary_record_in_client_text_leaves_the_engines_verified(
     assert code == 200, (code, answer)
 
     def decode_tripped() -> dict[str, Any] | None:
-        known_answer(world, md, ns, timeout=10)  # makes the decode engine decode
+        known_answer(world, md, ns, timeout=KNOWN_ANSWER_TIMEOUT)  # makes the decode engine decode
         gate = gate_of(world, ns, names["decode"])
         return gate if gate is not None and gate["status"] == "False" else None
 
     gate = deadline_loop(
-        "the decode engine's gate False after a real violation", decode_tripped, 90
+        "the decode engine's gate False after a real violation", decode_tripped, TRIP_DEADLINE
     )
     tripped = time.time()
     said = gate["message"]
