@@ -23,6 +23,7 @@ CLEAN = (
     "test_kubelet_runtime.py",
     "test_kubelet_smoke.py",
     "test_md_events_and_drift.py",
+    "test_metrics_pipeline.py",
     "test_scenario_autoscaling.py",
     "test_scenario_content_check.py",
     "test_scenario_engine_restart.py",
@@ -36,6 +37,7 @@ CLEAN = (
     "test_scenario_progressive.py",
     "test_scenario_real_engine.py",
     "test_scenario_real_incident.py",
+    "test_scenario_refused_rollout.py",
     "test_scenario_rollback.py",
     "test_scenario_small_gpu.py",
 )

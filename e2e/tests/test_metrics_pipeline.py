@@ -36,6 +36,13 @@ APP_LABELS = {"e2e.kvgate.io/metrics-pipeline": APP}
 # namespace and pod, must not add to the custom metric.
 ENGINE_JOB = "kvgate-system/kvgate-engines"
 LOOKALIKE_JOB = "default/lookalike"
+# Deadlines, not bounds (the run prints how long the HPA took each way): only a step that never
+# happens reaches one.
+QUEUE_POD_DEADLINE = 90  # a python:3.11-slim queue pod scheduled, started and Ready
+# The HPA setting the replicas once the adapter serves the new value: its 2 s sync period and a
+# scale policy at once.
+HPA_DEADLINE = 60
+QUEUE_PUT_TIMEOUT = 10  # one PUT to a queue pod's server: it answers 204 at once
 PROMETHEUS_EXTRA_MONITORS = [
     {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -148,7 +155,7 @@ def hpa(namespace: str, target: str) -> dict[str, Any]:
 def set_queue(world: World, pod: dict[str, Any], value: float) -> None:
     url = f"http://127.0.0.1:{world.forward(pod['status']['podIP'], 8080)}/"
     request = urllib.request.Request(url, data=str(value).encode(), method="PUT")
-    with urllib.request.urlopen(request, timeout=10) as answer:
+    with urllib.request.urlopen(request, timeout=QUEUE_PUT_TIMEOUT) as answer:
         assert answer.status == 204
 
 
@@ -201,7 +208,10 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
 ) -> None:
     world.apply(deployment(namespace))
     first = poll_until(
-        "the first queue pod to be Ready", lambda: ready_pods(world, namespace), 90, period=0.5
+        "the first queue pod to be Ready",
+        lambda: ready_pods(world, namespace),
+        QUEUE_POD_DEADLINE,
+        period=0.5,
     )[0]
     name = first["metadata"]["name"]
     for job in (ENGINE_JOB, LOOKALIKE_JOB):
@@ -226,9 +236,11 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
     seen = metrics_adapter.wait_pod_metrics(namespace, METRIC, lambda v: v.get(name) == 6.0, 30)
     assert seen == {name: 6.0}
     # 6 queued on 1 pod against an average target of 2: ceil(1 * 6 / 2) = 3 (the maximum).
-    up = wait_replicas(world, namespace, 3, 60)
+    up = wait_replicas(world, namespace, want=3, timeout=HPA_DEADLINE)
     print(f"\nMEASURED queue 6 on 1 pod -> HPA sets 3 replicas: {up:.1f}s")
-    poll_until("3 queue pods Ready", lambda: len(ready_pods(world, namespace)) == 3, 90)
+    poll_until(
+        "3 queue pods Ready", lambda: len(ready_pods(world, namespace)) == 3, QUEUE_POD_DEADLINE
+    )
     state = world.get("hpa", APP, namespace)
     assert state is not None
     assert state["status"]["currentMetrics"][0]["pods"]["metric"]["name"] == METRIC
@@ -236,5 +248,5 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
     assert (active["status"], active["reason"]) == ("True", "ValidMetricFound")
 
     set_queue(world, first, 0)
-    down = wait_replicas(world, namespace, 1, 60)
+    down = wait_replicas(world, namespace, want=1, timeout=HPA_DEADLINE)
     print(f"MEASURED queue 0 on 3 pods -> HPA sets 1 replica: {down:.1f}s")

@@ -21,6 +21,9 @@ from functools import partial
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+
+# Deadlines, not bounds: kvgate_e2e.deadlines.
+from kvgate_e2e.deadlines import POD_GONE_DEADLINE, REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     World,
@@ -65,7 +68,7 @@ def test_refused_rollout_leaves_the_old_revision_serving_every_request(
                 and is_ready({"status": {"conditions": m["status"].get("conditions")}})
                 and m
             ),
-            300,
+            REVISION_DEADLINE,
         )
         old_revision = md["status"]["servingRevision"]
         old_pods = {
@@ -75,7 +78,7 @@ def test_refused_rollout_leaves_the_old_revision_serving_every_request(
             )
         }
 
-        wait_known_answer(world, MD, ns, 60)
+        wait_known_answer(world, MD, ns, STEP_DEADLINE)
         with TrafficLoop(partial(known_answer, world, MD, ns)) as traffic:
             update = on_pool_without_estimate(sample_md(MD), "small")
             world.apply(update, namespace=ns)
@@ -86,7 +89,7 @@ def test_refused_rollout_leaves_the_old_revision_serving_every_request(
                     and (m.get("status") or {}).get("refusedRevision")
                     and m
                 ),
-                300,
+                REVISION_DEADLINE,
             )
             new_revision = refused["status"]["refusedRevision"]
             deadline_loop(
@@ -98,13 +101,13 @@ def test_refused_rollout_leaves_the_old_revision_serving_every_request(
                         if p["metadata"]["labels"]["kvgate.io/revision"] == new_revision
                     ]
                 ),
-                120,
+                POD_GONE_DEADLINE,
             )
             count = len(traffic.results) + REQUESTS_AFTER_SCALE_DOWN
             deadline_loop(
                 f"{REQUESTS_AFTER_SCALE_DOWN} more requests",
                 lambda: len(traffic.results) >= count,
-                60,
+                STEP_DEADLINE,
             )
         status = refused["status"]
         print(get_md_table(world, ns))
