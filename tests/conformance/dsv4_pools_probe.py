@@ -59,6 +59,9 @@ RESOLVED = (
     "kv_cache_dtype",
     "dsv4_attn_backend",
     "max_total_tokens",
+    "attn_dp_size",
+    "dp_size",
+    "enable_dp_attention",
 )
 
 
@@ -80,15 +83,22 @@ def _resolved(model: str, args: list[str]) -> dict[str, Any]:
     return {name: flat.get(name) for name in RESOLVED}
 
 
+def _attention_dp(resolved: dict[str, Any]) -> int:
+    """The attention data-parallel size the release resolved: attn_dp_size where it has the
+    field (0.5.20 on), else dp_size under --enable-dp-attention (0.5.19's parallel state)."""
+    if resolved["attn_dp_size"] is not None:
+        return int(resolved["attn_dp_size"])
+    return int(resolved["dp_size"]) if resolved["enable_dp_attention"] else 1
+
+
 def _runtime_context(resolved: dict[str, Any], attn_dp: int) -> dict[str, Any]:
     """Stand-ins for runtime_context.get_* built from the resolved arguments (no spec decode,
     no HiSparse, no unified memory, no encoder replay)."""
     values = SimpleNamespace(
-        **resolved,
+        **{**resolved, "attn_dp_size": attn_dp},
         enable_hisparse=False,
         enable_unified_memory=False,
         attn_tp_size=1,
-        attn_dp_size=attn_dp,
         attn_dcp_size=1,
         pp_size=1,
         speculative_algorithm=None,
@@ -149,7 +159,8 @@ def _shape(shape: dict[str, Any], config_json: dict[str, Any]) -> dict[str, Any]
     except (Exception, SystemExit) as refused:
         return {**shape, "refused_args": f"{type(refused).__name__}: {refused}"}
     config = sglang_model_config.ModelConfig(model_path=model)
-    context = _runtime_context(resolved, shape["attn_dp"])
+    attn_dp = _attention_dp(resolved)
+    context = _runtime_context(resolved, attn_dp)
     for module in (pool_configurator, deepseek_v4_memory_pool):
         for name, stand_in in context.items():
             if hasattr(module, name):
@@ -168,9 +179,9 @@ def _shape(shape: dict[str, Any], config_json: dict[str, Any]) -> dict[str, Any]
         kv_cache_dtype=torch.float8_e4m3fn,
         kv_cache_dtype_str=resolved["kv_cache_dtype"],
         layer_info=SimpleNamespace(start_layer=0, end_layer=layers),
-        ps=SimpleNamespace(pp_size=1, attn_dp_size=shape["attn_dp"]),
+        ps=SimpleNamespace(pp_size=1, attn_dp_size=attn_dp),
         pp_size=1,
-        attn_dp_size=shape["attn_dp"],
+        attn_dp_size=attn_dp,
         sliding_window_size=load_model_utils.resolve_sliding_window_size(object(), config),
         page_size=resolved["page_size"],
         spec_algorithm=spec,

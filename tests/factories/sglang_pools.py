@@ -61,7 +61,6 @@ DSV4_SHAPE_INPUTS = (
     "role",
     "engine_args",
     "max_total_tokens",
-    "attn_dp",
     "sm",
 )
 
