@@ -20,6 +20,7 @@ CLEAN = (
     "test_cluster_smoke.py",
     "test_cpu_load_unit.py",
     "test_dashboards_query.py",
+    "test_helm_install.py",
     "test_kubelet_runtime.py",
     "test_kubelet_smoke.py",
     "test_md_events_and_drift.py",
