@@ -42,6 +42,7 @@ from attack_helpers import (
     serve,
     under_attack,
 )
+from kvgate_e2e.deadlines import PASS_DEADLINE, POLICY_LIFT_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.world import World, is_ready, ready_endpoints
 from scenario_helpers import Tenant, deadline_loop, events, known_answer
 
@@ -57,6 +58,11 @@ GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector
 # Known-answer requests that must all succeed after the tenant's loadBalancerIP claim exists
 # (kube-proxy syncs at once here: --iptables-min-sync-period=0s).
 REQUESTS_AFTER_CLAIM = 20
+# Deadlines, not bounds: only a step that never happens reaches one. Shared ones come from
+# kvgate_e2e.deadlines.
+RBAC_DEADLINE = 30  # the API server's authorizer following a new RoleBinding (its watch)
+# The StatefulSet controller trying to create the rogue pod and posting its FailedCreate Event.
+FAILED_CREATE_DEADLINE = 60
 
 
 def tenant_service(name: str, port: int, **spec: Any) -> dict[str, Any]:
@@ -136,7 +142,7 @@ def test_a_tenant_service_cannot_take_the_cluster_ip_or_a_verified_engines_ip_as
         deadline_loop(
             f"{REQUESTS_AFTER_CLAIM} known-answer requests after the loadBalancerIP claim",
             lambda: len([r for r in traffic.results if r[0] > claimed]) >= REQUESTS_AFTER_CLAIM,
-            60,
+            STEP_DEADLINE,
         )
     assert can_i(t, "update", "services", "--subresource=status") == "no"
     assert can_i(t, "patch", "services", "--subresource=status") == "no"
@@ -212,7 +218,7 @@ def test_a_tenant_cannot_delete_or_rewrite_the_router_key_secret_but_the_control
         restored = deadline_loop(
             f"the operator to write Secret {secret} again after {controller} deleted it",
             functools.partial(rewritten, current["metadata"]["uid"]),
-            60,
+            PASS_DEADLINE,
         )
         assert restored["data"] == before["data"]  # the key is derived: the same one again
     ok, detail = known_answer(world, MD, namespace)
@@ -320,7 +326,7 @@ def test_a_tenant_stateful_set_or_leader_worker_set_cannot_run_a_serving_routers
     deadline_loop(
         "RBAC to let the tenant create LeaderWorkerSets",
         lambda: can_i(t, "create", "leaderworkersets.leaderworkerset.x-k8s.io") == "yes",
-        30,
+        RBAC_DEADLINE,
     )
     rogue = "rogue-routers"
     with under_attack(world, namespace, "rogue-stateful-set"):
@@ -343,12 +349,12 @@ def test_a_tenant_stateful_set_or_leader_worker_set_cannot_run_a_serving_routers
             deadline_loop(
                 "the tenant's StatefulSet to be admitted with managed-objects lifted",
                 lambda: admitted(t.create(stateful_set_like(s.router, rogue))),
-                30,
+                POLICY_LIFT_DEADLINE,
             )
         event = deadline_loop(
             f"the StatefulSet controller's FailedCreate for {rogue}",
             lambda: failed_create(world, namespace, rogue),
-            60,
+            FAILED_CREATE_DEADLINE,
         )
         message = str(event["message"])
         print(f"Event {event['reason']}: {message}")

@@ -16,6 +16,7 @@ CLEAN = (
     "test_attack_probe.py",
     "test_attack_role_scales.py",
     "test_attack_tenant.py",
+    "test_attack_tenant_addresses.py",
     "test_chaos.py",
     "test_cluster_smoke.py",
     "test_cpu_load_unit.py",
