@@ -16,6 +16,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kvgate_e2e.deadlines import (
+    HTTP_GET_TIMEOUT,
+    METRICS_TIMEOUT,
+    PASS_DEADLINE,
+    POD_GONE_DEADLINE,
+)
 from kvgate_e2e.kubelet.node import MAX_TOTAL_TOKENS_ANNOTATION
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.sampler import routes_to_ip
@@ -202,7 +208,7 @@ def refused_with(
     refused = deadline_loop(
         f"{md}'s status to record the refused revision",
         lambda: (m := world.get_md(md, namespace)) and m["status"].get("refusedRevision") and m,
-        60,
+        PASS_DEADLINE,
     )
     assert refused["status"].get("servingRevision") is None, refused["status"]
     verified = md_condition(world, md, namespace, "EnginesVerified")
@@ -242,7 +248,9 @@ def router_workers(world: World, namespace: str, md: str) -> list[dict[str, Any]
         if not ip or router["status"].get("phase") != "Running":
             continue
         code, body = http_json(
-            f"http://127.0.0.1:{world.forward(ip, 8000)}/workers", timeout=5, headers=auth
+            f"http://127.0.0.1:{world.forward(ip, 8000)}/workers",
+            timeout=HTTP_GET_TIMEOUT,
+            headers=auth,
         )
         if code == 200 and isinstance(body, dict):
             out.extend(body.get("workers") or [])
@@ -402,7 +410,7 @@ def make_tenant(world: World, namespace: str) -> Tenant:
 
 def requests_served(url: str) -> float:
     """The engine's own request counter (``sglang:num_requests_total`` on its ``/metrics``)."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=HTTP_GET_TIMEOUT) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("sglang:num_requests_total"):
                 return float(line.rsplit(" ", 1)[1])
@@ -475,7 +483,7 @@ def operator_down(world: World) -> Iterator[dict[str, float]]:
         deadline_loop(
             "every controller pod to be gone",
             lambda: not world.list("pods", OPERATOR_NAMESPACE, OPERATOR_SELECTOR),
-            120,
+            POD_GONE_DEADLINE,
         )
         yield times
     finally:
@@ -490,7 +498,7 @@ def operator_metrics(world: World) -> str:
     leader = world.operator_pod()
     assert leader is not None, "no operator pod"
     url = f"http://127.0.0.1:{world.forward(leader['status']['podIP'], 8080)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT) as response:
         return str(response.read().decode())
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import EVENT_DEADLINE, REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, http_json
 from scenario_helpers import (
@@ -52,6 +53,9 @@ ROUTER_PORT = 8000  # spec.router.port's default
 # The flood's lead before the fault: B's first failed request must meet 1,000 refusals already
 # counted, more than 100 x the few failures the first check after it sees (maxErrorPercent=1).
 LEAD = 1_000
+# A deadline, not a bound: the flood's first LEAD refusals from B's router, which answers each
+# invalid request at once (the others are shared ones from kvgate_e2e.deadlines).
+FLOOD_DEADLINE = 120
 REFUSAL = re.compile(
     r"([\d,]+) of ([\d,]+) answered requests failed \([\d.]+ % > "
     r"rollout\.stepCheck\.maxErrorPercent=1; ([\d,]+) refused with a 4xx are not counted\)"
@@ -181,7 +185,7 @@ def test_a_flood_of_invalid_json_does_not_promote_a_revision_whose_decode_fails_
     rev_a = deadline_loop(
         "revision A to serve",
         lambda: serving(world, name, ns),
-        300,
+        REVISION_DEADLINE,
         details=partial(md_story, world, name, ns),
     )
     failing = progressive_md(name)
@@ -201,14 +205,14 @@ def test_a_flood_of_invalid_json_does_not_promote_a_revision_whose_decode_fails_
                 (status_of(world, name, ns).get("trafficSplit") or "").endswith("=10%")
                 and status_of(world, name, ns)["targetRevision"]
             ),
-            300,
+            REVISION_DEADLINE,
             details=partial(md_story, world, name, ns),
         )
         with Flood(world, ns, name, rev_b) as flood:
             deadline_loop(
                 f"the flood's first {LEAD:,} refusals from B's router",
                 lambda: flood.refused >= LEAD,
-                120,
+                FLOOD_DEADLINE,
                 details=lambda: f"flood answers {dict(flood.statuses)}, {flood.errors} broken",
             )
             lead_after = time.monotonic() - flood.started
@@ -235,14 +239,14 @@ def test_a_flood_of_invalid_json_does_not_promote_a_revision_whose_decode_fails_
         deadline_loop(
             "the Service to select revision A only",
             lambda: service_revision(world, ns, name) == rev_a,
-            30,
+            EVENT_DEADLINE,
         )
         failures_at_rollback = len(traffic.failures)
         calm = time.monotonic()
         deadline_loop(
             "20 requests after the rollback",
             lambda: sum(1 for t, _, _ in traffic.results if t > calm) >= 20,
-            60,
+            STEP_DEADLINE,
         )
         late_failures = [f for f in traffic.failures if f[0] > calm]
     assert outcome["reason"] == "StepCheckFailed", outcome
