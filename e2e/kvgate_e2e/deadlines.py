@@ -61,6 +61,9 @@ PASS_DEADLINE = 60
 # the kubelet stops each pod (its grace period) and the pods' deletion finishes.
 NAMESPACES_GONE_DEADLINE = 120
 
+# The operator's router audit finding a worker someone added to smg (not a verified engine pod of
+# the revision) and removing it at a later pass; the run prints the time it took.
+ROUTER_AUDIT_DEADLINE = 60
 # A request admitted once a test lifted an admission policy's binding (attack_helpers.
 # policy_lifted): the API server drops the binding from its policy cache on the watch event.
 POLICY_LIFT_DEADLINE = 30
@@ -69,6 +72,8 @@ POLICY_LIFT_DEADLINE = 30
 # One small GET of a local server (an engine's /server_info, smg's /workers, /v1/models): it
 # answers in milliseconds; the timeout only ends a hung connection.
 HTTP_GET_TIMEOUT = 5
+# One request to smg's worker API (/workers): it answers or refuses (401) at once.
+ROUTER_API_TIMEOUT = 10
 # One GET of a /metrics page (the operator's, an engine's): it answers at once; ends a hung one.
 METRICS_TIMEOUT = 10
 # One short generation (a few tokens) through smg or an engine: the reference engine answers in

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kvgate_e2e.deadlines import EVENT_DEADLINE, PASS_DEADLINE
 from kvgate_e2e.world import MODEL_HOST_PATH_PREFIX, OPERATOR_NAMESPACE, RELEASE, World, condition
 from scenario_helpers import (
     deadline_loop,
@@ -38,6 +39,12 @@ pytestmark = pytest.mark.e2e
 WEBHOOK = 'admission webhook "validate-modeldeployment.kvgate.io" denied the request'
 # The e2e release's webhook Deployment: <fullname>-webhook.
 WEBHOOK_DEPLOYMENT = f"{RELEASE}-webhook"
+# Deadlines, not bounds (the run prints how soon FailedCreate was said): only a step that never
+# happens reaches one. Shared ones come from kvgate_e2e.deadlines.
+QUOTA_DEADLINE = 60  # the quota controller's first count of the namespace's usage
+# EnginesVerified saying FailedCreate: the ReplicaSet's first create fails at once and that wakes
+# the operator's pass (seconds); what the test asserts is elapsed < half verifyTimeoutSeconds.
+FAILED_CREATE_DEADLINE = 120
 
 
 def assert_denied(result: Any, *phrases: str) -> str:
@@ -128,7 +135,7 @@ def test_a_model_host_path_under_an_allowed_prefix_is_admitted_and_mounted_as_wr
         return [v for d in engines for v in d["spec"]["template"]["spec"].get("volumes") or []]
 
     volumes = deadline_loop(
-        "kvgate to build the engine Deployments", engine_volumes, 60, period=0.5
+        "kvgate to build the engine Deployments", engine_volumes, PASS_DEADLINE, period=0.5
     )
     host_paths = [v["hostPath"] for v in volumes if "hostPath" in v]
     assert host_paths == [{"path": path, "type": "DirectoryOrCreate"}] * 2, volumes
@@ -154,7 +161,7 @@ def test_engine_pods_a_quota_forbids_are_reported_at_once_with_the_replica_sets_
         lambda: (
             (world.get("resourcequota", "no-gpus", namespace) or {}).get("status", {}).get("hard")
         ),
-        60,
+        QUOTA_DEADLINE,
     )
     tenant = make_tenant(world, namespace)
     applied_at = time.monotonic()
@@ -173,7 +180,7 @@ def test_engine_pods_a_quota_forbids_are_reported_at_once_with_the_replica_sets_
     verified = deadline_loop(
         "EnginesVerified to say the engine pods cannot be created",
         says_failed_create,
-        120,
+        FAILED_CREATE_DEADLINE,
         details=lambda: md_story(world, "llama", namespace),
     )
     elapsed = time.monotonic() - applied_at
@@ -198,7 +205,7 @@ def test_engine_pods_a_quota_forbids_are_reported_at_once_with_the_replica_sets_
             for e in events(world, namespace, "FailedCreate")
             if e["involvedObject"].get("kind") == "ModelDeployment"
         ],
-        30,
+        EVENT_DEADLINE,
     )
     assert "exceeded quota: no-gpus" in warned[0]["message"], warned
     assert len(warned) == 1, warned  # on the transition only

@@ -22,6 +22,8 @@ from kvgate_e2e.deadlines import (
     GENERATE_TIMEOUT,
     POLICY_LIFT_DEADLINE,
     REVISION_DEADLINE,
+    ROUTER_API_TIMEOUT,
+    ROUTER_AUDIT_DEADLINE,
     ROUTERS_GONE_DEADLINE,
 )
 from kvgate_e2e.sampler import InvariantSampler
@@ -55,10 +57,6 @@ SECRET_DELETION_BINDING = "kvgate-kvgate-system-secret-deletion"
 # Deadlines, not bounds (the run prints each time it measured; nothing here asserts one): only a
 # step that never happens reaches one. Shared ones come from kvgate_e2e.deadlines (the first
 # revision Ready uses REVISION_DEADLINE, 300 s, like every other file; it was 180 s here).
-ROUTER_API_TIMEOUT = 10  # one request to smg's worker API: it answers or refuses (401) at once
-# The operator's router audit finding the injected worker and removing it at a later pass; the
-# run prints the time it took.
-ROUTER_AUDIT_DEADLINE = 60
 # kvgate noticing the tenant's Secret under its name: a watch event, or its conflict re-check
 # within 30 s; twice that.
 SECRET_CONFLICT_DEADLINE = 60

@@ -16,6 +16,14 @@ from typing import Any
 
 import pytest
 from attack_helpers import MD, MODEL, serve
+
+# Deadlines, not bounds (the run prints the time the removal took): kvgate_e2e.deadlines.
+from kvgate_e2e.deadlines import (
+    ENGINE_POD_DEADLINE,
+    HTTP_GET_TIMEOUT,
+    ROUTER_API_TIMEOUT,
+    ROUTER_AUDIT_DEADLINE,
+)
 from kvgate_e2e.sampler import InvariantSampler, smg_host
 from kvgate_e2e.world import World, http_json, is_ready
 from scenario_helpers import deadline_loop, events, known_answer, router_workers
@@ -54,7 +62,7 @@ def any_path_rogue() -> dict[str, Any]:
 def received(world: World, rogue: dict[str, Any]) -> int:
     """Generation requests the rogue has received (each a client's prompt)."""
     url = f"{world.engine_url(rogue, ROGUE_PORT)}/rogue/requests"
-    code, body = http_json(url, timeout=5)
+    code, body = http_json(url, timeout=HTTP_GET_TIMEOUT)
     assert code == 200, body
     return int(body["requests"])
 
@@ -68,7 +76,7 @@ def test_a_worker_url_smg_reads_as_another_host_is_removed_and_the_rogue_serves_
     rogue = deadline_loop(
         "the tenant's rogue engine to be Ready",
         lambda: (p := world.get("pod", "rogue", namespace)) is not None and is_ready(p) and p,
-        120,
+        ENGINE_POD_DEADLINE,
     )
     rogue_ip, decode_ip = rogue["status"]["podIP"], s.decode["status"]["podIP"]
     disguised = f"http://{rogue_ip}:{ROGUE_PORT}\\@{decode_ip}:30000"
@@ -87,7 +95,7 @@ def test_a_worker_url_smg_reads_as_another_host_is_removed_and_the_rogue_serves_
         code, answer = http_json(
             world.service_url(MD, namespace) + "/workers",
             {"url": disguised, "worker_type": "decode"},
-            timeout=10,
+            timeout=ROUTER_API_TIMEOUT,
             headers={"Authorization": f"Bearer {key}"},
         )
         print(f"POST /workers {disguised!r} with the key: HTTP {code} {answer}")
@@ -107,7 +115,9 @@ def test_a_worker_url_smg_reads_as_another_host_is_removed_and_the_rogue_serves_
             return time.monotonic() - posted if announced and worker_id not in listed else None
 
         try:
-            took = deadline_loop("kvgate to remove the disguised worker", removed, 60)
+            took = deadline_loop(
+                "kvgate to remove the disguised worker", removed, ROUTER_AUDIT_DEADLINE
+            )
         finally:
             print(f"smg listed the worker as {sorted(seen_as)}")
         print(
