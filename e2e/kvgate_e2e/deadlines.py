@@ -64,6 +64,9 @@ NAMESPACES_GONE_DEADLINE = 120
 # The operator's router audit finding a worker someone added to smg (not a verified engine pod of
 # the revision) and removing it at a later pass; the run prints the time it took.
 ROUTER_AUDIT_DEADLINE = 60
+# The quota controller's first count of a namespace's usage (the quota admission admits nothing
+# before it): its resync of a new ResourceQuota.
+QUOTA_DEADLINE = 60
 # A request admitted once a test lifted an admission policy's binding (attack_helpers.
 # policy_lifted): the API server drops the binding from its policy cache on the watch event.
 POLICY_LIFT_DEADLINE = 30

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate_e2e.deadlines import EVENT_DEADLINE, PASS_DEADLINE
+from kvgate_e2e.deadlines import EVENT_DEADLINE, PASS_DEADLINE, QUOTA_DEADLINE
 from kvgate_e2e.world import MODEL_HOST_PATH_PREFIX, OPERATOR_NAMESPACE, RELEASE, World, condition
 from scenario_helpers import (
     deadline_loop,
@@ -41,7 +41,6 @@ WEBHOOK = 'admission webhook "validate-modeldeployment.kvgate.io" denied the req
 WEBHOOK_DEPLOYMENT = f"{RELEASE}-webhook"
 # Deadlines, not bounds (the run prints how soon FailedCreate was said): only a step that never
 # happens reaches one. Shared ones come from kvgate_e2e.deadlines.
-QUOTA_DEADLINE = 60  # the quota controller's first count of the namespace's usage
 # EnginesVerified saying FailedCreate: the ReplicaSet's first create fails at once and that wakes
 # the operator's pass (seconds); what the test asserts is elapsed < half verifyTimeoutSeconds.
 FAILED_CREATE_DEADLINE = 120

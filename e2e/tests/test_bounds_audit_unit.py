@@ -11,6 +11,7 @@ from kvgate_e2e.bounds_audit import bare_bounds
 TESTS = Path(__file__).resolve().parent
 # Files whose every bound is measured in the run or a named deadline; add a file once it is.
 CLEAN = (
+    "attack_helpers.py",
     "scenario_helpers.py",
     "test_alerts_fire.py",
     "test_attack_canary_log.py",
@@ -30,6 +31,7 @@ CLEAN = (
     "test_kubelet_smoke.py",
     "test_md_events_and_drift.py",
     "test_metrics_pipeline.py",
+    "test_real_engine_cache_unit.py",
     "test_scenario_autoscaling.py",
     "test_scenario_content_check.py",
     "test_scenario_engine_restart.py",
@@ -40,12 +42,16 @@ CLEAN = (
     "test_scenario_model_download.py",
     "test_scenario_multinode.py",
     "test_scenario_operator_down.py",
+    "test_scenario_platform_fit.py",
     "test_scenario_progressive.py",
     "test_scenario_real_engine.py",
     "test_scenario_real_incident.py",
     "test_scenario_refused_rollout.py",
     "test_scenario_rollback.py",
+    "test_scenario_safe_deployment.py",
     "test_scenario_small_gpu.py",
+    "test_server_process_unit.py",
+    "test_shared_world_unit.py",
 )
 
 SAMPLE = """

@@ -303,6 +303,11 @@ class Server:
         return list(self.ids)
 
 
+# Deadlines, not bounds: a thread or worker of these tests reaching its next step (a toy build
+# writes a file), and a second worker process (an interpreter importing kvgate_e2e) waiting for the
+# lock and finishing.
+TOY_STEP_DEADLINE = 30
+WORKER_DEADLINE = 60
 ARGV = [
     sys.executable,
     "-m",
@@ -487,17 +492,17 @@ def test_two_threads_asking_for_one_directory_build_it_once(tmp_path: Path) -> N
             {"model": 1},
             build(who),
             lambda entry: (entry / "weights").read_bytes(),
-            deadline_s=30,
+            deadline_s=TOY_STEP_DEADLINE,
             on_wait=on_wait,
         ).value
 
     first = threading.Thread(target=ask_for, args=("first",))
     first.start()
-    poll_until("the first caller to build", lambda: built, 30, period=0.01)
+    poll_until("the first caller to build", lambda: built, TOY_STEP_DEADLINE, period=0.01)
     second = threading.Thread(target=ask_for, args=("second", waiting.set))
     second.start()
-    first.join(30)
-    second.join(30)
+    first.join(TOY_STEP_DEADLINE)
+    second.join(TOY_STEP_DEADLINE)
     assert built == ["first"]
     assert results == {"first": b"first", "second": b"first"}
 
@@ -532,14 +537,20 @@ def test_two_processes_asking_for_one_directory_build_it_once(tmp_path: Path) ->
         second.append(
             subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
         )
-        poll_until("the second worker to wait for the lock", waiting.exists, 30, period=0.01)
+        poll_until(
+            "the second worker to wait for the lock", waiting.exists, TOY_STEP_DEADLINE, period=0.01
+        )
         (directory / "weights").write_text("first")
 
     found = cached_directory(
-        cache, {"model": 1}, build, lambda e: (e / "weights").read_text(), deadline_s=60
+        cache,
+        {"model": 1},
+        build,
+        lambda e: (e / "weights").read_text(),
+        deadline_s=WORKER_DEADLINE,
     )
     assert found.value == "first" and found.computed
-    out, _ = second[0].communicate(timeout=60)
+    out, _ = second[0].communicate(timeout=WORKER_DEADLINE)
     assert second[0].returncode == 0
     assert out.split() == ["first", "False"]
     assert not marker.exists()

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+# Deadlines, not bounds (kvgate_e2e.deadlines); the first revision Ready was 240 s here.
+from kvgate_e2e.deadlines import QUOTA_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.world import World
 from scenario_helpers import (
     GATE,
@@ -96,7 +99,7 @@ def _run(world: World, namespace: str, priority_class: str) -> None:
     deadline_loop(
         "the quota controller to count the namespace's usage",
         lambda: (world.get("resourcequota", QUOTA, namespace) or {}).get("status", {}).get("hard"),
-        60,
+        QUOTA_DEADLINE,
     )
     tenant = make_tenant(world, namespace)
     refused = tenant.create(best_effort_pod())
@@ -119,7 +122,7 @@ def _run(world: World, namespace: str, priority_class: str) -> None:
         "apply", "-f", "-", input=yaml.safe_dump(adapted_md("fit", priority_class))
     )
     assert applied.returncode == 0, applied.stderr
-    md = wait_md_ready(world, "fit", namespace, 240)
+    md = wait_md_ready(world, "fit", namespace, REVISION_DEADLINE)
     print(f"MEASURED platform-fit Ready {time.monotonic() - applied_at:.1f}s after apply")
 
     engines = engine_pods(world, namespace, "fit")

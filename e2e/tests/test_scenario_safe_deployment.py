@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kvgate_e2e.deadlines import REVISION_DEADLINE
 from kvgate_e2e.world import (
     BIG_POOL,
     GATE,
@@ -35,6 +36,10 @@ from scenario_helpers import known_answer, wait_md_ready
 pytestmark = pytest.mark.e2e
 
 CONTEXT = 131_072
+# Deadlines, not bounds: the first revision Ready is REVISION_DEADLINE (kvgate_e2e.deadlines,
+# 300 s like every other file; it was 240 s here); the router as the Service's ready endpoint
+# once it is Ready: the EndpointSlice controller's next sync.
+ENDPOINT_DEADLINE = 30
 
 
 def safe_md(name: str, pool: str = BIG_POOL) -> dict[str, Any]:
@@ -58,7 +63,7 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
 ) -> None:
     with PodTimeline(world, namespace, "kvgate.io/component=engine") as timeline:
         world.apply(safe_md("llama"), namespace)
-        md = wait_md_ready(world, "llama", namespace, 240)
+        md = wait_md_ready(world, "llama", namespace, REVISION_DEADLINE)
     status = md["status"]
     verified = condition(md, "EnginesVerified")
     assert verified is not None and verified["status"] == "True", verified
@@ -105,7 +110,7 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
     world.wait_for(
         "the router as the Service's ready endpoint",
         lambda: ready_endpoints(world, namespace, "llama") == {routers[0]["status"]["podIP"]},
-        timeout=30,
+        timeout=ENDPOINT_DEADLINE,
     )
 
     # Known answer: the reference model copies the prompt.

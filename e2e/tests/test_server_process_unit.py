@@ -15,6 +15,11 @@ import pytest
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.server_process import ServerProcess
 
+# A deadline: a toy server (python -c) started here and its line in the log; seconds at most.
+SERVER_DEADLINE = 60
+# Derived from it: a wait the guard ended (the server exited) ends well before the deadline.
+GUARD_BOUND = SERVER_DEADLINE / 2
+
 
 class ServerError(RuntimeError):
     pass
@@ -41,8 +46,9 @@ def test_a_server_that_dies_ends_the_wait_naming_its_exit_code_and_log(tmp_path:
     server.start(_HereCluster(), [sys.executable, "-c", code], cwd=tmp_path)  # type: ignore[arg-type]
     started = time.monotonic()
     with pytest.raises(ServerError) as err:
-        poll_until("toy-server ready", lambda: False, 60, guard=server.check_running)
-    assert time.monotonic() - started < 30  # the guard, not the 60 s deadline, ended the wait
+        poll_until("toy-server ready", lambda: False, SERVER_DEADLINE, guard=server.check_running)
+    # the guard, not SERVER_DEADLINE, ended the wait
+    assert time.monotonic() - started < GUARD_BOUND
     assert "toy-server exited 3" in str(err.value)
     assert "cannot bind 198.18.0.1:9090" in str(err.value)
     server.stop()
@@ -57,7 +63,7 @@ def test_stop_kills_a_server_that_ignores_sigterm_after_its_grace(tmp_path: Path
         "time.sleep(600)\n"
     )
     server.start(_HereCluster(), [sys.executable, "-c", code], cwd=tmp_path)  # type: ignore[arg-type]
-    poll_until("the server up", lambda: "up" in server.log_path.read_text(), 60)
+    poll_until("the server up", lambda: "up" in server.log_path.read_text(), SERVER_DEADLINE)
     proc = server.proc
     assert proc is not None
     server.stop()

@@ -10,6 +10,9 @@ import pytest
 from kvgate_e2e.polling import poll_until
 from kvgate_e2e.shared_world import Turns, record_finished
 
+# A deadline: a waiting worker thread taking its turn once the holder let go of the lock file.
+TURN_DEADLINE = 10
+
 
 class OtherWorker:
     """Another worker's turn, from a thread: ``holding`` is set once it holds the world; the
@@ -36,7 +39,9 @@ def test_a_shared_turn_waits_while_another_worker_has_the_world_alone(tmp_path: 
     with lone.hold(alone=True):
         other = OtherWorker(Turns(tmp_path), alone=False)
         assert not other.holding.wait(0.5)  # kept out while the lone turn runs
-    poll_until("the other worker's turn once the lone one ended", other.holding.is_set, 10)
+    poll_until(
+        "the other worker's turn once the lone one ended", other.holding.is_set, TURN_DEADLINE
+    )
     other.finish()
 
 
@@ -46,11 +51,11 @@ def test_a_lone_turn_lets_waiting_workers_in_once_it_shares_the_rest(tmp_path: P
         other = OtherWorker(Turns(tmp_path), alone=False)
         assert not other.holding.wait(0.5)
         assert lone.share_rest()  # the lone test's clean-up
-        poll_until("the waiting worker to share the world", other.holding.is_set, 10)
+        poll_until("the waiting worker to share the world", other.holding.is_set, TURN_DEADLINE)
         third = OtherWorker(Turns(tmp_path), alone=True)
         assert not third.holding.wait(0.5)  # a lone turn still waits for both
     other.finish()
-    poll_until("the third worker's lone turn once both ended", third.holding.is_set, 10)
+    poll_until("the third worker's lone turn once both ended", third.holding.is_set, TURN_DEADLINE)
     third.finish()
     assert not lone.holding
 
