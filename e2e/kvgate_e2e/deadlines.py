@@ -64,6 +64,8 @@ NAMESPACES_GONE_DEADLINE = 120
 # The operator's router audit finding a worker someone added to smg (not a verified engine pod of
 # the revision) and removing it at a later pass; the run prints the time it took.
 ROUTER_AUDIT_DEADLINE = 60
+# The controller manager's ServiceAccount controller creating a new namespace's default account.
+SERVICE_ACCOUNT_DEADLINE = 60
 # The quota controller's first count of a namespace's usage (the quota admission admits nothing
 # before it): its resync of a new ResourceQuota.
 QUOTA_DEADLINE = 60

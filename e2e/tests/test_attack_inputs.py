@@ -27,6 +27,9 @@ import pytest
 import yaml
 from kvgate.admission.limits import MAX_SPEC_BYTES, spec_bytes
 from kvgate.objects.names import max_name_length
+
+# Deadlines, not bounds (kvgate_e2e.deadlines); the first revision Ready was 240 s here.
+from kvgate_e2e.deadlines import REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     OPERATOR_NAMESPACE,
@@ -160,7 +163,7 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
     assert len(name) == max_name_length() == 63
     applied = tenant(world, "apply", namespace, md)
     assert applied.returncode == 0, applied.stderr
-    wait_md_ready(world, name, namespace, 240)
+    wait_md_ready(world, name, namespace, REVISION_DEADLINE)
     stored = world.get_md(name, namespace)
     assert stored is not None
     # Admission measures the spec as the API server stores it (its defaults filled in), from
@@ -173,7 +176,9 @@ def test_model_deployment_at_the_limits_serves_and_input_attacks_on_it_are_denie
         f"kubectl: {total:,} bytes of the API server's 262,144 ({sorted(annotations)})"
     )
     assert world.get("service", name, namespace) is not None  # the Service <md> exists
-    wait_known_answer(world, name, namespace, 60, "a known-answer request through the Service")
+    wait_known_answer(
+        world, name, namespace, STEP_DEADLINE, "a known-answer request through the Service"
+    )
     generation = stored["metadata"]["generation"]
     revision = stored["status"]["servingRevision"]
 

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+# Deadlines, not bounds (kvgate_e2e.deadlines); the first revision Ready was 240 s here.
+from kvgate_e2e.deadlines import REVISION_DEADLINE
 from kvgate_e2e.world import World, http_json
 from scenario_helpers import (
     GATE,
@@ -38,6 +41,7 @@ MD = "keyed"
 SECRET = "engine-keys"
 CONTEXT = 131_072
 KVGATE = Path(sys.executable).parent / "kvgate"
+KVGATE_CLI_TIMEOUT = 120  # one kvgate command (verify against an engine, explain): seconds
 
 
 def keyed_md(api_key_ref: dict[str, str]) -> dict[str, Any]:
@@ -62,7 +66,11 @@ def kvgate(*args: str) -> str:
     """``kvgate ARGS`` as a user runs it, which must exit 0 (safe; Ready); its stdout and stderr
     together."""
     done = subprocess.run(
-        [str(KVGATE), *args], capture_output=True, text=True, timeout=120, check=False
+        [str(KVGATE), *args],
+        capture_output=True,
+        text=True,
+        timeout=KVGATE_CLI_TIMEOUT,
+        check=False,
     )
     print(f"$ kvgate {' '.join(args[:3])} ... (exit {done.returncode})\n{done.stdout[:600]}")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -91,7 +99,7 @@ def test_the_secrets_an_engine_reports_in_server_info_appear_in_nothing_kvgate_w
     for manifest in (secret, md):
         applied = tenant.kubectl("apply", "-f", "-", input=yaml.safe_dump(manifest))
         assert applied.returncode == 0, applied.stderr
-    wait_md_ready(world, MD, ns, 240)
+    wait_md_ready(world, MD, ns, REVISION_DEADLINE)
 
     # The engines report all three secrets, as SGLang does: what kvgate reads holds them.
     pods = engine_pods(world, ns, MD)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster, ClusterError
+from kvgate_e2e.deadlines import SERVICE_ACCOUNT_DEADLINE
 from kvgate_e2e.netns import list_namespaces, netns_supported, reap_stale_namespaces
 from kvgate_e2e.polling import poll_until
 
@@ -25,8 +26,6 @@ pytestmark = [
     pytest.mark.skipif(find_binaries() is None, reason=missing_binaries_reason()),
 ]
 # Deadlines, not bounds: only a step that never happens reaches one.
-# The controller manager's ServiceAccount controller creating a new namespace's default account.
-SERVICE_ACCOUNT_DEADLINE = 60
 # kube-proxy serving the kubernetes Service's ClusterIP once the cluster started.
 KUBERNETES_SERVICE_DEADLINE = 120
 # A killed process gone (the cluster's shutdown, the owner's kill, the reaped namespace's orphan):

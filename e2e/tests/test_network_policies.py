@@ -21,6 +21,9 @@ import pytest
 import yaml
 from kvgate.api.models import ModelDeployment
 from kvgate.objects.network_policy import RouterEgress, network_policies, policy_names
+
+# Deadlines, not bounds (kvgate_e2e.deadlines); the first revision Ready was 240 s here.
+from kvgate_e2e.deadlines import REVISION_DEADLINE
 from kvgate_e2e.world import CHART, OPERATOR_NAMESPACE, RELEASE, World, chart_values
 from scenario_helpers import sample_md, wait_md_ready
 
@@ -98,7 +101,7 @@ def test_a_ready_model_deployment_has_its_revisions_policies_as_built(
     world: World, namespace: str
 ) -> None:
     world.apply(sample_md(MD), namespace)
-    wait_md_ready(world, MD, namespace, 240)
+    wait_md_ready(world, MD, namespace, REVISION_DEADLINE)
     live = world.get_md(MD, namespace)
     assert live is not None
     revision = live["status"]["servingRevision"]

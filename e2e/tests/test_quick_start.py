@@ -26,6 +26,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+
+# Deadlines, not bounds (kvgate_e2e.deadlines); the first revision Ready was 240 s here.
+from kvgate_e2e.deadlines import GENERATE_TIMEOUT, REVISION_DEADLINE
 from kvgate_e2e.world import (
     KNOWN_PROMPT_IDS,
     OPERATOR_NAMESPACE,
@@ -74,7 +77,9 @@ def post_through_url(world: World, url: str, path: str, body: dict[str, Any]) ->
     parts = urlsplit(url)
     service, namespace, svc = (parts.hostname or "").split(".")
     assert svc == "svc" and parts.port is not None, url
-    return http_json(world.service_url(service, namespace, parts.port) + path, body, timeout=60)
+    return http_json(
+        world.service_url(service, namespace, parts.port) + path, body, timeout=GENERATE_TIMEOUT
+    )
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +158,7 @@ def test_the_quick_start_reads_a_refusal_with_kubectl_kvgate_and_its_fix_makes_i
     # Apply the fix explain named: the same engines now hold the advertised context.
     md["spec"]["model"]["contextLength"] = fix["value"]
     assert "configured" in world.apply(md, namespace=ns)
-    wait_md_ready(world, MD, ns, 240, f"{MD} Ready at contextLength {fix['value']:,}")
+    wait_md_ready(world, MD, ns, REVISION_DEADLINE, f"{MD} Ready at contextLength {fix['value']:,}")
     ready = kubectl_kvgate(world, plugin_dir, "explain", MD, "-n", ns)
     assert ready.returncode == 0 and f"{MD} in {ns}: Ready (RevisionServing)" in ready.stdout
 

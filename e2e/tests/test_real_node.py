@@ -25,6 +25,7 @@ import pytest
 import yaml
 from kvgate_e2e.build_artifacts import e2e_required_by, find_binaries, missing_binaries_reason
 from kvgate_e2e.cluster import Cluster
+from kvgate_e2e.deadlines import SERVICE_ACCOUNT_DEADLINE
 from kvgate_e2e.kubelet.node import GPU_MEMORY_KEY, GPU_RESOURCE, POOL_LABEL
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.polling import poll_until
@@ -105,7 +106,7 @@ def restricted_namespace(cluster: Cluster, name: str) -> None:
     poll_until(
         f"ServiceAccount {name}/default",
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-        60.0,
+        SERVICE_ACCOUNT_DEADLINE,
     )
 
 
