@@ -14,6 +14,8 @@ from kvgate_e2e.world import World
 
 BIN = Path(sys.executable).parent
 PLUGIN = "kubectl-kvgate"
+# One kubectl kvgate command (history, explain, rollback): a few API reads and writes.
+PLUGIN_TIMEOUT = 60
 
 
 def plugin_directory(scratch: Path) -> Path:
@@ -42,7 +44,7 @@ def kubectl_kvgate(
     if kubeconfig is not None:
         env["KUBECONFIG"] = str(kubeconfig)
     argv = [str(world.cluster.binaries.k8s), "kubectl", "kvgate", *args]
-    done = world.cluster.run_in_netns(argv, env=env, check=False, timeout=60)
+    done = world.cluster.run_in_netns(argv, env=env, check=False, timeout=PLUGIN_TIMEOUT)
     print(
         f"$ kubectl kvgate {' '.join(args)}  (exit {done.returncode})\n{done.stdout}{done.stderr}"
     )

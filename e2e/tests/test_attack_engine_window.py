@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kvgate_e2e.deadlines import REVISION_DEADLINE
 from kvgate_e2e.kubelet.images import ENGINE_ARGS_ANNOTATION
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import WINDOW_POOL, World
@@ -36,6 +37,8 @@ from scenario_helpers import (
 
 pytestmark = pytest.mark.e2e
 
+# Both engines refused waits REVISION_DEADLINE (kvgate_e2e.deadlines: a revision's engines started
+# and judged; 300 s like every other file, it was 240 s here).
 MD = "window"
 CONTEXT, PREFILL_POOL, DECODE_POOL, TOLD = 2048, 8192, 4096, 131072
 
@@ -89,7 +92,9 @@ def test_engines_whose_own_window_outruns_the_pools_of_their_revision_never_take
             refused = [p for p in pods if (g := gate(p)) and g.get("reason") == "ContextTooLong"]
             return refused if len(refused) == 2 else None
 
-        pods = deadline_loop("both engines refused with ContextTooLong", both_refused, 240)
+        pods = deadline_loop(
+            "both engines refused with ContextTooLong", both_refused, REVISION_DEADLINE
+        )
         for pod in pods:
             condition = gate(pod)
             assert condition is not None and condition["status"] == "False", condition

@@ -25,6 +25,7 @@ from attack_helpers import (
     serve,
     under_attack,
 )
+from kvgate_e2e.deadlines import PASS_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, is_ready, manifest_text, ready_endpoints
 from scenario_helpers import deadline_loop, make_tenant
@@ -349,7 +350,7 @@ def test_scaling_a_kvgate_deployment_is_admitted_and_the_operator_scales_it_back
             d = world.get("deployment", router, namespace)
             return d is not None and d["spec"]["replicas"] == 1
 
-        deadline_loop("the operator to scale the router back to 1", restored, 60)
+        deadline_loop("the operator to scale the router back to 1", restored, PASS_DEADLINE)
     md = world.get_md(MD, namespace)
     assert md is not None and is_ready(md)
 

@@ -50,6 +50,8 @@ from kvgate_e2e.kubelet.status import (
 )
 
 GATE = "kvgate.io/engine-verified"
+# A kubelet thread whose start fails at once (no such directory); ends a start that hung.
+FAILING_START_TIMEOUT = 10
 
 
 def spec(
@@ -710,7 +712,7 @@ def test_a_kubelet_that_fails_before_registering_fails_its_start(tmp_path: Path)
     )
     thread.kubelet = Failing(thread.kubelet.config, None)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="failed to start: no such directory"):
-        thread.start(timeout=10)
+        thread.start(timeout=FAILING_START_TIMEOUT)
     thread.stop()
 
 

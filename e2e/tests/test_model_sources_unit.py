@@ -27,6 +27,9 @@ from kvgate_e2e.kubelet.volumes import claim_path, link_claim, write_volumes
 from kvgate_e2e.local_volumes import claim_bound, local_claim, volume_name
 from kvgate_e2e.real_engine import MODEL_MOUNT_PATH, tiny_llama_md
 
+# The mount script in its own namespaces echoing 'started': a shell, at once; ends a hung one.
+MOUNT_SCRIPT_TIMEOUT = 30
+
 
 class FakeApi:
     """The two reads claim_path makes, from a dict of paths."""
@@ -164,7 +167,7 @@ def test_the_mount_script_runs_the_command_even_where_a_read_only_remount_is_ref
         ["/bin/sh", "-c", _MOUNT_SCRIPT, "kvgate-pod", "--", target, "--", "echo", "started"],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=MOUNT_SCRIPT_TIMEOUT,
     )
     assert done.returncode == 0 and done.stdout == "started\n", done
     assert f"kvgate-kubelet: cannot make {target} read-only" in done.stderr
