@@ -47,6 +47,10 @@ CLONE_NEWNET = 0x40000000
 NETNS_RUN_DIR = Path("/run/netns")
 OWNER_DIR = Path("/run/kvgate-e2e")
 NAME_PREFIX = "kvgate-e2e-"
+IP_COMMAND_TIMEOUT = 30  # one ip command (this module's, the kubelet's): at once; ends a hung one
+# The namespace's socket thread starting, or making one socket for a caller: at once.
+SOCKET_THREAD_TIMEOUT = 10
+THREAD_STOP_TIMEOUT = 5  # a socket or relay thread ending once told to stop (a daemon thread)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 
 
@@ -68,7 +72,9 @@ class NetnsError(RuntimeError):
 
 
 def _run(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, check=False, timeout=30)
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, check=False, timeout=IP_COMMAND_TIMEOUT
+    )
     if check and proc.returncode != 0:
         raise NetnsError(
             f"`{' '.join(argv)}` failed with exit code {proc.returncode}: {proc.stderr.strip()}"
@@ -149,7 +155,7 @@ class _SocketFactory:
             target=self._serve, name=f"netns-sockets-{netns_path.name}", daemon=True
         )
         self._thread.start()
-        self._ready.result(timeout=10)
+        self._ready.result(timeout=SOCKET_THREAD_TIMEOUT)
 
     def _serve(self) -> None:
         try:
@@ -170,11 +176,11 @@ class _SocketFactory:
     def new_socket(self) -> socket.socket:
         fut: Future[socket.socket] = Future()
         self._requests.put(fut)
-        return fut.result(timeout=10)
+        return fut.result(timeout=SOCKET_THREAD_TIMEOUT)
 
     def close(self) -> None:
         self._requests.put(None)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=THREAD_STOP_TIMEOUT)
 
 
 class NetNamespace:
@@ -353,7 +359,7 @@ class TcpRelay:
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=THREAD_STOP_TIMEOUT)
         with self._lock:
             conns = list(self._conns)
         for conn in conns:

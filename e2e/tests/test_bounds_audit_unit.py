@@ -65,6 +65,16 @@ CLEAN = (
     "test_server_process_unit.py",
     "test_shared_world_unit.py",
 )
+# The same for the harness (paths under e2e/kvgate_e2e).
+HARNESS = TESTS.parent / "kvgate_e2e"
+HARNESS_CLEAN = (
+    "deadlines.py",
+    "kubelet/agent.py",
+    "kubelet/log_server.py",
+    "kubelet/runtime.py",
+    "netns.py",
+    "sampler.py",
+)
 
 SAMPLE = """
 poll_until("the pod Ready", ready, 30)
@@ -99,3 +109,8 @@ def test_the_audit_finds_bare_numbers_given_as_wait_deadlines_and_timeouts(
 @pytest.mark.parametrize("name", CLEAN)
 def test_a_cleaned_file_has_no_bare_bound(name: str) -> None:
     assert [str(b) for b in bare_bounds(TESTS / name)] == []
+
+
+@pytest.mark.parametrize("name", HARNESS_CLEAN)
+def test_a_cleaned_harness_module_has_no_bare_bound(name: str) -> None:
+    assert [str(b) for b in bare_bounds(HARNESS / name)] == []

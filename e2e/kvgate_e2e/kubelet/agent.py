@@ -69,7 +69,7 @@ from kvgate_e2e.kubelet.node import (
 )
 from kvgate_e2e.kubelet.pod_status import now_micro, now_rfc3339
 from kvgate_e2e.kubelet.runtime import AddressPool, PodWorker, RuntimeSettings
-from kvgate_e2e.netns import enter_netns_thread
+from kvgate_e2e.netns import IP_COMMAND_TIMEOUT, enter_netns_thread
 from kvgate_e2e.pki import issue_kubelet_serving, load_ca
 
 log = logging.getLogger("kvgate_e2e.kubelet")
@@ -78,6 +78,8 @@ BACKOFF_ENV = "KVGATE_KUBELET_BACKOFF_SECONDS"
 BACKOFF_MAX_ENV = "KVGATE_KUBELET_BACKOFF_MAX_SECONDS"
 READY_LINE = "kvgate-kubelet: ready"
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
+# Every pod worker ended once the kubelet stops: the 5 s grace _stop_pods gives, then the kill.
+PODS_STOP_TIMEOUT = 30
 
 
 class Addresses(AddressPool, Protocol):
@@ -132,7 +134,9 @@ class LocalAddresses:
 
 
 def _ip(args: Sequence[str], check: bool = True) -> None:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False, timeout=30)
+    proc = subprocess.run(
+        ["ip", *args], capture_output=True, text=True, check=False, timeout=IP_COMMAND_TIMEOUT
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
 
@@ -318,7 +322,7 @@ class LoopbackKubelet:
             worker.deleted(grace=5.0)
         tasks = list(self._tasks.values())
         if tasks:
-            await asyncio.wait(tasks, timeout=30)
+            await asyncio.wait(tasks, timeout=PODS_STOP_TIMEOUT)
 
     async def _service_env(self) -> dict[str, str]:
         svc = await self.api.get("/api/v1/namespaces/default/services/kubernetes")

@@ -41,6 +41,9 @@ from kvgate_e2e.kubelet.processes import ContainerLog
 
 log = logging.getLogger("kvgate_e2e.kubelet.server")
 KUBELET_PORT = 10250
+# How long aiohttp waits for open requests when the server stops: a follow stream never ends by
+# itself, so a second, then it is closed.
+SHUTDOWN_SECONDS = 1.0
 NODE = web.AppKey("node", str)
 ALLOWED_TTL, DENIED_TTL = 300.0, 30.0
 
@@ -113,7 +116,7 @@ class KubeletServer:
             app = web.Application()
             app[NODE] = node
             app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
             await runner.setup()
             site = web.TCPSite(runner, ip, self.port, ssl_context=self.ssl_context)
             await site.start()

@@ -79,6 +79,10 @@ from kvgate_e2e.kubelet.volumes import write_volumes
 log = logging.getLogger("kvgate_e2e.kubelet")
 
 MIN_GRACE_SECONDS = 2.0  # minimumGracePeriodInSeconds of the kubelet's killContainer
+# A pod's container loops and sidecar tasks ending once its processes were stopped (their grace
+# period already waited): at once; ends a wait for a loop that hangs.
+LOOPS_STOP_TIMEOUT = 10
+VOLUME_RETRY_SECONDS = 1.0  # a period, not a deadline: a volume not ready is tried again
 
 
 class AddressPool(Protocol):
@@ -268,7 +272,7 @@ class PodWorker:
                 # Runs until deletion, also after every container finished for good.
                 await self._terminate.wait()
                 await self._stop_all(self._grace)
-                await asyncio.wait([*loops, *self._sidecar_tasks], timeout=10)
+                await asyncio.wait([*loops, *self._sidecar_tasks], timeout=LOOPS_STOP_TIMEOUT)
             await self._stop_all(self._grace)
             if not self._force:
                 await self._write_status(force=True)
@@ -338,7 +342,7 @@ class PodWorker:
                     rec.waiting_message = message[:500]
                 self._dirty.set()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._terminate.wait(), 1.0)
+                    await asyncio.wait_for(self._terminate.wait(), VOLUME_RETRY_SECONDS)
         return False
 
     async def _setup_volumes(self) -> None:
