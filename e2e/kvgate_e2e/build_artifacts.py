@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvgate_e2e.deadlines import BUILD_QUERY_TIMEOUT
+
 E2E_DIR = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = E2E_DIR / "controlplane" / "build.sh"
 DEFAULT_BIN_DIR = E2E_DIR / ".build" / "current"
@@ -53,7 +55,7 @@ def keyed_dir() -> Path | None:
             [str(BUILD_SCRIPT), "--print-dir"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=BUILD_QUERY_TIMEOUT,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):

@@ -84,3 +84,7 @@ METRICS_TIMEOUT = 10
 # One short generation (a few tokens) through smg or an engine: the reference engine answers in
 # well under a second; the timeout only ends a request that hangs (a lost worker, a stuck leg).
 GENERATE_TIMEOUT = 60
+
+# ------------------------------------------------------------------------------ local commands
+# A build script asked only where its artifact is (--print-path, --print-dir): it builds nothing.
+BUILD_QUERY_TIMEOUT = 60

@@ -53,6 +53,9 @@ E2E_DIR = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = E2E_DIR / "controlplane" / "build-lws.sh"
 NAMESPACE = "lws-system"
 SERVICE = "lws-webhook-service"
+# The build script asked for a path: --print-module-dir runs `go mod download`, which downloads the
+# module when it is missing (longer than kvgate_e2e.deadlines.BUILD_QUERY_TIMEOUT for that).
+SCRIPT_TIMEOUT = 120
 SECRET = "lws-webhook-server-cert"
 WEBHOOK_PORT = 9443
 HEALTH_PORT = 8081
@@ -70,7 +73,11 @@ class LwsError(RuntimeError):
 def _script(arg: str) -> str:
     try:
         proc = subprocess.run(
-            [str(BUILD_SCRIPT), arg], capture_output=True, text=True, timeout=120, check=False
+            [str(BUILD_SCRIPT), arg],
+            capture_output=True,
+            text=True,
+            timeout=SCRIPT_TIMEOUT,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LwsError(f"{BUILD_SCRIPT} {arg} failed: {exc}") from exc

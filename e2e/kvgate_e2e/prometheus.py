@@ -54,6 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate_e2e.build_artifacts import find_binaries
 from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.deadlines import BUILD_QUERY_TIMEOUT, METRICS_TIMEOUT
 from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.polling import Deadline, poll_until
 from kvgate_e2e.server_process import ServerProcess
@@ -71,6 +72,9 @@ MONITORING_APIS = (
 FIRST_PORT = 19090  # the server's port on the control-plane address: the first free from here
 PORT_TRIES = 50
 INTERVAL_SECONDS = 1.0  # scrape and rule evaluation
+HELM_TEMPLATE_TIMEOUT = 60  # helm template of the chart, local (no cluster): a second or two
+READY_PROBE_TIMEOUT = 2  # one GET /-/ready while the server starts (polled again on a failure)
+RELOAD_TIMEOUT = 30  # POST /-/reload: Prometheus re-reads its config and rule files first
 
 
 class PrometheusError(RuntimeError):
@@ -82,7 +86,10 @@ def server_binary() -> Path | None:
     """The built server, or None when ``e2e/prometheus/build.sh`` has not built it."""
     try:
         proc = subprocess.run(
-            [str(BUILD_SCRIPT), "--print-path"], capture_output=True, text=True, timeout=60
+            [str(BUILD_SCRIPT), "--print-path"],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_QUERY_TIMEOUT,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -327,7 +334,9 @@ def render_chart(
     ]
     with tempfile.TemporaryDirectory(prefix="kvgate-helm-") as home:
         env = {"HOME": home, "KUBECONFIG": "/dev/null", "PATH": os.environ.get("PATH", "")}
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=HELM_TEMPLATE_TIMEOUT, env=env
+        )
     if proc.returncode != 0:
         raise PrometheusError(f"helm template failed: {proc.stderr.strip()}")
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -501,7 +510,9 @@ class Prometheus(Started):
                 return True  # exited: decided below
             with (
                 contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as answer,
+                urllib.request.urlopen(
+                    f"{self.url}/-/ready", timeout=READY_PROBE_TIMEOUT
+                ) as answer,
             ):
                 return int(answer.status) == 200
             return False
@@ -543,7 +554,7 @@ class Prometheus(Started):
         """Re-read config and rule files (``POST /-/reload``); raises if they do not load."""
         request = urllib.request.Request(f"{self.url}/-/reload", method="POST", data=b"")
         try:
-            with urllib.request.urlopen(request, timeout=30):
+            with urllib.request.urlopen(request, timeout=RELOAD_TIMEOUT):
                 pass
         except urllib.error.HTTPError as exc:
             raise PrometheusError(f"reload failed: {exc.read().decode(errors='replace')}") from exc
@@ -553,14 +564,14 @@ class Prometheus(Started):
         query = urllib.parse.urlencode(params)
         url = f"{self.url}/api/v1/{path}" + (f"?{query}" if query else "")
         try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
+            with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT) as answer:
                 return dict(json.load(answer))
         except urllib.error.HTTPError as exc:
             return dict(json.loads(exc.read() or b"{}") or {"status": "error", "error": str(exc)})
 
     def cadence(self) -> Cadence:
         """How late scrapes and rule evaluations ran so far (Prometheus' own metrics)."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=METRICS_TIMEOUT) as answer:
             return cadence_of(answer.read().decode(), self.interval)
 
     def query(self, expr: str) -> list[Series]:

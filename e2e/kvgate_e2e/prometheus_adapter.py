@@ -54,6 +54,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from kvgate.kube.tls import issue_certificate
 
 from kvgate_e2e.cluster_like import ClusterLike
+from kvgate_e2e.deadlines import BUILD_QUERY_TIMEOUT
 from kvgate_e2e.lifecycle import Started
 from kvgate_e2e.pki import FRONT_PROXY_CLIENT, load_ca
 from kvgate_e2e.polling import Deadline, poll_until
@@ -89,7 +90,10 @@ def adapter_binary() -> Path | None:
     """The built adapter, or None when ``e2e/prometheus-adapter/build.sh`` has not built it."""
     try:
         proc = subprocess.run(
-            [str(BUILD_SCRIPT), "--print-path"], capture_output=True, text=True, timeout=60
+            [str(BUILD_SCRIPT), "--print-path"],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_QUERY_TIMEOUT,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -40,6 +40,8 @@ ENV_PREFIXES = (
 )
 
 # Asked of an interpreter: its version, its machine, the directories its distributions live in.
+# An interpreter started to print a few facts about itself (-I -c): a second or so.
+INTERPRETER_TIMEOUT = 60
 _INTERPRETER_FACTS = (
     "import json, platform, sys, sysconfig\n"
     "site = {sysconfig.get_paths()[name] for name in ('purelib', 'platlib')}\n"
@@ -72,7 +74,7 @@ def _interpreter_facts(python: str) -> tuple[str, str, tuple[str, ...]]:
         capture_output=True,
         text=True,
         check=True,
-        timeout=60,
+        timeout=INTERPRETER_TIMEOUT,
     )
     version, machine, site = json.loads(done.stdout)
     return version, machine, tuple(site)

@@ -64,6 +64,9 @@ from kvgate_e2e.kubelet.node import (
 log = logging.getLogger("kvgate.standin")
 Pod = dict[str, Any]
 HEARTBEAT_SECONDS = 10.0
+# One page of 500 pods listed from the API server: it answers in well under a second; ends a
+# request that hangs.
+LIST_PAGE_TIMEOUT = 120
 
 
 def now_rfc3339() -> str:
@@ -355,7 +358,7 @@ class StandInKubelet:
         token = ""
         while True:
             query = {**params, "limit": "500", **({"continue": token} if token else {})}
-            page = await api.request("GET", path, params=query, timeout=120)
+            page = await api.request("GET", path, params=query, timeout=LIST_PAGE_TIMEOUT)
             for pod in page.get("items", []):
                 listed.add(pod["metadata"]["uid"])
                 await self.on_pod("ADDED", pod)

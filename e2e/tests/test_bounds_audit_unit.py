@@ -68,12 +68,18 @@ CLEAN = (
 # The same for the harness (paths under e2e/kvgate_e2e).
 HARNESS = TESTS.parent / "kvgate_e2e"
 HARNESS_CLEAN = (
+    "build_artifacts.py",
     "deadlines.py",
     "kubelet/agent.py",
     "kubelet/log_server.py",
     "kubelet/runtime.py",
+    "lws.py",
     "netns.py",
+    "prometheus.py",
+    "prometheus_adapter.py",
     "sampler.py",
+    "sglang_inputs.py",
+    "standin.py",
 )
 
 SAMPLE = """
