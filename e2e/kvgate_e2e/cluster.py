@@ -83,6 +83,9 @@ from kvgate_e2e.polling import Deadline, poll_until
 
 KEEP_RUN_DIR_ENV = "KVGATE_E2E_KEEP_RUN_DIR"
 _PROXY_ENV = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+# One GET /readyz through the kubernetes Service while waiting for it (polled again on a failure).
+READYZ_PROBE_TIMEOUT = 2.0
+KILLED_WAIT_TIMEOUT = 10  # a component reaped after SIGKILL: at once; ends a wait that hangs
 # kubectl's words when its discovery did not list a resource type it was asked for.
 DISCOVERY_MISS = "the server doesn't have a resource type"
 KUBECTL_DISCOVERY_ATTEMPTS = 3
@@ -547,7 +550,7 @@ class Cluster:
                 self.kubernetes_service_port,
                 "/readyz",
                 self._admin_tls(),
-                timeout=2.0,
+                timeout=READYZ_PROBE_TIMEOUT,
             )
             return status == 200
 
@@ -774,7 +777,7 @@ class Cluster:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(comp.popen.pid, signal.SIGKILL)
-            comp.popen.wait(timeout=10)
+            comp.popen.wait(timeout=KILLED_WAIT_TIMEOUT)
 
     def _wait(self, description: str, deadline: Deadline, predicate: Callable[[], bool]) -> None:
         def no_component_died() -> None:

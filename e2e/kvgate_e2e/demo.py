@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate_e2e.build_artifacts import BIN_DIR_ENV, BUILD_SCRIPT, find_binaries
+from kvgate_e2e.deadlines import REAL_ANSWER_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.real_engine import (
     DEFAULT_VERSION,
@@ -70,6 +71,7 @@ READY_MD, REFUSED_MD = "llama-8b-big", "llama-8b-small"
 SERVED_MODEL = "llama-3.1-8b"
 REAL_MD = "tiny-llama-sglang"
 REAL_TIMEOUT = 600.0  # a CPU SGLang prefill + decode pair starts in ~1-2 min on 2 cores
+SERVER_INFO_TIMEOUT = 10  # one GET of a real engine's /server_info: it answers at once
 REAL_PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's vocab
 UNSAFE_REASONS = (
     "KvPoolTooSmall",
@@ -136,7 +138,7 @@ def show_real(world: World) -> bool:
         "pods", NAMESPACE, f"kvgate.io/deployment={REAL_MD},kvgate.io/component=engine"
     )
     for pod in sorted(engines, key=lambda p: str(p["metadata"]["name"])):
-        code, info = http_json(f"{world.engine_url(pod)}/server_info", timeout=10)
+        code, info = http_json(f"{world.engine_url(pod)}/server_info", timeout=SERVER_INFO_TIMEOUT)
         if code != 200 or not isinstance(info, dict):
             say(f"WRONG: {pod['metadata']['name']} /server_info answered HTTP {code}")
             ok = False
@@ -164,7 +166,9 @@ def show_real(world: World) -> bool:
         return (code, answer) if code not in (502, 503) else None
 
     try:
-        code, answer = world.wait_for(f"an answer from {REAL_MD}'s router", answered, 120)
+        code, answer = world.wait_for(
+            f"an answer from {REAL_MD}'s router", answered, REAL_ANSWER_DEADLINE
+        )
     except WorldError as exc:
         say(f"WRONG: {exc}".splitlines()[0])
         return False
@@ -207,12 +211,12 @@ def run_demo(world: World, real_model: Path | None = None) -> bool:
     world.wait_for(
         f"{READY_MD} to be Ready",
         lambda: (m := world.get_md(READY_MD, NAMESPACE)) and is_ready(m),
-        timeout=300,
+        timeout=REVISION_DEADLINE,
     )
     refused_md = world.wait_for(
         f"{REFUSED_MD} to be refused with a reason",
         lambda: (m := world.get_md(REFUSED_MD, NAMESPACE)) and refusal_of(m) and m,
-        timeout=300,
+        timeout=REVISION_DEADLINE,
     )
     say(f"both settled in {time.monotonic() - started:.1f}s")
     if real_model is not None:

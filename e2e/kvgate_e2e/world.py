@@ -83,6 +83,13 @@ T = TypeVar("T")
 # The node directory under which the e2e release lets a ModelDeployment mount weights from a
 # hostPath (the chart value hostPaths.modelPrefixes; the chart's default allows none).
 MODEL_HOST_PATH_PREFIX = "/var/lib/kvgate-e2e/models"
+# The webhook denying an unsafe ModelDeployment after the install: its pod Ready and its Service's
+# endpoint programmed for the API server.
+WEBHOOK_DEADLINE = 60
+# PodTimeline's watch: each request ends after WATCH_SECONDS and is made again (a period, not a
+# deadline); the client gives up on one after WATCH_REQUEST_TIMEOUT, above it.
+WATCH_SECONDS = 5
+WATCH_REQUEST_TIMEOUT = 10
 
 # Operator environment for the e2e world: re-verify every 2 s (the CR default is 30 s) so
 # "verification never ends" is observable within a test; reconcile faster while in flight.
@@ -378,7 +385,11 @@ class World(Started):
             )
             return proc.returncode != 0 and "denied the request" in proc.stderr
 
-        self.wait_for("the kvgate webhook to deny an unsafe ModelDeployment", webhook_answers, 60)
+        self.wait_for(
+            "the kvgate webhook to deny an unsafe ModelDeployment",
+            webhook_answers,
+            WEBHOOK_DEADLINE,
+        )
 
     def operator_log(self, lines: int = 80) -> str:
         pod = self.operator_pod()
@@ -739,8 +750,8 @@ class PodTimeline:
                     api.list_namespaced_pod,
                     self.namespace,
                     label_selector=self.selector,
-                    timeout_seconds=5,
-                    _request_timeout=10,
+                    timeout_seconds=WATCH_SECONDS,
+                    _request_timeout=WATCH_REQUEST_TIMEOUT,
                 ):
                     self._record(api.api_client.sanitize_for_serialization(event["object"]))
                     if self._stop.is_set():

@@ -69,7 +69,9 @@ CLEAN = (
 HARNESS = TESTS.parent / "kvgate_e2e"
 HARNESS_CLEAN = (
     "build_artifacts.py",
+    "cluster.py",
     "deadlines.py",
+    "demo.py",
     "kubelet/agent.py",
     "kubelet/log_server.py",
     "kubelet/runtime.py",
@@ -77,9 +79,11 @@ HARNESS_CLEAN = (
     "netns.py",
     "prometheus.py",
     "prometheus_adapter.py",
+    "realnode/node.py",
     "sampler.py",
     "sglang_inputs.py",
     "standin.py",
+    "world.py",
 )
 
 SAMPLE = """

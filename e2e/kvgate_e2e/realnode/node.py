@@ -51,6 +51,8 @@ PRIVATE_PATHS = (Path("/run/containerd"), Path("/var/lib/kubelet"), Path("/var/l
 CONTAINERD_START_DEADLINE_S = 60.0  # its socket opens in ~1 s; a minute means it is broken
 NODE_READY_DEADLINE_S = 120.0  # registered and Ready in ~10 s when quiet; 120 s at half speed
 STOP_GRACE_S = 15.0
+IMAGE_IMPORT_TIMEOUT_S = 300.0  # ctr images import of an image archive (the engine image's GiB)
+HOLDER_WAIT_TIMEOUT_S = 10.0  # the killed namespace holder reaped: at once
 
 
 class RealNodeError(RuntimeError):
@@ -171,7 +173,7 @@ class RealNode(Started):
             details=lambda: self.log("containerd"),
         )
         for archive in (pause, found.image_archive):
-            self._ctr("images", "import", str(archive), timeout=300)
+            self._ctr("images", "import", str(archive), timeout=IMAGE_IMPORT_TIMEOUT_S)
             self.images[archive.name] = artifacts.image_ref(archive)
 
         labels = {
@@ -225,7 +227,7 @@ class RealNode(Started):
         if self._holder is not None:
             with contextlib.suppress(ProcessLookupError):
                 self._holder.kill()  # only when start failed before the record was written
-            self._holder.wait(timeout=10)
+            self._holder.wait(timeout=HOLDER_WAIT_TIMEOUT_S)
             self._holder = None
         for point in reversed(self._created_mount_points):
             with contextlib.suppress(OSError):
