@@ -249,7 +249,7 @@ async def test_a_followed_log_sees_later_lines_and_ends_when_the_instance_exits(
     await asyncio.wait_for(seen_first.wait(), LOCAL_DEADLINE)
     assert b"after the go" not in got
     go.touch()  # the process writes one more line, then exits
-    await asyncio.wait_for(follower, 20)  # ends on its own once the instance has exited
+    await asyncio.wait_for(follower, LOCAL_DEADLINE)  # ends once the instance has exited
     await watcher
     lines = bytes(got).decode().splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["out one", "err one", "after the go"]

@@ -42,6 +42,9 @@ QUEUE_POD_DEADLINE = 90  # a python:3.11-slim queue pod scheduled, started and R
 # The HPA setting the replicas once the adapter serves the new value: its 2 s sync period and a
 # scale policy at once.
 HPA_DEADLINE = 60
+SCRAPE_DEADLINE = 30  # a new value scraped by Prometheus (a 1 s interval)
+# The adapter serving a series or value Prometheus has (it relists every 2 s, RELIST_SECONDS).
+ADAPTER_DEADLINE = 30
 QUEUE_PUT_TIMEOUT = 10  # one PUT to a queue pod's server: it answers 204 at once
 PROMETHEUS_EXTRA_MONITORS = [
     {
@@ -221,7 +224,9 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
 
     # The API server answers the custom metric for the pods, through the adapter (once its
     # relist has seen the series).
-    values = metrics_adapter.wait_pod_metrics(namespace, METRIC, lambda v: name in v, 30)
+    values = metrics_adapter.wait_pod_metrics(
+        namespace, METRIC, lambda v: name in v, ADAPTER_DEADLINE
+    )
     assert values == {name: 0.0}
     discovery = metrics_adapter.raw(f"/apis/{GROUP}/v1beta1")
     assert f"pods/{METRIC}" in {r["name"] for r in discovery["resources"]}
@@ -231,9 +236,16 @@ def test_the_hpa_scales_a_deployment_on_a_pod_gauge_served_by_prometheus_adapter
     set_queue(world, first, 6)
     both = f'sglang:num_queue_reqs{{namespace="{namespace}",pod="{name}"}} == 6'
     # Both jobs scraped the 6 (one scrape interval, 1 s, apart at most).
-    poll_until(f"{both} from both jobs", lambda: len(prometheus.query(both)) == 2, 30, period=0.5)
+    poll_until(
+        f"{both} from both jobs",
+        lambda: len(prometheus.query(both)) == 2,
+        SCRAPE_DEADLINE,
+        period=0.5,
+    )
     # 6, not 12: the adapter sums the pod's series of the engine job only.
-    seen = metrics_adapter.wait_pod_metrics(namespace, METRIC, lambda v: v.get(name) == 6.0, 30)
+    seen = metrics_adapter.wait_pod_metrics(
+        namespace, METRIC, lambda v: v.get(name) == 6.0, ADAPTER_DEADLINE
+    )
     assert seen == {name: 6.0}
     # 6 queued on 1 pod against an average target of 2: ceil(1 * 6 / 2) = 3 (the maximum).
     up = wait_replicas(world, namespace, want=3, timeout=HPA_DEADLINE)

@@ -70,6 +70,9 @@ SMG_IMAGE = "ghcr.io/lightseekorg/smg:1.13.0"
 # kvgate_e2e.deadlines.
 # The plain router Ready: both pre-fix engines started (the 4 s load), Ready and discovered.
 PLAIN_ROUTER_DEADLINE = 180
+# The sampler's first violation on the unsafe engines (a sample every 0.2 s; the gateway's path
+# once it has read the router's /workers).
+VIOLATION_DEADLINE = 30
 
 
 def contains(haystack: list[int], needle: list[int]) -> bool:
@@ -215,11 +218,11 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
         )
         # The sampler proves it can fail: Ready pods and live gateway workers point at engines
         # whose pool (692) is below the context and whose version is below the floor.
-        first = sampler.wait_for_violation(timeout=30)
+        first = sampler.wait_for_violation(timeout=VIOLATION_DEADLINE)
         print(f"sampler flagged: {first.describe()}")
         # ... and on the gateway's own worker list, once it has read the router's /workers
         # (a CI run ended the scenario after two unreadable reads and no worker verdict).
-        via_router = sampler.wait_for_violation(timeout=30, path=WORKER)
+        via_router = sampler.wait_for_violation(timeout=VIOLATION_DEADLINE, path=WORKER)
         print(f"sampler flagged: {via_router.describe()}")
 
         # A user's streamed requests through the gateway's Service.
@@ -234,7 +237,7 @@ def test_bypassed_gate_lets_an_over_length_prompt_read_another_requests_canary(
         print(f"LEAK through smg: request B's stream carries A's canary {CANARY}")
 
         # Non-streamed, smg 1.13.0 returns the first non-2xx leg: the pre-fix prefill's 400.
-        code, plain = http_json(generate, body(REQUEST_B, 40), timeout=60)
+        code, plain = http_json(generate, body(REQUEST_B, 40), timeout=GENERATE_TIMEOUT)
         print(f"smg answer to the over-length B (not streamed): HTTP {code} {str(plain)[:200]}")
         assert code == 400 and plain["error"]["code"] == "prefill_bad_request", plain
     reasons = {v.reason for v in sampler.violations}

@@ -161,7 +161,9 @@ def test_a_safe_revision_takes_10_then_50_then_all_traffic_with_nothing_unverifi
     ):
         # Each step must see MIN_REQUESTS: its pause comes from the rate this machine sends them
         # at now (one at a time), twice over, and is never below PAUSE_SECONDS.
-        deadline_loop("10 requests to revision A", lambda: len(traffic.results) >= 10, 60)
+        deadline_loop(
+            "10 requests to revision A", lambda: len(traffic.results) >= 10, STEP_DEADLINE
+        )
         rate = 10 / (traffic.results[9][0] - traffic.started[0])
         pause = max(PAUSE_SECONDS, math.ceil(2 * MIN_REQUESTS / rate))
         measured.append(f"{rate:.1f} requests/s before the update: steps of {pause} s")

@@ -284,7 +284,7 @@ def test_without_kvgate_a_prompt_longer_than_the_pool_gets_http_200_and_tokens(
         f"({PREFILL_POOL - 6} tokens)"
     )
     # ... and the user gets HTTP 200 and tokens, non-streamed and streamed alike.
-    code, plain = http_json(generate, body(OVER_POOL), timeout=120)
+    code, plain = http_json(generate, body(OVER_POOL), timeout=LONG_PROMPT_TIMEOUT)
     print(f"over-pool prompt, not streamed: HTTP {code} {str(plain)[:400]}")
     assert code == 200, plain
     assert plain["meta_info"]["prompt_tokens"] == len(OVER_POOL), plain

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kvgate_e2e.deadlines import REVISION_DEADLINE
+from kvgate_e2e.deadlines import GENERATE_TIMEOUT, REVISION_DEADLINE
 from kvgate_e2e.world import (
     BIG_POOL,
     GATE,
@@ -114,7 +114,7 @@ def test_safe_deployment_becomes_ready_shows_verified_pools_and_answers_through_
     )
 
     # Known answer: the reference model copies the prompt.
-    ok, detail = known_answer(world, "llama", namespace, timeout=60.0)
+    ok, detail = known_answer(world, "llama", namespace, timeout=GENERATE_TIMEOUT)
     assert ok, detail
 
 
