@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 import yaml
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     OPERATOR_NAMESPACE,
@@ -69,14 +70,13 @@ WEBHOOK_SERVICE = WEBHOOK_DEPLOYMENT
 # Deadlines, not bounds: how long a wait may take before the test gives up; what each step took
 # is measured and printed. Each is many times what the step takes in make test (this file's own
 # time is ~140 s for a whole lifecycle, docs/benchmarks.md) and is reached only by a step that
-# never happens.
-REVISION_DEADLINE = 300  # a revision served or refused: engines started and verified
+# never happens. A revision served or refused and a routing step are the shared REVISION_DEADLINE
+# and STEP_DEADLINE of kvgate_e2e.deadlines.
 DELETION_DEADLINE = 180  # a ModelDeployment and its pods and Deployments gone (grace periods)
 WEBHOOK_DEADLINE = 120  # webhook pods Ready again, engine pods created, a wave of applies
 # A new leader: the Lease expires after its 10 s duration (kvgate.kube.leader), then the next
 # replica's renewal loop takes it and its first pass runs: 90 s is nine Lease durations.
 FAILOVER_DEADLINE = 90
-STEP_DEADLINE = 60  # an endpoint published, a known answer through a serving router
 # A known answer through a Service that just switched: kube-proxy programs the new endpoints on
 # the EndpointSlice change (--iptables-min-sync-period=0s), a sub-second step in make test.
 ANSWER_TRY_DEADLINE = 15

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import EVENT_DEADLINE, RESTART_DEADLINE, REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     RESTART_POOL,
@@ -66,10 +67,8 @@ SHRUNK_GIB = 20  # Llama-3.1-8B: (20 x 0.85 - 15 GiB weights) / 128 KiB per toke
 # Deadlines, not bounds (the asserted bounds are periods of the product or measured here): how
 # long a wait may take before the test gives up, many times what the step takes in make test
 # (this file's own time ~90 s, docs/benchmarks.md); only a step that never happens reaches one.
-REVISION_DEADLINE = 300  # the first revision (router and both engines) from apply to Ready
-RESTART_DEADLINE = 120  # an engine restarted (its container, its verdict, the pod's Ready)
-STEP_DEADLINE = 60  # a router step: smg routing to an engine, a known answer, five requests
-EVENT_DEADLINE = 30  # a condition or an Event for a verdict already taken
+# All four (revision Ready, an engine restarted, a router step, an Event) are the shared ones
+# of kvgate_e2e.deadlines.
 
 
 @dataclass(frozen=True)

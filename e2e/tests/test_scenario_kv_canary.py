@@ -46,6 +46,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import EVENT_DEADLINE, POD_GONE_DEADLINE, REVISION_DEADLINE
 from kvgate_e2e.kubelet.logs import parse_timestamp
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
@@ -85,13 +86,11 @@ CONDITION_TIME_RESOLUTION = 2.0
 # Deadlines, not bounds (the asserted bounds are measured: Round.bound): how long a wait may take
 # before the test gives up. Each step takes seconds or less in make test (this file's own time is
 # ~30 s, docs/benchmarks.md); the deadlines leave room for a machine many times slower and are
-# reached only by a step that never happens.
-REVISION_DEADLINE = 300  # a new revision (its router and three engines) from apply to Ready
+# reached only by a step that never happens. A revision Ready, a pod gone and an Event are the
+# shared ones of kvgate_e2e.deadlines; STEP_DEADLINE here is this file's own (a step of the chain).
 ENGINE_DEADLINE = 180  # one replacement engine scheduled, started and verified
-POD_GONE_DEADLINE = 120  # a deleted engine pod gone (its grace period and the kubelet's kill)
 STEP_DEADLINE = 90  # one step of the chain: a log line, a gate, Ready, smg's workers
 ROUTER_DEADLINE = 60  # the EndpointSlice and the router publishing, answering a known answer
-EVENT_DEADLINE = 30  # an Event or a metric of a gate that already turned
 
 
 def canary_md(name: str, decode_replicas: int) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
+from kvgate_e2e.deadlines import RESTART_DEADLINE, REVISION_DEADLINE, STEP_DEADLINE
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import (
     World,
@@ -78,9 +79,7 @@ ROLES = ("decode", "prefill")
 # Deadlines, not bounds (the asserted bounds are periods of the product or measured here): how
 # long a wait may take before the test gives up, many times what the step takes in make test
 # (this file's own time ~90 s, docs/benchmarks.md); only a step that never happens reaches one.
-REVISION_DEADLINE = 300  # the first revision (router and both engines) from apply to Ready
-RESTART_DEADLINE = 120  # an engine restarted (its container, its verdict, the pod's Ready)
-STEP_DEADLINE = 60  # a router step: smg routing to an engine, a known answer, five requests
+# Revision Ready, an engine restarted and a router step are the shared ones of kvgate_e2e.deadlines.
 
 
 def pool_of(url: str) -> int | None:
