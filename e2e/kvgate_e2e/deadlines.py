@@ -79,6 +79,8 @@ POLICY_LIFT_DEADLINE = 30
 HTTP_GET_TIMEOUT = 5
 # One request to smg's worker API (/workers): it answers or refuses (401) at once.
 ROUTER_API_TIMEOUT = 10
+# One GET of an engine's /server_info where its numbers are read (a real SGLang's too): at once.
+SERVER_INFO_TIMEOUT = 10
 # One GET of a /metrics page (the operator's, an engine's): it answers at once; ends a hung one.
 METRICS_TIMEOUT = 10
 # One short generation (a few tokens) through smg or an engine: the reference engine answers in

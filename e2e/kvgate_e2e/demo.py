@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate_e2e.build_artifacts import BIN_DIR_ENV, BUILD_SCRIPT, find_binaries
-from kvgate_e2e.deadlines import REAL_ANSWER_DEADLINE, REVISION_DEADLINE
+from kvgate_e2e.deadlines import REAL_ANSWER_DEADLINE, REVISION_DEADLINE, SERVER_INFO_TIMEOUT
 from kvgate_e2e.netns import netns_supported
 from kvgate_e2e.real_engine import (
     DEFAULT_VERSION,
@@ -71,7 +71,6 @@ READY_MD, REFUSED_MD = "llama-8b-big", "llama-8b-small"
 SERVED_MODEL = "llama-3.1-8b"
 REAL_MD = "tiny-llama-sglang"
 REAL_TIMEOUT = 600.0  # a CPU SGLang prefill + decode pair starts in ~1-2 min on 2 cores
-SERVER_INFO_TIMEOUT = 10  # one GET of a real engine's /server_info: it answers at once
 REAL_PROMPT_IDS = [0, 40, 41, 42, 100, 200, 300, 12, 13, 14]  # ids of the tiny model's vocab
 UNSAFE_REASONS = (
     "KvPoolTooSmall",

@@ -21,7 +21,12 @@ from typing import Any
 
 import pytest
 from kvgate_e2e.build_artifacts import find_binaries, missing_binaries_reason
-from kvgate_e2e.deadlines import PASS_DEADLINE, POD_GONE_DEADLINE, REVISION_DEADLINE
+from kvgate_e2e.deadlines import (
+    PASS_DEADLINE,
+    POD_GONE_DEADLINE,
+    REVISION_DEADLINE,
+    SERVER_INFO_TIMEOUT,
+)
 from kvgate_e2e.sampler import InvariantSampler
 from kvgate_e2e.world import World, http_json, is_ready
 from scenario_helpers import (
@@ -52,7 +57,6 @@ WATCH_TICKS = 15
 # Deadlines, not bounds: only a step that never happens reaches one. Shared ones come from
 # kvgate_e2e.deadlines (both engines refused: a revision's engines started and judged,
 # REVISION_DEADLINE, 300 s like every other file; it was 240 s here).
-SERVER_INFO_TIMEOUT = 10  # one GET of an engine's /server_info: it answers at once
 # The sampler's next tick: it samples every 0.2 s, one round of API reads (each up to 5 s).
 TICK_DEADLINE = 10
 # small-default's refusal in its Ready condition, applied with small-gpus whose refusal is
