@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from admission.conftest import mutated, review, sample
+from factories.admission_reviews import mutated, review, sample
 from factories.fake_engine import FakeEngine, running
 from kvgate.kube.tls import make_ca, make_serving_cert, write_tls_dir
 from kvgate_e2e.model_hub import HubState, serving
