@@ -282,15 +282,13 @@ def _request_slots(request: DeepseekV4Request, per_worker: int) -> int:
     padding slot, plus the decode engine's extra slots for requests still in transfer."""
     if request.role != "decode":
         return per_worker + 1
-    flags = last_uses(request.engine_args, DSV4_FLAGS)
-    given = flags.get("--disaggregation-decode-extra-slots")
-    if given is not None and given.value is not None and given.value.isdigit():
-        return per_worker + int(given.value) + 1
+    values = _flag_values(request.engine_args)
+    extra = _digits(values.get("--disaggregation-decode-extra-slots"))
+    if extra is not None:
+        return per_worker + extra + 1
     # pd_disaggregation_hook.py counts the requests per DP rank, replicas included.
-    dp = flags.get("--dp-size")
-    ranks = max(
-        request.attention_dp, int(dp.value) if dp and dp.value and dp.value.isdigit() else 1
-    )
+    dp = _digits(values.get("--dp-size"))
+    ranks = max(request.attention_dp, 1 if dp is None else dp)
     if (
         request.max_running_requests or DSV4_MAX_RUNNING_REQUESTS
     ) // ranks <= DECODE_EXTRA_SLOTS_UP_TO:

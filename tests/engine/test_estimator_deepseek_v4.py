@@ -160,3 +160,14 @@ def test_a_small_decode_batch_needs_its_extra_slots_stated() -> None:
         **_flash(engine_args=[*args, "--disaggregation-decode-extra-slots", "64"], role="decode"),
     )
     assert stated.kv_pool_tokens > 0
+
+
+@pytest.mark.parametrize("spelling", ["--dp-size", "--data-parallel-size"])
+def test_a_decode_engine_s_data_parallel_replicas_count_under_either_spelling(
+    spelling: str,
+) -> None:
+    """SGLang's parser takes --data-parallel-size as --dp-size; 128 running requests over 8
+    replicas is 16 a rank, a small decode batch either way."""
+    args = [*RATIO, "--max-running-requests", "128", spelling, "8"]
+    with pytest.raises(EstimateError, match="--disaggregation-decode-extra-slots"):
+        estimate_pool(FLASH, **_flash(engine_args=args, role="decode"))
