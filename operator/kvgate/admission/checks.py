@@ -356,10 +356,16 @@ def _allows_longer_context(spec: ModelDeploymentSpec) -> bool:
     """Every role's engines run with the variable set: engine.env, then the role's extraEnv."""
 
     def allowed(role_spec: RoleSpec) -> bool:
-        env = {e.name: e.value for e in [*spec.engine.env, *role_spec.extra_env]}
-        return (env.get(ALLOW_LONGER_CONTEXT_ENV) or "").lower() in ("1", "true")
+        env = _engine_env(spec, role_spec)
+        return env.get(ALLOW_LONGER_CONTEXT_ENV, "").lower() in ("1", "true")
 
     return all(allowed(role_spec) for _, role_spec in _roles(spec))
+
+
+def _engine_env(spec: ModelDeploymentSpec, role_spec: RoleSpec) -> dict[str, str]:
+    """A role's engine environment: spec.engine.env, then the role's extraEnv (the later wins,
+    as in the pod); a variable with no value is empty."""
+    return {e.name: e.value or "" for e in [*spec.engine.env, *role_spec.extra_env]}
 
 
 def check_context_length(
@@ -467,7 +473,7 @@ def _estimate_role(
         engine_args=spec.engine.args,
         role=role,
         release=image_version(spec.engine.image),
-        engine_env={e.name: e.value or "" for e in [*spec.engine.env, *role_spec.extra_env]},
+        engine_env=_engine_env(spec, role_spec),
     )
 
 
@@ -625,7 +631,7 @@ def check_estimated_pool(
 _ESTIMATE_INPUT_FIELDS = {
     "release": "spec.engine.image",
     "engine_args": "spec.engine.args",
-    "engine_env": "spec.engine.env",
+    "engine_env": "spec.engine.env or spec.{role}.extraEnv",
 }
 
 
@@ -633,9 +639,7 @@ def _not_estimated_warning(role: str, error: Exception) -> Problem:
     """Why a role's pool is not estimated, on the field at fault: the input the estimator names
     (the image's release, the engine args or env), else the role."""
     parameter = error.parameter if isinstance(error, EstimateError) else ""
-    field = _ESTIMATE_INPUT_FIELDS.get(parameter, f"spec.{role}")
-    if parameter == "engine_env":
-        field = f"spec.engine.env or spec.{role}.extraEnv"
+    field = _ESTIMATE_INPUT_FIELDS.get(parameter, "spec.{role}").format(role=role)
     who = "" if field == f"spec.{role}" else f"{role} engines: "
     return Problem(field, f"{who}cannot estimate the KV pool: {error}")
 
