@@ -100,15 +100,17 @@ real-engine-%: $(STAMP)
 # It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU,
 # and 0.5.19 for the real incident);
 # `make e2e-real` runs only those.
-# ONE world shared by E2E_WORKERS pytest-xdist workers (KVGATE_E2E_SHARED_WORLD=1, see
-# e2e/kvgate_e2e/shared_world.py and e2e/tests/conftest.py): the controller process starts the
-# world while the workers collect, a file stays on one worker, and the tests of up to
-# E2E_WORKERS files run at once; a test that changes what the others see (stops the operator or
-# the API server, upgrades the release, caps a node, lifts an admission policy: conftest.ALONE)
-# waits for the running ones and runs alone. --no-loadscope-reorder keeps conftest's order (the
-# files with a lone test first, longest first). E2E_WORKERS=1 is the old one-at-a-time tier.
-# (Two separate worlds side by side, the earlier way, doubled the control planes and operators
-# on 2 cores and timed out timing-bound tests under that load.)
+# Two worlds side by side (e2e/kvgate_e2e/tier.py). The SHARED world: E2E_WORKERS pytest-xdist
+# workers attached to one world (KVGATE_E2E_SHARED_WORLD=1, see e2e/kvgate_e2e/shared_world.py
+# and e2e/tests/conftest.py): the controller process starts the world while the workers collect,
+# a file stays on one worker, and the tests of up to E2E_WORKERS files run at once; a test that
+# changes what the others see (upgrades the release for LeaderWorkerSet, lifts an admission
+# policy: conftest.ALONE) waits for the running ones and runs alone. --no-loadscope-reorder keeps
+# conftest's order (the files with a lone test first, longest first). The SECOND world: the
+# files that stop the operator or the API server or replace the release (tier.SECOND_WORLD), one
+# test at a time in a session of their own; in the shared world they ran alone while the other
+# workers waited (~9-12 min of every run at 23-67 % CPU). Its output is printed at the end.
+# KVGATE_E2E_ONE_WORLD=1 runs every file in the shared world (E2E_WORKERS=1: one at a time).
 # Repeated scenarios run each case once here (KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2: one shrunk
 # prefill and one shrunk decode engine; KVGATE_E2E_CANARY_ROUNDS=1; the chaos default of one
 # lifecycle, 4 leader kills); `make chaos` runs the long loops.
@@ -118,8 +120,8 @@ real-engine-%: $(STAMP)
 E2E_WORKERS ?= 3
 E2E_TESTS ?= e2e/tests
 E2E_PYTEST = KVGATE_REQUIRE_E2E=1 KVGATE_E2E_SHARED_WORLD=1 KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2 \
-	  KVGATE_E2E_CANARY_ROUNDS=1 $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile \
-	  --no-loadscope-reorder --durations=30 $(E2E_TESTS)
+	  KVGATE_E2E_CANARY_ROUNDS=1 $(BIN)/python -m kvgate_e2e.tier --workers $(E2E_WORKERS) \
+	  --second-log $(VENV)/e2e-second-world.log $(E2E_TESTS)
 e2e: e2e-deps real-engine-deps prometheus prometheus-adapter real-node-runtime
 	$(E2E_PYTEST)
 
