@@ -423,8 +423,12 @@ def test_a_revision_that_starts_failing_in_a_step_is_rolled_back_and_refused(
         in_band = [f for f in seen_by_client + around if f.startswith("HTTP 200 ")]
         assert in_band and all('"error"' in f for f in in_band), in_band[:3]
         assert all(f.startswith("HTTP 200 ") for f in seen_by_client), seen_by_client
-        # In that last stretch the refusal may already have taken B's engines from B's router.
-        assert all(f in in_band or "No available" in f for f in around), around
+        # In that last stretch the refusal may already have taken B's engines from B's router
+        # ("No available" workers), or be stopping them under a request B's router had sent
+        # ("Transport error" from smg; seen once in a make test at 172 % CPU, where the refusal
+        # came 1.1 s after the fault and the test read it 1.0 s after that).
+        gone = ("No available", "Transport error")
+        assert all(f in in_band or any(g in f for g in gone) for f in around), around
         assert broken == broken_before, (broken_before, broken)
         assert re.search(r"KV transfers? failed on decode pod ", refusal["message"]), refusal
     sampler.check()
