@@ -44,6 +44,7 @@ SECOND_WORLD: dict[str, str] = {
     "test_scenario_multinode.py": (
         "LeaderWorkerSet on and kvgate upgraded with it (the lws fixture) for most of the file"
     ),
+    "test_attack_tenant_workloads.py": "LeaderWorkerSet on and kvgate upgraded with it (lws)",
 }
 
 # The flags of each session (the shared one adds its workers).

@@ -131,18 +131,36 @@ def admitted(proc: Any) -> bool:
 
 
 @contextmanager
-def policy_lifted(world: World, binding: str) -> Iterator[None]:
-    """Delete one ValidatingAdmissionPolicyBinding for the duration, then put it back as it was
-    (what a cluster without that policy admits, for the steps inside)."""
+def policy_lifted(world: World, binding: str, namespace: str) -> Iterator[None]:
+    """For the duration, one ValidatingAdmissionPolicyBinding no longer applies in
+    ``namespace`` (what a cluster without that policy admits there, for the steps inside); every
+    other namespace keeps it, so tests running beside this one in the shared world see the
+    policy they expect. Put back as it was afterwards.
+
+    The binding's ``matchResources.namespaceSelector`` gets ``kubernetes.io/metadata.name NotIn
+    [namespace]`` ANDed to what it had (the chart sets one only with ``watchNamespaces``)."""
     saved = world.get("validatingadmissionpolicybinding", binding, None)
     assert saved is not None, f"no ValidatingAdmissionPolicyBinding {binding}"
-    world.kubectl("delete", "validatingadmissionpolicybinding", binding)
+    meta = saved["metadata"]
+    kept = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+    original = {**saved, "metadata": kept}
+    lifted = json.loads(json.dumps(original))
+    selector = lifted["spec"].setdefault("matchResources", {}).setdefault("namespaceSelector", {})
+    selector.setdefault("matchExpressions", []).append(
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]}
+    )
+    lifted["metadata"]["resourceVersion"] = meta["resourceVersion"]  # a conditional update
+    world.kubectl("replace", "-f", "-", input=json.dumps(lifted))
     try:
         yield
     finally:
-        meta = saved["metadata"]
-        saved["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
-        world.apply(saved)
+        now = world.get("validatingadmissionpolicybinding", binding, None)
+        assert now is not None, f"ValidatingAdmissionPolicyBinding {binding} vanished"
+        back = {
+            **original,
+            "metadata": {**kept, "resourceVersion": now["metadata"]["resourceVersion"]},
+        }
+        world.kubectl("replace", "-f", "-", input=json.dumps(back))
 
 
 def assert_bound_and_type_checked(world: World, policy: str) -> dict[str, Any]:
@@ -166,3 +184,8 @@ def assert_bound_and_type_checked(world: World, policy: str) -> dict[str, Any]:
     binding = world.get("validatingadmissionpolicybinding", name)
     assert binding is not None, f"no ValidatingAdmissionPolicyBinding {name}"
     return dict(binding)
+
+
+def can_i(tenant: Tenant, *args: str) -> str:
+    """``kubectl auth can-i ARGS`` as ``tenant``: "yes" or "no"."""
+    return str(tenant.kubectl("auth", "can-i", *args).stdout.strip())

@@ -130,16 +130,13 @@ ALONE: dict[str, tuple[str, ...]] = {
         # helm upgrade, uninstall and install of the release
         "test_helm_install_upgrade_and_uninstall_keep_the_webhook_valid_and_users_deployments",
     ),
-    "test_attack_tenant.py": (
-        # a cluster-wide ValidatingAdmissionPolicyBinding lifted (policy_lifted)
-        "test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine",
-        "test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key",
-    ),
 }
-# Not here, though they change a node: the engine-restart, engine-window, incident and real-SGLang
-# scenarios, each on a node of its own (kvgate_e2e.world.TEST_NODE_SPECS). The probe attack shares
-# the world too: its operator-memory bound (300 MiB, against 1,079 MiB before the fix) holds with
-# other tests' deployments, and other tests' verdicts only add to the count it waits for.
+# Not here, though they lift an admission policy: the tenant attacks (attack_helpers.policy_lifted
+# lifts a binding for the test's own namespace only). Not here, though they change a node: the
+# engine-restart, engine-window, incident and real-SGLang scenarios, each on a node of its own
+# (kvgate_e2e.world.TEST_NODE_SPECS). The probe attack shares the world too: its operator-memory
+# bound (300 MiB, against 1,079 MiB before the fix) holds with other tests' deployments, and other
+# tests' verdicts only add to the count it waits for.
 # Files whose module-scoped fixtures change the world: alone from their first test to their end.
 MODULE_ALONE: frozenset[str] = frozenset()
 # The ``lws`` fixture (helm upgrade with LeaderWorkerSet) takes the world alone from the first

@@ -190,7 +190,7 @@ def test_a_weakened_requirement_annotation_does_not_verify_an_undersized_engine(
         # The chart's admission policy denies this edit to everyone (test_attack_pods shows it);
         # on a cluster without it (policy disabled, or a pre-1.30 API server) the operator must
         # not care either: lift the policy's binding for the edit only.
-        with policy_lifted(world, POD_METADATA_BINDING):
+        with policy_lifted(world, POD_METADATA_BINDING, ns):
             for pod in pods:
                 annotate = (
                     "annotate", "--overwrite", "-n", ns, "pod", pod["metadata"]["name"],
@@ -282,7 +282,7 @@ def test_a_tenant_who_replaces_the_router_key_secret_gets_no_router_on_their_key
     wait_md_ready(world, md, ns, REVISION_DEADLINE)
     tenant = make_tenant(world, ns)
     with InvariantSampler(world.cluster, ns, name="router-key-secret") as sampler:
-        with policy_lifted(world, SECRET_DELETION_BINDING):
+        with policy_lifted(world, SECRET_DELETION_BINDING, ns):
             deadline_loop(
                 "the tenant's delete to be admitted with the policy lifted",
                 lambda: admitted(tenant.kubectl("delete", "secret", secret)),
