@@ -10,8 +10,19 @@ The sampler checks exactly that, from outside, the way a user could:
    the report (``kvgate_engine.verdict.judge``) against the pod's requirement (by default
    derived from the namespace's ModelDeployments as the operator derives it,
    ``requirements_from``, never from the pod's annotations; a scenario may pass its own);
-3. then list the pods again, every EndpointSlice of the namespace, and smg's ``GET /workers`` on
+3. then read the pods again, every EndpointSlice of the namespace, and smg's ``GET /workers`` on
    every running router pod.
+
+The pods, EndpointSlices and ModelDeployments come from watches (``_Mirror``: list once, then
+follow the watch), not from five lists of the API server every 200 ms: those cost about 7 CPU-s
+per 40 s of sampling (API server, etcd and the test process; measured on one ModelDeployment),
+summed over a whole `make test` a large part of what the two cores have. A watch trails the API
+server by its delivery delay, so a violation seen in the watched state is **confirmed by lists**
+before it counts: the same tick reads pods, EndpointSlices, routers and ModelDeployments again by
+list (as every tick did before) and judges the same engine reports against them; only what the
+lists also show is a violation (the candidates the lists refute are counted, ``unconfirmed``). A
+tick whose watches are not running (the API server down, a watch being re-listed) fails like a
+list that failed.
 
 A *traffic path* is a pod whose Ready condition is True, an EndpointSlice endpoint that
 kube-proxy would route to (``ready``, or ``serving`` and ``terminating``), or a gateway worker
@@ -54,7 +65,7 @@ from kvgate_engine.report import EngineReport
 from kvgate_engine.verdict import Outcome, Requirement, Verdict, judge
 
 from kvgate_e2e.cluster_like import ClusterLike
-from kvgate_e2e.kubelet.api import KubeApi, KubeConfig
+from kvgate_e2e.kubelet.api import ApiError, KubeApi, KubeConfig
 from kvgate_e2e.netns import enter_netns_thread
 from kvgate_e2e.polling import poll_until
 
@@ -70,6 +81,11 @@ API_REQUEST_TIMEOUT = 5
 # engine unchecked in that sample (counted unreadable, never a violation), so a slow machine checks
 # fewer samples; it never fails a test.
 ENGINE_REPORT_TIMEOUT = 1.0
+# The watches' first lists before the first sample: a list answers in milliseconds; past this the
+# ticks run and fail (counted) until the lists are in. Below start()'s 30 s first-sample wait.
+MIRROR_LIST_DEADLINE = 20.0
+# A broken watch is listed or resumed again after this pause (a retry period, not a bound).
+MIRROR_RETRY_SECONDS = 0.2
 
 POD_READY = "pod Ready"
 ENDPOINT = "EndpointSlice endpoint"
@@ -387,6 +403,8 @@ class SamplerStats:
     unreadable: int = 0
     unjudged: int = 0
     router_errors: int = 0
+    confirmed: int = 0  # ticks whose watched state showed a violation, read again by list
+    unconfirmed: int = 0  # ... and the lists showed none of it (the watch trailed the server)
     tick_seconds: list[float] = field(default_factory=list)
     last_error: str = ""
 
@@ -432,6 +450,9 @@ class InvariantSampler:
         self._first_sample = threading.Event()
         self._keys: dict[str, str | None] = {}  # MD name -> its routers' control-plane key
         self._outage_until = 0.0  # monotonic time until which failed reads are the outage's
+        self._mirrors: _Mirrors | None = None  # the watches, made in the sampling thread's loop
+        self._last_router_errors = 0
+        self._last_at = 0.0
         self.started_at = 0.0
         self.stopped_at = 0.0
 
@@ -513,7 +534,8 @@ class InvariantSampler:
             f"checked, {len(self.violations)} violations, {s.failed} failed ticks, "
             f"{s.outage_failed} ticks unread during a declared API server outage, "
             f"{s.unreadable} unreadable-engine paths, {s.unjudged} unjudged, "
-            f"{s.router_errors} router read errors"
+            f"{s.router_errors} router read errors, {s.confirmed} ticks confirmed by list "
+            f"({s.unconfirmed} refuted)"
         ]
         for w in self.violation_windows():
             lines.append(
@@ -564,21 +586,44 @@ class InvariantSampler:
             KubeApi(KubeConfig(self.cluster.kubeconfig)) as api,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
         ):
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    await self._tick(api, http)
-                except Exception as exc:
-                    if time.monotonic() <= self._outage_until:
-                        self.stats.outage_failed += 1
-                    else:
-                        self.stats.failed += 1
-                    self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                finally:
-                    self._first_sample.set()
-                elapsed = time.monotonic() - started
-                self.stats.tick_seconds.append(elapsed)
-                await asyncio.sleep(max(0.0, self.interval - elapsed))
+            ns = f"/api/v1/namespaces/{self.namespace}"
+            self._mirrors = _Mirrors(
+                engines=_Mirror(f"{ns}/pods", {"labelSelector": self.engine_selector}),
+                routers=_Mirror(f"{ns}/pods", {"labelSelector": self.router_selector}),
+                slices=_Mirror(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices", {}
+                ),
+                mds=_Mirror(
+                    f"/apis/kvgate.io/v1alpha1/namespaces/{self.namespace}/modeldeployments", {}
+                ),
+            )
+            watches = [
+                asyncio.ensure_future(m.follow(api, self._stop)) for m in self._mirrors.all()
+            ]
+            try:
+                await self._mirrors.listed(MIRROR_LIST_DEADLINE)
+                await self._ticks(api, http)
+            finally:
+                for watch in watches:
+                    watch.cancel()
+                await asyncio.gather(*watches, return_exceptions=True)
+
+    async def _ticks(self, api: KubeApi, http: aiohttp.ClientSession) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                await self._tick(api, http)
+            except Exception as exc:
+                if time.monotonic() <= self._outage_until:
+                    self.stats.outage_failed += 1
+                else:
+                    self.stats.failed += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._first_sample.set()
+            elapsed = time.monotonic() - started
+            self.stats.tick_seconds.append(elapsed)
+            await asyncio.sleep(max(0.0, self.interval - elapsed))
 
     async def _pods(self, api: KubeApi, selector: str) -> list[Obj]:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
@@ -631,20 +676,56 @@ class InvariantSampler:
         return _key(router), None
 
     async def _tick(self, api: KubeApi, http: aiohttp.ClientSession) -> None:
-        engines = [
-            p
-            for p in await self._pods(api, self.engine_selector)
-            if (p.get("status") or {}).get("podIP")
-        ]
+        mirrors = self._mirrors
+        assert mirrors is not None
+        engines = [p for p in mirrors.engines.items() if (p.get("status") or {}).get("podIP")]
         reports = dict(await asyncio.gather(*(self._report(http, p) for p in engines)))
-        slices_path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
-        mds_path = f"/apis/kvgate.io/v1alpha1/namespaces/{self.namespace}/modeldeployments"
-        pods_now, slices, routers, mds = await asyncio.gather(
-            self._pods(api, self.engine_selector),
-            api.request("GET", slices_path, timeout=API_REQUEST_TIMEOUT),
-            self._pods(api, self.router_selector),
-            api.request("GET", mds_path, timeout=API_REQUEST_TIMEOUT),
-        )
+        decision = await self._judge(
+            api, http, engines, reports, mirrors.engines.items(), mirrors.slices.items(),
+            mirrors.routers.items(), mirrors.mds.items(),
+        )  # fmt: skip
+        if decision.violations:
+            # What the watches showed may trail the API server: read the routing state by list,
+            # after the same reports, and count only what the lists show too.
+            self.stats.confirmed += 1
+            slices_path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+            mds_path = f"/apis/kvgate.io/v1alpha1/namespaces/{self.namespace}/modeldeployments"
+            pods_now, slices, routers, mds = await asyncio.gather(
+                self._pods(api, self.engine_selector),
+                api.request("GET", slices_path, timeout=API_REQUEST_TIMEOUT),
+                self._pods(api, self.router_selector),
+                api.request("GET", mds_path, timeout=API_REQUEST_TIMEOUT),
+            )
+            decision = await self._judge(
+                api, http, engines, reports, pods_now, list(slices.get("items") or []),
+                routers, list(mds.get("items") or []),
+            )  # fmt: skip
+            if not decision.violations:
+                self.stats.unconfirmed += 1
+        at = self._last_at
+        with self._lock:
+            self.sample_times.append(at)
+            self.violations.extend(decision.violations)
+        s = self.stats
+        s.samples += 1
+        s.paths += decision.paths
+        s.unreadable += len(decision.unreadable)
+        s.unjudged += len(decision.unjudged)
+        s.router_errors += self._last_router_errors
+
+    async def _judge(
+        self,
+        api: KubeApi,
+        http: aiohttp.ClientSession,
+        engines: Sequence[Obj],
+        reports: Mapping[str, EngineReport | Verdict],
+        pods_now: Sequence[Obj],
+        slices: Sequence[Obj],
+        routers: Sequence[Obj],
+        mds: Sequence[Obj],
+    ) -> Decision:
+        """The routing state read after ``reports`` (pods, slices, routers' ``/workers``),
+        judged against them."""
         running = [
             r
             for r in routers
@@ -655,25 +736,90 @@ class InvariantSampler:
             *(self._workers(http, r, k) for r, k in zip(running, keys, strict=True))
         )
         workers = {name: body for name, body in answers if body is not None}
-        at = time.monotonic()
-        decision = decide(
-            at=at,
+        self._last_router_errors = len(answers) - len(workers)
+        self._last_at = time.monotonic()
+        return decide(
+            at=self._last_at,
             probed_pods=engines,
             reports=reports,
             pods=pods_now,
-            slices=list(slices.get("items") or []),
+            slices=slices,
             workers=workers,
-            requirement_of=self.requirement_of or requirements_from(mds.get("items") or []),
+            requirement_of=self.requirement_of or requirements_from(mds),
         )
-        with self._lock:
-            self.sample_times.append(at)
-            self.violations.extend(decision.violations)
-        s = self.stats
-        s.samples += 1
-        s.paths += decision.paths
-        s.unreadable += len(decision.unreadable)
-        s.unjudged += len(decision.unjudged)
-        s.router_errors += len(answers) - len(workers)
+
+
+class MirrorStale(RuntimeError):
+    """A tick read a watch that is not running (never listed, broken, being re-listed)."""
+
+
+class _Mirror:
+    """One list and watch of a namespace's objects (``path`` with ``params``), kept by uid. Its
+    ``items`` are readable while the watch runs; after a failure they raise ``MirrorStale``
+    until it has listed or resumed again (a tick that cannot read them fails, as a failed list
+    did)."""
+
+    def __init__(self, path: str, params: Mapping[str, str]) -> None:
+        self.path = path
+        self.params = dict(params)
+        self._objects: dict[str, Obj] = {}
+        self._running = False
+        self._listed = asyncio.Event()
+        self._problem = "not listed yet"
+
+    def items(self) -> list[Obj]:
+        if not self._running:
+            raise MirrorStale(f"watch of {self.path} not running: {self._problem}")
+        return list(self._objects.values())
+
+    async def follow(self, api: KubeApi, stop: threading.Event) -> None:
+        version: str | None = None
+        while not stop.is_set():
+            try:
+                if version is None:
+                    body = await api.request(
+                        "GET", self.path, params=self.params, timeout=API_REQUEST_TIMEOUT
+                    )
+                    self._objects = {_uid(o): o for o in body.get("items") or []}
+                    version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+                self._running = True
+                self._listed.set()
+                events = 0
+                async for event in api.watch(self.path, self.params, version):
+                    events += 1
+                    obj = event.get("object") or {}
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        self._objects[_uid(obj)] = obj
+                    elif event.get("type") == "DELETED":
+                        self._objects.pop(_uid(obj), None)
+                # The server ended the watch (its timeout): resume from the last version, after a
+                # pause if it brought nothing (no hot loop against a server that ends it at once).
+                await asyncio.sleep(0 if events else MIRROR_RETRY_SECONDS)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._running = False
+                self._problem = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, ApiError) and exc.status == 410:
+                    version = None  # too old to resume: list again
+                await asyncio.sleep(MIRROR_RETRY_SECONDS)
+
+
+@dataclass
+class _Mirrors:
+    engines: _Mirror
+    routers: _Mirror
+    slices: _Mirror
+    mds: _Mirror
+
+    def all(self) -> list[_Mirror]:
+        return [self.engines, self.routers, self.slices, self.mds]
+
+    async def listed(self, timeout: float) -> None:
+        """Until every mirror has listed once (at most ``timeout``: then the ticks fail)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(m._listed.wait() for m in self.all())), timeout)
 
 
 def _engine_port(pod: Obj) -> int:

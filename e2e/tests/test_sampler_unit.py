@@ -427,3 +427,145 @@ def test_requirements_from_model_deployments_ignore_a_weakened_pod_annotation() 
     got = requirements_from([md])(weak)
     assert got is not None and got.context_length == md["spec"]["model"]["contextLength"] > 1
     assert got.role == "decode"
+
+
+# --------------------------------------------------------------- the watches and their lists
+class _FakeApi:
+    """A list answer per path, then the given watch events (then the watch ends or raises)."""
+
+    def __init__(self, items: list[dict[str, Any]], events: list[Any]) -> None:
+        self.items = items
+        self.events = events
+        self.lists = 0
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        self.lists += 1
+        return {"metadata": {"resourceVersion": "10"}, "items": list(self.items)}
+
+    async def watch(self, path: str, params: Any, version: str) -> Any:
+        events, self.events = self.events, []
+        for event in events:
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+
+def _follow_until(mirror: Any, api: _FakeApi, done: Any) -> None:
+    import asyncio
+    import threading
+
+    async def go() -> None:
+        stop = threading.Event()
+        task = asyncio.ensure_future(mirror.follow(api, stop))
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if done():
+                break
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+def test_a_mirror_lists_then_follows_added_modified_and_deleted_objects() -> None:
+    from kvgate_e2e.sampler import _Mirror
+
+    a, b = pod("a", "198.18.0.1", ready=False), pod("b", "198.18.0.2", ready=False)
+    a_ready = pod("a", "198.18.0.1", ready=True)
+    events = [
+        {"type": "ADDED", "object": b},
+        {"type": "MODIFIED", "object": a_ready},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
+        {"type": "DELETED", "object": b},
+    ]
+    mirror = _Mirror("/api/v1/namespaces/t/pods", {})
+    api = _FakeApi([a], events)
+    _follow_until(mirror, api, lambda: not api.events)
+    assert mirror.items() == [a_ready]
+    assert api.lists == 1  # a watch that ends is resumed, never re-listed
+
+
+def test_a_broken_watch_makes_the_mirror_unreadable_and_a_410_lists_again() -> None:
+    from kvgate_e2e.kubelet.api import ApiError
+    from kvgate_e2e.sampler import MirrorStale, _Mirror
+
+    mirror = _Mirror("/api/v1/namespaces/t/pods", {})
+    with pytest.raises(MirrorStale, match="not listed yet"):
+        mirror.items()  # before its first list: a tick reading it fails
+    api = _FakeApi([pod("a", "198.18.0.1", ready=True)], [ApiError("WATCH", "p", 410, "gone")])
+    _follow_until(mirror, api, lambda: api.lists >= 2)
+    assert api.lists >= 2  # the 410 made it list again
+    broken = _FakeApi([], [ConnectionResetError("the API server went away")])
+    stale = _Mirror("/api/v1/namespaces/t/pods", {})
+    seen: list[str] = []
+
+    def failed() -> bool:
+        try:
+            stale.items()
+        except MirrorStale as exc:
+            seen.append(str(exc))
+        return broken.lists >= 1 and not broken.events and bool(seen) and "Reset" in seen[-1]
+
+    _follow_until(stale, broken, failed)
+    assert seen and "ConnectionResetError" in seen[-1]
+
+
+class _Mirrored:
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = objects
+
+    def items(self) -> list[dict[str, Any]]:
+        return list(self.objects)
+
+
+def _sampler_seeing(watched_slices: list[Any], listed_slices: list[Any]) -> InvariantSampler:
+    """A sampler whose watches show ``watched_slices`` and whose lists answer ``listed_slices``,
+    with one decode pod whose engine reports a pool below its requirement."""
+    from kvgate_e2e.sampler import _Mirrors
+
+    sampler = InvariantSampler(_NoCluster(), NS, requirement_of=annotated)
+    decode = pod(D, IP, ready=False)
+    sampler._mirrors = _Mirrors(
+        engines=_Mirrored([decode]),  # type: ignore[arg-type]
+        routers=_Mirrored([]),  # type: ignore[arg-type]
+        slices=_Mirrored(watched_slices),  # type: ignore[arg-type]
+        mds=_Mirrored([]),  # type: ignore[arg-type]
+    )
+
+    async def small_engine(http: Any, p: Any) -> tuple[str, Any]:
+        return p["metadata"]["uid"], report(681_280)
+
+    async def listed(api: Any, selector: str) -> list[Any]:
+        return [decode] if "engine" in selector else []
+
+    class Api:
+        async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+            return {"items": listed_slices if "endpointslices" in path else []}
+
+    sampler._report = small_engine  # type: ignore[method-assign]
+    sampler._pods = listed  # type: ignore[method-assign]
+    sampler._api_for_test = Api()  # type: ignore[attr-defined]
+    return sampler
+
+
+def _one_tick(sampler: InvariantSampler) -> None:
+    import asyncio
+
+    asyncio.run(sampler._tick(sampler._api_for_test, None))  # type: ignore[attr-defined,arg-type]
+
+
+def test_a_violation_the_watches_show_counts_only_when_the_lists_show_it_too() -> None:
+    open_path = [slice_("md-decode", (IP, READY))]
+    closed = [slice_("md-decode", (IP, NOT_READY))]
+    refuted = _sampler_seeing(watched_slices=open_path, listed_slices=closed)
+    _one_tick(refuted)  # the watch trailed: the lists show the endpoint already out
+    assert refuted.violations == [] and refuted.stats.samples == 1
+    assert (refuted.stats.confirmed, refuted.stats.unconfirmed) == (1, 1)
+    confirmed = _sampler_seeing(watched_slices=open_path, listed_slices=open_path)
+    _one_tick(confirmed)
+    assert [(v.path, v.reason) for v in confirmed.violations] == [(ENDPOINT, "KvPoolTooSmall")]
+    assert (confirmed.stats.confirmed, confirmed.stats.unconfirmed) == (1, 0)
+    quiet = _sampler_seeing(watched_slices=closed, listed_slices=open_path)
+    _one_tick(quiet)  # nothing seen in the watched state: no list at all
+    assert quiet.violations == [] and quiet.stats.confirmed == 0
