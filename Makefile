@@ -186,12 +186,11 @@ system-packages:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-# The unit and conformance tiers run beside the e2e tier, niced: the e2e tier's first ~9 minutes
-# are its lone tests one at a time, which leave about one of the 2 cores idle (measured: 23-78 %
-# CPU, mean ~50 %, against 90-100 % in its shared phase), and the two tiers need ~4.5 CPU-minutes.
-# At nice 15 they get only the CPU the e2e tier leaves, so its timing-bound tests see the load they
-# always saw. Their output is kept in $(BESIDE_LOG) and printed whole when they end; a failure in
-# either fails `make test` once the e2e tier is done too.
+# The unit and conformance tiers run beside the e2e tier, niced: at nice 15 they get only the CPU
+# the e2e tier leaves (its two worlds wait on engines, kubelets and deadlines much of the time),
+# so its timing-bound tests see the load they always saw. Their output is kept in $(BESIDE_LOG)
+# and printed whole when they end; a failure in either fails `make test` once the e2e tier is
+# done too.
 BESIDE_LOG := $(VENV)/beside-e2e.log
 test: lint typecheck deps
 	KVGATE_REQUIRE_PROMTOOL=1 $(MAKE) -j2 e2e beside-e2e
