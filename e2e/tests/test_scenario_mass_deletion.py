@@ -43,10 +43,14 @@ MASS = 100
 NO_NODE_POOL = "nowhere"  # no node has kvgate.io/pool=nowhere: engine pods stay Pending
 LEGACY_FINALIZER = "kvgate.io/finalizer"
 MD_SELECTOR = "kvgate.io/deployment"
-# Speed claim, the scenario's point: all MASS ModelDeployments gone within this many seconds of
-# kubectl delete (the old finalizer round trip took over 2 minutes for 200). Measured against
-# nothing in the run (17.2 s in docs/testing.md's table); the API server deletes them alone.
-MASS_DELETED_BOUND = 30
+# Speed claim, the scenario's point: with no finalizer the API server deletes them alone, so all
+# MASS ModelDeployments are gone within DELETE_VS_APPLY times the seconds the same kubectl took to
+# apply them (MASS admission reviews and writes each way; measured in the run, so a loaded machine
+# slows both), and never later than MASS_DELETED_FLOOR unless that apply itself was slower. The
+# old finalizer round trip took over 2 minutes for 200: one operator pass per ModelDeployment.
+DELETE_VS_APPLY = 2.0
+# 17.2 s measured alone (docs/testing.md); the bound this test had before it was derived.
+MASS_DELETED_FLOOR = 30
 # Deadlines, not bounds (the run prints each time it measured): only a step that never happens
 # reaches one. Shared ones come from kvgate_e2e.deadlines.
 # MASS ModelDeployments applied at once, each reconciled (12.3 s in docs/testing.md).
@@ -83,9 +87,13 @@ def managed_deployments(world: World, ns: str) -> list[Any]:
 def test_deleting_100_model_deployments_at_once_takes_seconds(world: World, namespace: str) -> None:
     ns = namespace
     docs = [pending_md(f"md-{i:03d}") for i in range(MASS)]
+    started = time.monotonic()
     world.kubectl(
         "apply", f"--namespace={ns}", "-f", "-", input=yaml.safe_dump_all(docs), check=True
     )
+    applied = time.monotonic() - started
+    deleted_bound = max(MASS_DELETED_FLOOR, DELETE_VS_APPLY * applied)
+    print(f"\nMEASURED {MASS} ModelDeployments applied in {applied:.1f}s")
     started = time.monotonic()
     mds = deadline_loop(
         f"all {MASS} ModelDeployments reconciled (status.observedGeneration)",
@@ -108,7 +116,7 @@ def test_deleting_100_model_deployments_at_once_takes_seconds(world: World, name
     deadline_loop(
         f"all {MASS} ModelDeployments gone",
         lambda: not world.list("modeldeployments", ns),
-        MASS_DELETED_BOUND,
+        deleted_bound,
     )
     gone = time.monotonic() - started
     print(f"MEASURED {MASS} ModelDeployments deleted in {gone:.1f}s after kubectl delete")
