@@ -161,15 +161,24 @@ def fetch_status(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def fetch_log(world: World, namespace: str, pod: str) -> str:
-    """The download container's log: the running or last instance (``--previous`` while it
-    waits in its back-off)."""
-    for previous in ((), ("--previous",)):
-        done = world.kubectl(
-            "logs", pod, "-c", FETCH, f"--namespace={namespace}", *previous, check=False
-        )
-        if done.returncode == 0 and done.stdout.strip():
-            return str(done.stdout)
-    return ""
+    """The log of the download container's last instance that ended: the current one once it
+    has terminated, else the one before it (``--previous``, while the kubelet has already started
+    the next try); "" while no instance has ended. Reading the running instance instead gave only
+    its first line (seen in a make test: the next try had started when the log was read)."""
+    found = world.get("pod", pod, namespace)
+    status = fetch_status(found) if found else None
+    if status is None:
+        return ""
+    if (status.get("state") or {}).get("terminated"):
+        previous: tuple[str, ...] = ()
+    elif (status.get("lastState") or {}).get("terminated"):
+        previous = ("--previous",)
+    else:
+        return ""
+    done = world.kubectl(
+        "logs", pod, "-c", FETCH, f"--namespace={namespace}", *previous, check=False
+    )
+    return str(done.stdout) if done.returncode == 0 else ""
 
 
 def test_weights_are_downloaded_at_pod_start_with_the_token_from_a_secret(
