@@ -451,8 +451,6 @@ class InvariantSampler:
         self._keys: dict[str, str | None] = {}  # MD name -> its routers' control-plane key
         self._outage_until = 0.0  # monotonic time until which failed reads are the outage's
         self._mirrors: _Mirrors | None = None  # the watches, made in the sampling thread's loop
-        self._last_router_errors = 0
-        self._last_at = 0.0
         self.started_at = 0.0
         self.stopped_at = 0.0
 
@@ -625,13 +623,6 @@ class InvariantSampler:
             self.stats.tick_seconds.append(elapsed)
             await asyncio.sleep(max(0.0, self.interval - elapsed))
 
-    async def _pods(self, api: KubeApi, selector: str) -> list[Obj]:
-        path = f"/api/v1/namespaces/{self.namespace}/pods"
-        body = await api.request(
-            "GET", path, params={"labelSelector": selector}, timeout=API_REQUEST_TIMEOUT
-        )
-        return list(body.get("items") or [])
-
     async def _report(
         self, http: aiohttp.ClientSession, pod: Obj
     ) -> tuple[str, EngineReport | Verdict]:
@@ -680,29 +671,24 @@ class InvariantSampler:
         assert mirrors is not None
         engines = [p for p in mirrors.engines.items() if (p.get("status") or {}).get("podIP")]
         reports = dict(await asyncio.gather(*(self._report(http, p) for p in engines)))
-        decision = await self._judge(
+        judged = await self._judge(
             api, http, engines, reports, mirrors.engines.items(), mirrors.slices.items(),
             mirrors.routers.items(), mirrors.mds.items(),
         )  # fmt: skip
-        if decision.violations:
+        if judged.decision.violations:
             # What the watches showed may trail the API server: read the routing state by list,
             # after the same reports, and count only what the lists show too.
             self.stats.confirmed += 1
-            slices_path = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
-            mds_path = f"/apis/kvgate.io/v1alpha1/namespaces/{self.namespace}/modeldeployments"
-            pods_now, slices, routers, mds = await asyncio.gather(
-                self._pods(api, self.engine_selector),
-                api.request("GET", slices_path, timeout=API_REQUEST_TIMEOUT),
-                self._pods(api, self.router_selector),
-                api.request("GET", mds_path, timeout=API_REQUEST_TIMEOUT),
-            )
-            decision = await self._judge(
-                api, http, engines, reports, pods_now, list(slices.get("items") or []),
-                routers, list(mds.get("items") or []),
+            pods_now, routers, slices, mds = await asyncio.gather(
+                mirrors.engines.fetch(api), mirrors.routers.fetch(api),
+                mirrors.slices.fetch(api), mirrors.mds.fetch(api),
             )  # fmt: skip
-            if not decision.violations:
+            judged = await self._judge(
+                api, http, engines, reports, pods_now[0], slices[0], routers[0], mds[0]
+            )
+            if not judged.decision.violations:
                 self.stats.unconfirmed += 1
-        at = self._last_at
+        decision, at = judged.decision, judged.at
         with self._lock:
             self.sample_times.append(at)
             self.violations.extend(decision.violations)
@@ -711,7 +697,7 @@ class InvariantSampler:
         s.paths += decision.paths
         s.unreadable += len(decision.unreadable)
         s.unjudged += len(decision.unjudged)
-        s.router_errors += self._last_router_errors
+        s.router_errors += judged.router_errors
 
     async def _judge(
         self,
@@ -723,7 +709,7 @@ class InvariantSampler:
         slices: Sequence[Obj],
         routers: Sequence[Obj],
         mds: Sequence[Obj],
-    ) -> Decision:
+    ) -> _Judged:
         """The routing state read after ``reports`` (pods, slices, routers' ``/workers``),
         judged against them."""
         running = [
@@ -736,10 +722,9 @@ class InvariantSampler:
             *(self._workers(http, r, k) for r, k in zip(running, keys, strict=True))
         )
         workers = {name: body for name, body in answers if body is not None}
-        self._last_router_errors = len(answers) - len(workers)
-        self._last_at = time.monotonic()
-        return decide(
-            at=self._last_at,
+        at = time.monotonic()
+        decision = decide(
+            at=at,
             probed_pods=engines,
             reports=reports,
             pods=pods_now,
@@ -747,6 +732,16 @@ class InvariantSampler:
             workers=workers,
             requirement_of=self.requirement_of or requirements_from(mds),
         )
+        return _Judged(decision, at, len(answers) - len(workers))
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """One judgement of a sample: the decision, when it was taken, routers not read."""
+
+    decision: Decision
+    at: float
+    router_errors: int
 
 
 class MirrorStale(RuntimeError):
@@ -772,16 +767,19 @@ class _Mirror:
             raise MirrorStale(f"watch of {self.path} not running: {self._problem}")
         return list(self._objects.values())
 
+    async def fetch(self, api: KubeApi) -> tuple[list[Obj], str]:
+        """One list of the same objects: (items, the list's resourceVersion)."""
+        body = await api.request("GET", self.path, params=self.params, timeout=API_REQUEST_TIMEOUT)
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return list(body.get("items") or []), version
+
     async def follow(self, api: KubeApi, stop: threading.Event) -> None:
         version: str | None = None
         while not stop.is_set():
             try:
                 if version is None:
-                    body = await api.request(
-                        "GET", self.path, params=self.params, timeout=API_REQUEST_TIMEOUT
-                    )
-                    self._objects = {_uid(o): o for o in body.get("items") or []}
-                    version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+                    items, version = await self.fetch(api)
+                    self._objects = {_uid(o): o for o in items}
                 self._running = True
                 self._listed.set()
                 events = 0

@@ -512,11 +512,17 @@ def test_a_broken_watch_makes_the_mirror_unreadable_and_a_410_lists_again() -> N
 
 
 class _Mirrored:
-    def __init__(self, objects: list[dict[str, Any]]) -> None:
-        self.objects = objects
+    """A mirror whose watch shows ``watched`` and whose list answers ``listed``."""
+
+    def __init__(self, watched: list[dict[str, Any]], listed: list[dict[str, Any]]) -> None:
+        self.watched = watched
+        self.listed = listed
 
     def items(self) -> list[dict[str, Any]]:
-        return list(self.objects)
+        return list(self.watched)
+
+    async def fetch(self, api: Any) -> tuple[list[dict[str, Any]], str]:
+        return list(self.listed), "1"
 
 
 def _sampler_seeing(watched_slices: list[Any], listed_slices: list[Any]) -> InvariantSampler:
@@ -527,32 +533,23 @@ def _sampler_seeing(watched_slices: list[Any], listed_slices: list[Any]) -> Inva
     sampler = InvariantSampler(_NoCluster(), NS, requirement_of=annotated)
     decode = pod(D, IP, ready=False)
     sampler._mirrors = _Mirrors(
-        engines=_Mirrored([decode]),  # type: ignore[arg-type]
-        routers=_Mirrored([]),  # type: ignore[arg-type]
-        slices=_Mirrored(watched_slices),  # type: ignore[arg-type]
-        mds=_Mirrored([]),  # type: ignore[arg-type]
+        engines=_Mirrored([decode], [decode]),  # type: ignore[arg-type]
+        routers=_Mirrored([], []),  # type: ignore[arg-type]
+        slices=_Mirrored(watched_slices, listed_slices),  # type: ignore[arg-type]
+        mds=_Mirrored([], []),  # type: ignore[arg-type]
     )
 
     async def small_engine(http: Any, p: Any) -> tuple[str, Any]:
         return p["metadata"]["uid"], report(681_280)
 
-    async def listed(api: Any, selector: str) -> list[Any]:
-        return [decode] if "engine" in selector else []
-
-    class Api:
-        async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-            return {"items": listed_slices if "endpointslices" in path else []}
-
     sampler._report = small_engine  # type: ignore[method-assign]
-    sampler._pods = listed  # type: ignore[method-assign]
-    sampler._api_for_test = Api()  # type: ignore[attr-defined]
     return sampler
 
 
 def _one_tick(sampler: InvariantSampler) -> None:
     import asyncio
 
-    asyncio.run(sampler._tick(sampler._api_for_test, None))  # type: ignore[attr-defined,arg-type]
+    asyncio.run(sampler._tick(None, None))  # type: ignore[arg-type]
 
 
 def test_a_violation_the_watches_show_counts_only_when_the_lists_show_it_too() -> None:
