@@ -100,17 +100,16 @@ real-engine-%: $(STAMP)
 # It includes the real-SGLang scenarios (marker real_engine: the released SGLang 0.5.23 on CPU,
 # and 0.5.19 for the real incident);
 # `make e2e-real` runs only those.
-# One world, or two side by side (E2E_WORLDS=2; e2e/kvgate_e2e/tier.py). The SHARED world: E2E_WORKERS pytest-xdist
-# workers attached to one world (KVGATE_E2E_SHARED_WORLD=1, see e2e/kvgate_e2e/shared_world.py
-# and e2e/tests/conftest.py): the controller process starts the world while the workers collect,
-# a file stays on one worker, and the tests of up to E2E_WORKERS files run at once; a test that
-# changes what the others see (upgrades the release for LeaderWorkerSet, lifts an admission
-# policy: conftest.ALONE) waits for the running ones and runs alone. --no-loadscope-reorder keeps
-# conftest's order (the files with a lone test first, longest first). The SECOND world: the
-# files that stop the operator or the API server or replace the release (tier.SECOND_WORLD), one
-# test at a time in a session of their own; in the shared world they ran alone while the other
-# workers waited (~9-12 min of every run at 23-67 % CPU). Its output is printed at the end.
-# With one world (the default) every file runs in the shared world (E2E_WORKERS=1: one at a time).
+# One world, or two side by side (E2E_WORLDS=2; e2e/kvgate_e2e/tier.py). The SHARED world:
+# E2E_WORKERS pytest-xdist workers attached to one world (KVGATE_E2E_SHARED_WORLD=1, see
+# e2e/kvgate_e2e/shared_world.py and e2e/tests/conftest.py): the controller process starts the
+# world while the workers collect, a file stays on one worker, and the tests of up to E2E_WORKERS
+# files run at once; a test that changes what the others see (stops the operator or the API
+# server, upgrades the release, switches LeaderWorkerSet on: conftest.ALONE and the lws fixture)
+# waits for the running ones and runs alone. --no-loadscope-reorder keeps conftest's order (the
+# files with a lone test first, longest first). With one world (the default) every file runs
+# there (E2E_WORKERS=1: one at a time). With two, the SECOND world runs the files with lone tests
+# (tier.SECOND_WORLD) one test at a time in a session of its own, printed at the end.
 # Repeated scenarios run each case once here (KVGATE_E2E_OPERATOR_DOWN_ROUNDS=2: one shrunk
 # prefill and one shrunk decode engine; KVGATE_E2E_CANARY_ROUNDS=1; the chaos default of one
 # lifecycle, 4 leader kills); `make chaos` runs the long loops.
@@ -193,7 +192,7 @@ system-packages:
 	fi
 
 # The unit and conformance tiers run beside the e2e tier, niced: at nice 15 they get only the CPU
-# the e2e tier leaves (its two worlds wait on engines, kubelets and deadlines much of the time),
+# the e2e tier leaves (it waits on engines, kubelets and deadlines much of the time),
 # so its timing-bound tests see the load they always saw. Their output is kept in $(BESIDE_LOG)
 # and printed whole when they end; a failure in either fails `make test` once the e2e tier is
 # done too.

@@ -1,4 +1,5 @@
-"""The e2e tier in two worlds at once (``make e2e``, hence ``make test``).
+"""The e2e tier in one world, or two at once (``make e2e``, hence ``make test``: one world unless
+``E2E_WORLDS=2``).
 
 ``python -m kvgate_e2e.tier --workers 3 PATH...`` runs the e2e files of ``PATH...`` in two pytest
 sessions side by side, each with a world of its own (its own network namespace, control plane,
@@ -15,14 +16,13 @@ kubelet and kvgate release):
 
 The second session's output goes to ``--second-log`` and is printed whole when both end (two
 sessions writing one terminal interleave); the exit code is the first nonzero of the two.
-Ctrl-C or SIGTERM interrupts both, and each tears its world down. ``--one-world`` runs every
-file in the shared world, the way the tier ran before.
+Ctrl-C or SIGTERM interrupts both, and each tears its world down. ``--one-world`` (the
+Makefile's default) runs every file in the shared world.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -144,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers < 1:
         parser.error(f"--workers must be at least 1, got {args.workers}")
     interrupt_on_signals()
-    one_world = args.one_world or os.environ.get("KVGATE_E2E_ONE_WORLD") == "1"
-    shared, second = split(expand(args.paths), one_world)
+    shared, second = split(expand(args.paths), args.one_world)
     shared_cmd, second_cmd = commands(shared, second, args.workers)
     if shared_cmd is None:  # only second-world files: one session, in the foreground
         shared_cmd, second_cmd = second_cmd, None
